@@ -1,0 +1,68 @@
+"""asyncgraph: awaitable GPU work for asyncio.
+
+``await backend.dispatch(kernel, ...)`` runs a kernel on a CUDA device (or, without one, its
+host implementation in worker threads) while the event loop keeps serving.
+"""
+
+from importlib.metadata import PackageNotFoundError as _PackageNotFoundError
+from importlib.metadata import version as _version
+
+from ._args import InOut as InOut
+from ._args import LaunchLimits as LaunchLimits
+from ._args import Out as Out
+from ._backend import Backend as Backend
+from ._backend import open_backend as open_backend
+from ._exceptions import AllocationError as AllocationError
+from ._exceptions import ArgumentTypeError as ArgumentTypeError
+from ._exceptions import AsyncGraphError as AsyncGraphError
+from ._exceptions import BackendClosedError as BackendClosedError
+from ._exceptions import CaptureError as CaptureError
+from ._exceptions import CompileError as CompileError
+from ._exceptions import CudaError as CudaError
+from ._exceptions import DeviceFaultError as DeviceFaultError
+from ._exceptions import DeviceUnavailableError as DeviceUnavailableError
+from ._exceptions import DispatchError as DispatchError
+from ._exceptions import ShapeMismatchError as ShapeMismatchError
+from ._exceptions import StaleBufferError as StaleBufferError
+from ._exceptions import UnsupportedError as UnsupportedError
+from ._kernel import Kernel as Kernel
+from ._kernel import Param as Param
+from ._options import BackendOptions as BackendOptions
+from ._pending import PendingDispatch as PendingDispatch
+from ._resident import ResidentBuffer as ResidentBuffer
+from ._telemetry import HistogramSnapshot as HistogramSnapshot
+from ._telemetry import TelemetrySnapshot as TelemetrySnapshot
+
+try:
+    __version__: str = _version("asyncgraph")
+except _PackageNotFoundError:  # running from a source tree that was never installed
+    __version__ = "0+unknown"
+
+__all__ = (
+    "AllocationError",
+    "ArgumentTypeError",
+    "AsyncGraphError",
+    "Backend",
+    "BackendClosedError",
+    "BackendOptions",
+    "CaptureError",
+    "CompileError",
+    "CudaError",
+    "DeviceFaultError",
+    "DeviceUnavailableError",
+    "DispatchError",
+    "HistogramSnapshot",
+    "InOut",
+    "Kernel",
+    "LaunchLimits",
+    "Out",
+    "Param",
+    "PendingDispatch",
+    "ResidentBuffer",
+    "ShapeMismatchError",
+    "StaleBufferError",
+    "TelemetrySnapshot",
+    "UnsupportedError",
+    "__version__",
+    "open_backend",
+)

@@ -1,0 +1,101 @@
+"""Command line: ``python -m asyncgraph info | demo``."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import platform
+import sys
+from collections.abc import Sequence
+from importlib.metadata import PackageNotFoundError, version
+
+from ._detect import probe_cuda
+
+
+def _version_of(package: str) -> str:
+    try:
+        return version(package)
+    except PackageNotFoundError:
+        return "not installed"
+
+
+def _nvrtc_version() -> str:
+    try:
+        from cuda.bindings import nvrtc
+
+        err, major, minor = nvrtc.nvrtcVersion()
+    except Exception as exc:
+        first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        return f"not found ({first}); install the extra: pip install 'asyncgraph[nvrtc]'"
+    if err != nvrtc.nvrtcResult.NVRTC_SUCCESS:
+        return f"unusable ({err.name})"
+    return f"{major}.{minor}"
+
+
+def info() -> int:
+    """Print versions, what CUDA the machine has, and the backend 'auto' picks."""
+    from . import __version__
+
+    print(f"asyncgraph     {__version__}")
+    print(f"python         {platform.python_version()} ({sys.executable})")
+    for package in ("numpy", "cuda-core", "cuda-bindings", "anyio", "attrs", "structlog"):
+        print(f"{package:<14} {_version_of(package)}")
+    print(f"nvrtc          {_nvrtc_version()}")
+    probe = probe_cuda()
+    driver = ".".join(map(str, probe.driver_version)) if probe.driver_version else "none"
+    print(f"cuda driver    {driver}")
+    print(f"cuda           {'available' if probe.available else 'unavailable'}: {probe.reason}")
+    for dev in probe.devices:
+        cc = ".".join(map(str, dev.compute_capability))
+        print(
+            f"  cuda:{dev.ordinal}  {dev.name}  sm_{cc.replace('.', '')}  "
+            f"{dev.total_memory / 2**30:.1f} GiB"
+        )
+    print(f"auto picks     {'cuda:0' if probe.available else 'host'}")
+    return 0
+
+
+def demo(device: str, dispatches: int) -> int:
+    """Run the demo; exit status 1 on any mismatch."""
+    from ._demo import TOLERANCE, demo_main
+
+    report = asyncio.run(demo_main(device, dispatches))
+    print(f"backend        {report.backend}")
+    print(f"dispatches     {report.dispatches} concurrent (saxpy, block_sum, laplace2d)")
+    print(f"throughput     {report.rate:,.0f} dispatches/s ({report.seconds:.3f} s)")
+    print(
+        f"queue wait     p50 {report.queue_wait_p50 * 1e6:,.1f} us   "
+        f"p99 {report.queue_wait_p99 * 1e6:,.1f} us"
+    )
+    print(
+        f"latency        p50 {report.latency_p50 * 1e6:,.1f} us   "
+        f"p99 {report.latency_p99 * 1e6:,.1f} us"
+    )
+    print(f"worst error    {report.worst_error:.2e} (tolerance {TOLERANCE:.0e})")
+    if report.mismatches:
+        print(f"FAILED: {report.mismatches} of {report.dispatches} results mismatched numpy")
+        return 1
+    print(f"OK: all {report.dispatches} results match numpy")
+    return 0
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Entry point of ``python -m asyncgraph`` and the ``asyncgraph`` script."""
+    parser = argparse.ArgumentParser(prog="python -m asyncgraph", description=__doc__)
+    sub = parser.add_subparsers(dest="command", required=True)
+    sub.add_parser("info", help="versions, CUDA driver and devices, the backend 'auto' picks")
+    demo_parser = sub.add_parser(
+        "demo", help="run many concurrent dispatches of three kernels and check each result"
+    )
+    demo_parser.add_argument("--device", default="auto", help="auto, host, cuda, cuda:N")
+    demo_parser.add_argument("--dispatches", type=int, default=1200)
+    args = parser.parse_args(argv)
+    if args.command == "info":
+        return info()
+    if args.dispatches < 1:
+        parser.error("--dispatches must be at least 1")
+    return demo(args.device, args.dispatches)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

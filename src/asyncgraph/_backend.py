@@ -1,0 +1,517 @@
+"""The shared front of every backend: dispatch, resident buffers, closing, telemetry.
+
+A concrete backend (CUDA, host) implements a handful of hooks: how a dispatch starts
+(``_start``), how resident storage is made, read and freed, and how it shuts down. Everything a
+user touches — validation, ``PendingDispatch``, the in-flight bound and its FIFO queue, ordering
+between dispatches that share resident buffers, telemetry, closing — lives here once.
+"""
+
+from __future__ import annotations
+
+import abc
+import asyncio
+import contextlib
+import itertools
+import threading
+import warnings
+from collections import deque
+from time import perf_counter
+from types import TracebackType
+from typing import Any, ClassVar, Final
+
+import numpy as np
+
+from ._args import (
+    RESIDENT,
+    RESIDENT_OUT,
+    BoundCall,
+    LaunchLimits,
+    _check_array,
+    _numeric_dtype,
+    _shape_tuple,
+    bind,
+)
+from ._exceptions import (
+    ArgumentTypeError,
+    BackendClosedError,
+    DeviceFaultError,
+    DeviceUnavailableError,
+    UnsupportedError,
+)
+from ._kernel import Kernel
+from ._options import BackendOptions
+from ._pending import PendingDispatch
+from ._resident import ResidentBuffer, ResidentStore, Use
+from ._telemetry import PoolCounters, Telemetry, logger
+
+__all__ = ("Backend", "Job", "open_backend")
+
+_OPEN: Final = 0
+_CLOSING: Final = 1
+_CLOSED: Final = 2
+
+
+class Job:
+    """One dispatch from ``dispatch()`` to completion (internal; backends subclass it)."""
+
+    __slots__ = ("buffers", "call", "deps", "id", "pending", "t_dispatch", "t_submit", "timing")
+
+    def __init__(self, call: BoundCall, timing: bool) -> None:
+        self.call = call
+        self.timing = timing
+        self.id = 0
+        self.pending: PendingDispatch = None  # type: ignore[assignment]  # set by dispatch()
+        self.t_dispatch = 0.0
+        self.t_submit = 0.0
+        self.deps: list[Use] = []
+        self.buffers: list[ResidentBuffer] = []
+
+
+class _Download:
+    """A download in progress, tracked as a read use of its buffer.
+
+    ``finished`` is set once the copy is done, so host workers that write the buffer can wait.
+    """
+
+    __slots__ = ("finished",)
+
+    def __init__(self) -> None:
+        self.finished = threading.Event()
+
+
+class Backend(abc.ABC):
+    """A place to run kernels: a CUDA device, or the host in worker threads.
+
+    Open one with :func:`asyncgraph.open_backend`. A backend is an async resource: use
+    ``async with`` or ``await backend.aclose()``. It belongs to the event loop it is first used
+    on.
+
+    Attributes:
+        name: ``"cuda:0"``, ``"host"``...
+        options: the :class:`BackendOptions` it was opened with.
+        telemetry: its counters; ``backend.telemetry.snapshot()`` reads them.
+    """
+
+    kind: ClassVar[str]
+    _limits: LaunchLimits
+    _device_arrays: ClassVar[bool] = False
+
+    def __init__(self, name: str, options: BackendOptions) -> None:
+        self.name = name
+        self.options = options
+        self._store = ResidentStore(name, self._free_storage)
+        self.telemetry = Telemetry(self._load, self._pool_counters)
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._state = _OPEN
+        self._failure: DeviceFaultError | None = None
+        self._ids = itertools.count(1)
+        self._in_flight: dict[int, Job] = {}
+        self._queue: deque[Job] = deque()
+        self._drained: asyncio.Event | None = None
+        self._close_task: asyncio.Task[None] | None = None
+        self._log = logger.bind(device=name)
+        self._events = options.dispatch_events_enabled
+        with contextlib.suppress(RuntimeError):
+            self._loop = asyncio.get_running_loop()
+
+    # -- state ---------------------------------------------------------------------------------
+
+    @property
+    def is_closed(self) -> bool:
+        """Whether ``aclose()`` was called (the backend may still be finishing work)."""
+        return self._state != _OPEN
+
+    @property
+    def failure(self) -> DeviceFaultError | None:
+        """The device fault that failed this backend, or ``None`` while it is healthy."""
+        return self._failure
+
+    def __repr__(self) -> str:
+        state = ("open", "closing", "closed")[self._state]
+        if self._failure is not None:
+            state = "failed"
+        return (
+            f"<{type(self).__name__} {self.name} {state} in_flight={len(self._in_flight)} "
+            f"queued={len(self._queue)} buffers={len(self._store)}>"
+        )
+
+    def _load(self) -> tuple[int, int]:
+        return len(self._in_flight), len(self._queue)
+
+    def _pool_counters(self) -> PoolCounters:
+        return PoolCounters()
+
+    def _loop_for_use(self) -> asyncio.AbstractEventLoop:
+        if self._state != _OPEN:
+            raise BackendClosedError(
+                f"backend {self.name} is closed; open a new one with asyncgraph.open_backend()"
+            )
+        if self._failure is not None:
+            raise DeviceFaultError(
+                self._failure.code,
+                self._failure.name,
+                self._failure.call,
+                f"backend {self.name} failed earlier and takes no new work; close it and open "
+                "a new backend (see docs/errors.md)",
+            )
+        try:
+            loop = asyncio.get_running_loop()
+        except RuntimeError:
+            raise UnsupportedError(
+                f"backend {self.name} is used from a thread with no running event loop; "
+                "call it from async code on the loop it belongs to"
+            ) from None
+        if self._loop is None:
+            self._loop = loop
+        elif loop is not self._loop:
+            raise UnsupportedError(
+                f"backend {self.name} belongs to another event loop; open one backend per "
+                "event loop"
+            )
+        return loop
+
+    # -- dispatch ------------------------------------------------------------------------------
+
+    def dispatch(
+        self,
+        kernel: Kernel,
+        *args: object,
+        grid: int | tuple[int, ...],
+        block: int | tuple[int, ...],
+        shared_mem: int = 0,
+        timing: bool = False,
+    ) -> PendingDispatch:
+        """Launch *kernel* on *args* and return at once; ``await`` the result for the outputs.
+
+        Args:
+            kernel: the kernel to run.
+            *args: its arguments in kernel order: numpy arrays (inputs, read while the dispatch
+                runs: do not modify them until it completed), ``Out(shape, dtype)``,
+                ``InOut(array)``, numpy scalars, resident buffers, ``Out(into=buffer)``, and on
+                CUDA device arrays of CuPy or PyTorch.
+            grid: blocks in the grid, an int or a tuple of up to three.
+            block: threads per block, an int or a tuple of up to three.
+            shared_mem: bytes of dynamic shared memory per block.
+            timing: measure the kernel's device time into ``pending.device_time``.
+
+        Returns:
+            A :class:`PendingDispatch`; ``await`` it for one result per ``Out``/``InOut``.
+
+        Raises:
+            DispatchError: an argument or the launch shape is invalid; nothing was started.
+            StaleBufferError: a resident buffer is closed or from another backend.
+            UnsupportedError: the backend cannot run this (e.g. no ``host=`` on the host
+                backend), or the call is not on the backend's event loop.
+            BackendClosedError: the backend is closed.
+            DeviceFaultError: the backend failed earlier with a device fault.
+        """
+        loop = self._loop_for_use()
+        if not isinstance(timing, bool):
+            raise ArgumentTypeError(f"timing={timing!r}; pass True or False")
+        call = bind(
+            kernel,
+            args,
+            grid=grid,
+            block=block,
+            shared_mem=shared_mem,
+            limits=self._limits,
+            store=self._store,
+            device_arrays=self._device_arrays,
+        )
+        job = self._prepare(call, timing)
+        job.id = dispatch_id = next(self._ids)
+        job.pending = PendingDispatch(loop, dispatch_id, kernel.name)
+        job.t_dispatch = perf_counter()
+        self._track_buffers(job)
+        self.telemetry.dispatches += 1
+        if not self._queue and len(self._in_flight) < self.options.max_in_flight:
+            self._submit(job)
+        else:
+            self._queue.append(job)
+        return job.pending
+
+    def _track_buffers(self, job: Job) -> None:
+        writes: dict[ResidentBuffer, bool] = {}
+        for kind, value, param in job.call.args:
+            if kind == RESIDENT:
+                # Without a const qualifier the kernel may write through the pointer.
+                write = param is None or not param.const
+                writes[value] = writes.get(value, False) or write
+            elif kind == RESIDENT_OUT:
+                writes[value] = True
+        for buffer, write in writes.items():
+            job.deps.extend(dep for dep in buffer._track(job, write) if dep is not job)
+            job.buffers.append(buffer)
+
+    def _submit(self, job: Job) -> None:
+        job.t_submit = t0 = perf_counter()
+        self.telemetry.queue_wait.record(t0 - job.t_dispatch)
+        self._in_flight[job.id] = job
+        try:
+            self._start(job)
+        except BaseException as exc:
+            self._complete(job, exc)
+            if not isinstance(exc, Exception):
+                raise
+        self.telemetry.submit_time.record(perf_counter() - t0)
+
+    def _complete(
+        self, job: Job, outcome: tuple[Any, ...] | BaseException, device_time: float | None = None
+    ) -> None:
+        """Finish *job* on the loop's thread: release its uses, count it, resolve it."""
+        if self._in_flight.pop(job.id, None) is None:
+            return  # already completed (a failure raced with a normal completion)
+        for buffer in job.buffers:
+            buffer._untrack(job)
+        telemetry = self.telemetry
+        latency = perf_counter() - job.t_dispatch
+        telemetry.completion_latency.record(latency)
+        if isinstance(outcome, BaseException):
+            telemetry.dispatches_failed += 1
+            if self._events:
+                self._log.debug(
+                    "dispatch.failed",
+                    kernel=job.call.kernel.name,
+                    dispatch_id=job.id,
+                    error=repr(outcome),
+                )
+            job.pending._set_exception(outcome)
+        else:
+            telemetry.dispatches_completed += 1
+            if device_time is not None:
+                telemetry.device_time.record(device_time)
+            if self._events:
+                self._log.debug(
+                    "dispatch.completed",
+                    kernel=job.call.kernel.name,
+                    dispatch_id=job.id,
+                    latency=latency,
+                    device_time=device_time,
+                )
+            job.pending._set_result(outcome, device_time)
+        queue = self._queue
+        while queue and len(self._in_flight) < self.options.max_in_flight:
+            self._submit(queue.popleft())
+        if self._drained is not None and not self._in_flight and not queue:
+            self._drained.set()
+
+    # -- resident buffers ----------------------------------------------------------------------
+
+    async def upload(self, array: np.ndarray[Any, Any]) -> ResidentBuffer:
+        """Copy *array* into a new resident buffer on this backend.
+
+        Raises:
+            DispatchError: *array* is not a non-empty, C-contiguous numeric numpy array.
+            BackendClosedError: the backend is closed.
+        """
+        self._loop_for_use()
+        if not isinstance(array, np.ndarray):
+            raise ArgumentTypeError(
+                f"upload() takes a numpy array, got {type(array).__name__}; pass np.asarray(x)"
+            )
+        _check_array(array, "upload()")
+        storage = await self._upload_storage(array)
+        self.telemetry.bytes_up += array.nbytes
+        self.telemetry.copies_up += 1
+        return self._store.add(storage, array.shape, array.dtype)
+
+    def empty(self, shape: int | tuple[int, ...], dtype: object) -> ResidentBuffer:
+        """Allocate a resident buffer; its contents are undefined until written.
+
+        Raises:
+            ShapeMismatchError: the shape is not a tuple of positive ints.
+            ArgumentTypeError: the dtype is not numeric.
+            BackendClosedError: the backend is closed.
+        """
+        self._loop_for_use()
+        shape_t = _shape_tuple(shape, "empty()")
+        dt = _numeric_dtype(dtype, "empty()")
+        return self._store.add(self._alloc_storage(shape_t, dt), shape_t, dt)
+
+    async def download(self, buffer: ResidentBuffer) -> np.ndarray[Any, Any]:
+        """Copy a resident buffer back into a new numpy array.
+
+        Waits for dispatches in flight that write the buffer, so it reads what they wrote.
+
+        Raises:
+            StaleBufferError: the buffer is closed or from another backend.
+            BackendClosedError: the backend is closed.
+        """
+        self._loop_for_use()
+        if not isinstance(buffer, ResidentBuffer):
+            raise ArgumentTypeError(
+                f"download() takes a resident buffer, got {type(buffer).__name__}"
+            )
+        self._store.check(buffer, "download()")
+        use = _Download()
+        deps = buffer._track(use, write=False)
+        try:
+            array = await self._download_storage(buffer, deps)
+        finally:
+            use.finished.set()
+            buffer._untrack(use)
+        self.telemetry.bytes_down += array.nbytes
+        self.telemetry.copies_down += 1
+        return array
+
+    @staticmethod
+    async def _wait_jobs(deps: list[Use]) -> None:
+        """Wait until each dispatch in *deps* completed, whatever its outcome."""
+        for dep in deps:
+            if isinstance(dep, Job) and not dep.pending.done():
+                with contextlib.suppress(Exception):
+                    await dep.pending
+
+    # -- closing -------------------------------------------------------------------------------
+
+    async def aclose(self) -> None:
+        """Finish the work in flight, then free everything the backend holds.
+
+        New work is refused from the first call on. Idempotent, and shielded from cancellation:
+        a cancelled ``aclose()`` still completes in the background.
+        """
+        if self._close_task is None:
+            loop = self._loop or asyncio.get_running_loop()
+            self._loop = loop
+            self._state = _CLOSING
+            self._close_task = loop.create_task(self._close())
+        await asyncio.shield(self._close_task)
+
+    async def _close(self) -> None:
+        if self._in_flight or self._queue:
+            self._drained = asyncio.Event()
+            await self._drained.wait()
+        try:
+            self._store.close_all()
+            await self._shutdown()
+        finally:
+            self._state = _CLOSED
+            snap = self.telemetry
+            self._log.info(
+                "backend.closed",
+                dispatches=snap.dispatches,
+                completed=snap.dispatches_completed,
+                failed=snap.dispatches_failed,
+            )
+
+    async def __aenter__(self) -> Backend:
+        return self
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        await self.aclose()
+
+    def __del__(self) -> None:
+        if getattr(self, "_state", _CLOSED) != _CLOSED:
+            warnings.warn(
+                f"backend {self.name} was not closed; use 'async with' or 'await aclose()'",
+                ResourceWarning,
+                stacklevel=1,
+                source=self,
+            )
+            with contextlib.suppress(Exception):
+                self._release_unclosed()
+
+    # -- hooks for concrete backends -----------------------------------------------------------
+
+    def _prepare(self, call: BoundCall, timing: bool) -> Job:
+        """Check backend-specific rules and make the job (sync, before submission)."""
+        return Job(call, timing)
+
+    @abc.abstractmethod
+    def _start(self, job: Job) -> None:
+        """Submit *job*; call ``self._complete(job, ...)`` on the loop's thread when done."""
+
+    @abc.abstractmethod
+    async def _upload_storage(self, array: np.ndarray[Any, Any]) -> Any:
+        """Make resident storage holding a copy of *array*."""
+
+    @abc.abstractmethod
+    def _alloc_storage(self, shape: tuple[int, ...], dtype: np.dtype[Any]) -> Any:
+        """Make uninitialised resident storage."""
+
+    @abc.abstractmethod
+    async def _download_storage(
+        self, buffer: ResidentBuffer, deps: list[Use]
+    ) -> np.ndarray[Any, Any]:
+        """Copy *buffer* out after the uses in *deps* completed."""
+
+    @abc.abstractmethod
+    def _free_storage(self, storage: Any) -> None:
+        """Free resident storage (called once all uses completed)."""
+
+    @abc.abstractmethod
+    async def _shutdown(self) -> None:
+        """Release every backend resource; no work is in flight."""
+
+    def _release_unclosed(self) -> None:  # noqa: B027  # optional hook, empty by default
+        """Best-effort release of a backend dropped without closing (from ``__del__``)."""
+
+
+def _parse_device(device: object) -> tuple[str, int]:
+    """``"auto"``, ``"host"``, ``"cuda"``, ``"cuda:N"`` or ``N`` -> (kind, ordinal)."""
+    if isinstance(device, int) and not isinstance(device, bool):
+        return ("cuda", device)
+    if isinstance(device, str):
+        text = device.strip().lower()
+        if text in ("auto", "host", "cuda"):
+            return (text, 0)
+        if text.startswith("cuda:") and text[5:].isdigit():
+            return ("cuda", int(text[5:]))
+    raise DeviceUnavailableError(
+        f"device={device!r} is not a device asyncgraph knows; pass 'auto', 'host', 'cuda', "
+        "'cuda:N' or an int N"
+    )
+
+
+def open_backend(
+    device: str | int = "auto", *, options: BackendOptions | None = None, **option_kwargs: Any
+) -> Backend:
+    """Open a backend: a CUDA device, or the host.
+
+    Args:
+        device: ``"auto"`` (the first CUDA device if a driver and a device are present, else
+            the host backend, saying why in a ``backend.selected`` log event), ``"cuda"``,
+            ``"cuda:N"`` or ``N`` (that CUDA device), or ``"host"``.
+        options: a :class:`BackendOptions`.
+        **option_kwargs: or its fields as keywords (``streams=8``); not both.
+
+    Returns:
+        The backend. Use it with ``async with`` or close it with ``await backend.aclose()``.
+
+    Raises:
+        DeviceUnavailableError: CUDA was asked for and no driver or device (or not that one)
+            was found, or *device* is not a known form.
+        TypeError: both *options* and keywords were given, or an unknown keyword.
+    """
+    from ._detect import probe_cuda
+
+    if options is not None and option_kwargs:
+        raise TypeError("pass either options=BackendOptions(...) or its fields as keywords")
+    opts = options if options is not None else BackendOptions(**option_kwargs)
+    kind, ordinal = _parse_device(device)
+    if kind in ("auto", "cuda"):
+        probe = probe_cuda()
+        if not probe.available:
+            if kind == "cuda":
+                raise DeviceUnavailableError(
+                    f"device={device!r} needs CUDA, but {probe.reason}; "
+                    "use device='auto' or 'host' to run on the host backend"
+                )
+            logger.info("backend.selected", device="host", reason=probe.reason)
+            kind = "host"
+        elif ordinal >= len(probe.devices):
+            raise DeviceUnavailableError(
+                f"device={device!r}: there is no CUDA device {ordinal}; {len(probe.devices)} found"
+            )
+        else:
+            raise DeviceUnavailableError(
+                f"device={device!r}: the CUDA backend is not part of this build yet"
+            )
+    from ._host import HostBackend
+
+    return HostBackend(opts)

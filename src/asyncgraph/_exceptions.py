@@ -1,0 +1,129 @@
+"""The whole error tree of asyncgraph.
+
+Every error the library raises on purpose derives from :class:`AsyncGraphError`; where a
+standard exception means the same thing, it is a co-base, so ``except ValueError`` keeps
+working for callers who do not know this library::
+
+    AsyncGraphError
+     ├─ CudaError(code, name, call)       a driver call failed; code kept as data
+     │   └─ DeviceFaultError             sticky context error (illegal address...): backend failed
+     ├─ CompileError(log)
+     ├─ DispatchError (ValueError)       bad arguments to dispatch/upload/empty
+     │   ├─ ArgumentTypeError (TypeError) an argument of the wrong kind or dtype
+     │   └─ ShapeMismatchError           shapes that do not fit
+     ├─ AllocationError (MemoryError)    device or pinned memory exhausted after trimming caches
+     ├─ CaptureError
+     ├─ StaleBufferError                 a freed, reused or foreign resident buffer
+     ├─ DeviceUnavailableError           no CUDA driver or device where one was required
+     ├─ UnsupportedError                 the backend cannot do this (a kernel without host=...)
+     └─ BackendClosedError               the backend is closed or closing
+"""
+
+from __future__ import annotations
+
+__all__ = (
+    "AllocationError",
+    "ArgumentTypeError",
+    "AsyncGraphError",
+    "BackendClosedError",
+    "CaptureError",
+    "CompileError",
+    "CudaError",
+    "DeviceFaultError",
+    "DeviceUnavailableError",
+    "DispatchError",
+    "ShapeMismatchError",
+    "StaleBufferError",
+    "UnsupportedError",
+)
+
+
+class AsyncGraphError(Exception):
+    """Base class of every error asyncgraph raises on purpose."""
+
+
+class CudaError(AsyncGraphError):
+    """A CUDA driver call failed.
+
+    Attributes:
+        code: the numeric ``CUresult``.
+        name: its symbolic name, e.g. ``"CUDA_ERROR_OUT_OF_MEMORY"``.
+        call: the driver function that returned it, e.g. ``"cuMemcpyHtoDAsync"``.
+    """
+
+    def __init__(self, code: int, name: str, call: str, detail: str = "") -> None:
+        self.code = code
+        self.name = name
+        self.call = call
+        message = f"{call} failed with {name} ({code})"
+        if detail:
+            message = f"{message}: {detail}"
+        super().__init__(message)
+
+    def __reduce__(self) -> tuple[type[CudaError], tuple[int, str, str]]:
+        return (type(self), (self.code, self.name, self.call))
+
+
+class DeviceFaultError(CudaError):
+    """A sticky device error (illegal address, misaligned access, trap...).
+
+    The CUDA context is unusable afterwards: every dispatch in flight on the backend fails
+    with this error and the backend refuses new work. See ``docs/errors.md`` for recovery.
+    """
+
+
+class CompileError(AsyncGraphError):
+    """NVRTC could not compile a kernel's source.
+
+    Attributes:
+        log: the compiler's log, as NVRTC wrote it.
+        kernel: the name of the kernel being compiled.
+    """
+
+    def __init__(self, kernel: str, log: str) -> None:
+        self.kernel = kernel
+        self.log = log
+        super().__init__(f"kernel {kernel!r} failed to compile:\n{log}")
+
+    def __reduce__(self) -> tuple[type[CompileError], tuple[str, str]]:
+        return (type(self), (self.kernel, self.log))
+
+
+class DispatchError(AsyncGraphError, ValueError):
+    """Arguments of a dispatch (or upload, or launch shape) are invalid.
+
+    Raised by ``dispatch()`` itself, before any work starts; the backend stays usable.
+    """
+
+
+class ArgumentTypeError(DispatchError, TypeError):
+    """An argument is of a kind or dtype the kernel cannot take."""
+
+
+class ShapeMismatchError(DispatchError):
+    """Shapes do not fit: an output of impossible shape, or a replay with other shapes."""
+
+
+class AllocationError(AsyncGraphError, MemoryError):
+    """Device or pinned host memory is exhausted, after the caches were trimmed."""
+
+
+class CaptureError(AsyncGraphError):
+    """A CUDA graph capture failed or was used outside its rules."""
+
+
+class StaleBufferError(AsyncGraphError):
+    """A resident buffer handle was freed, belongs to another backend, or is otherwise stale."""
+
+
+class DeviceUnavailableError(AsyncGraphError):
+    """A CUDA device was required but no driver or device was found."""
+
+
+class UnsupportedError(AsyncGraphError):
+    """The backend cannot do what was asked (for example a kernel without ``host=`` on the
+    host backend, or a blocking call on the event loop's own thread)."""
+
+
+class BackendClosedError(AsyncGraphError):
+    """The backend is closed, or closing, and takes no new work."""

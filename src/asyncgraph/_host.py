@@ -1,0 +1,159 @@
+"""HostBackend: the same contract as CUDA, with kernels' ``host=`` functions in worker threads.
+
+It is the backend ``open_backend("auto")`` picks where no CUDA device is found, and the
+reference the CUDA backend is tested against. User code never runs on the event loop's thread:
+host functions run in a pool of ``options.streams`` worker threads, outputs are zero-filled before
+they run, inputs reach them read-only, and completions return to the loop in batches.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+from time import perf_counter
+from typing import Any, cast
+
+import numpy as np
+
+from ._args import IN, INOUT, OUT, RESIDENT, RESIDENT_OUT, SCALAR, BoundCall, LaunchLimits
+from ._backend import Backend, Job
+from ._exceptions import UnsupportedError
+from ._inbox import Inbox
+from ._options import BackendOptions
+from ._resident import ResidentBuffer, Use
+
+__all__ = ("HostBackend",)
+
+# Copies larger than this run in a worker thread rather than on the loop's thread.
+_INLINE_COPY_BYTES = 1 << 20
+
+
+class _HostJob(Job):
+    __slots__ = ("finished",)
+
+    def __init__(self, call: BoundCall, timing: bool) -> None:
+        super().__init__(call, timing)
+        self.finished = threading.Event()
+
+
+def _copy(array: np.ndarray[Any, Any]) -> np.ndarray[Any, Any]:
+    return np.array(array, copy=True, order="C")
+
+
+class HostBackend(Backend):
+    """Runs kernels' ``host=`` implementations in worker threads.
+
+    Made by ``open_backend("host")`` (or ``"auto"`` without a GPU); no public constructor.
+    """
+
+    kind = "host"
+    _limits = LaunchLimits()
+
+    def __init__(self, options: BackendOptions) -> None:
+        super().__init__("host", options)
+        self._executor = ThreadPoolExecutor(
+            max_workers=options.streams, thread_name_prefix="asyncgraph-host"
+        )
+        self._inbox: Inbox[tuple[_HostJob, Any, float | None]] | None = None
+        self._log.info("backend.opened", kind=self.kind, workers=options.streams)
+
+    # -- dispatch ------------------------------------------------------------------------------
+
+    def _prepare(self, call: BoundCall, timing: bool) -> Job:
+        if call.kernel.host is None:
+            raise UnsupportedError(
+                f"kernel {call.kernel.name!r} has no host= implementation, so the host backend "
+                "cannot run it; declare Kernel(..., host=fn) or open a CUDA backend"
+            )
+        return _HostJob(call, timing)
+
+    def _start(self, job: Job) -> None:
+        inbox = self._inbox
+        if inbox is None:
+            # _loop_for_use() bound the loop before any dispatch reaches here.
+            inbox = self._inbox = Inbox(cast(asyncio.AbstractEventLoop, self._loop), self._on_done)
+        self._executor.submit(self._run, cast(_HostJob, job), inbox)
+
+    def _on_done(self, item: tuple[_HostJob, Any, float | None]) -> None:
+        job, outcome, seconds = item
+        self._complete(job, outcome, seconds)
+
+    @staticmethod
+    def _run(job: _HostJob, inbox: Inbox[tuple[_HostJob, Any, float | None]]) -> None:
+        """Worker thread: wait for earlier uses of shared buffers, run the host function."""
+        try:
+            for dep in job.deps:
+                finished: threading.Event | None = getattr(dep, "finished", None)
+                if finished is not None:
+                    finished.wait()
+            args: list[Any] = []
+            results: list[Any] = []
+            for kind, value, _param in job.call.args:
+                if kind == IN:
+                    view = value.view()
+                    view.flags.writeable = False
+                    args.append(view)
+                elif kind == SCALAR:
+                    args.append(value)
+                elif kind == OUT:
+                    out = np.zeros(value.shape, value.dtype)
+                    args.append(out)
+                    results.append(out)
+                elif kind == INOUT:
+                    copy = _copy(value)
+                    args.append(copy)
+                    results.append(copy)
+                elif kind == RESIDENT:
+                    args.append(value._storage)
+                elif kind == RESIDENT_OUT:
+                    value._storage.fill(0)
+                    args.append(value._storage)
+                    results.append(value)
+            # _prepare refused kernels without host=.
+            host = cast(Callable[..., object], job.call.kernel.host)
+            t0 = perf_counter()
+            host(*args)
+            seconds = perf_counter() - t0
+            item: tuple[_HostJob, Any, float | None] = (
+                job,
+                tuple(results),
+                seconds if job.timing else None,
+            )
+        except BaseException as exc:
+            item = (job, exc, None)
+        finally:
+            job.finished.set()
+        inbox.post(item)
+
+    # -- resident storage ----------------------------------------------------------------------
+
+    async def _upload_storage(self, array: np.ndarray[Any, Any]) -> Any:
+        if array.nbytes <= _INLINE_COPY_BYTES:
+            return _copy(array)
+        # Copies use the loop's default executor, never the workers: a worker may be blocked
+        # waiting for this very copy to finish.
+        return await asyncio.get_running_loop().run_in_executor(None, _copy, array)
+
+    def _alloc_storage(self, shape: tuple[int, ...], dtype: np.dtype[Any]) -> Any:
+        return np.empty(shape, dtype)
+
+    async def _download_storage(
+        self, buffer: ResidentBuffer, deps: list[Use]
+    ) -> np.ndarray[Any, Any]:
+        await self._wait_jobs(deps)
+        storage = buffer._storage
+        if buffer.nbytes <= _INLINE_COPY_BYTES:
+            return _copy(storage)
+        return await asyncio.get_running_loop().run_in_executor(None, _copy, storage)
+
+    def _free_storage(self, storage: Any) -> None:
+        """Host storage is a numpy array: dropping the reference frees it."""
+
+    async def _shutdown(self) -> None:
+        executor = self._executor
+        await asyncio.get_running_loop().run_in_executor(None, executor.shutdown)
+
+    def _release_unclosed(self) -> None:
+        self._executor.shutdown(wait=False)

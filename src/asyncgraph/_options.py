@@ -1,0 +1,57 @@
+"""Backend options: one frozen attrs class, validated on construction."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import attrs
+
+__all__ = ("BackendOptions",)
+
+
+def _positive(_inst: object, attribute: attrs.Attribute[int], value: int) -> None:
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise ValueError(f"BackendOptions.{attribute.name} must be a positive int, got {value!r}")
+
+
+def _non_negative(_inst: object, attribute: attrs.Attribute[int], value: int) -> None:
+    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+        raise ValueError(
+            f"BackendOptions.{attribute.name} must be a non-negative int, got {value!r}"
+        )
+
+
+@attrs.frozen(kw_only=True)
+class BackendOptions:
+    """How a backend is sized and what it plugs in.
+
+    Attributes:
+        streams: CUDA streams dispatches are spread over (on the host backend: worker threads).
+        max_in_flight: dispatches submitted and not yet completed, at most; further dispatches
+            queue in call order until one completes (waiting is the backpressure).
+        pinned_pool_bytes: bytes of idle pinned host blocks the pinned pool keeps cached; idle
+            blocks beyond it are freed (CUDA backend).
+        host_pool: a pinned host pool to use instead of the default (``asyncgraph.pool``).
+        device_memory: a ``cuda.core`` ``MemoryResource`` for device allocations instead of the
+            device's default memory resource (CUDA backend).
+        dispatch_events_enabled: emit a structlog debug event per dispatch (``dispatch.completed``
+            / ``dispatch.failed``). Off by default, so the hot path pays nothing for logging.
+        poll_window: seconds the completion reactor polls a pending CUDA event from the loop
+            before it hands the wait to its waiter thread (CUDA backend).
+    """
+
+    streams: int = attrs.field(default=4, validator=_positive)
+    max_in_flight: int = attrs.field(default=256, validator=_positive)
+    pinned_pool_bytes: int = attrs.field(default=256 << 20, validator=_non_negative)
+    host_pool: Any = None
+    device_memory: Any = None
+    dispatch_events_enabled: bool = False
+    poll_window: float = attrs.field(default=200e-6)
+
+    @poll_window.validator
+    def _check_poll_window(self, _attribute: attrs.Attribute[float], value: float) -> None:
+        if not isinstance(value, int | float) or isinstance(value, bool) or value < 0:
+            raise ValueError(
+                f"BackendOptions.poll_window must be a non-negative number of seconds, "
+                f"got {value!r}"
+            )

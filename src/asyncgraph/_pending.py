@@ -1,0 +1,194 @@
+"""PendingDispatch: the awaitable handle ``dispatch()`` returns."""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+from collections.abc import Callable, Generator
+from typing import Any
+
+from ._exceptions import UnsupportedError
+
+__all__ = ("PendingDispatch",)
+
+_PENDING = 0
+_DONE = 1
+_FAILED = 2
+
+# Guards the lazy creation of a threading.Event for result()/exception() from other threads.
+_event_lock = threading.Lock()
+
+
+class PendingDispatch:
+    """A dispatch that was submitted and may not have completed yet.
+
+    ``await pending`` returns a tuple with one result per ``Out``/``InOut`` argument, in
+    argument order: a numpy array, or the resident buffer for ``Out(into=buffer)``.
+
+    Cancelling a task that awaits a dispatch does not cancel the GPU work: the dispatch runs to
+    completion and releases its buffers only after its work finished. Any number of tasks may
+    await one dispatch, and code on other threads may block on :meth:`result`.
+
+    Created by ``Backend.dispatch``; there is no public constructor.
+    """
+
+    __slots__ = (
+        "__weakref__",
+        "_callbacks",
+        "_device_time",
+        "_event",
+        "_loop",
+        "_outcome",
+        "_state",
+        "_waiters",
+        "dispatch_id",
+        "kernel_name",
+    )
+
+    def __init__(self, loop: asyncio.AbstractEventLoop, dispatch_id: int, kernel_name: str) -> None:
+        self._loop = loop
+        self._state = _PENDING
+        self._outcome: Any = None
+        self._waiters: list[asyncio.Future[None]] | None = None
+        self._callbacks: list[Callable[[PendingDispatch], object]] | None = None
+        self._event: threading.Event | None = None
+        self._device_time: float | None = None
+        self.dispatch_id = dispatch_id
+        self.kernel_name = kernel_name
+
+    # -- reading -------------------------------------------------------------------------------
+
+    def done(self) -> bool:
+        """Whether the dispatch has completed, successfully or not."""
+        return self._state != _PENDING
+
+    @property
+    def device_time(self) -> float | None:
+        """Seconds the kernel ran on the device, for a dispatch made with ``timing=True``.
+
+        ``None`` until the dispatch completed, and always ``None`` without ``timing=True``.
+        The host backend reports the wall time of the host function.
+        """
+        return self._device_time
+
+    def result(self, timeout: float | None = None) -> tuple[Any, ...]:
+        """Block until the dispatch completes and return its results.
+
+        For code on other threads. On the event loop's own thread, only a completed dispatch
+        can be read this way: use ``await`` there.
+
+        Args:
+            timeout: seconds to wait at most; ``None`` waits as long as it takes.
+
+        Returns:
+            One result per ``Out``/``InOut`` argument, in argument order.
+
+        Raises:
+            TimeoutError: the dispatch did not complete within *timeout*.
+            UnsupportedError: called on the event loop's thread before the dispatch completed.
+            Exception: whatever the dispatch failed with.
+        """
+        self._wait(timeout)
+        if self._state == _FAILED:
+            raise self._outcome
+        return self._outcome  # type: ignore[no-any-return]  # a tuple, set by _set_result
+
+    def exception(self, timeout: float | None = None) -> BaseException | None:
+        """Block until the dispatch completes; return its exception, or ``None`` if it succeeded.
+
+        Args:
+            timeout: seconds to wait at most; ``None`` waits as long as it takes.
+
+        Raises:
+            TimeoutError: the dispatch did not complete within *timeout*.
+            UnsupportedError: called on the event loop's thread before the dispatch completed.
+        """
+        self._wait(timeout)
+        if self._state == _FAILED:
+            exc: BaseException = self._outcome
+            return exc
+        return None
+
+    def add_done_callback(self, fn: Callable[[PendingDispatch], object]) -> None:
+        """Call ``fn(pending)`` on the event loop's thread once the dispatch completes.
+
+        If it already completed, *fn* is scheduled at once (never called inline).
+        """
+        if self._state != _PENDING:
+            self._loop.call_soon(fn, self)
+        elif self._callbacks is None:
+            self._callbacks = [fn]
+        else:
+            self._callbacks.append(fn)
+
+    def __await__(self) -> Generator[Any, None, tuple[Any, ...]]:
+        if self._state == _PENDING:
+            # One waiter future per awaiting task: cancelling that task cancels its waiter only.
+            waiter: asyncio.Future[None] = self._loop.create_future()
+            if self._waiters is None:
+                self._waiters = [waiter]
+            else:
+                self._waiters.append(waiter)
+            try:
+                yield from waiter
+            finally:
+                if self._state == _PENDING and self._waiters is not None:
+                    self._waiters.remove(waiter)
+        if self._state == _FAILED:
+            raise self._outcome
+        return self._outcome  # type: ignore[no-any-return]  # a tuple, set by _set_result
+
+    def __repr__(self) -> str:
+        state = ("pending", "done", "failed")[self._state]
+        return f"<PendingDispatch #{self.dispatch_id} {self.kernel_name} {state}>"
+
+    # -- completion (event loop thread only) ----------------------------------------------------
+
+    def _wait(self, timeout: float | None) -> None:
+        if self._state != _PENDING:
+            return
+        try:
+            running = asyncio.get_running_loop()
+        except RuntimeError:
+            running = None
+        if running is self._loop:
+            raise UnsupportedError(
+                f"dispatch #{self.dispatch_id} of {self.kernel_name!r} has not completed and "
+                "result() would block the event loop that completes it; use "
+                "'await pending' on the loop's thread"
+            )
+        with _event_lock:
+            if self._state != _PENDING:
+                return
+            if self._event is None:
+                self._event = threading.Event()
+            event = self._event
+        if not event.wait(timeout):
+            raise TimeoutError(
+                f"dispatch #{self.dispatch_id} of {self.kernel_name!r} did not complete "
+                f"within {timeout} s"
+            )
+
+    def _resolve(self, state: int, outcome: object) -> None:
+        with _event_lock:
+            self._state = state
+            self._outcome = outcome
+            event = self._event
+        if event is not None:
+            event.set()
+        if self._waiters is not None:
+            for waiter in self._waiters:
+                if not waiter.done():
+                    waiter.set_result(None)
+            self._waiters = None
+        if self._callbacks is not None:
+            for fn in self._callbacks:
+                self._loop.call_soon(fn, self)
+            self._callbacks = None
+
+    def _set_result(self, results: tuple[Any, ...], device_time: float | None = None) -> None:
+        self._device_time = device_time
+        self._resolve(_DONE, results)
+
+    def _set_exception(self, exc: BaseException) -> None:
+        self._resolve(_FAILED, exc)

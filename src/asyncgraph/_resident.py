@@ -1,0 +1,218 @@
+"""Resident buffers: memory that stays on the backend between dispatches.
+
+A :class:`ResidentStore` owns every buffer of one backend. A handle (:class:`ResidentBuffer`)
+carries its store, a slot and the slot's generation; freeing a buffer bumps the generation, so a
+freed, reused or foreign handle is refused with :class:`StaleBufferError` instead of reaching
+memory it no longer owns.
+
+Each buffer also tracks the dispatches in flight that use it, for two purposes:
+- ordering: a dispatch that reads a buffer waits for the last dispatch that wrote it, and one that
+  writes waits for the readers and the writer before it (read-after-write, write-after-read);
+- lifetime: ``aclose()`` refuses new uses at once but frees the memory only after the last use in
+  flight completed.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Callable
+from typing import Any, Protocol
+
+import numpy as np
+
+from ._exceptions import StaleBufferError
+
+__all__ = ("ResidentBuffer", "ResidentStore")
+
+
+class Use(Protocol):
+    """Something in flight that uses a buffer (a dispatch); opaque to the store."""
+
+
+class ResidentBuffer:
+    """A buffer that lives on a backend (device memory on CUDA) between dispatches.
+
+    Pass it to ``dispatch`` as an argument (no bytes move) or as ``Out(into=buffer)``; read it
+    back with ``await backend.download(buffer)``; free it with ``await buffer.aclose()``.
+    Made by ``backend.upload()`` and ``backend.empty()``; there is no public constructor.
+
+    Attributes:
+        shape: the array shape.
+        dtype: the numpy dtype.
+        nbytes: size in bytes.
+    """
+
+    __slots__ = (
+        "__weakref__",
+        "_generation",
+        "_in_use",
+        "_readers",
+        "_slot",
+        "_storage",
+        "_store",
+        "_writer",
+        "dtype",
+        "nbytes",
+        "shape",
+    )
+
+    def __init__(
+        self,
+        store: ResidentStore,
+        slot: int,
+        generation: int,
+        storage: Any,
+        shape: tuple[int, ...],
+        dtype: np.dtype[Any],
+    ) -> None:
+        self._store = store
+        self._slot = slot
+        self._generation = generation
+        self._storage = storage
+        self.shape = shape
+        self.dtype = dtype
+        self.nbytes = int(np.prod(shape, dtype=np.int64)) * dtype.itemsize
+        self._in_use = 0
+        self._writer: Use | None = None
+        self._readers: list[Use] = []
+
+    @property
+    def is_closed(self) -> bool:
+        """Whether ``aclose()`` was called (or the backend closed); the handle is then stale."""
+        return not self._store._is_current(self)
+
+    @property
+    def backend_name(self) -> str:
+        """The name of the backend the buffer lives on (``"host"``, ``"cuda:0"``)."""
+        return self._store.backend_name
+
+    async def aclose(self) -> None:
+        """Free the buffer.
+
+        New uses are refused at once with :class:`StaleBufferError`; the memory itself is freed
+        after the last dispatch in flight that uses it completed. Closing twice is harmless.
+        """
+        self._store._close(self)
+        await asyncio.sleep(0)
+
+    def __repr__(self) -> str:
+        state = "closed" if self.is_closed else f"{self._in_use} in use"
+        return (
+            f"<ResidentBuffer {self.dtype} {self.shape} on {self._store.backend_name} "
+            f"slot={self._slot} gen={self._generation} {state}>"
+        )
+
+    # -- in-flight uses (front of the backend, event loop thread) ------------------------------
+
+    def _track(self, use: Use, write: bool) -> list[Use]:
+        """Record *use* and return the earlier uses it must wait for."""
+        self._in_use += 1
+        if write:
+            deps = list(self._readers)
+            if self._writer is not None:
+                deps.append(self._writer)
+            self._writer = use
+            self._readers = []
+            return deps
+        self._readers.append(use)
+        return [self._writer] if self._writer is not None else []
+
+    def _untrack(self, use: Use) -> None:
+        """Forget a completed *use*; free the memory if the buffer is closed and now idle."""
+        self._in_use -= 1
+        if self._writer is use:
+            self._writer = None
+        elif use in self._readers:
+            self._readers.remove(use)
+        if self._in_use == 0 and self._storage is not None and not self._store._is_current(self):
+            self._store._free(self)
+
+
+class ResidentStore:
+    """Every resident buffer of one backend, with generation-checked handles.
+
+    Args:
+        backend_name: the owning backend's name, for messages.
+        free_storage: frees a buffer's backend storage (device memory on CUDA).
+    """
+
+    def __init__(self, backend_name: str, free_storage: Callable[[Any], None]) -> None:
+        self.backend_name = backend_name
+        self._free_storage = free_storage
+        self._generations: list[int] = []
+        self._buffers: list[ResidentBuffer | None] = []
+        self._free_slots: list[int] = []
+        self.bytes_live = 0
+
+    def __len__(self) -> int:
+        return sum(1 for b in self._buffers if b is not None)
+
+    def __repr__(self) -> str:
+        return (
+            f"<ResidentStore {self.backend_name} buffers={len(self)} bytes={self.bytes_live} "
+            f"free_slots={len(self._free_slots)}>"
+        )
+
+    def add(self, storage: Any, shape: tuple[int, ...], dtype: np.dtype[Any]) -> ResidentBuffer:
+        """Register backend *storage* as a new resident buffer and return its handle."""
+        if self._free_slots:
+            slot = self._free_slots.pop()
+        else:
+            slot = len(self._buffers)
+            self._buffers.append(None)
+            self._generations.append(0)
+        buffer = ResidentBuffer(self, slot, self._generations[slot], storage, shape, dtype)
+        self._buffers[slot] = buffer
+        self.bytes_live += buffer.nbytes
+        return buffer
+
+    @staticmethod
+    def owns_type(value: object) -> bool:
+        """Whether *value* is a resident buffer handle (of any store)."""
+        return isinstance(value, ResidentBuffer)
+
+    def check(self, buffer: ResidentBuffer, where: str) -> None:
+        """Raise :class:`StaleBufferError` unless *buffer* is a live handle of this store."""
+        if buffer._store is not self:
+            raise StaleBufferError(
+                f"{where} is a resident buffer of another backend "
+                f"({buffer._store.backend_name}); upload the data to this backend "
+                f"({self.backend_name}) with backend.upload()"
+            )
+        if not self._is_current(buffer):
+            raise StaleBufferError(
+                f"{where} is a resident buffer that was closed (slot {buffer._slot}, "
+                f"generation {buffer._generation}); upload the data again"
+            )
+
+    def close_all(self) -> None:
+        """Close every buffer (at backend close, after all work completed) and free them."""
+        for buffer in list(self._buffers):
+            if buffer is not None:
+                self._close(buffer)
+
+    # -- internals -----------------------------------------------------------------------------
+
+    def _is_current(self, buffer: ResidentBuffer) -> bool:
+        slot = buffer._slot
+        return (
+            buffer._store is self
+            and self._generations[slot] == buffer._generation
+            and self._buffers[slot] is buffer
+        )
+
+    def _close(self, buffer: ResidentBuffer) -> None:
+        if buffer._store is not self or not self._is_current(buffer):
+            return
+        # Bump the generation now: the handle is stale from this moment.
+        self._generations[buffer._slot] += 1
+        self._buffers[buffer._slot] = None
+        self._free_slots.append(buffer._slot)
+        if buffer._in_use == 0:
+            self._free(buffer)
+
+    def _free(self, buffer: ResidentBuffer) -> None:
+        storage, buffer._storage = buffer._storage, None
+        self.bytes_live -= buffer.nbytes
+        if storage is not None:
+            self._free_storage(storage)

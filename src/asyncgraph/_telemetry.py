@@ -1,0 +1,275 @@
+"""Telemetry: counters, histograms and the structlog logger of the library.
+
+Counters are plain attributes bumped on the event loop's thread; histograms keep counts in
+logarithmic buckets (20 per decade, so a quantile read from them is within 12 % of the true
+value). ``snapshot()`` copies everything into frozen objects.
+
+Log events go to ``structlog.get_logger("asyncgraph")``; the library never configures structlog.
+Per-dispatch events are emitted only with ``BackendOptions(dispatch_events_enabled=True)``, so
+the hot path costs nothing for logging otherwise.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+
+import attrs
+import structlog
+
+__all__ = ("HistogramSnapshot", "Telemetry", "TelemetrySnapshot", "logger")
+
+logger = structlog.get_logger("asyncgraph")
+
+_PER_DECADE = 20
+_LOW = 1e-7  # 100 ns: the first bucket's upper bound
+_DECADES = 10  # up to 1000 s
+_N_BUCKETS = _PER_DECADE * _DECADES + 1  # the last bucket holds everything larger
+_BOUNDS = (*(_LOW * 10 ** (i / _PER_DECADE) for i in range(_N_BUCKETS - 1)), math.inf)
+
+
+@attrs.frozen(kw_only=True)
+class HistogramSnapshot:
+    """A histogram of durations in seconds, frozen at snapshot time.
+
+    Attributes:
+        count: values recorded.
+        sum: their sum, in seconds.
+        min: the smallest value (0.0 when empty).
+        max: the largest value (0.0 when empty).
+        bounds: the upper bound of each bucket, in seconds (the last is infinity).
+        counts: values in each bucket (not cumulative).
+    """
+
+    count: int
+    sum: float
+    min: float
+    max: float
+    bounds: tuple[float, ...]
+    counts: tuple[int, ...]
+
+    def quantile(self, q: float) -> float:
+        """The value below which a fraction *q* of the values lie, read from the buckets.
+
+        Returns 0.0 for an empty histogram. The answer is the bucket's upper bound, clamped to
+        the observed min and max, so it is within one bucket width (12 %) of the true value.
+        """
+        if not 0.0 <= q <= 1.0:
+            raise ValueError(f"quantile q must be between 0 and 1, got {q}")
+        if self.count == 0:
+            return 0.0
+        rank = q * self.count
+        seen = 0
+        for bound, n in zip(self.bounds, self.counts, strict=True):
+            seen += n
+            if n and seen >= rank:
+                return min(max(bound, self.min), self.max)
+        return self.max
+
+    @property
+    def mean(self) -> float:
+        """The mean value in seconds (0.0 when empty)."""
+        return self.sum / self.count if self.count else 0.0
+
+
+class Histogram:
+    """A histogram of durations in seconds (mutable; loop thread only)."""
+
+    __slots__ = ("_counts", "_max", "_min", "_sum", "count")
+
+    def __init__(self) -> None:
+        self._counts = [0] * _N_BUCKETS
+        self.count = 0
+        self._sum = 0.0
+        self._min = math.inf
+        self._max = 0.0
+
+    def record(self, value: float) -> None:
+        """Add one value, in seconds."""
+        if value <= _LOW:
+            index = 0
+        else:
+            index = min(math.ceil(math.log10(value / _LOW) * _PER_DECADE), _N_BUCKETS - 1)
+        self._counts[index] += 1
+        self.count += 1
+        self._sum += value
+        if value < self._min:
+            self._min = value
+        if value > self._max:
+            self._max = value
+
+    def snapshot(self) -> HistogramSnapshot:
+        """A frozen copy."""
+        return HistogramSnapshot(
+            count=self.count,
+            sum=self._sum,
+            min=self._min if self.count else 0.0,
+            max=self._max,
+            bounds=_BOUNDS,
+            counts=tuple(self._counts),
+        )
+
+
+@attrs.frozen(kw_only=True)
+class PoolCounters:
+    """Counts a backend's pools report into the telemetry snapshot."""
+
+    hits: int = 0
+    misses: int = 0
+    bytes_cached: int = 0
+    bytes_in_use: int = 0
+
+
+@attrs.frozen(kw_only=True)
+class TelemetrySnapshot:
+    """Everything a backend counted, frozen at the moment of ``snapshot()``.
+
+    Attributes:
+        dispatches: dispatches accepted by ``dispatch()``.
+        dispatches_completed: dispatches that completed successfully.
+        dispatches_failed: dispatches that completed with an error.
+        in_flight: dispatches submitted and not yet completed.
+        queued: dispatches waiting for an in-flight slot.
+        bytes_up: bytes copied into the backend's memory (uploads and dispatch inputs).
+        bytes_down: bytes copied out of it (downloads and dispatch results).
+        copies_up: copies into the backend's memory.
+        copies_down: copies out of it.
+        sync_points: times the host waited for the device (blocking waits, not polls).
+        compile_cache_hits: kernels found compiled in memory or on disk.
+        compile_cache_misses: kernels compiled.
+        graph_cache_hits: dispatches served by a cached CUDA graph.
+        graph_cache_misses: dispatches that found no cached graph.
+        graph_captures: CUDA graphs captured.
+        graph_replays: CUDA graph replays.
+        graph_updates: in-place updates of executable graphs.
+        graph_evictions: graphs evicted from the graph cache.
+        pool_hits: pinned-pool requests served from cached blocks.
+        pool_misses: pinned-pool requests that allocated.
+        pool_bytes_cached: bytes of idle blocks the pinned pool holds.
+        pool_bytes_in_use: bytes of pinned blocks handed out.
+        queue_wait: seconds from ``dispatch()`` to submission.
+        submit_time: seconds the host spent submitting a dispatch.
+        completion_latency: seconds from ``dispatch()`` to completion.
+        device_time: kernel time of dispatches made with ``timing=True``.
+    """
+
+    dispatches: int
+    dispatches_completed: int
+    dispatches_failed: int
+    in_flight: int
+    queued: int
+    bytes_up: int
+    bytes_down: int
+    copies_up: int
+    copies_down: int
+    sync_points: int
+    compile_cache_hits: int
+    compile_cache_misses: int
+    graph_cache_hits: int
+    graph_cache_misses: int
+    graph_captures: int
+    graph_replays: int
+    graph_updates: int
+    graph_evictions: int
+    pool_hits: int
+    pool_misses: int
+    pool_bytes_cached: int
+    pool_bytes_in_use: int
+    queue_wait: HistogramSnapshot
+    submit_time: HistogramSnapshot
+    completion_latency: HistogramSnapshot
+    device_time: HistogramSnapshot
+
+
+class Telemetry:
+    """The counters and histograms of one backend.
+
+    Counters are bumped by the backend on the event loop's thread; read them through
+    :meth:`snapshot`.
+    """
+
+    __slots__ = (
+        "_in_flight",
+        "_pools",
+        "bytes_down",
+        "bytes_up",
+        "compile_cache_hits",
+        "compile_cache_misses",
+        "completion_latency",
+        "copies_down",
+        "copies_up",
+        "device_time",
+        "dispatches",
+        "dispatches_completed",
+        "dispatches_failed",
+        "graph_cache_hits",
+        "graph_cache_misses",
+        "graph_captures",
+        "graph_evictions",
+        "graph_replays",
+        "graph_updates",
+        "queue_wait",
+        "submit_time",
+        "sync_points",
+    )
+
+    def __init__(
+        self,
+        in_flight: Callable[[], tuple[int, int]],
+        pools: Callable[[], PoolCounters] | None = None,
+    ) -> None:
+        self._in_flight = in_flight
+        self._pools = pools
+        self.dispatches = 0
+        self.dispatches_completed = 0
+        self.dispatches_failed = 0
+        self.bytes_up = 0
+        self.bytes_down = 0
+        self.copies_up = 0
+        self.copies_down = 0
+        self.sync_points = 0
+        self.compile_cache_hits = 0
+        self.compile_cache_misses = 0
+        self.graph_cache_hits = 0
+        self.graph_cache_misses = 0
+        self.graph_captures = 0
+        self.graph_replays = 0
+        self.graph_updates = 0
+        self.graph_evictions = 0
+        self.queue_wait = Histogram()
+        self.submit_time = Histogram()
+        self.completion_latency = Histogram()
+        self.device_time = Histogram()
+
+    def snapshot(self) -> TelemetrySnapshot:
+        """Copy every counter and histogram into a frozen :class:`TelemetrySnapshot`."""
+        in_flight, queued = self._in_flight()
+        pools = self._pools() if self._pools is not None else PoolCounters()
+        return TelemetrySnapshot(
+            dispatches=self.dispatches,
+            dispatches_completed=self.dispatches_completed,
+            dispatches_failed=self.dispatches_failed,
+            in_flight=in_flight,
+            queued=queued,
+            bytes_up=self.bytes_up,
+            bytes_down=self.bytes_down,
+            copies_up=self.copies_up,
+            copies_down=self.copies_down,
+            sync_points=self.sync_points,
+            compile_cache_hits=self.compile_cache_hits,
+            compile_cache_misses=self.compile_cache_misses,
+            graph_cache_hits=self.graph_cache_hits,
+            graph_cache_misses=self.graph_cache_misses,
+            graph_captures=self.graph_captures,
+            graph_replays=self.graph_replays,
+            graph_updates=self.graph_updates,
+            graph_evictions=self.graph_evictions,
+            pool_hits=pools.hits,
+            pool_misses=pools.misses,
+            pool_bytes_cached=pools.bytes_cached,
+            pool_bytes_in_use=pools.bytes_in_use,
+            queue_wait=self.queue_wait.snapshot(),
+            submit_time=self.submit_time.snapshot(),
+            completion_latency=self.completion_latency.snapshot(),
+            device_time=self.device_time.snapshot(),
+        )

@@ -1,0 +1,44 @@
+"""The public surface: every name exported once, nothing private leaking."""
+
+from __future__ import annotations
+
+import types
+
+import asyncgraph as ag
+
+
+def test_all_is_a_sorted_tuple_without_duplicates() -> None:
+    assert isinstance(ag.__all__, tuple)
+    assert len(set(ag.__all__)) == len(ag.__all__)
+    assert list(ag.__all__) == sorted(ag.__all__)
+
+
+def test_every_exported_name_exists() -> None:
+    missing = [name for name in ag.__all__ if not hasattr(ag, name)]
+    assert missing == []
+
+
+def test_every_public_attribute_is_exported() -> None:
+    public = {
+        name
+        for name, value in vars(ag).items()
+        if not name.startswith("_") and not isinstance(value, types.ModuleType)
+    }
+    assert public - set(ag.__all__) == set()
+
+
+def test_exceptions_form_the_documented_tree() -> None:
+    assert issubclass(ag.DeviceFaultError, ag.CudaError)
+    assert issubclass(ag.ShapeMismatchError, ag.DispatchError)
+    assert issubclass(ag.ArgumentTypeError, TypeError)
+    assert issubclass(ag.DispatchError, ValueError)
+    assert issubclass(ag.AllocationError, MemoryError)
+    for name in ag.__all__:
+        value = getattr(ag, name)
+        if isinstance(value, type) and issubclass(value, Exception):
+            assert issubclass(value, ag.AsyncGraphError), name
+
+
+def test_version_comes_from_package_metadata() -> None:
+    assert isinstance(ag.__version__, str)
+    assert ag.__version__ != ""

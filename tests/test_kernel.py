@@ -1,0 +1,82 @@
+"""Kernel declarations and the parameter lists read from CUDA source."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+import asyncgraph as ag
+from asyncgraph._kernel import parse_signature
+
+
+def test_parameters_are_read_from_the_source() -> None:
+    src = """
+    // a comment mentioning __global__ void other(int x)
+    extern "C" __global__ void __launch_bounds__(256)
+    k(const float* __restrict__ x, double *y, unsigned int n, const __half* h, void* raw,
+      float* const fixed, long long big)
+    { }
+    """
+    params = parse_signature(src, "k")
+    assert params is not None
+    assert [(p.name, p.ctype, p.pointer, p.const) for p in params] == [
+        ("x", "const float*", True, True),
+        ("y", "double*", True, False),
+        ("n", "unsigned int", False, False),
+        ("h", "const __half*", True, True),
+        ("raw", "void*", True, False),
+        ("fixed", "float*", True, False),
+        ("big", "long long", False, False),
+    ]
+    assert [p.dtype for p in params] == [
+        np.dtype("float32"),
+        np.dtype("float64"),
+        np.dtype("uint32"),
+        np.dtype("float16"),
+        None,
+        np.dtype("float32"),
+        np.dtype("int64"),
+    ]
+
+
+def test_templates_and_references_are_left_unchecked() -> None:
+    src = "template <typename T> __global__ void t(T* x, const int& n) {}"
+    assert parse_signature(src, "t") is None
+
+
+def test_empty_parameter_list() -> None:
+    assert parse_signature('extern "C" __global__ void e() {}', "e") == ()
+    assert parse_signature('extern "C" __global__ void e(void) {}', "e") == ()
+
+
+def test_unknown_kernel_name_is_a_compile_error() -> None:
+    with pytest.raises(
+        ag.CompileError,
+        match=r"^kernel 'sapxy' failed to compile:\n"
+        r"the source declares no __global__ function named 'sapxy' \(found: saxpy\); "
+        r"pass the kernel's function name$",
+    ):
+        ag.Kernel('extern "C" __global__ void saxpy(float* x) {}', "sapxy")
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "message"),
+    [
+        ({"source": "", "name": "k"}, r"^Kernel source must be a non-empty str of CUDA C\+\+$"),
+        ({"source": "k", "name": "1k"}, r"^Kernel name must be a C identifier, got '1k'$"),
+        ({"source": "k", "name": "k", "host": 3}, r"^Kernel host= must be callable, got int$"),
+        (
+            {"source": "k", "name": "k", "options": ["-O3"]},
+            r"^Kernel options= must be a mapping of cuda.core ProgramOptions keywords, got list$",
+        ),
+    ],
+)
+def test_bad_declarations(kwargs: dict[str, object], message: str) -> None:
+    with pytest.raises(TypeError, match=message):
+        ag.Kernel(**kwargs)  # type: ignore[arg-type]  # deliberately wrong types
+
+
+def test_repr_shows_the_signature() -> None:
+    k = ag.Kernel('extern "C" __global__ void k(const float* x, int n) {}', "k", host=print)
+    assert repr(k) == "<Kernel k(const float*, int), host>"
+    assert k.options == {}

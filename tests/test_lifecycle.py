@@ -1,0 +1,161 @@
+"""Cancellation, closing, and what a dropped backend does."""
+
+from __future__ import annotations
+
+import asyncio
+import gc
+
+import numpy as np
+import pytest
+
+import asyncgraph as ag
+
+from .kernels import INC, SCALE, Recorder, probe_kernel
+
+
+async def test_cancelling_the_awaiter_does_not_cancel_the_work(host: ag.Backend) -> None:
+    rec = Recorder()
+    rec.release.clear()
+    buf = await host.upload(np.zeros(4, np.float32))
+    x = np.arange(4, dtype=np.float32)
+    pending = host.dispatch(
+        probe_kernel(rec), x, ag.Out(4, np.float32), np.int32(4), grid=1, block=4
+    )
+    inc = host.dispatch(INC, buf, np.float32(1), np.int32(4), grid=1, block=4)
+
+    async def awaiter() -> object:
+        return await pending
+
+    task = asyncio.create_task(awaiter())
+    await asyncio.sleep(0.01)
+    task.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await task
+    assert not pending.done()
+    rec.release.set()
+    (out,) = await pending  # the work completed regardless
+    np.testing.assert_array_equal(out, x * 2)
+    await inc
+    snap = host.telemetry.snapshot()
+    assert (snap.in_flight, snap.queued) == (0, 0)
+    assert snap.dispatches_completed == 2
+    assert buf._in_use == 0
+    np.testing.assert_array_equal(await host.download(buf), np.ones(4))
+
+
+async def test_cancelling_many_awaiters_returns_every_resource() -> None:
+    async with ag.open_backend("host", max_in_flight=4) as backend:
+        buffers = [await backend.upload(np.zeros(16, np.float32)) for _ in range(4)]
+        pendings = []
+        tasks = []
+        for i in range(100):
+            pending = backend.dispatch(
+                INC, buffers[i % 4], np.float32(1), np.int32(16), grid=1, block=16
+            )
+            pendings.append(pending)
+            # Every other awaiter times out at once and is cancelled.
+            timeout = 0 if i % 2 else None
+            tasks.append(asyncio.create_task(asyncio.wait_for(_await(pending), timeout)))
+        outcomes = await asyncio.gather(*tasks, return_exceptions=True)
+        assert sum(isinstance(o, TimeoutError) for o in outcomes) == 50
+        for pending in pendings:  # the work itself was never cancelled
+            await pending
+        snap = backend.telemetry.snapshot()
+        assert (snap.in_flight, snap.queued, snap.dispatches_completed) == (0, 0, 100)
+        assert all(b._in_use == 0 for b in buffers)
+        # Every increment landed exactly once, cancelled awaiter or not.
+        for buf in buffers:
+            np.testing.assert_array_equal(await backend.download(buf), np.full(16, 25.0))
+
+
+async def _await(pending: ag.PendingDispatch) -> object:
+    return await pending
+
+
+async def test_close_waits_for_work_in_flight() -> None:
+    rec = Recorder()
+    rec.release.clear()
+    backend = ag.open_backend("host")
+    x = np.ones(4, np.float32)
+    pending = [
+        backend.dispatch(probe_kernel(rec), x, ag.Out(4, np.float32), np.int32(4), grid=1, block=4)
+        for _ in range(6)
+    ]
+    closing = asyncio.create_task(backend.aclose())
+    await asyncio.sleep(0.01)
+    assert backend.is_closed
+    assert not closing.done()
+    with pytest.raises(
+        ag.BackendClosedError,
+        match=r"^backend host is closed; open a new one with asyncgraph.open_backend\(\)$",
+    ):
+        backend.dispatch(
+            SCALE, x, ag.Out(4, np.float32), np.float32(1), np.int32(4), grid=1, block=4
+        )
+    rec.release.set()
+    await closing
+    assert all(p.done() and p.exception() is None for p in pending)
+    await backend.aclose()  # idempotent
+    assert "closed" in repr(backend)
+
+
+async def test_cancelled_close_still_finishes() -> None:
+    rec = Recorder()
+    rec.release.clear()
+    backend = ag.open_backend("host")
+    pending = backend.dispatch(
+        probe_kernel(rec),
+        np.ones(2, np.float32),
+        ag.Out(2, np.float32),
+        np.int32(2),
+        grid=1,
+        block=2,
+    )
+    closing = asyncio.create_task(backend.aclose())
+    await asyncio.sleep(0.01)
+    closing.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await closing
+    rec.release.set()
+    await backend.aclose()
+    assert pending.done()
+
+
+async def test_resident_buffers_are_freed_at_close() -> None:
+    backend = ag.open_backend("host")
+    buf = await backend.upload(np.ones(3))
+    await backend.aclose()
+    assert buf.is_closed
+    assert backend._store.bytes_live == 0
+
+
+def _open_and_drop() -> None:
+    ag.open_backend("host")
+    gc.collect()
+
+
+async def test_dropped_backend_warns() -> None:
+    with pytest.warns(ResourceWarning, match=r"^backend host was not closed; use 'async with'"):
+        _open_and_drop()
+
+
+async def test_backend_belongs_to_its_loop(host: ag.Backend) -> None:
+    def in_other_loop() -> None:
+        async def use() -> None:
+            host.dispatch(
+                SCALE,
+                np.ones(1, np.float32),
+                ag.Out(1, np.float32),
+                np.float32(1),
+                np.int32(1),
+                grid=1,
+                block=1,
+            )
+
+        asyncio.run(use())
+
+    with pytest.raises(
+        ag.UnsupportedError,
+        match=r"^backend host belongs to another event loop; open one backend per event loop$",
+    ):
+        await asyncio.to_thread(in_other_loop)

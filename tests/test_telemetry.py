@@ -1,0 +1,99 @@
+"""Telemetry counts the work done; structlog events are emitted and readable."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+import structlog
+
+import asyncgraph as ag
+from asyncgraph._telemetry import Histogram
+
+from .kernels import SCALE
+
+
+async def test_counters_equal_the_work_done() -> None:
+    async with ag.open_backend("host") as backend:
+        x = np.ones(100, np.float32)
+        for _ in range(7):
+            await backend.dispatch(
+                SCALE, x, ag.Out(100, np.float32), np.float32(2), np.int32(100), grid=1, block=128
+            )
+        with pytest.raises(ag.DispatchError):
+            backend.dispatch(SCALE, x, grid=1, block=1)
+        snap = backend.telemetry.snapshot()
+    assert snap.dispatches == 7
+    assert snap.dispatches_completed == 7
+    assert snap.dispatches_failed == 0
+    assert (snap.in_flight, snap.queued) == (0, 0)
+    assert snap.queue_wait.count == snap.submit_time.count == snap.completion_latency.count == 7
+    assert snap.device_time.count == 0
+    assert snap.completion_latency.min > 0
+    assert snap.completion_latency.quantile(0.5) <= snap.completion_latency.max
+
+
+def test_histogram_quantiles_are_within_a_bucket() -> None:
+    h = Histogram()
+    values = np.random.default_rng().uniform(1e-5, 1e-2, 5000)
+    for v in values:
+        h.record(float(v))
+    snap = h.snapshot()
+    assert snap.count == 5000
+    assert math.isclose(snap.sum, values.sum(), rel_tol=1e-9)
+    for q in (0.5, 0.9, 0.99):
+        true = float(np.quantile(values, q))
+        assert true <= snap.quantile(q) <= true * 1.13
+    assert snap.quantile(1.0) == snap.max == values.max()
+    assert sum(snap.counts) == 5000
+    with pytest.raises(ValueError, match=r"^quantile q must be between 0 and 1, got 2$"):
+        snap.quantile(2)
+
+
+def test_empty_histogram() -> None:
+    snap = Histogram().snapshot()
+    assert (snap.count, snap.min, snap.max, snap.mean, snap.quantile(0.99)) == (0, 0, 0, 0, 0)
+
+
+async def test_lifecycle_events_are_logged() -> None:
+    with structlog.testing.capture_logs() as logs:
+        backend = ag.open_backend("host", streams=2)
+        await backend.aclose()
+    assert {
+        "event": "backend.opened",
+        "device": "host",
+        "kind": "host",
+        "workers": 2,
+        "log_level": "info",
+    } in logs
+    closed = [e for e in logs if e["event"] == "backend.closed"]
+    assert closed == [
+        {
+            "event": "backend.closed",
+            "device": "host",
+            "dispatches": 0,
+            "completed": 0,
+            "failed": 0,
+            "log_level": "info",
+        }
+    ]
+
+
+async def test_per_dispatch_events_only_when_enabled() -> None:
+    x = np.ones(4, np.float32)
+    with structlog.testing.capture_logs() as logs:
+        async with ag.open_backend("host") as quiet:
+            await quiet.dispatch(
+                SCALE, x, ag.Out(4, np.float32), np.float32(1), np.int32(4), grid=1, block=4
+            )
+        async with ag.open_backend("host", dispatch_events_enabled=True) as loud:
+            await loud.dispatch(
+                SCALE, x, ag.Out(4, np.float32), np.float32(1), np.int32(4), grid=1, block=4
+            )
+    completed = [e for e in logs if e["event"] == "dispatch.completed"]
+    assert len(completed) == 1
+    event = completed[0]
+    assert (event["kernel"], event["dispatch_id"], event["device"]) == ("scale", 1, "host")
+    assert event["latency"] > 0
+    assert event["log_level"] == "debug"
