@@ -9,9 +9,11 @@ says what to pass instead.
 
 from __future__ import annotations
 
+import contextlib
+import math
 import operator
 from collections.abc import Sequence
-from typing import TYPE_CHECKING, Any, Final, SupportsIndex
+from typing import TYPE_CHECKING, Any, Final, TypeGuard
 
 import attrs
 import numpy as np
@@ -34,11 +36,20 @@ RESIDENT_OUT: Final = 5  # Out(into=buffer): zero-filled in place
 DEVICE: Final = 6  # foreign device array (__cuda_array_interface__ / __dlpack__)
 
 _NUMERIC_KINDS = frozenset("biufc")
+_INTS = (int, np.integer)
+_DTYPES: dict[object, np.dtype[Any]] = {}  # dtype-likes already converted (hot path)
+
+
+def _is_int(value: object) -> TypeGuard[int | np.integer[Any]]:
+    """An int-like value, not a bool (cheap: no runtime Protocol check on the hot path)."""
+    return isinstance(value, _INTS) and not isinstance(value, bool | np.bool_)
+
+
 _MAX_BYTES = 1 << 46  # 64 TiB: larger than any device, small enough to catch overflowed shapes
 
 
 def _shape_tuple(shape: object, what: str) -> tuple[int, ...]:
-    if isinstance(shape, SupportsIndex) and not isinstance(shape, bool):
+    if _is_int(shape):
         dims: Sequence[object] = (shape,)
     elif isinstance(shape, tuple | list):
         dims = shape
@@ -48,7 +59,7 @@ def _shape_tuple(shape: object, what: str) -> tuple[int, ...]:
         )
     out: list[int] = []
     for dim in dims:
-        if isinstance(dim, bool) or not isinstance(dim, SupportsIndex):
+        if not _is_int(dim):
             raise ShapeMismatchError(
                 f"{what} has shape {shape!r}; every dimension must be an int, got {dim!r}"
             )
@@ -63,6 +74,12 @@ def _shape_tuple(shape: object, what: str) -> tuple[int, ...]:
 
 def _numeric_dtype(dtype: object, what: str) -> np.dtype[Any]:
     try:
+        cached = _DTYPES.get(dtype)
+    except TypeError:  # unhashable dtype-like
+        cached = None
+    if cached is not None:
+        return cached
+    try:
         dt: np.dtype[Any] = np.dtype(dtype)  # type: ignore[call-overload]  # any dtype-like
     except TypeError as exc:
         raise ArgumentTypeError(f"{what} has dtype {dtype!r}, which numpy does not know") from exc
@@ -71,6 +88,8 @@ def _numeric_dtype(dtype: object, what: str) -> np.dtype[Any]:
             f"{what} has dtype {dt}; GPU kernels take numeric dtypes (bool, int, uint, float, "
             "complex)"
         )
+    with contextlib.suppress(TypeError):
+        _DTYPES[dtype] = dt
     return dt
 
 
@@ -111,7 +130,7 @@ class Out:
             self.shape = _shape_tuple(shape, "Out")
             self.dtype = _numeric_dtype(dtype, "Out")
             self.into = None
-        self.nbytes = int(np.prod(self.shape, dtype=np.int64)) * self.dtype.itemsize
+        self.nbytes = math.prod(self.shape) * self.dtype.itemsize
         if self.nbytes > _MAX_BYTES or self.nbytes < 0:
             raise ShapeMismatchError(
                 f"Out of shape {self.shape} and dtype {self.dtype} would hold {self.nbytes} "
@@ -222,7 +241,9 @@ def _check_pointer_dtype(dtype: np.dtype[Any], where: str, param: Param | None) 
 
 
 def _launch_shape(value: object, name: str, limit: tuple[int, int, int]) -> tuple[int, int, int]:
-    if isinstance(value, SupportsIndex) and not isinstance(value, bool):
+    if type(value) is int and 1 <= value <= limit[0]:
+        return value, 1, 1  # the common case, checked in one step
+    if _is_int(value):
         dims: Sequence[object] = (value,)
     elif isinstance(value, tuple | list) and 1 <= len(value) <= 3:
         dims = value
@@ -230,7 +251,7 @@ def _launch_shape(value: object, name: str, limit: tuple[int, int, int]) -> tupl
         raise DispatchError(f"{name}={value!r}; pass an int or a tuple of 1 to 3 positive ints")
     out = [1, 1, 1]
     for i, dim in enumerate(dims):
-        if isinstance(dim, bool) or not isinstance(dim, SupportsIndex):
+        if not _is_int(dim):
             raise DispatchError(f"{name}={value!r}; every dimension must be an int")
         out[i] = operator.index(dim)
         if not 1 <= out[i] <= limit[i]:
@@ -289,7 +310,7 @@ def bind(
             f"block={block!r} has {b[0] * b[1] * b[2]} threads; a block holds at most "
             f"{limits.max_threads_per_block} on this device"
         )
-    if isinstance(shared_mem, bool) or not isinstance(shared_mem, SupportsIndex):
+    if not _is_int(shared_mem):
         raise DispatchError(f"shared_mem={shared_mem!r}; pass a number of bytes as an int")
     smem = operator.index(shared_mem)
     if not 0 <= smem <= limits.max_shared_mem:

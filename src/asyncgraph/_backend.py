@@ -73,10 +73,11 @@ class _Download:
     ``finished`` is set once the copy is done, so host workers that write the buffer can wait.
     """
 
-    __slots__ = ("finished",)
+    __slots__ = ("event", "finished")
 
     def __init__(self) -> None:
         self.finished = threading.Event()
+        self.event: object = None  # the CUDA backend's copy event, once enqueued
 
 
 class Backend(abc.ABC):
@@ -100,7 +101,7 @@ class Backend(abc.ABC):
         self.name = name
         self.options = options
         self._store = ResidentStore(name, self._free_storage)
-        self.telemetry = Telemetry(self._load, self._pool_counters)
+        self.telemetry = Telemetry(self._counts, self._pool_counters)
         self._loop: asyncio.AbstractEventLoop | None = None
         self._state = _OPEN
         self._failure: DeviceFaultError | None = None
@@ -110,7 +111,7 @@ class Backend(abc.ABC):
         self._drained: asyncio.Event | None = None
         self._close_task: asyncio.Task[None] | None = None
         self._log = logger.bind(device=name)
-        self._events = options.dispatch_events_enabled
+        self._dispatch_events = options.dispatch_events_enabled
         with contextlib.suppress(RuntimeError):
             self._loop = asyncio.get_running_loop()
 
@@ -135,7 +136,7 @@ class Backend(abc.ABC):
             f"queued={len(self._queue)} buffers={len(self._store)}>"
         )
 
-    def _load(self) -> tuple[int, int]:
+    def _counts(self) -> tuple[int, int]:
         return len(self._in_flight), len(self._queue)
 
     def _pool_counters(self) -> PoolCounters:
@@ -268,7 +269,7 @@ class Backend(abc.ABC):
         telemetry.completion_latency.record(latency)
         if isinstance(outcome, BaseException):
             telemetry.dispatches_failed += 1
-            if self._events:
+            if self._dispatch_events:
                 self._log.debug(
                     "dispatch.failed",
                     kernel=job.call.kernel.name,
@@ -280,7 +281,7 @@ class Backend(abc.ABC):
             telemetry.dispatches_completed += 1
             if device_time is not None:
                 telemetry.device_time.record(device_time)
-            if self._events:
+            if self._dispatch_events:
                 self._log.debug(
                     "dispatch.completed",
                     kernel=job.call.kernel.name,
@@ -294,6 +295,20 @@ class Backend(abc.ABC):
             self._submit(queue.popleft())
         if self._drained is not None and not self._in_flight and not queue:
             self._drained.set()
+
+    async def compile(self, kernel: Kernel) -> None:
+        """Prepare *kernel* now, so its first dispatch does not wait (CUDA: NVRTC and loading).
+
+        Raises:
+            CompileError: the kernel does not compile (CUDA backend).
+            UnsupportedError: the host backend got a kernel without ``host=``.
+        """
+        self._loop_for_use()
+        self._prepare_kernel(kernel)
+        await asyncio.sleep(0)
+
+    def _prepare_kernel(self, kernel: Kernel) -> None:  # noqa: B027  # optional hook
+        """Check that this backend can run *kernel* (the host backend needs ``host=``)."""
 
     # -- resident buffers ----------------------------------------------------------------------
 
@@ -346,7 +361,7 @@ class Backend(abc.ABC):
         use = _Download()
         deps = buffer._track(use, write=False)
         try:
-            array = await self._download_storage(buffer, deps)
+            array = await self._download_storage(buffer, use, deps)
         finally:
             use.finished.set()
             buffer._untrack(use)
@@ -436,9 +451,9 @@ class Backend(abc.ABC):
 
     @abc.abstractmethod
     async def _download_storage(
-        self, buffer: ResidentBuffer, deps: list[Use]
+        self, buffer: ResidentBuffer, use: Use, deps: list[Use]
     ) -> np.ndarray[Any, Any]:
-        """Copy *buffer* out after the uses in *deps* completed."""
+        """Copy *buffer* out (as *use*) after the uses in *deps* completed."""
 
     @abc.abstractmethod
     def _free_storage(self, storage: Any) -> None:
@@ -509,9 +524,9 @@ def open_backend(
                 f"device={device!r}: there is no CUDA device {ordinal}; {len(probe.devices)} found"
             )
         else:
-            raise DeviceUnavailableError(
-                f"device={device!r}: the CUDA backend is not part of this build yet"
-            )
+            from ._cuda import CudaBackend
+
+            return CudaBackend(ordinal, opts)
     from ._host import HostBackend
 
     return HostBackend(opts)

@@ -21,6 +21,7 @@ from ._args import IN, INOUT, OUT, RESIDENT, RESIDENT_OUT, SCALAR, BoundCall, La
 from ._backend import Backend, Job
 from ._exceptions import UnsupportedError
 from ._inbox import Inbox
+from ._kernel import Kernel
 from ._options import BackendOptions
 from ._resident import ResidentBuffer, Use
 
@@ -61,12 +62,15 @@ class HostBackend(Backend):
 
     # -- dispatch ------------------------------------------------------------------------------
 
-    def _prepare(self, call: BoundCall, timing: bool) -> Job:
-        if call.kernel.host is None:
+    def _prepare_kernel(self, kernel: Kernel) -> None:
+        if kernel.host is None:
             raise UnsupportedError(
-                f"kernel {call.kernel.name!r} has no host= implementation, so the host backend "
+                f"kernel {kernel.name!r} has no host= implementation, so the host backend "
                 "cannot run it; declare Kernel(..., host=fn) or open a CUDA backend"
             )
+
+    def _prepare(self, call: BoundCall, timing: bool) -> Job:
+        self._prepare_kernel(call.kernel)
         return _HostJob(call, timing)
 
     def _start(self, job: Job) -> None:
@@ -140,7 +144,7 @@ class HostBackend(Backend):
         return np.empty(shape, dtype)
 
     async def _download_storage(
-        self, buffer: ResidentBuffer, deps: list[Use]
+        self, buffer: ResidentBuffer, use: Use, deps: list[Use]
     ) -> np.ndarray[Any, Any]:
         await self._wait_jobs(deps)
         storage = buffer._storage

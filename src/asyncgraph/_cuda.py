@@ -1,0 +1,383 @@
+"""CudaBackend: kernels on an NVIDIA GPU behind the shared front.
+
+Setup, kernel loading and resident storage live here; the dispatch path (staging, launch,
+completion) lives in ``_cuda_dispatch.py``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import functools
+from typing import Any
+
+import numpy as np
+from cuda.bindings import driver as drv
+
+from ._args import LaunchLimits
+from ._backend import Job
+from ._compile import KernelCompiler, load_kernel
+from ._cuda_dispatch import CudaDispatch, CudaJob, dep_event
+from ._cudadrv import check, translate
+from ._exceptions import CompileError, CudaError, DeviceFaultError
+from ._kernel import Kernel
+from ._options import BackendOptions
+from ._reactor import EventPool, Reactor
+from ._resident import ResidentBuffer, Use
+from ._telemetry import PoolCounters
+from .pool import HostPool, PinnedPool, StreamOrderedDeviceMemory, StreamPool
+
+__all__ = ("CudaBackend",)
+
+
+@functools.cache
+def _compiler() -> KernelCompiler:
+    """One compiler (and memory cache) per process, shared by every CUDA backend."""
+    return KernelCompiler()
+
+
+class CudaBackend(CudaDispatch):
+    """Runs kernels on one CUDA device.
+
+    Made by ``open_backend("cuda" | "cuda:N" | N)`` (or ``"auto"`` with a GPU); no public
+    constructor.
+
+    Attributes:
+        arch: the device's architecture, e.g. ``"sm_90"``.
+        device_name: the device's name, e.g. ``"NVIDIA H100 80GB HBM3"``.
+    """
+
+    kind = "cuda"
+    _device_arrays = True
+
+    def __init__(self, ordinal: int, options: BackendOptions) -> None:
+        from cuda.core import Device, StreamOptions
+
+        device = Device(ordinal)
+        device.set_current()
+        self._device = device
+        super().__init__(f"cuda:{ordinal}", options)
+        props = device.properties
+        self._limits = LaunchLimits(
+            max_threads_per_block=props.max_threads_per_block,
+            max_block=(props.max_block_dim_x, props.max_block_dim_y, props.max_block_dim_z),
+            max_grid=(props.max_grid_dim_x, props.max_grid_dim_y, props.max_grid_dim_z),
+            max_shared_mem=props.max_shared_memory_per_block_optin,
+        )
+        major, minor = device.compute_capability
+        self.arch = f"sm_{major}{minor}"
+        self.device_name = device.name
+        self._context = drv.CUcontext(int(device.context.handle))
+        stream_options = StreamOptions(nonblocking=True)
+        streams = [device.create_stream(options=stream_options) for _ in range(options.streams)]
+        self._stream_pool: StreamPool[Any] = StreamPool(streams)
+        self._handles = [drv.CUstream(int(s.handle)) for s in streams]
+        self._alloc_stream = device.create_stream(options=stream_options)
+        self._memory_resource = (
+            options.device_memory if options.device_memory is not None else device.memory_resource
+        )
+        self._keep_pool_memory()
+        self._device_memory = StreamOrderedDeviceMemory(self._memory_resource, trim=self._trim)
+        self._pinned: HostPool = (
+            options.host_pool
+            if options.host_pool is not None
+            else PinnedPool(options.pinned_pool_bytes)
+        )
+        flags = drv.CUevent_flags
+        self._events = EventPool(flags.CU_EVENT_BLOCKING_SYNC | flags.CU_EVENT_DISABLE_TIMING)
+        self._timing_events = EventPool(flags.CU_EVENT_DEFAULT)
+        self._reactor_: Reactor | None = None
+        self._loaded: dict[Kernel, Any] = {}
+        self._compiling: dict[Kernel, list[CudaJob]] = {}
+        self._compile_failed: dict[Kernel, CompileError] = {}
+        self._tasks: set[asyncio.Task[None]] = set()
+        self._init_dispatch()
+        self._log.info(
+            "backend.opened",
+            kind=self.kind,
+            name=self.device_name,
+            arch=self.arch,
+            streams=options.streams,
+        )
+
+    # -- pools ---------------------------------------------------------------------------------
+
+    @property
+    def pinned_pool(self) -> HostPool:
+        """The pinned host pool staging this backend's transfers."""
+        return self._pinned
+
+    @property
+    def device_memory(self) -> StreamOrderedDeviceMemory:
+        """The stream-ordered device memory of this backend's dispatches."""
+        return self._device_memory
+
+    @property
+    def stream_pool(self) -> StreamPool[Any]:
+        """The streams dispatches are placed on."""
+        return self._stream_pool
+
+    def _pool_counters(self) -> PoolCounters:
+        stats = self._pinned.statistics()
+        return PoolCounters(
+            hits=stats.hits,
+            misses=stats.misses,
+            bytes_cached=stats.bytes_idle,
+            bytes_in_use=stats.bytes_in_use,
+        )
+
+    def _keep_pool_memory(self) -> None:
+        """Let the memory pool keep freed memory instead of unmapping it at every sync.
+
+        A driver memory pool's release threshold is 0 by default: each ``cuEventSynchronize``
+        (the reactor's waiter threads call it) hands the pool's free memory back, and the next
+        allocation maps it again, which stalls the event loop for milliseconds. On out of memory
+        the backend trims the pool explicitly (``_trim``).
+        """
+        handle = getattr(self._memory_resource, "handle", None)
+        if handle is None or not type(self._memory_resource).__name__.endswith("MemoryResource"):
+            return
+        attribute = drv.CUmemPool_attribute.CU_MEMPOOL_ATTR_RELEASE_THRESHOLD
+        keep = drv.cuuint64_t(2**64 - 1)
+        with contextlib.suppress(Exception):
+            drv.cuMemPoolSetAttribute(drv.CUmemoryPool(int(handle)), attribute, keep)
+
+    def _trim(self) -> None:
+        """Free what caches hold before an allocation is retried (device out of memory)."""
+        self._pinned.trim(0)
+        pool = getattr(self._memory_resource, "handle", None)
+        if pool is not None:
+            drv.cuMemPoolTrimTo(drv.CUmemoryPool(int(pool)), 0)
+
+    @property
+    def _reactor(self) -> Reactor:
+        reactor = self._reactor_
+        if reactor is None:
+            loop = self._loop
+            if loop is None:  # pragma: no cover  # _loop_for_use() runs first
+                loop = asyncio.get_running_loop()
+            reactor = self._reactor_ = Reactor(
+                loop,
+                self._context,
+                len(self._handles),
+                self._events,
+                self.options.poll_window,
+                self._on_fault,
+            )
+        return reactor
+
+    def _on_fault(self, error: CudaError) -> None:
+        fault = error if isinstance(error, DeviceFaultError) else None
+        if fault is not None and self._failure is None:
+            self._failure = fault
+            self._log.error("backend.failed", error=str(fault), code=fault.name)
+
+    # -- kernels -------------------------------------------------------------------------------
+
+    async def compile(self, kernel: Kernel) -> None:
+        """Compile and load *kernel* now, so its first dispatch does not wait for NVRTC.
+
+        Raises:
+            CompileError: NVRTC failed; the error carries its log.
+        """
+        self._loop_for_use()
+        if kernel in self._loaded:
+            await asyncio.sleep(0)
+            return
+        failed = self._compile_failed.get(kernel)
+        if failed is not None:
+            raise CompileError(failed.kernel, failed.log)
+        await self._load(kernel)
+
+    async def _load(self, kernel: Kernel) -> None:
+        compiler = _compiler()
+        hits = compiler.hits
+        loop = asyncio.get_running_loop()
+        cubin = await loop.run_in_executor(None, compiler.cubin, kernel, self.arch)
+        if kernel not in self._loaded:
+            self._device.set_current()
+            self._loaded[kernel] = load_kernel(kernel, cubin)
+            if compiler.hits > hits:
+                self.telemetry.compile_cache_hits += 1
+            else:
+                self.telemetry.compile_cache_misses += 1
+
+    def _needs_compile(self, job: CudaJob) -> bool:
+        """Queue *job* behind its kernel's compilation; ``False`` if the kernel is loaded."""
+        kernel = job.call.kernel
+        if kernel in self._loaded:
+            return False
+        failed = self._compile_failed.get(kernel)
+        if failed is not None:
+            raise CompileError(failed.kernel, failed.log)
+        waiting = self._compiling.get(kernel)
+        if waiting is not None:
+            waiting.append(job)
+            return True
+        self._compiling[kernel] = [job]
+        loop = self._loop
+        if loop is None:  # pragma: no cover  # _loop_for_use() runs first
+            loop = asyncio.get_running_loop()
+        task = loop.create_task(self._compile_for_jobs(kernel))
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+        return True
+
+    async def _compile_for_jobs(self, kernel: Kernel) -> None:
+        error: BaseException | None = None
+        try:
+            await self._load(kernel)
+        except CompileError as exc:
+            self._compile_failed[kernel] = exc
+            error = exc
+        except Exception as exc:
+            error = exc
+        jobs = self._compiling.pop(kernel, [])
+        for job in jobs:
+            if error is not None:
+                failure = (
+                    CompileError(error.kernel, error.log)
+                    if isinstance(error, CompileError)
+                    else error
+                )
+                self._complete(job, failure)
+            else:
+                self._start_loaded(job)
+
+    # -- resident storage ----------------------------------------------------------------------
+
+    def _wait_event(self, lane: int, event: Any, on_done: Any) -> asyncio.Future[Any]:
+        """A future for *event*; ``on_done(error)`` runs first, on the loop, even if the
+        awaiting task was cancelled (so resources are released after the copy, never before)."""
+        loop = self._loop
+        if loop is None:  # pragma: no cover  # _loop_for_use() runs first
+            loop = asyncio.get_running_loop()
+        future: asyncio.Future[Any] = loop.create_future()
+
+        def done(error: CudaError | None) -> None:
+            try:
+                value = on_done(error, future.cancelled())
+            except BaseException as exc:
+                if not future.done():
+                    future.set_exception(exc)
+                return
+            if not future.done():
+                if error is not None:
+                    future.set_exception(error)
+                else:
+                    future.set_result(value)
+
+        self._reactor.watch(lane, event, done)
+        return future
+
+    async def _upload_storage(self, array: np.ndarray[Any, Any]) -> Any:
+        if self._failure is not None:
+            raise self._failure
+        lane = self._stream_pool.pick()
+        handle = self._handles[lane.index]
+        nbytes = array.nbytes
+        storage = self._allocate_resident(nbytes, lane.stream)
+        block = self._pinned.acquire(nbytes)
+        block.array[:nbytes] = array.reshape(-1).view(np.uint8)
+        check(
+            drv.cuMemcpyHtoDAsync(int(storage.handle), block.ptr, nbytes, handle),
+            "cuMemcpyHtoDAsync",
+        )
+        event = self._events.take()
+        check(drv.cuEventRecord(event, handle), "cuEventRecord")
+
+        def on_done(error: CudaError | None, cancelled: bool) -> Any:
+            self._pinned.release(block)
+            if error is not None or cancelled:
+                storage.close(self._alloc_stream)
+            return storage
+
+        return await self._wait_event(lane.index, event, on_done)
+
+    def _allocate_resident(self, nbytes: int, stream: Any) -> Any:
+        try:
+            return self._memory_resource.allocate(nbytes, stream=stream)
+        except Exception as exc:
+            self._trim()
+            try:
+                return self._memory_resource.allocate(nbytes, stream=stream)
+            except Exception:
+                raise translate(exc, "allocate") from exc
+
+    def _alloc_storage(self, shape: tuple[int, ...], dtype: np.dtype[Any]) -> Any:
+        nbytes = int(np.prod(shape, dtype=np.int64)) * dtype.itemsize
+        storage = self._allocate_resident(nbytes, self._alloc_stream)
+        # The allocation stream holds only allocations: this returns at once, and makes the
+        # memory usable from every stream.
+        self._alloc_stream.sync()
+        self.telemetry.sync_points += 1
+        return storage
+
+    async def _download_storage(
+        self, buffer: ResidentBuffer, use: Use, deps: list[Use]
+    ) -> np.ndarray[Any, Any]:
+        if self._failure is not None:
+            raise self._failure
+        if any(dep_event(dep) is False for dep in deps):
+            # A writer is not launched yet (queued or compiling): wait for it to finish.
+            await self._wait_jobs(deps)
+        lane = self._stream_pool.pick()
+        handle = self._handles[lane.index]
+        for dep in deps:
+            event = dep_event(dep)
+            if event is not None and event is not False:
+                check(drv.cuStreamWaitEvent(handle, event, 0), "cuStreamWaitEvent")
+        nbytes = buffer.nbytes
+        block = self._pinned.acquire(nbytes)
+        check(
+            drv.cuMemcpyDtoHAsync(block.ptr, int(buffer._storage.handle), nbytes, handle),
+            "cuMemcpyDtoHAsync",
+        )
+        event = self._events.take()
+        check(drv.cuEventRecord(event, handle), "cuEventRecord")
+        use.event = event  # type: ignore[attr-defined]  # _Download has the slot
+        self._unpark()
+        shape, dtype = buffer.shape, buffer.dtype
+
+        def on_done(error: CudaError | None, cancelled: bool) -> Any:
+            try:
+                if error is not None or cancelled:
+                    return None
+                out = np.empty(shape, dtype)
+                out.reshape(-1).view(np.uint8)[:] = block.array[:nbytes]
+                return out
+            finally:
+                self._pinned.release(block)
+
+        array: np.ndarray[Any, Any] = await self._wait_event(lane.index, event, on_done)
+        return array
+
+    def _free_storage(self, storage: Any) -> None:
+        storage.close(self._alloc_stream)
+
+    # -- closing -------------------------------------------------------------------------------
+
+    async def _shutdown(self) -> None:
+        for task in list(self._tasks):
+            await task
+        threads = self._reactor_.close() if self._reactor_ is not None else []
+        loop = asyncio.get_running_loop()
+        for thread in threads:
+            await loop.run_in_executor(None, thread.join)
+        self._pinned.close()
+        self._events.close()
+        self._timing_events.close()
+        for stream in [*self._stream_pool.streams, self._alloc_stream]:
+            stream.close()
+        self._loaded.clear()
+
+    def _release_unclosed(self) -> None:
+        if self._reactor_ is not None:
+            self._reactor_.close()
+        self._pinned.close()
+
+    def _prepare(self, call: Any, timing: bool) -> Job:
+        return self._plan(call, timing)
+
+    def _start(self, job: Job) -> None:
+        self._start_job(job)  # type: ignore[arg-type]  # every job here is a CudaJob

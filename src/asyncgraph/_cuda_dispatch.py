@@ -1,0 +1,392 @@
+"""The CUDA dispatch path: staging layout, launch, completion.
+
+One dispatch makes at most one pinned block and one device allocation, laid out as
+``[inputs | in-outs | outputs]`` (each 256-byte aligned), so it costs one host-to-device copy
+(inputs and in-outs), one memset (outputs), the launch, one device-to-host copy (in-outs and
+outputs), a stream-ordered free and an event record — whatever the number of arguments. A
+dispatch with no transfers (resident buffers and scalars only) is the launch and the event.
+
+The pinned block goes back to its pool only in the completion callback, after the event that
+follows the last copy completed.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+from cuda.bindings import driver as drv
+
+from ._args import DEVICE, IN, INOUT, OUT, RESIDENT, RESIDENT_OUT, SCALAR, BoundCall
+from ._backend import Backend, Job
+from ._cudadrv import check, translate
+from ._exceptions import ArgumentTypeError, CudaError, DispatchError
+from ._kernel import Kernel
+from ._reactor import EventPool, Reactor
+from .pool import HostPool, PinnedBlock, StreamOrderedDeviceMemory, StreamPool
+
+__all__ = ("CudaDispatch", "CudaJob", "dep_event")
+
+_ALIGN = 256
+_DEFAULT_SHARED = 48 * 1024
+
+
+def _aligned(n: int) -> int:
+    return -(-n // _ALIGN) * _ALIGN
+
+
+class CudaJob(Job):
+    """A dispatch on the CUDA backend, with its staging and events."""
+
+    __slots__ = (
+        "block",
+        "device_buffer",
+        "end_event",
+        "event",
+        "foreign",
+        "in_end",
+        "lane",
+        "offsets",
+        "start_event",
+        "total",
+        "up_end",
+    )
+
+    def __init__(self, call: BoundCall, timing: bool) -> None:
+        super().__init__(call, timing)
+        self.block: PinnedBlock | None = None
+        self.device_buffer: Any = None
+        self.event: Any = None
+        self.start_event: Any = None
+        self.end_event: Any = None
+        self.lane: Any = None
+        self.offsets: list[int] = []
+        self.in_end = 0  # end of the inputs (start of the region copied back)
+        self.up_end = 0  # end of the region copied up (inputs and in-outs)
+        self.total = 0
+        self.foreign: list[tuple[int, int | None]] = []  # (pointer, producer stream) per DEVICE
+
+
+def dep_event(dep: Any) -> Any:
+    """What a use that depends on *dep* must wait for.
+
+    Returns the event to wait on, ``None`` when *dep* already finished (nothing to wait for), or
+    ``False`` when *dep* has no event yet (not launched: wait until it is).
+    """
+    if isinstance(dep, Job):
+        if dep.pending.done():
+            return None
+        event = getattr(dep, "event", None)
+        return event if event is not None else False
+    finished = getattr(dep, "finished", None)
+    if finished is not None and finished.is_set():
+        return None
+    event = getattr(dep, "event", None)
+    return event if event is not None else False
+
+
+def _foreign_array(value: Any, where: str, param: Any) -> tuple[int, int | None]:
+    """Pointer and producer stream of a device array with ``__cuda_array_interface__``."""
+    cai = getattr(value, "__cuda_array_interface__", None)
+    if cai is None:
+        raise ArgumentTypeError(
+            f"{where} is a device array without __cuda_array_interface__; pass a CuPy array or "
+            "a PyTorch CUDA tensor"
+        )
+    shape = tuple(cai["shape"])
+    dtype = np.dtype(cai["typestr"])
+    strides = cai.get("strides")
+    if strides is not None:
+        expected = []
+        step = dtype.itemsize
+        for dim in reversed(shape):
+            expected.append(step)
+            step *= dim
+        if tuple(reversed(expected)) != tuple(strides) and int(np.prod(shape)) > 1:
+            raise DispatchError(
+                f"{where} is a device array that is not C-contiguous; make it contiguous "
+                "first (cupy.ascontiguousarray(x) or x.contiguous())"
+            )
+    if int(np.prod(shape, dtype=np.int64)) == 0:
+        raise DispatchError(f"{where} is an empty device array; skip the dispatch")
+    if param is not None and param.dtype is not None and dtype != param.dtype:
+        raise ArgumentTypeError(
+            f"{where} is a {dtype} device array; the kernel takes {param.dtype}"
+        )
+    stream = cai.get("stream")
+    return int(cai["data"][0]), (int(stream) if stream else None)
+
+
+class CudaDispatch(Backend):
+    """The dispatch path of the CUDA backend; ``CudaBackend`` sets this state up."""
+
+    _pinned: HostPool
+    _device_memory: StreamOrderedDeviceMemory
+    _stream_pool: StreamPool[Any]
+    _handles: list[Any]
+    _events: EventPool
+    _timing_events: EventPool
+    _loaded: dict[Kernel, Any]
+    _device: Any
+
+    @property
+    def _reactor(self) -> Reactor:
+        raise NotImplementedError
+
+    def _needs_compile(self, job: CudaJob) -> bool:
+        raise NotImplementedError
+
+    def _init_dispatch(self) -> None:
+        self._parked: list[CudaJob] = []
+        self._configs: dict[tuple[Any, ...], Any] = {}
+        self._smem_set: dict[Any, int] = {}
+
+    # -- planning (in dispatch(), before anything starts) ---------------------------------------
+
+    def _plan(self, call: BoundCall, timing: bool) -> CudaJob:
+        job = CudaJob(call, timing)
+        args = call.args
+        offsets = [-1] * len(args)
+        pos = 0
+        for want in (IN, INOUT, OUT):
+            if want == INOUT:
+                job.in_end = pos
+            elif want == OUT:
+                job.up_end = pos
+            for i, (kind, value, _param) in enumerate(args):
+                if kind == want:
+                    offsets[i] = pos
+                    size = value.nbytes
+                    pos += _aligned(size)
+        job.total = pos
+        job.offsets = offsets
+        for i, (kind, value, param) in enumerate(args):
+            if kind == DEVICE:
+                where = f"args[{i}] of {call.kernel.name!r}"
+                job.foreign.append(_foreign_array(value, where, param))
+        return job
+
+    # -- starting ------------------------------------------------------------------------------
+
+    def _start_job(self, job: CudaJob) -> None:
+        if self._failure is not None:
+            raise self._failure
+        if self._needs_compile(job):
+            return
+        self._start_loaded(job)
+
+    def _start_loaded(self, job: CudaJob) -> None:
+        if any(dep_event(dep) is False for dep in job.deps):
+            # A use it depends on is not launched yet (compiling, parked, or a download that
+            # waits for its own writers): park it until that use has an event.
+            self._parked.append(job)
+            return
+        self._launch_or_fail(job)
+        if self._parked:
+            self._unpark()
+
+    def _launch_or_fail(self, job: CudaJob) -> None:
+        try:
+            self._launch(job)
+        except Exception as exc:
+            self._complete(job, exc)
+
+    def _unpark(self) -> None:
+        """Launch every parked job whose dependencies have events, until none is left ready.
+
+        Jobs that share no buffer may launch out of call order; the ones that do are ordered by
+        their dependencies, which is what call order means for them.
+        """
+        progress = True
+        while progress and self._parked:
+            progress = False
+            for job in list(self._parked):
+                if any(dep_event(dep) is False for dep in job.deps):
+                    continue
+                self._parked.remove(job)
+                self._launch_or_fail(job)
+                progress = True
+
+    def _config(self, call: BoundCall) -> Any:
+        key = (call.grid, call.block, call.shared_mem)
+        config = self._configs.get(key)
+        if config is None:
+            from cuda.core import LaunchConfig
+
+            config = self._configs[key] = LaunchConfig(
+                grid=call.grid, block=call.block, shmem_size=call.shared_mem
+            )
+        return config
+
+    def _allow_shared(self, loaded: Any, nbytes: int) -> None:
+        if nbytes <= self._smem_set.get(loaded, _DEFAULT_SHARED):
+            return
+        attribute = drv.CUfunction_attribute.CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES
+        check(
+            drv.cuKernelSetAttribute(
+                attribute, nbytes, drv.CUkernel(int(loaded.handle)), self._device.device_id
+            ),
+            "cuKernelSetAttribute",
+        )
+        self._smem_set[loaded] = nbytes
+
+    def _launch(self, job: CudaJob) -> None:
+        from cuda.core import launch
+
+        call = job.call
+        loaded = self._loaded[call.kernel]
+        lane = self._stream_pool.pick()
+        lane.outstanding += 1
+        job.lane = lane
+        stream = lane.stream
+        handle = self._handles[lane.index]
+        telemetry = self.telemetry
+        enqueued = False
+        try:
+            for dep in job.deps:
+                event = dep_event(dep)
+                if event is not None and event is not False:
+                    check(drv.cuStreamWaitEvent(handle, event, 0), "cuStreamWaitEvent")
+            base = 0
+            block = None
+            if job.total:
+                block = job.block = self._pinned.acquire(job.total)
+                view = block.array
+                offsets = job.offsets
+                for i, (kind, value, _param) in enumerate(call.args):
+                    if kind in (IN, INOUT):
+                        off = offsets[i]
+                        view[off : off + value.nbytes] = value.reshape(-1).view(np.uint8)
+                job.device_buffer = self._device_memory.allocate(job.total, stream)
+                base = int(job.device_buffer.handle)
+                enqueued = True
+                if job.up_end:
+                    check(
+                        drv.cuMemcpyHtoDAsync(base, block.ptr, job.up_end, handle),
+                        "cuMemcpyHtoDAsync",
+                    )
+                    telemetry.bytes_up += job.up_end
+                    telemetry.copies_up += 1
+                if job.total > job.up_end:
+                    check(
+                        drv.cuMemsetD8Async(base + job.up_end, 0, job.total - job.up_end, handle),
+                        "cuMemsetD8Async",
+                    )
+            args: list[Any] = []
+            foreign = iter(job.foreign)
+            offsets = job.offsets
+            for i, (kind, value, _param) in enumerate(call.args):
+                if kind == SCALAR:
+                    args.append(value)
+                elif kind == RESIDENT:
+                    args.append(np.uint64(int(value._storage.handle)))
+                elif kind == RESIDENT_OUT:
+                    ptr = int(value._storage.handle)
+                    check(drv.cuMemsetD8Async(ptr, 0, value.nbytes, handle), "cuMemsetD8Async")
+                    args.append(np.uint64(ptr))
+                elif kind == DEVICE:
+                    ptr, producer = next(foreign)
+                    if producer is not None:
+                        self._wait_foreign(producer, handle)
+                    args.append(np.uint64(ptr))
+                else:
+                    args.append(np.uint64(base + offsets[i]))
+            if call.shared_mem > _DEFAULT_SHARED:
+                self._allow_shared(loaded, call.shared_mem)
+            if job.timing:
+                job.start_event = self._timing_events.take()
+                check(drv.cuEventRecord(job.start_event, handle), "cuEventRecord")
+            try:
+                launch(stream, self._config(call), loaded, *args)
+            except Exception as exc:
+                raise translate(exc, "cuLaunchKernel") from exc
+            enqueued = True
+            if job.timing:
+                job.end_event = self._timing_events.take()
+                check(drv.cuEventRecord(job.end_event, handle), "cuEventRecord")
+            if block is not None and job.total > job.in_end:
+                down = job.total - job.in_end
+                check(
+                    drv.cuMemcpyDtoHAsync(block.ptr + job.in_end, base + job.in_end, down, handle),
+                    "cuMemcpyDtoHAsync",
+                )
+                telemetry.bytes_down += down
+                telemetry.copies_down += 1
+        except Exception as exc:
+            failure: Exception | None = exc
+        else:
+            failure = None
+        finally:
+            if job.device_buffer is not None:
+                self._device_memory.free(job.device_buffer, stream)
+                job.device_buffer = None
+        if failure is not None:
+            if enqueued:
+                # Copies may be in flight: release the staging only once they are done.
+                cleanup = self._events.take()
+                drv.cuEventRecord(cleanup, handle)
+                self._reactor.watch(lane.index, cleanup, lambda _error: self._release_job(job))
+            else:
+                self._release_job(job)
+            raise failure
+        event = job.event = self._events.take()
+        check(drv.cuEventRecord(event, handle), "cuEventRecord")
+        self._reactor.watch(lane.index, event, lambda error: self._done(job, error))
+
+    def _wait_foreign(self, producer: int, handle: Any) -> None:
+        """Order our stream after the work a foreign producer stream enqueued so far."""
+        stream = drv.CUstream(producer)
+        event = self._events.take()
+        try:
+            check(drv.cuEventRecord(event, stream), "cuEventRecord")
+            check(drv.cuStreamWaitEvent(handle, event, 0), "cuStreamWaitEvent")
+        finally:
+            self._events.give(event)
+
+    # -- completion ----------------------------------------------------------------------------
+
+    def _release_job(self, job: CudaJob) -> None:
+        if job.block is not None:
+            self._pinned.release(job.block)
+            job.block = None
+        for attr in ("start_event", "end_event"):
+            event = getattr(job, attr)
+            if event is not None:
+                self._timing_events.give(event)
+                setattr(job, attr, None)
+        if job.lane is not None:
+            job.lane.outstanding -= 1
+            job.lane = None
+
+    def _done(self, job: CudaJob, error: CudaError | None) -> None:
+        outcome: Any
+        device_time = None
+        if error is not None:
+            outcome = error
+        else:
+            results: list[Any] = []
+            block = job.block
+            offsets = job.offsets
+            for i, (kind, value, _param) in enumerate(job.call.args):
+                if kind == OUT:
+                    out = np.empty(value.shape, value.dtype)
+                    off = offsets[i]
+                    out.reshape(-1).view(np.uint8)[:] = block.array[off : off + value.nbytes]  # type: ignore[union-attr]  # a job with outputs has a block
+                    results.append(out)
+                elif kind == INOUT:
+                    out = np.empty(value.shape, value.dtype)
+                    off = offsets[i]
+                    out.reshape(-1).view(np.uint8)[:] = block.array[off : off + value.nbytes]  # type: ignore[union-attr]  # a job with in-outs has a block
+                    results.append(out)
+                elif kind == RESIDENT_OUT:
+                    results.append(value)
+            outcome = tuple(results)
+            if job.timing:
+                ms = check(
+                    drv.cuEventElapsedTime(job.start_event, job.end_event), "cuEventElapsedTime"
+                )
+                device_time = ms / 1e3
+        self._release_job(job)
+        self._complete(job, outcome, device_time)
+        if self._parked:
+            self._unpark()

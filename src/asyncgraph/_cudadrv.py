@@ -1,0 +1,84 @@
+"""The boundary to the CUDA driver: result checking and error translation.
+
+Every driver call's result goes through :func:`check`, which raises :class:`CudaError` (or
+:class:`DeviceFaultError` for the sticky errors that ruin a context) with the code, its name and
+the call kept as data. Errors from ``cuda.core`` are translated by :func:`translate`.
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Any, Final
+
+from cuda.bindings import driver as drv
+
+from ._exceptions import AllocationError, CudaError, DeviceFaultError
+
+__all__ = ("NOT_READY", "SUCCESS", "check", "error_for", "translate")
+
+SUCCESS: Final = drv.CUresult.CUDA_SUCCESS
+NOT_READY: Final = drv.CUresult.CUDA_ERROR_NOT_READY
+
+# Errors after which the context cannot be used again (CUDA calls them sticky).
+_STICKY: Final = frozenset(
+    getattr(drv.CUresult, name)
+    for name in (
+        "CUDA_ERROR_ILLEGAL_ADDRESS",
+        "CUDA_ERROR_ILLEGAL_INSTRUCTION",
+        "CUDA_ERROR_MISALIGNED_ADDRESS",
+        "CUDA_ERROR_INVALID_ADDRESS_SPACE",
+        "CUDA_ERROR_INVALID_PC",
+        "CUDA_ERROR_LAUNCH_FAILED",
+        "CUDA_ERROR_HARDWARE_STACK_ERROR",
+        "CUDA_ERROR_ASSERT",
+        "CUDA_ERROR_LAUNCH_TIMEOUT",
+        "CUDA_ERROR_ECC_UNCORRECTABLE",
+        "CUDA_ERROR_CONTEXT_IS_DESTROYED",
+    )
+    if hasattr(drv.CUresult, name)
+)
+
+
+def is_sticky(code: Any) -> bool:
+    """Whether *code* is an error that leaves the context unusable."""
+    return code in _STICKY
+
+
+def error_for(code: Any, call: str, detail: str = "") -> CudaError:
+    """The exception for a failed driver call (not raised)."""
+    cls = DeviceFaultError if code in _STICKY else CudaError
+    return cls(int(code), code.name, call, detail)
+
+
+def check(result: Any, call: str) -> Any:
+    """Raise for a failed driver result tuple; return its value(s).
+
+    Args:
+        result: what a ``cuda.bindings.driver`` function returned: ``(CUresult, *values)``.
+        call: the driver function's name, for the error.
+    """
+    code = result[0]
+    if code != SUCCESS:
+        if code == drv.CUresult.CUDA_ERROR_OUT_OF_MEMORY:
+            raise AllocationError(f"{call} failed: device out of memory")
+        raise error_for(code, call)
+    if len(result) == 1:
+        return None
+    return result[1] if len(result) == 2 else result[1:]
+
+
+_NAME = re.compile(r"\b(CUDA_ERROR_[A-Z_]+)\b")
+
+
+def translate(exc: BaseException, call: str) -> CudaError | AllocationError:
+    """An asyncgraph error for an exception ``cuda.core`` raised during *call*."""
+    match = _NAME.search(str(exc))
+    if match is None:
+        return CudaError(-1, type(exc).__name__, call, str(exc))
+    name = match.group(1)
+    code = getattr(drv.CUresult, name, None)
+    if name == "CUDA_ERROR_OUT_OF_MEMORY":
+        return AllocationError(f"{call} failed: device out of memory")
+    if code is None:
+        return CudaError(-1, name, call, str(exc))
+    return error_for(code, call, str(exc))

@@ -1,0 +1,266 @@
+"""The completion reactor: CUDA events to callbacks on the event loop, never blocking it.
+
+For each stream (a *lane*) the reactor keeps the watched events in submission order; only the
+oldest can complete first. While any is pending, the loop polls the oldest event of each lane
+with ``cuEventQuery`` (about 2 µs) from a ``call_soon`` callback, so other tasks run between
+polls; one poll resolves at most ``batch`` (16) completions, so the tasks it wakes fit in one
+short loop iteration and a timer or a request handler never waits behind hundreds of them.
+When no event completed for ``poll_window`` seconds, each busy lane hands its oldest event to
+that lane's waiter thread, which blocks in ``cuEventSynchronize`` on a blocking-sync event
+(the GIL released, the thread asleep) and then posts the lane to an :class:`Inbox`; the loop
+wakes once per batch and polls again, so a fault surfaces as the query's error, not a hang.
+
+No Python runs inside a driver callback. An event handed to a waiter is not recycled until the
+waiter returned it, even if a poll saw it complete first.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import queue
+import threading
+from collections import deque
+from collections.abc import Callable
+from time import perf_counter
+from typing import Any
+
+from cuda.bindings import driver as drv
+
+from ._cudadrv import NOT_READY, SUCCESS, check, error_for, is_sticky
+from ._exceptions import CudaError
+from ._inbox import Inbox
+
+__all__ = ("EventPool", "Reactor")
+
+Callback = Callable[[CudaError | None], None]
+
+
+class EventPool:
+    """Recycled CUDA events of one kind (loop thread only)."""
+
+    def __init__(self, flags: Any) -> None:
+        self._flags = flags
+        self._free: list[Any] = []
+        self.created = 0
+
+    def take(self) -> Any:
+        """An event, reused or new."""
+        if self._free:
+            return self._free.pop()
+        self.created += 1
+        return check(drv.cuEventCreate(self._flags), "cuEventCreate")
+
+    def give(self, event: Any) -> None:
+        """Return an event no one waits on any more."""
+        self._free.append(event)
+
+    def close(self) -> None:
+        """Destroy the idle events."""
+        for event in self._free:
+            drv.cuEventDestroy(event)
+        self._free.clear()
+
+
+class _Watch:
+    __slots__ = ("callback", "event", "finished", "held")
+
+    def __init__(self, event: Any, callback: Callback) -> None:
+        self.event = event
+        self.callback = callback
+        self.held = False  # handed to the lane's waiter thread
+        self.finished = False
+
+
+class _Lane:
+    __slots__ = ("handed", "index", "pending", "queue", "thread")
+
+    def __init__(self, index: int) -> None:
+        self.index = index
+        self.pending: deque[_Watch] = deque()
+        self.handed: _Watch | None = None
+        self.queue: queue.SimpleQueue[Any] = queue.SimpleQueue()
+        self.thread: threading.Thread | None = None
+
+
+class Reactor:
+    """Completion of CUDA events, delivered as callbacks on the event loop's thread.
+
+    Args:
+        loop: the event loop callbacks run on.
+        context: the CUDA context the waiter threads make current.
+        lanes: how many streams (lanes) there are.
+        events: the pool watched events come from and go back to.
+        poll_window: seconds of polling without progress before the waiters take over.
+        on_fault: called once with the first sticky error seen.
+    """
+
+    def __init__(
+        self,
+        loop: asyncio.AbstractEventLoop,
+        context: Any,
+        lanes: int,
+        events: EventPool,
+        poll_window: float,
+        on_fault: Callable[[CudaError], None],
+    ) -> None:
+        self._loop = loop
+        self._context = context
+        self._lanes = [_Lane(i) for i in range(lanes)]
+        self._events = events
+        self._window = poll_window
+        self._on_fault = on_fault
+        self._inbox: Inbox[_Lane] = Inbox(loop, self._woken)
+        self._poll_scheduled = False
+        self._window_start = 0.0
+        self._pending = 0
+        self._fault: CudaError | None = None
+        self.polls = 0
+        self.handoffs = 0
+        self.batch = 16  # completions resolved per loop iteration at most
+
+    def __repr__(self) -> str:
+        waiting = sum(1 for lane in self._lanes if lane.handed is not None)
+        return f"<Reactor pending={self._pending} handed_off={waiting} polls={self.polls}>"
+
+    @property
+    def pending(self) -> int:
+        """Events watched and not yet completed."""
+        return self._pending
+
+    def watch(self, lane: int, event: Any, callback: Callback) -> None:
+        """Call ``callback(None)`` once *event* (recorded on lane *lane*) completed, or
+        ``callback(error)`` if the device failed. The event returns to the pool afterwards."""
+        watch = _Watch(event, callback)
+        if self._fault is not None:
+            self._finish(watch, self._fault)
+            return
+        self._lanes[lane].pending.append(watch)
+        self._pending += 1
+        if not self._poll_scheduled:
+            self._poll_scheduled = True
+            self._window_start = perf_counter()
+            self._loop.call_soon(self._poll)
+
+    # -- loop thread -----------------------------------------------------------------------
+
+    def _poll(self) -> None:
+        self._poll_scheduled = False
+        self.polls += 1
+        progress = False
+        busy = False
+        budget = self.batch
+        for lane in self._lanes:
+            pending = lane.pending
+            while pending:
+                if budget == 0:
+                    # Enough completions for one loop iteration: the tasks they wake run before
+                    # the next batch, so the loop's other work never waits behind all of them.
+                    self._poll_scheduled = True
+                    self._window_start = perf_counter()
+                    self._loop.call_soon(self._poll)
+                    return
+                watch = pending[0]
+                code = drv.cuEventQuery(watch.event)[0]
+                if code == NOT_READY:
+                    busy = True
+                    break
+                pending.popleft()
+                self._pending -= 1
+                progress = True
+                budget -= 1
+                if code == SUCCESS:
+                    self._finish(watch, None)
+                else:
+                    self._failed(watch, code)
+                    return
+        if not busy:
+            return
+        now = perf_counter()
+        if progress:
+            self._window_start = now
+        if now - self._window_start < self._window:
+            self._poll_scheduled = True
+            self._loop.call_soon(self._poll)
+            return
+        # Nothing completed for a whole window: let the waiter threads sleep on the events.
+        for lane in self._lanes:
+            if lane.pending and lane.handed is None:
+                self._hand_off(lane)
+
+    def _hand_off(self, lane: _Lane) -> None:
+        watch = lane.pending[0]
+        watch.held = True
+        lane.handed = watch
+        self.handoffs += 1
+        if lane.thread is None:
+            lane.thread = threading.Thread(
+                target=self._wait_loop,
+                args=(lane,),
+                name=f"asyncgraph-waiter-{lane.index}",
+                daemon=True,
+            )
+            lane.thread.start()
+        lane.queue.put(watch.event)
+
+    def _woken(self, lane: _Lane) -> None:
+        watch = lane.handed
+        lane.handed = None
+        if watch is not None:
+            watch.held = False
+            if watch.finished:
+                self._events.give(watch.event)
+        if self._pending and not self._poll_scheduled:
+            self._window_start = perf_counter()
+            self._poll()
+
+    def _finish(self, watch: _Watch, error: CudaError | None) -> None:
+        watch.finished = True
+        if not watch.held:
+            self._events.give(watch.event)
+        watch.callback(error)
+
+    def _failed(self, watch: _Watch, code: Any) -> None:
+        error = error_for(code, "cuEventQuery")
+        if not is_sticky(code):
+            self._finish(watch, error)
+            if self._pending and not self._poll_scheduled:
+                self._poll_scheduled = True
+                self._loop.call_soon(self._poll)
+            return
+        self.fail_all(error, first=watch)
+
+    def fail_all(self, error: CudaError, first: _Watch | None = None) -> None:
+        """Fail every watched event with *error* (the context is lost)."""
+        if self._fault is None:
+            self._fault = error
+            self._on_fault(error)
+        watches = [first] if first is not None else []
+        for lane in self._lanes:
+            watches.extend(lane.pending)
+            lane.pending.clear()
+        self._pending = 0
+        for watch in watches:
+            watch.finished = True
+            watch.callback(error)
+
+    # -- waiter threads --------------------------------------------------------------------
+
+    def _wait_loop(self, lane: _Lane) -> None:
+        drv.cuCtxSetCurrent(self._context)
+        while True:
+            event = lane.queue.get()
+            if event is None:
+                return
+            # Blocks with the GIL released; the loop re-queries, so the result is not needed.
+            drv.cuEventSynchronize(event)
+            self._inbox.post(lane)
+
+    def close(self) -> list[threading.Thread]:
+        """Stop the waiter threads; return them to join (nothing may be pending)."""
+        threads = []
+        for lane in self._lanes:
+            if lane.thread is not None:
+                lane.queue.put(None)
+                threads.append(lane.thread)
+                lane.thread = None
+        return threads

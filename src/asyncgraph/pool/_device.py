@@ -1,0 +1,114 @@
+"""Device memory: stream-ordered allocation through any ``cuda.core`` MemoryResource.
+
+The default is the device's own memory resource (``Device.memory_resource``, the driver's
+default memory pool, allocating with ``cuMemAllocFromPoolAsync``); plug another in with
+``BackendOptions(device_memory=...)``. Allocations and frees are ordered on the stream that uses
+the memory, so a free enqueued right after the last copy that reads it is safe.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any, Protocol, runtime_checkable
+
+import attrs
+
+from .._exceptions import AllocationError
+
+__all__ = ("DeviceMemory", "DeviceMemoryStatistics", "StreamOrderedDeviceMemory")
+
+
+@attrs.frozen(kw_only=True)
+class DeviceMemoryStatistics:
+    """Counts of a device memory adapter, frozen at the moment of ``statistics()``."""
+
+    allocations: int
+    frees: int
+    bytes_in_use: int
+    peak_bytes_in_use: int
+    out_of_memory: int
+
+
+@runtime_checkable
+class DeviceMemory(Protocol):
+    """What a backend needs of device memory."""
+
+    def allocate(self, nbytes: int, stream: Any) -> Any:
+        """A ``cuda.core`` Buffer of *nbytes*, ordered on *stream*."""
+        ...
+
+    def free(self, buffer: Any, stream: Any) -> None:
+        """Free *buffer*, ordered after the work already enqueued on *stream*."""
+        ...
+
+    def statistics(self) -> DeviceMemoryStatistics:
+        """Frozen counts."""
+        ...
+
+
+class StreamOrderedDeviceMemory:
+    """The default :class:`DeviceMemory`: any ``cuda.core`` MemoryResource, stream-ordered.
+
+    Args:
+        resource: the memory resource (``Device.memory_resource`` by default in the backend).
+        trim: called once when an allocation fails for lack of memory, to free caches before
+            the one retry.
+    """
+
+    def __init__(self, resource: Any, trim: Callable[[], None] | None = None) -> None:
+        self.resource = resource
+        self._trim = trim
+        self._allocations = 0
+        self._frees = 0
+        self._in_use = 0
+        self._peak = 0
+        self._oom = 0
+
+    def __repr__(self) -> str:
+        return (
+            f"<StreamOrderedDeviceMemory {type(self.resource).__name__} "
+            f"in_use={self._in_use} B peak={self._peak} B allocations={self._allocations}>"
+        )
+
+    def allocate(self, nbytes: int, stream: Any) -> Any:
+        """Allocate *nbytes* on *stream*.
+
+        Raises:
+            AllocationError: the device is out of memory even after trimming caches.
+        """
+        try:
+            buffer = self.resource.allocate(nbytes, stream=stream)
+        except Exception as exc:
+            if "OUT_OF_MEMORY" not in str(exc):
+                raise
+            self._oom += 1
+            if self._trim is not None:
+                self._trim()
+            try:
+                buffer = self.resource.allocate(nbytes, stream=stream)
+            except Exception as retry_exc:
+                raise AllocationError(
+                    f"device out of memory allocating {nbytes} bytes "
+                    f"({self._in_use} bytes in use by this backend); caches were trimmed "
+                    "first — make the work smaller or free resident buffers"
+                ) from retry_exc
+        self._allocations += 1
+        self._in_use += nbytes
+        self._peak = max(self._peak, self._in_use)
+        return buffer
+
+    def free(self, buffer: Any, stream: Any) -> None:
+        """Free *buffer* ordered on *stream*."""
+        self._in_use -= int(buffer.size)
+        self._frees += 1
+        buffer.close(stream)
+
+    def statistics(self) -> DeviceMemoryStatistics:
+        """Frozen counts."""
+        return DeviceMemoryStatistics(
+            allocations=self._allocations,
+            frees=self._frees,
+            bytes_in_use=self._in_use,
+            peak_bytes_in_use=self._peak,
+            out_of_memory=self._oom,
+        )

@@ -1,0 +1,487 @@
+"""The CUDA backend on a real GPU: correctness against numpy, concurrency, pools, the reactor.
+
+Every test here carries the ``cuda`` marker and is skipped, with the reason, where no GPU is
+found. Inputs are fresh random data every run.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import gc
+import time
+from collections.abc import AsyncIterator
+from typing import Any, cast
+
+import numpy as np
+import pytest
+
+import asyncgraph as ag
+from asyncgraph.__main__ import main
+from asyncgraph._demo import (
+    BLOCK,
+    BLOCK_SUM,
+    LAPLACE2D,
+    SAXPY,
+    block_sum_reference,
+    laplace2d_reference,
+    relative_error,
+    saxpy_reference,
+)
+
+from .kernels import INC, SCALE
+
+pytestmark = pytest.mark.cuda
+
+Array = np.ndarray[Any, Any]
+
+
+@pytest.fixture
+async def gpu() -> AsyncIterator[Any]:
+    async with ag.open_backend("cuda") as backend:
+        yield backend
+
+
+@pytest.fixture
+def rng() -> np.random.Generator:
+    return np.random.default_rng()
+
+
+SIZES = [1, 1000, 10**6, 10**8]
+
+
+@pytest.mark.parametrize("n", SIZES)
+async def test_saxpy_matches_numpy(gpu: Any, rng: np.random.Generator, n: int) -> None:
+    x = rng.standard_normal(n, dtype=np.float32)
+    y = rng.standard_normal(n, dtype=np.float32)
+    a = np.float32(rng.uniform(-3, 3))
+    (out,) = await gpu.dispatch(
+        SAXPY, x, y, ag.Out(n, np.float32), a, np.int32(n), grid=(n + 255) // 256, block=256
+    )
+    assert relative_error(out, saxpy_reference(x, y, float(a))) < 1e-6
+
+
+@pytest.mark.parametrize("n", SIZES)
+async def test_block_sum_matches_numpy(gpu: Any, rng: np.random.Generator, n: int) -> None:
+    x = rng.standard_normal(n, dtype=np.float32)
+    blocks = (n + BLOCK - 1) // BLOCK
+    (out,) = await gpu.dispatch(
+        BLOCK_SUM, x, ag.Out(blocks, np.float32), np.int32(n), grid=blocks, block=BLOCK
+    )
+    np.testing.assert_allclose(out, block_sum_reference(x, blocks), rtol=1e-5, atol=1e-4)
+
+
+@pytest.mark.parametrize("shape", [(1, 1), (25, 40), (1000, 1000), (10000, 10000)])
+async def test_laplace2d_matches_numpy(
+    gpu: Any, rng: np.random.Generator, shape: tuple[int, int]
+) -> None:
+    h, w = shape
+    u = rng.standard_normal(shape, dtype=np.float32)
+    (out,) = await gpu.dispatch(
+        LAPLACE2D,
+        u,
+        ag.Out(shape, np.float32),
+        np.int32(h),
+        np.int32(w),
+        grid=((w + 15) // 16, (h + 15) // 16),
+        block=(16, 16),
+    )
+    assert relative_error(out, laplace2d_reference(u)) < 1e-5
+
+
+# One elementwise kernel per dtype: out = x * a + y, computed in the type (float16 in float32
+# and rounded, through PTX so no header is needed).
+_AXPY = {
+    "float32": ("float", "float", "out[i] = x[i] * a + y[i];"),
+    "float64": ("double", "double", "out[i] = x[i] * a + y[i];"),
+    "int32": ("int", "int", "out[i] = x[i] * a + y[i];"),
+    "uint8": ("unsigned char", "unsigned char", "out[i] = (unsigned char)(x[i] * a + y[i]);"),
+    "float16": (
+        "half_t",
+        "float",
+        "float fx, fy, r; unsigned short h;"
+        ' asm("cvt.f32.f16 %0, %1;" : "=f"(fx) : "h"(x[i]));'
+        ' asm("cvt.f32.f16 %0, %1;" : "=f"(fy) : "h"(y[i]));'
+        " r = fx * a + fy;"
+        ' asm("cvt.rn.f16.f32 %0, %1;" : "=h"(h) : "f"(r)); out[i] = h;',
+    ),
+}
+
+
+def _axpy_kernel(dtype: str) -> ag.Kernel:
+    ctype, atype, body = _AXPY[dtype]
+    src = (
+        "typedef unsigned short half_t;\n"
+        f'extern "C" __global__ void axpy_{dtype}(const {ctype}* x, const {ctype}* y, '
+        f"{ctype}* out, {atype} a, long long n)\n"
+        "{ long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x;\n"
+        f"  if (i < n) {{ {body} }} }}\n"
+    )
+    return ag.Kernel(src, f"axpy_{dtype}")
+
+
+AXPY = {dtype: _axpy_kernel(dtype) for dtype in _AXPY}
+
+
+def _random(rng: np.random.Generator, dtype: str, n: int) -> Array:
+    if dtype == "uint8":
+        return rng.integers(0, 256, n, dtype=np.uint8)
+    if dtype == "int32":
+        return rng.integers(-(2**15), 2**15, n, dtype=np.int32)
+    return rng.standard_normal(n).astype(dtype)
+
+
+@pytest.mark.parametrize("n", SIZES)
+@pytest.mark.parametrize("dtype", list(_AXPY))
+async def test_dtypes_match_numpy(gpu: Any, rng: np.random.Generator, dtype: str, n: int) -> None:
+    x = _random(rng, dtype, n)
+    y = _random(rng, dtype, n)
+    if dtype in ("int32", "uint8"):
+        a = np.dtype(dtype).type(rng.integers(1, 7))
+    elif dtype == "float16":
+        a = np.float32(rng.uniform(-2, 2))
+    else:
+        a = np.dtype(dtype).type(rng.uniform(-2, 2))
+    (out,) = await gpu.dispatch(
+        AXPY[dtype],
+        x,
+        y,
+        ag.Out(n, dtype),
+        a,
+        np.int64(n),
+        grid=(n + 255) // 256,
+        block=256,
+    )
+    assert out.dtype == np.dtype(dtype)
+    if dtype == "uint8":
+        want = ((x.astype(np.int64) * int(a) + y) % 256).astype(np.uint8)
+        np.testing.assert_array_equal(out, want)
+    elif dtype == "int32":
+        np.testing.assert_array_equal(out, x * a + y)
+    else:
+        # The error bound of a multiply-add with rounding unit u: |out - exact| <= 2u(|xa| + |y|),
+        # plus, for float16, the final rounding to float16 (2^-11 relative, 2^-25 absolute).
+        wide = np.dtype(np.longdouble if dtype == "float64" else np.float64)
+        xa: Array = x.astype(wide) * np.asarray(a, dtype=wide)
+        exact = xa + y.astype(wide)
+        unit = 2.0**-53 if dtype == "float64" else 2.0**-24
+        bound = 2 * unit * (np.abs(xa) + np.abs(y.astype(wide)))
+        if dtype == "float16":
+            bound = bound + 2.0**-11 * np.abs(exact) + 2.0**-25
+        error = np.abs(out.astype(wide) - exact)
+        assert np.all(error <= bound), f"worst excess {float(np.max(error - bound)):.3g}"
+
+
+async def test_512_dispatches_from_64_tasks(gpu: Any, rng: np.random.Generator) -> None:
+    async def worker(seed: int) -> float:
+        local = np.random.default_rng(seed)
+        worst = 0.0
+        for _ in range(8):
+            n = int(local.integers(1, 50_000))
+            x = local.standard_normal(n, dtype=np.float32)
+            y = local.standard_normal(n, dtype=np.float32)
+            (out,) = await gpu.dispatch(
+                SAXPY,
+                x,
+                y,
+                ag.Out(n, np.float32),
+                np.float32(2),
+                np.int32(n),
+                grid=(n + 255) // 256,
+                block=256,
+            )
+            worst = max(worst, relative_error(out, saxpy_reference(x, y, 2.0)))
+        return worst
+
+    errors = await asyncio.gather(*(worker(int(s)) for s in rng.integers(0, 2**32, 64)))
+    assert max(errors) < 1e-6
+    snap = gpu.telemetry.snapshot()
+    assert snap.dispatches_completed == 512
+    assert snap.dispatches_failed == 0
+
+
+def _baseline(gpu: Any) -> tuple[int, int, int, tuple[int, ...], int]:
+    pinned = gpu.pinned_pool.statistics()
+    device = gpu.device_memory.statistics()
+    streams = gpu.stream_pool.statistics()
+    return (
+        pinned.blocks_in_use,
+        pinned.bytes_in_use,
+        device.bytes_in_use,
+        streams.outstanding,
+        gpu._reactor.pending,
+    )
+
+
+async def test_cancelled_awaiters_return_pools_to_baseline() -> None:
+    # One stream, held up by a 1 s kernel: every dispatch below is still in flight when
+    # half of its awaiters are cancelled.
+    async with ag.open_backend("cuda", streams=1) as gpu:
+        x = np.ones(1 << 16, np.float32)
+        await gpu.dispatch(
+            SCALE,
+            x,
+            ag.Out(x.size, np.float32),
+            np.float32(2),
+            np.int32(x.size),
+            grid=x.size // 256,
+            block=256,
+        )
+        await gpu.compile(SPIN)
+        # Fill the pinned pool first: 300 cold pinned allocations alone take about 100 ms.
+        await asyncio.gather(
+            *(
+                gpu.dispatch(
+                    SCALE,
+                    x,
+                    ag.Out(x.size, np.float32),
+                    np.float32(2),
+                    np.int32(x.size),
+                    grid=x.size // 256,
+                    block=256,
+                )
+                for _ in range(300)
+            )
+        )
+        baseline = _baseline(gpu)
+        assert baseline == (0, 0, 0, (0,), 0)
+        clock_khz = cast(Any, gpu)._device.properties.clock_rate
+        gate = gpu.dispatch(SPIN, np.int64(clock_khz * 1000), ag.Out(1, np.int32), grid=1, block=1)
+        pendings = []
+        tasks = []
+        for i in range(300):
+            pending = gpu.dispatch(
+                SCALE,
+                x * i,
+                ag.Out(x.size, np.float32),
+                np.float32(2),
+                np.int32(x.size),
+                grid=x.size // 256,
+                block=256,
+            )
+            pendings.append(pending)
+            tasks.append(asyncio.create_task(_await(pending)))
+        await asyncio.sleep(0.01)
+        assert not gate.done()
+        assert _baseline(gpu) != baseline  # work in flight holds pinned blocks and events
+        for task in tasks[::2]:
+            task.cancel()
+        outcomes = await asyncio.gather(*tasks, return_exceptions=True)
+        assert sum(isinstance(o, asyncio.CancelledError) for o in outcomes) == 50
+        await gate
+        for i, pending in enumerate(pendings):
+            (out,) = await pending
+            np.testing.assert_array_equal(out, x * i * 2)
+        assert _baseline(gpu) == baseline
+
+
+async def _await(pending: ag.PendingDispatch) -> object:
+    return await pending
+
+
+async def test_pools_reach_a_steady_state(gpu: Any, rng: np.random.Generator) -> None:
+    async def burst(count: int) -> None:
+        async def one(k: int) -> None:
+            n = 1000 + (k % 7) * 3000
+            x = rng.standard_normal(n, dtype=np.float32)
+            (out,) = await gpu.dispatch(
+                SCALE,
+                x,
+                ag.Out(n, np.float32),
+                np.float32(3),
+                np.int32(n),
+                grid=(n + 255) // 256,
+                block=256,
+            )
+            assert np.array_equal(out, x * np.float32(3))
+
+        await asyncio.gather(*(one(k) for k in range(count)))
+
+    await burst(2000)  # warm-up
+    pinned0 = gpu.pinned_pool.statistics()
+    events0 = gpu._events.created
+    for _ in range(5):
+        await burst(2000)  # 10,000 dispatches
+    pinned1 = gpu.pinned_pool.statistics()
+    assert pinned1.allocated_bytes_total == pinned0.allocated_bytes_total
+    assert pinned1.bytes_idle == pinned0.bytes_idle
+    assert gpu._events.created == events0
+    assert pinned1.hits - pinned0.hits == 10_000
+    assert gpu.device_memory.statistics().bytes_in_use == 0
+
+
+async def test_the_loop_keeps_beating_while_64_tasks_dispatch(gpu: Any) -> None:
+    stalls: list[float] = []
+    stop = asyncio.Event()
+
+    async def heartbeat() -> None:
+        period = 0.0005
+        while not stop.is_set():
+            t0 = time.perf_counter()
+            await asyncio.sleep(period)
+            stalls.append(time.perf_counter() - t0 - period)
+
+    async def worker() -> None:
+        x = np.ones(4096, np.float32)
+        for _ in range(100):
+            await gpu.dispatch(
+                SCALE,
+                x,
+                ag.Out(4096, np.float32),
+                np.float32(2),
+                np.int32(4096),
+                grid=16,
+                block=256,
+            )
+
+    pauses: list[float] = []
+    started: list[float] = []
+
+    def on_gc(phase: str, info: dict[str, int]) -> None:
+        if phase == "start":
+            started.append(time.perf_counter())
+        elif started:
+            pauses.append(time.perf_counter() - started.pop())
+
+    gc.callbacks.append(on_gc)
+    try:
+        beat = asyncio.create_task(heartbeat())
+        await asyncio.gather(*(worker() for _ in range(64)))
+        stop.set()
+        await beat
+    finally:
+        gc.callbacks.remove(on_gc)
+    assert len(stalls) > 10
+    stalls.sort()
+    worst, p99 = stalls[-1], stalls[int(len(stalls) * 0.99)]
+    gc_worst = max(pauses, default=0.0)
+    assert worst < 0.002, (
+        f"worst stall {worst * 1e3:.2f} ms (p99 {p99 * 1e3:.2f} ms, {len(stalls)} beats); "
+        f"{len(pauses)} gc pauses, worst {gc_worst * 1e3:.2f} ms"
+    )
+
+
+SPIN = ag.Kernel(
+    r"""
+extern "C" __global__ void spin(long long cycles, int* done)
+{
+    long long t0 = clock64();
+    while (clock64() - t0 < cycles) { }
+    done[0] = 1;
+}
+""",
+    "spin",
+)
+
+
+async def test_a_long_kernel_does_not_hold_up_short_dispatches(gpu: Any) -> None:
+    clock_khz = gpu._device.properties.clock_rate
+    long = gpu.dispatch(SPIN, np.int64(clock_khz * 300), ag.Out(1, np.int32), grid=1, block=1)
+    x = np.arange(1000, dtype=np.float32)
+    for _ in range(20):
+        (out,) = await gpu.dispatch(
+            SCALE, x, ag.Out(1000, np.float32), np.float32(2), np.int32(1000), grid=4, block=256
+        )
+        np.testing.assert_array_equal(out, 2 * x)
+    assert not long.done()  # 20 short round trips finished while the long kernel still ran
+    (flag,) = await long
+    assert flag[0] == 1
+
+
+async def test_timing_measures_the_kernel(gpu: Any) -> None:
+    clock_khz = gpu._device.properties.clock_rate
+    pending = gpu.dispatch(
+        SPIN, np.int64(clock_khz * 20), ag.Out(1, np.int32), grid=1, block=1, timing=True
+    )
+    await pending
+    assert pending.device_time is not None
+    assert 0.015 < pending.device_time < 0.5  # about 20 ms of spinning at clock_rate or above
+    assert gpu.telemetry.snapshot().device_time.count == 1
+
+
+async def test_compile_error_carries_the_log(gpu: Any) -> None:
+    bad = ag.Kernel('extern "C" __global__ void bad(float* x) { x[0] = undefined_name; }', "bad")
+    for _ in range(2):  # the failure is remembered, not recompiled
+        with pytest.raises(ag.CompileError, match="undefined_name") as info:
+            await gpu.dispatch(bad, ag.Out(1, np.float32), grid=1, block=1)
+        assert 'identifier "undefined_name" is undefined' in info.value.log
+    x = np.ones(4, np.float32)
+    (out,) = await gpu.dispatch(
+        SCALE, x, ag.Out(4, np.float32), np.float32(2), np.int32(4), grid=1, block=4
+    )
+    np.testing.assert_array_equal(out, 2 * x)
+
+
+async def test_resident_buffers_on_the_gpu(gpu: Any, rng: np.random.Generator) -> None:
+    data = rng.standard_normal(100_000, dtype=np.float32)
+    buf = await gpu.upload(data)
+    np.testing.assert_array_equal(await gpu.download(buf), data)
+    out = gpu.empty(100_000, np.float32)
+    before = gpu.telemetry.snapshot()
+    for _ in range(30):
+        gpu.dispatch(INC, buf, np.float32(1), np.int32(100_000), grid=391, block=256)
+    (res,) = await gpu.dispatch(
+        SCALE, buf, ag.Out(into=out), np.float32(2), np.int32(100_000), grid=391, block=256
+    )
+    assert res is out
+    after = gpu.telemetry.snapshot()
+    assert (after.bytes_up, after.bytes_down) == (before.bytes_up, before.bytes_down)
+    np.testing.assert_allclose(await gpu.download(out), (data + 30) * 2, rtol=1e-6)
+    await buf.aclose()
+    with pytest.raises(ag.StaleBufferError):
+        await gpu.download(buf)
+
+
+async def test_inout_and_multiple_outputs(gpu: Any, rng: np.random.Generator) -> None:
+    k = ag.Kernel(
+        r"""
+extern "C" __global__ void split(const int* x, int* lo, int* hi, double* acc, int n)
+{
+    int i = blockIdx.x * blockDim.x + threadIdx.x;
+    if (i < n) { lo[i] = x[i] & 0xffff; hi[i] = x[i] >> 16; acc[i] += x[i]; }
+}
+""",
+        "split",
+    )
+    n = 5000
+    x = rng.integers(0, 2**31 - 1, n, dtype=np.int32)
+    acc = rng.standard_normal(n)
+    acc_before = acc.copy()
+    lo, hi, acc2 = await gpu.dispatch(
+        k,
+        x,
+        ag.Out(n, np.int32),
+        ag.Out(n, np.int32),
+        ag.InOut(acc),
+        np.int32(n),
+        grid=(n + 255) // 256,
+        block=256,
+    )
+    np.testing.assert_array_equal(lo, x & 0xFFFF)
+    np.testing.assert_array_equal(hi, x >> 16)
+    np.testing.assert_array_equal(acc2, acc_before + x)
+    np.testing.assert_array_equal(acc, acc_before)
+
+
+async def test_launch_limits_come_from_the_device(gpu: Any) -> None:
+    with pytest.raises(ag.DispatchError, match=r"^block=2048 has 2048 threads|dimension x"):
+        gpu.dispatch(
+            SCALE,
+            np.ones(4, np.float32),
+            ag.Out(4, np.float32),
+            np.float32(1),
+            np.int32(4),
+            grid=1,
+            block=2048,
+        )
+    assert gpu._limits.max_shared_mem > 48 * 1024
+
+
+def test_demo_and_info_on_the_gpu(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["info"]) == 0
+    out = capsys.readouterr().out
+    assert "auto picks     cuda:0" in out
+    assert main(["demo", "--dispatches", "1200"]) == 0
+    out = capsys.readouterr().out
+    assert "backend        cuda:0" in out
+    assert "OK: all 1200 results match numpy" in out
+    gc.collect()
