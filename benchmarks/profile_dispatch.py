@@ -1,7 +1,8 @@
 """Where the event loop's time goes while dispatches run: cProfile of two scenarios.
 
-1. 300 dispatches issued while a long kernel occupies the only stream (dispatch() must not wait).
+1. 3,000 awaited dispatches of an empty kernel, one after another.
 2. 64 tasks x 100 awaited round trips of 16 KiB, with a 0.5 ms heartbeat (the loop's stalls).
+3. The same with asyncio's debug mode naming every callback that ran over 2 ms.
 
 Prints the functions with the most own time, and the stalls. Run on a GPU:
     python benchmarks/profile_dispatch.py
@@ -21,10 +22,8 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from tests.kernels import SCALE
-from tests.test_cuda import SPIN
-
 import asyncgraph as ag
+from benchmarks.bench_dispatch import EMPTY, SCALE
 
 
 def report(profile: cProfile.Profile, title: str) -> None:
@@ -35,50 +34,24 @@ def report(profile: cProfile.Profile, title: str) -> None:
     print("\n".join(out.getvalue().splitlines()[:40]))
 
 
-async def gated() -> None:
-    async with ag.open_backend("cuda", streams=1) as gpu:
-        x = np.ones(1 << 16, np.float32)
-        await gpu.compile(SCALE)
-        await gpu.compile(SPIN)
-        await asyncio.gather(
-            *(
-                gpu.dispatch(
-                    SCALE,
-                    x,
-                    ag.Out(x.size, np.float32),
-                    np.float32(2),
-                    np.int32(x.size),
-                    grid=x.size // 256,
-                    block=256,
-                )
-                for _ in range(300)
-            )
-        )
-        clock_khz = gpu._device.properties.clock_rate  # type: ignore[attr-defined]
-        gate = gpu.dispatch(SPIN, np.int64(clock_khz * 1000), ag.Out(1, np.int32), grid=1, block=1)
+async def sequential_empty() -> None:
+    """cProfile of 3,000 awaited dispatches of an empty kernel, one at a time."""
+    async with ag.open_backend("cuda") as gpu:
+        await gpu.compile(EMPTY)
+        n1 = np.int32(1)
+        for _ in range(500):
+            await gpu.dispatch(EMPTY, n1, grid=1, block=1)
         profile = cProfile.Profile()
         t0 = time.perf_counter()
         profile.enable()
-        pendings = [
-            gpu.dispatch(
-                SCALE,
-                x,
-                ag.Out(x.size, np.float32),
-                np.float32(2),
-                np.int32(x.size),
-                grid=x.size // 256,
-                block=256,
-            )
-            for _ in range(300)
-        ]
+        for _ in range(3000):
+            await gpu.dispatch(EMPTY, n1, grid=1, block=1)
         profile.disable()
         print(
-            f"300 dispatch() calls behind a 1 s kernel: {(time.perf_counter() - t0) * 1e3:.1f} ms;"
-            f" gate done: {gate.done()}"
+            f"3000 awaited empty dispatches: {(time.perf_counter() - t0) / 3000 * 1e6:.1f} us "
+            "each (under cProfile)"
         )
-        report(profile, "gated dispatch() calls")
-        await gate
-        await asyncio.gather(*pendings)
+        report(profile, "sequential awaited empty kernel")
 
 
 async def heartbeat_run() -> None:
@@ -125,9 +98,49 @@ async def heartbeat_run() -> None:
         report(profile, "64 tasks x 100 round trips")
 
 
+async def slow_callbacks() -> None:
+    """asyncio's own report of callbacks over 2 ms while 64 tasks run round trips."""
+    import logging
+
+    records: list[str] = []
+
+    class Keep(logging.Handler):
+        def emit(self, record: logging.LogRecord) -> None:
+            records.append(record.getMessage())
+
+    logging.getLogger("asyncio").addHandler(Keep())
+    loop = asyncio.get_running_loop()
+    loop.set_debug(True)
+    loop.slow_callback_duration = 0.002
+    async with ag.open_backend("cuda") as gpu:
+
+        async def worker() -> None:
+            x = np.ones(4096, np.float32)
+            for _ in range(100):
+                await gpu.dispatch(
+                    SCALE,
+                    x,
+                    ag.Out(4096, np.float32),
+                    np.float32(2),
+                    np.int32(4096),
+                    grid=16,
+                    block=256,
+                )
+
+        await gpu.compile(SCALE)
+        await asyncio.gather(*(worker() for _ in range(64)))
+        records.clear()
+        await asyncio.gather(*(worker() for _ in range(64)))
+    loop.set_debug(False)
+    print(f"===== callbacks over 2 ms (asyncio debug): {len(records)}")
+    for message in records[:8]:
+        print("  ", message[:300])
+
+
 async def main() -> None:
-    await gated()
+    await sequential_empty()
     await heartbeat_run()
+    await slow_callbacks()
 
 
 if __name__ == "__main__":

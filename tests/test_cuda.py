@@ -374,6 +374,9 @@ extern "C" __global__ void spin(long long cycles, int* done)
 
 
 async def test_a_long_kernel_does_not_hold_up_short_dispatches(gpu: Any) -> None:
+    # Load the kernels first: loading a module while a kernel runs may wait for it.
+    await gpu.compile(SCALE)
+    await gpu.compile(SPIN)
     clock_khz = gpu._device.properties.clock_rate
     long = gpu.dispatch(SPIN, np.int64(clock_khz * 300), ag.Out(1, np.int32), grid=1, block=1)
     x = np.arange(1000, dtype=np.float32)

@@ -17,7 +17,7 @@ import warnings
 from collections import deque
 from time import perf_counter
 from types import TracebackType
-from typing import Any, ClassVar, Final
+from typing import Any, ClassVar, Final, cast
 
 import numpy as np
 
@@ -135,6 +135,11 @@ class Backend(abc.ABC):
             f"<{type(self).__name__} {self.name} {state} in_flight={len(self._in_flight)} "
             f"queued={len(self._queue)} buffers={len(self._store)}>"
         )
+
+    @property
+    def _event_loop(self) -> asyncio.AbstractEventLoop:
+        """The loop this backend belongs to; bound by ``_loop_for_use()`` before any work."""
+        return cast(asyncio.AbstractEventLoop, self._loop)
 
     def _counts(self) -> tuple[int, int]:
         return len(self._in_flight), len(self._queue)

@@ -30,6 +30,9 @@ from ._telemetry import logger
 __all__ = ("KernelCompiler", "default_cache_dir")
 
 _MAGIC = b"AGCUBIN1"
+# cuda.core 1.2.0 raises from the finaliser of a Program whose compilation failed (fixed in
+# 1.2.2); such Programs are kept here instead of being finalised. One per failing kernel.
+_FAILED_PROGRAMS: list[Any] = []
 _DIGEST = 32
 
 
@@ -149,9 +152,11 @@ class KernelCompiler:
 
         log = io.StringIO()
         program = None
+        failed = True
         try:
             program = Program(kernel.source, code_type="c++", options=options)
             code = program.compile("cubin", logs=log)
+            failed = False
         except Exception as exc:
             text = log.getvalue().replace("\x00", "").strip()
             if not text:
@@ -161,11 +166,12 @@ class KernelCompiler:
                 text = text.replace("\x00", "").strip()
             raise CompileError(kernel.name, text) from exc
         finally:
-            # Close explicitly: cuda.core 1.2.0 raises from the finaliser of a Program whose
-            # compilation failed.
             if program is not None:
-                with contextlib.suppress(Exception):
-                    program.close()
+                if failed:
+                    _FAILED_PROGRAMS.append(program)
+                else:
+                    with contextlib.suppress(Exception):
+                        program.close()
         text = log.getvalue().replace("\x00", "").strip()
         if text:
             logger.info("compile.log", kernel=kernel.name, log=text)

@@ -7,7 +7,6 @@ completion) lives in ``_cuda_dispatch.py``.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import functools
 from typing import Any
 
@@ -73,10 +72,12 @@ class CudaBackend(CudaDispatch):
         self._stream_pool: StreamPool[Any] = StreamPool(streams)
         self._handles = [drv.CUstream(int(s.handle)) for s in streams]
         self._alloc_stream = device.create_stream(options=stream_options)
+        self._owns_memory = options.device_memory is None
         self._memory_resource = (
-            options.device_memory if options.device_memory is not None else device.memory_resource
+            self._own_memory_pool(device)
+            if options.device_memory is None
+            else options.device_memory
         )
-        self._keep_pool_memory()
         self._device_memory = StreamOrderedDeviceMemory(self._memory_resource, trim=self._trim)
         self._pinned: HostPool = (
             options.host_pool
@@ -126,21 +127,35 @@ class CudaBackend(CudaDispatch):
             bytes_in_use=stats.bytes_in_use,
         )
 
-    def _keep_pool_memory(self) -> None:
-        """Let the memory pool keep freed memory instead of unmapping it at every sync.
+    @staticmethod
+    def _own_memory_pool(device: Any) -> Any:
+        """A stream-ordered memory pool owned by this backend, set up for many streams.
 
-        A driver memory pool's release threshold is 0 by default: each ``cuEventSynchronize``
-        (the reactor's waiter threads call it) hands the pool's free memory back, and the next
-        allocation maps it again, which stalls the event loop for milliseconds. On out of memory
-        the backend trims the pool explicitly (``_trim``).
+        - Cross-stream reuse with hidden dependencies is off: with it, an allocation on one
+          stream may reuse memory freed on another and silently wait for that stream's work
+          (seen on an H100: short dispatches waited 200 ms behind a long kernel elsewhere).
+        - The release threshold is unlimited: by default a pool hands its free memory back at
+          every synchronisation (the reactor's waiter threads synchronise), and re-mapping it
+          stalls the loop for milliseconds. On out of memory the backend trims it (``_trim``).
         """
-        handle = getattr(self._memory_resource, "handle", None)
-        if handle is None or not type(self._memory_resource).__name__.endswith("MemoryResource"):
-            return
-        attribute = drv.CUmemPool_attribute.CU_MEMPOOL_ATTR_RELEASE_THRESHOLD
-        keep = drv.cuuint64_t(2**64 - 1)
-        with contextlib.suppress(Exception):
-            drv.cuMemPoolSetAttribute(drv.CUmemoryPool(int(handle)), attribute, keep)
+        from cuda.core import DeviceMemoryResource, DeviceMemoryResourceOptions
+
+        resource = DeviceMemoryResource(device, DeviceMemoryResourceOptions())
+        pool = drv.CUmemoryPool(int(resource.handle))
+        attr = drv.CUmemPool_attribute
+        check(
+            drv.cuMemPoolSetAttribute(
+                pool, attr.CU_MEMPOOL_ATTR_REUSE_ALLOW_INTERNAL_DEPENDENCIES, 0
+            ),
+            "cuMemPoolSetAttribute",
+        )
+        check(
+            drv.cuMemPoolSetAttribute(
+                pool, attr.CU_MEMPOOL_ATTR_RELEASE_THRESHOLD, drv.cuuint64_t(2**64 - 1)
+            ),
+            "cuMemPoolSetAttribute",
+        )
+        return resource
 
     def _trim(self) -> None:
         """Free what caches hold before an allocation is retried (device out of memory)."""
@@ -153,11 +168,8 @@ class CudaBackend(CudaDispatch):
     def _reactor(self) -> Reactor:
         reactor = self._reactor_
         if reactor is None:
-            loop = self._loop
-            if loop is None:  # pragma: no cover  # _loop_for_use() runs first
-                loop = asyncio.get_running_loop()
             reactor = self._reactor_ = Reactor(
-                loop,
+                self._event_loop,
                 self._context,
                 len(self._handles),
                 self._events,
@@ -215,9 +227,7 @@ class CudaBackend(CudaDispatch):
             waiting.append(job)
             return True
         self._compiling[kernel] = [job]
-        loop = self._loop
-        if loop is None:  # pragma: no cover  # _loop_for_use() runs first
-            loop = asyncio.get_running_loop()
+        loop = self._event_loop
         task = loop.create_task(self._compile_for_jobs(kernel))
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
@@ -249,9 +259,7 @@ class CudaBackend(CudaDispatch):
     def _wait_event(self, lane: int, event: Any, on_done: Any) -> asyncio.Future[Any]:
         """A future for *event*; ``on_done(error)`` runs first, on the loop, even if the
         awaiting task was cancelled (so resources are released after the copy, never before)."""
-        loop = self._loop
-        if loop is None:  # pragma: no cover  # _loop_for_use() runs first
-            loop = asyncio.get_running_loop()
+        loop = self._event_loop
         future: asyncio.Future[Any] = loop.create_future()
 
         def done(error: CudaError | None) -> None:
@@ -340,6 +348,9 @@ class CudaBackend(CudaDispatch):
         shape, dtype = buffer.shape, buffer.dtype
 
         def on_done(error: CudaError | None, cancelled: bool) -> Any:
+            # The reactor recycled the event: later writers must not wait on it.
+            use.event = None  # type: ignore[attr-defined]  # _Download has the slot
+            use.finished.set()  # type: ignore[attr-defined]  # likewise
             try:
                 if error is not None or cancelled:
                     return None
@@ -370,6 +381,8 @@ class CudaBackend(CudaDispatch):
         for stream in [*self._stream_pool.streams, self._alloc_stream]:
             stream.close()
         self._loaded.clear()
+        if self._owns_memory:
+            self._memory_resource.close()
 
     def _release_unclosed(self) -> None:
         if self._reactor_ is not None:

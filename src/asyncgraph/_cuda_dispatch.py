@@ -12,14 +12,16 @@ follows the last copy completed.
 
 from __future__ import annotations
 
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 import numpy as np
 from cuda.bindings import driver as drv
+from cuda.core import LaunchConfig, launch
 
 from ._args import DEVICE, IN, INOUT, OUT, RESIDENT, RESIDENT_OUT, SCALAR, BoundCall
 from ._backend import Backend, Job
-from ._cudadrv import check, translate
+from ._cudadrv import SUCCESS, check, error_for, translate
 from ._exceptions import ArgumentTypeError, CudaError, DispatchError
 from ._kernel import Kernel
 from ._reactor import EventPool, Reactor
@@ -29,6 +31,32 @@ __all__ = ("CudaDispatch", "CudaJob", "dep_event")
 
 _ALIGN = 256
 _DEFAULT_SHARED = 48 * 1024
+# Staging copies of at least this many bytes run off the event loop, split over threads.
+BIG_COPY = 4 << 20
+_CHUNK = 8 << 20
+_copiers = ThreadPoolExecutor(max_workers=4, thread_name_prefix="asyncgraph-copy")
+
+
+def _copy_into(dst: np.ndarray[Any, Any], src: np.ndarray[Any, Any]) -> None:
+    """Copy bytes *src* into *dst* (equal-length uint8 arrays), chunks in parallel threads.
+
+    numpy releases the GIL while it copies, so the chunks run truly in parallel.
+    """
+    n = dst.size
+    if n < 2 * _CHUNK:
+        dst[:] = src
+        return
+    bounds = [(start, min(start + _CHUNK, n)) for start in range(0, n, _CHUNK)]
+
+    def part(bound: tuple[int, int]) -> None:
+        lo, hi = bound
+        dst[lo:hi] = src[lo:hi]
+
+    list(_copiers.map(part, bounds))
+
+
+def _as_bytes(array: np.ndarray[Any, Any]) -> np.ndarray[Any, Any]:
+    return array.reshape(-1).view(np.uint8)
 
 
 def _aligned(n: int) -> int:
@@ -44,9 +72,11 @@ class CudaJob(Job):
         "end_event",
         "event",
         "foreign",
+        "gpu_done",
         "in_end",
         "lane",
         "offsets",
+        "staged",
         "start_event",
         "total",
         "up_end",
@@ -65,6 +95,8 @@ class CudaJob(Job):
         self.up_end = 0  # end of the region copied up (inputs and in-outs)
         self.total = 0
         self.foreign: list[tuple[int, int | None]] = []  # (pointer, producer stream) per DEVICE
+        self.staged = False  # inputs already copied into the pinned block
+        self.gpu_done = False  # its event completed (its outputs may still be copied out)
 
 
 def dep_event(dep: Any) -> Any:
@@ -74,7 +106,7 @@ def dep_event(dep: Any) -> Any:
     ``False`` when *dep* has no event yet (not launched: wait until it is).
     """
     if isinstance(dep, Job):
-        if dep.pending.done():
+        if dep.pending.done() or getattr(dep, "gpu_done", False):
             return None
         event = getattr(dep, "event", None)
         return event if event is not None else False
@@ -146,6 +178,11 @@ class CudaDispatch(Backend):
     def _plan(self, call: BoundCall, timing: bool) -> CudaJob:
         job = CudaJob(call, timing)
         args = call.args
+        if not call.bytes_in and not call.bytes_out:
+            # Scalars and resident buffers only: nothing to stage.
+            if any(kind == DEVICE for kind, _value, _param in args):
+                self._plan_foreign(job)
+            return job
         offsets = [-1] * len(args)
         pos = 0
         for want in (IN, INOUT, OUT):
@@ -160,11 +197,15 @@ class CudaDispatch(Backend):
                     pos += _aligned(size)
         job.total = pos
         job.offsets = offsets
-        for i, (kind, value, param) in enumerate(args):
-            if kind == DEVICE:
-                where = f"args[{i}] of {call.kernel.name!r}"
-                job.foreign.append(_foreign_array(value, where, param))
+        self._plan_foreign(job)
         return job
+
+    @staticmethod
+    def _plan_foreign(job: CudaJob) -> None:
+        for i, (kind, value, param) in enumerate(job.call.args):
+            if kind == DEVICE:
+                where = f"args[{i}] of {job.call.kernel.name!r}"
+                job.foreign.append(_foreign_array(value, where, param))
 
     # -- starting ------------------------------------------------------------------------------
 
@@ -176,6 +217,9 @@ class CudaDispatch(Backend):
         self._start_loaded(job)
 
     def _start_loaded(self, job: CudaJob) -> None:
+        if job.up_end >= BIG_COPY and not job.staged:
+            self._stage_off_loop(job)
+            return
         if any(dep_event(dep) is False for dep in job.deps):
             # A use it depends on is not launched yet (compiling, parked, or a download that
             # waits for its own writers): park it until that use has an event.
@@ -184,6 +228,32 @@ class CudaDispatch(Backend):
         self._launch_or_fail(job)
         if self._parked:
             self._unpark()
+
+    def _stage_off_loop(self, job: CudaJob) -> None:
+        """Copy large inputs into pinned memory in threads, then start the job again."""
+        try:
+            block = job.block = self._pinned.acquire(job.total)
+        except Exception as exc:
+            self._complete(job, exc)
+            return
+
+        def stage() -> None:
+            view = block.array
+            for i, (kind, value, _param) in enumerate(job.call.args):
+                if kind in (IN, INOUT):
+                    off = job.offsets[i]
+                    _copy_into(view[off : off + value.nbytes], _as_bytes(value))
+
+        def staged(future: Any) -> None:
+            error = future.exception()
+            if error is not None:
+                self._release_job(job)
+                self._complete(job, error)
+                return
+            job.staged = True
+            self._start_loaded(job)
+
+        self._event_loop.run_in_executor(None, stage).add_done_callback(staged)
 
     def _launch_or_fail(self, job: CudaJob) -> None:
         try:
@@ -211,8 +281,6 @@ class CudaDispatch(Backend):
         key = (call.grid, call.block, call.shared_mem)
         config = self._configs.get(key)
         if config is None:
-            from cuda.core import LaunchConfig
-
             config = self._configs[key] = LaunchConfig(
                 grid=call.grid, block=call.block, shmem_size=call.shared_mem
             )
@@ -231,8 +299,6 @@ class CudaDispatch(Backend):
         self._smem_set[loaded] = nbytes
 
     def _launch(self, job: CudaJob) -> None:
-        from cuda.core import launch
-
         call = job.call
         loaded = self._loaded[call.kernel]
         lane = self._stream_pool.pick()
@@ -250,13 +316,16 @@ class CudaDispatch(Backend):
             base = 0
             block = None
             if job.total:
-                block = job.block = self._pinned.acquire(job.total)
-                view = block.array
-                offsets = job.offsets
-                for i, (kind, value, _param) in enumerate(call.args):
-                    if kind in (IN, INOUT):
-                        off = offsets[i]
-                        view[off : off + value.nbytes] = value.reshape(-1).view(np.uint8)
+                if job.block is None:
+                    job.block = self._pinned.acquire(job.total)
+                block = job.block
+                if not job.staged:
+                    view = block.array
+                    offsets = job.offsets
+                    for i, (kind, value, _param) in enumerate(call.args):
+                        if kind in (IN, INOUT):
+                            off = offsets[i]
+                            view[off : off + value.nbytes] = _as_bytes(value)
                 job.device_buffer = self._device_memory.allocate(job.total, stream)
                 base = int(job.device_buffer.handle)
                 enqueued = True
@@ -330,7 +399,12 @@ class CudaDispatch(Backend):
                 self._release_job(job)
             raise failure
         event = job.event = self._events.take()
-        check(drv.cuEventRecord(event, handle), "cuEventRecord")
+        code = drv.cuEventRecord(event, handle)[0]
+        if code != SUCCESS:
+            self._events.give(event)
+            job.event = None
+            self._release_job(job)
+            raise error_for(code, "cuEventRecord")
         self._reactor.watch(lane.index, event, lambda error: self._done(job, error))
 
     def _wait_foreign(self, producer: int, handle: Any) -> None:
@@ -349,44 +423,67 @@ class CudaDispatch(Backend):
         if job.block is not None:
             self._pinned.release(job.block)
             job.block = None
-        for attr in ("start_event", "end_event"):
-            event = getattr(job, attr)
-            if event is not None:
-                self._timing_events.give(event)
-                setattr(job, attr, None)
+        if job.start_event is not None:
+            self._timing_events.give(job.start_event)
+            job.start_event = None
+        if job.end_event is not None:
+            self._timing_events.give(job.end_event)
+            job.end_event = None
         if job.lane is not None:
             job.lane.outstanding -= 1
             job.lane = None
 
     def _done(self, job: CudaJob, error: CudaError | None) -> None:
+        # The reactor recycled the event: nothing may wait on it any more.
+        job.gpu_done = True
+        job.event = None
         outcome: Any
         device_time = None
         if error is not None:
             outcome = error
+        elif not job.call.n_results:
+            outcome = ()
+        elif job.total - job.in_end >= BIG_COPY:
+            self._results_off_loop(job)
+            return
         else:
-            results: list[Any] = []
-            block = job.block
-            offsets = job.offsets
-            for i, (kind, value, _param) in enumerate(job.call.args):
-                if kind == OUT:
-                    out = np.empty(value.shape, value.dtype)
-                    off = offsets[i]
-                    out.reshape(-1).view(np.uint8)[:] = block.array[off : off + value.nbytes]  # type: ignore[union-attr]  # a job with outputs has a block
-                    results.append(out)
-                elif kind == INOUT:
-                    out = np.empty(value.shape, value.dtype)
-                    off = offsets[i]
-                    out.reshape(-1).view(np.uint8)[:] = block.array[off : off + value.nbytes]  # type: ignore[union-attr]  # a job with in-outs has a block
-                    results.append(out)
-                elif kind == RESIDENT_OUT:
-                    results.append(value)
-            outcome = tuple(results)
-            if job.timing:
-                ms = check(
-                    drv.cuEventElapsedTime(job.start_event, job.end_event), "cuEventElapsedTime"
-                )
-                device_time = ms / 1e3
+            outcome = self._results(job)
+        if error is None and job.timing:
+            ms = check(drv.cuEventElapsedTime(job.start_event, job.end_event), "cuEventElapsedTime")
+            device_time = ms / 1e3
         self._release_job(job)
         self._complete(job, outcome, device_time)
         if self._parked:
             self._unpark()
+
+    @staticmethod
+    def _results(job: CudaJob) -> tuple[Any, ...]:
+        """New arrays for the job's outputs, copied out of its pinned block."""
+        results: list[Any] = []
+        view = job.block.array  # type: ignore[union-attr]  # a job with outputs has a block
+        offsets = job.offsets
+        for i, (kind, value, _param) in enumerate(job.call.args):
+            if kind in (OUT, INOUT):
+                out = np.empty(value.shape, value.dtype)
+                off = offsets[i]
+                _copy_into(_as_bytes(out), view[off : off + value.nbytes])
+                results.append(out)
+            elif kind == RESIDENT_OUT:
+                results.append(value)
+        return tuple(results)
+
+    def _results_off_loop(self, job: CudaJob) -> None:
+        """Copy large outputs out of pinned memory in threads, then complete the job."""
+
+        def finished(future: Any) -> None:
+            error = future.exception()
+            device_time = None
+            if error is None and job.timing:
+                ms = drv.cuEventElapsedTime(job.start_event, job.end_event)[1]
+                device_time = ms / 1e3
+            self._release_job(job)
+            self._complete(job, error if error is not None else future.result(), device_time)
+            if self._parked:
+                self._unpark()
+
+        self._event_loop.run_in_executor(None, self._results, job).add_done_callback(finished)

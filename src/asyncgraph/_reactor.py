@@ -210,8 +210,11 @@ class Reactor:
             if watch.finished:
                 self._events.give(watch.event)
         if self._pending and not self._poll_scheduled:
+            # Schedule rather than poll here: several lanes may wake in one batch, and each
+            # poll resolves a bounded batch per loop iteration.
+            self._poll_scheduled = True
             self._window_start = perf_counter()
-            self._poll()
+            self._loop.call_soon(self._poll)
 
     def _finish(self, watch: _Watch, error: CudaError | None) -> None:
         watch.finished = True

@@ -12,8 +12,9 @@ classes, so a block is at most 1/9 (11.1 %) larger than the request. Idle blocks
 cap are freed, least recently used first.
 
 The pool is not thread-safe: its owner (a backend, on its event loop's thread) acquires and
-releases. A backend releases a block only after the event of the last copy that used it
-completed.
+releases. Freeing pinned memory waits for the whole device to go idle, so freed blocks are
+handed to a background thread. A backend releases a block only after the event of the last
+copy that used it completed.
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ from __future__ import annotations
 import ctypes
 from collections import OrderedDict
 from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any, Protocol, runtime_checkable
 
 import attrs
@@ -35,6 +37,8 @@ __all__ = (
     "PinnedPoolStatistics",
     "size_class",
 )
+
+_reaper = ThreadPoolExecutor(max_workers=1, thread_name_prefix="asyncgraph-pinned-free")
 
 MIN_BLOCK = 4096
 CLASSES_PER_OCTAVE = 8
@@ -261,4 +265,7 @@ class PinnedPool:
         close = getattr(block._owner, "close", None)
         block._owner = None
         if close is not None:
-            close()
+            # Freeing pinned memory waits until the whole device is idle (measured on an
+            # NVIDIA H100 80GB HBM3: 95 ms behind a 100 ms kernel), so it never runs on the
+            # caller's thread, which is the event loop's.
+            _reaper.submit(close)
