@@ -437,6 +437,14 @@ class CudaDispatch(Backend):
         # The reactor recycled the event: nothing may wait on it any more.
         job.gpu_done = True
         job.event = None
+        try:
+            self._finish_job(job, error)
+        except Exception as exc:
+            # Whatever went wrong while collecting results fails this dispatch, visibly.
+            self._release_job(job)
+            self._complete(job, exc)
+
+    def _finish_job(self, job: CudaJob, error: CudaError | None) -> None:
         outcome: Any
         device_time = None
         if error is not None:

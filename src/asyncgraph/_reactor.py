@@ -29,6 +29,7 @@ from cuda.bindings import driver as drv
 from ._cudadrv import NOT_READY, SUCCESS, check, error_for, is_sticky
 from ._exceptions import CudaError
 from ._inbox import Inbox
+from ._telemetry import logger
 
 __all__ = ("EventPool", "Reactor")
 
@@ -220,7 +221,15 @@ class Reactor:
         watch.finished = True
         if not watch.held:
             self._events.give(watch.event)
-        watch.callback(error)
+        self._call(watch, error)
+
+    @staticmethod
+    def _call(watch: _Watch, error: CudaError | None) -> None:
+        """Run a watch's callback; a failing callback never stops the reactor."""
+        try:
+            watch.callback(error)
+        except Exception as exc:
+            logger.error("reactor.callback_failed", error=repr(exc), exc_info=exc)
 
     def _failed(self, watch: _Watch, code: Any) -> None:
         error = error_for(code, "cuEventQuery")
@@ -244,7 +253,7 @@ class Reactor:
         self._pending = 0
         for watch in watches:
             watch.finished = True
-            watch.callback(error)
+            self._call(watch, error)
 
     # -- waiter threads --------------------------------------------------------------------
 
