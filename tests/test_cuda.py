@@ -266,7 +266,7 @@ async def test_cancelled_awaiters_return_pools_to_baseline() -> None:
         for task in tasks[::2]:
             task.cancel()
         outcomes = await asyncio.gather(*tasks, return_exceptions=True)
-        assert sum(isinstance(o, asyncio.CancelledError) for o in outcomes) == 50
+        assert sum(isinstance(o, asyncio.CancelledError) for o in outcomes) == 15
         await gate
         for i, pending in enumerate(pendings):
             (out,) = await pending

@@ -184,14 +184,20 @@ def load_kernel(kernel: Kernel, cubin: bytes) -> Any:
     Raises:
         CompileError: the module has no kernel of that name (declare it ``extern "C"``).
     """
+    from cuda.bindings import driver
     from cuda.core import ObjectCode
 
     module = ObjectCode.from_cubin(cubin, name=kernel.name)
     try:
-        return module.get_kernel(kernel.name)
+        loaded = module.get_kernel(kernel.name)
     except Exception as exc:
         raise CompileError(
             kernel.name,
             f"the compiled module has no kernel named {kernel.name!r}; declare it "
             f'extern "C" so its name is not mangled ({exc})',
         ) from exc
+    # Load the function into the current context now. With CUDA's lazy loading it would load at
+    # its first launch, and loading waits for every kernel running on the device (measured on
+    # an NVIDIA H100 80GB HBM3: a first launch waited 98 ms behind a kernel on another stream).
+    driver.cuKernelGetFunction(driver.CUkernel(int(loaded.handle)))
+    return loaded

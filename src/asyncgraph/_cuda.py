@@ -28,6 +28,8 @@ from .pool import HostPool, PinnedPool, StreamOrderedDeviceMemory, StreamPool
 
 __all__ = ("CudaBackend",)
 
+_POOL_RESERVE = 64 << 20
+
 
 @functools.cache
 def _compiler() -> KernelCompiler:
@@ -138,7 +140,7 @@ class CudaBackend(CudaDispatch):
           every synchronisation (the reactor's waiter threads synchronise), and re-mapping it
           stalls the loop for milliseconds. On out of memory the backend trims it (``_trim``).
         """
-        from cuda.core import DeviceMemoryResource, DeviceMemoryResourceOptions
+        from cuda.core import DeviceMemoryResource, DeviceMemoryResourceOptions, StreamOptions
 
         resource = DeviceMemoryResource(device, DeviceMemoryResourceOptions())
         pool = drv.CUmemoryPool(int(resource.handle))
@@ -155,6 +157,12 @@ class CudaBackend(CudaDispatch):
             ),
             "cuMemPoolSetAttribute",
         )
+        # Reserve some memory now: growing a fresh pool maps memory (15 ms for the first
+        # allocation, measured), which would otherwise happen inside early dispatches.
+        stream = device.create_stream(options=StreamOptions(nonblocking=True))
+        resource.allocate(_POOL_RESERVE, stream=stream).close(stream)
+        stream.sync()
+        stream.close()
         return resource
 
     def _trim(self) -> None:

@@ -468,13 +468,14 @@ class CudaDispatch(Backend):
     def _results(job: CudaJob) -> tuple[Any, ...]:
         """New arrays for the job's outputs, copied out of its pinned block."""
         results: list[Any] = []
-        view = job.block.array  # type: ignore[union-attr]  # a job with outputs has a block
+        # Out(into=buffer) has a result but no staging, so there may be no block.
+        view = job.block.array if job.block is not None else None
         offsets = job.offsets
         for i, (kind, value, _param) in enumerate(job.call.args):
             if kind in (OUT, INOUT):
                 out = np.empty(value.shape, value.dtype)
                 off = offsets[i]
-                _copy_into(_as_bytes(out), view[off : off + value.nbytes])
+                _copy_into(_as_bytes(out), view[off : off + value.nbytes])  # type: ignore[index]  # staged kinds have a block
                 results.append(out)
             elif kind == RESIDENT_OUT:
                 results.append(value)
