@@ -3,7 +3,7 @@
 For each stream (a *lane*) the reactor keeps the watched events in submission order; only the
 oldest can complete first. While any is pending, the loop polls the oldest event of each lane
 with ``cuEventQuery`` (about 2 µs) from a ``call_soon`` callback, so other tasks run between
-polls; one poll resolves at most ``batch`` (8) completions, so the tasks it wakes fit in one
+polls; one poll resolves at most ``batch`` (4) completions, so the tasks it wakes fit in one
 short loop iteration and a timer or a request handler never waits behind hundreds of them.
 When no event completed for ``poll_window`` seconds, each busy lane hands its oldest event to
 that lane's waiter thread, which blocks in ``cuEventSynchronize`` on a blocking-sync event
@@ -117,7 +117,7 @@ class Reactor:
         self._fault: CudaError | None = None
         self.polls = 0
         self.handoffs = 0
-        self.batch = 8  # completions resolved per loop iteration at most
+        self.batch = 4  # completions resolved per loop iteration at most
 
     def __repr__(self) -> str:
         waiting = sum(1 for lane in self._lanes if lane.handed is not None)
