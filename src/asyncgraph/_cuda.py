@@ -332,6 +332,18 @@ class CudaBackend(CudaDispatch):
     async def _download_storage(
         self, buffer: ResidentBuffer, use: Use, deps: list[Use]
     ) -> np.ndarray[Any, Any]:
+        try:
+            return await self._download_ordered(buffer, use, deps)
+        finally:
+            # However the download ended (cancelled while it waited for writers, say), jobs
+            # parked behind it may go now.
+            use.finished.set()  # type: ignore[attr-defined]  # _Download has the slot
+            if self._parked:
+                self._unpark()
+
+    async def _download_ordered(
+        self, buffer: ResidentBuffer, use: Use, deps: list[Use]
+    ) -> np.ndarray[Any, Any]:
         if self._failure is not None:
             raise self._failure
         if any(dep_event(dep) is False for dep in deps):

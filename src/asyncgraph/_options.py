@@ -32,8 +32,8 @@ class BackendOptions:
         pinned_pool_bytes: bytes of idle pinned host blocks the pinned pool keeps cached; idle
             blocks beyond it are freed (CUDA backend).
         host_pool: a pinned host pool to use instead of the default (``asyncgraph.pool``).
-        device_memory: a ``cuda.core`` ``MemoryResource`` for device allocations instead of the
-            device's default memory resource (CUDA backend).
+        device_memory: a ``cuda.core`` ``MemoryResource`` for device allocations, instead of
+            the memory pool the CUDA backend creates and owns (see ``docs/pools.md``).
         dispatch_events_enabled: emit a structlog debug event per dispatch (``dispatch.completed``
             / ``dispatch.failed``). Off by default, so the hot path pays nothing for logging.
         poll_window: seconds the completion reactor polls a pending CUDA event from the loop
