@@ -183,6 +183,7 @@ class CudaBackend(CudaDispatch):
                 self._events,
                 self.options.poll_window,
                 self._on_fault,
+                self.telemetry,
             )
         return reactor
 

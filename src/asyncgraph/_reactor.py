@@ -29,7 +29,7 @@ from cuda.bindings import driver as drv
 from ._cudadrv import NOT_READY, SUCCESS, check, error_for, is_sticky
 from ._exceptions import CudaError
 from ._inbox import Inbox
-from ._telemetry import logger
+from ._telemetry import Telemetry, logger
 
 __all__ = ("EventPool", "Reactor")
 
@@ -93,6 +93,7 @@ class Reactor:
         events: the pool watched events come from and go back to.
         poll_window: seconds of polling without progress before the waiters take over.
         on_fault: called once with the first sticky error seen.
+        telemetry: counts each hand-off to a waiter thread as a sync point.
     """
 
     def __init__(
@@ -103,6 +104,7 @@ class Reactor:
         events: EventPool,
         poll_window: float,
         on_fault: Callable[[CudaError], None],
+        telemetry: Telemetry | None = None,
     ) -> None:
         self._loop = loop
         self._context = context
@@ -110,6 +112,7 @@ class Reactor:
         self._events = events
         self._window = poll_window
         self._on_fault = on_fault
+        self._telemetry = telemetry
         self._inbox: Inbox[_Lane] = Inbox(loop, self._woken)
         self._poll_scheduled = False
         self._window_start = 0.0
@@ -193,6 +196,8 @@ class Reactor:
         watch.held = True
         lane.handed = watch
         self.handoffs += 1
+        if self._telemetry is not None:
+            self._telemetry.sync_points += 1
         if lane.thread is None:
             lane.thread = threading.Thread(
                 target=self._wait_loop,
