@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import asyncio
+import inspect
 import re
-from collections.abc import Callable
+from collections.abc import AsyncIterator, Callable
 from typing import Any
 
 import numpy as np
@@ -11,7 +13,7 @@ import pytest
 
 import asyncgraph as ag
 
-from .kernels import SCALE
+from .kernels import INC, SCALE
 
 X = np.arange(8, dtype=np.float32)
 OUT = ag.Out(8, np.float32)
@@ -194,14 +196,14 @@ CASES: list[tuple[str, Callable[[ag.Backend], Any], type[Exception], str]] = [
         "negative shared memory",
         call(X, OUT, A, N, shared_mem=-1),
         ag.DispatchError,
-        r"^shared_mem=-1 bytes; this device allows between 0 and 49152 bytes of dynamic shared "
+        r"^shared_mem=-1 bytes; this device allows between 0 and \d+ bytes of dynamic shared "
         r"memory per block$",
     ),
     (
         "shared memory over the limit",
-        call(X, OUT, A, N, shared_mem=1 << 20),
+        call(X, OUT, A, N, shared_mem=1 << 30),
         ag.DispatchError,
-        r"^shared_mem=1048576 bytes; .*$",
+        r"^shared_mem=1073741824 bytes; .*$",
     ),
     (
         "shared memory as a float",
@@ -224,20 +226,209 @@ CASES: list[tuple[str, Callable[[ag.Backend], Any], type[Exception], str]] = [
 ]
 
 
-@pytest.mark.parametrize(("case", "make", "error", "message"), CASES, ids=[c[0] for c in CASES])
-async def test_bad_dispatch_is_refused_and_the_backend_keeps_working(
-    host: ag.Backend,
+async def _freed_buffer(b: ag.Backend) -> Any:
+    buf = await b.upload(np.ones(8, np.float32))
+    await buf.aclose()
+    return b.dispatch(INC, buf, np.float32(1), np.int32(8), grid=1, block=8)
+
+
+async def _freed_out_into(b: ag.Backend) -> Any:
+    buf = await b.upload(np.ones(8, np.float32))
+    await buf.aclose()
+    return b.dispatch(SCALE, X, ag.Out(into=buf), A, N, grid=1, block=8)
+
+
+async def _foreign_buffer(b: ag.Backend) -> Any:
+    async with ag.open_backend(b.name) as other:
+        buf = await other.upload(np.ones(8, np.float32))
+        return b.dispatch(INC, buf, np.float32(1), np.int32(8), grid=1, block=8)
+
+
+async def _wrong_dtype_buffer(b: ag.Backend) -> Any:
+    buf = await b.upload(np.ones(8, np.float64))
+    try:
+        return b.dispatch(INC, buf, np.float32(1), np.int32(8), grid=1, block=8)
+    finally:
+        await buf.aclose()
+
+
+async def _closed_backend(b: ag.Backend) -> Any:
+    other = ag.open_backend(b.name)
+    await other.aclose()
+    return other.dispatch(SCALE, X, OUT, A, N, grid=1, block=8)
+
+
+async def _other_loop(b: ag.Backend) -> Any:
+    def run() -> None:
+        async def use() -> None:
+            b.dispatch(SCALE, X, OUT, A, N, grid=1, block=8)
+
+        asyncio.run(use())
+
+    return await asyncio.to_thread(run)
+
+
+async def _empty_of_zero(b: ag.Backend) -> Any:
+    return b.empty((4, 0), np.float32)
+
+
+async def _upload_of_object_array(b: ag.Backend) -> Any:
+    return await b.upload(np.array([None, 1], dtype=object))
+
+
+async def _download_of_freed(b: ag.Backend) -> Any:
+    buf = await b.upload(np.ones(2, np.float32))
+    await buf.aclose()
+    return await b.download(buf)
+
+
+MORE_CASES: list[tuple[str, Callable[[ag.Backend], Any], type[Exception], str]] = [
+    (
+        "a freed resident buffer",
+        _freed_buffer,
+        ag.StaleBufferError,
+        r"^args\[0\] of 'inc' \(float\* buf\) is a resident buffer that was closed "
+        r"\(slot \d+, generation \d+\); upload the data again$",
+    ),
+    (
+        "Out(into=) a freed buffer",
+        _freed_out_into,
+        ag.StaleBufferError,
+        rf"^{where(1)} is a resident buffer that was closed .*$",
+    ),
+    (
+        "a resident buffer of another backend",
+        _foreign_buffer,
+        ag.StaleBufferError,
+        r"^args\[0\] of 'inc' \(float\* buf\) is a resident buffer of another backend .*$",
+    ),
+    (
+        "a resident buffer of the wrong dtype",
+        _wrong_dtype_buffer,
+        ag.ArgumentTypeError,
+        r"^args\[0\] of 'inc' \(float\* buf\) is a float64 array; the kernel takes float32 .*$",
+    ),
+    (
+        "dispatch on a closed backend",
+        _closed_backend,
+        ag.BackendClosedError,
+        r"^backend \S+ is closed; open a new one with asyncgraph.open_backend\(\)$",
+    ),
+    (
+        "use from another event loop",
+        _other_loop,
+        ag.UnsupportedError,
+        r"^backend \S+ belongs to another event loop; open one backend per event loop$",
+    ),
+    (
+        "empty() of a zero-size shape",
+        _empty_of_zero,
+        ag.ShapeMismatchError,
+        r"^empty\(\) has shape \(4, 0\); every dimension must be at least 1 .*$",
+    ),
+    (
+        "upload of an object array",
+        _upload_of_object_array,
+        ag.ArgumentTypeError,
+        r"^upload\(\) is an object array; kernels take numeric arrays .*$",
+    ),
+    (
+        "download of a freed buffer",
+        _download_of_freed,
+        ag.StaleBufferError,
+        r"^download\(\) is a resident buffer that was closed .*$",
+    ),
+    (
+        "InOut of an empty array",
+        call(ag.InOut(np.zeros(0, np.float32)), OUT, A, N),
+        ag.DispatchError,
+        rf"^{where(0)} is an empty array of shape \(0,\); .*$",
+    ),
+    (
+        "InOut of a non-contiguous array",
+        call(ag.InOut(np.ones(16, np.float32)[::2]), OUT, A, N),
+        ag.DispatchError,
+        rf"^{where(0)} is a float32 array of 1 dimensions that is not C-contiguous; .*$",
+    ),
+    (
+        "a Python complex",
+        call(X, OUT, 1j, N),
+        ag.ArgumentTypeError,
+        rf"^{where(2)} is a Python complex; .*$",
+    ),
+    (
+        "a numpy bool for an int parameter",
+        call(X, OUT, A, np.bool_(True)),
+        ag.ArgumentTypeError,
+        rf"^{where(3)} is a bool scalar; the kernel takes int32 — pass np.int32\(True\)$",
+    ),
+    (
+        "a numpy string scalar",
+        call(X, OUT, np.str_("a"), N),
+        ag.ArgumentTypeError,
+        rf"^{where(2)} is a <U1 scalar; pass a numeric one$",
+    ),
+    (
+        "grid given as a bool",
+        call(X, OUT, A, N, grid=True),
+        ag.DispatchError,
+        r"^grid=True; pass an int or a tuple of 1 to 3 positive ints$",
+    ),
+    (
+        "shared_mem given as a bool",
+        call(X, OUT, A, N, shared_mem=True),
+        ag.DispatchError,
+        r"^shared_mem=True; pass a number of bytes as an int$",
+    ),
+    (
+        "a block of zero threads",
+        call(X, OUT, A, N, block=(8, 0)),
+        ag.DispatchError,
+        r"^block=\(8, 0\); dimension y must be between 1 and 1024 on this device$",
+    ),
+]
+
+ALL_CASES = CASES + MORE_CASES
+HOST_ONLY = {"a device array on the host backend"}
+BACKENDS = ["host", pytest.param("cuda", marks=pytest.mark.cuda)]
+
+
+async def _attempt(make: Callable[[ag.Backend], Any], backend: ag.Backend) -> None:
+    result = make(backend)
+    if inspect.iscoroutine(result):
+        await result
+
+
+@pytest.fixture(params=BACKENDS)
+async def backend(request: pytest.FixtureRequest) -> AsyncIterator[ag.Backend]:
+    """Each case runs on the host backend, and on CUDA where a GPU is found."""
+    async with ag.open_backend(request.param) as b:
+        yield b
+
+
+def test_the_table_has_at_least_40_cases() -> None:
+    assert len(ALL_CASES) >= 40
+    assert len({case[0] for case in ALL_CASES}) == len(ALL_CASES)
+
+
+@pytest.mark.parametrize(
+    ("case", "make", "error", "message"), ALL_CASES, ids=[c[0] for c in ALL_CASES]
+)
+async def test_bad_input_is_refused_and_the_backend_keeps_working(
+    backend: ag.Backend,
     case: str,
     make: Callable[[ag.Backend], Any],
     error: type[Exception],
     message: str,
 ) -> None:
+    if case in HOST_ONLY and backend.name != "host":
+        pytest.skip("the host backend's refusal of device arrays")
     with pytest.raises(error, match=message):
-        make(host)
-    snap = host.telemetry.snapshot()
+        await _attempt(make, backend)
+    snap = backend.telemetry.snapshot()
     assert snap.dispatches == 0
     assert snap.in_flight == 0
-    (out,) = await host.dispatch(SCALE, X, OUT, A, N, grid=1, block=8)
+    (out,) = await backend.dispatch(SCALE, X, OUT, A, N, grid=1, block=8)
     np.testing.assert_array_equal(out, 2 * X)
 
 

@@ -125,9 +125,17 @@ def _foreign_array(value: Any, where: str, param: Any) -> tuple[int, int | None]
             f"{where} is a device array without __cuda_array_interface__; pass a CuPy array or "
             "a PyTorch CUDA tensor"
         )
-    shape = tuple(cai["shape"])
-    dtype = np.dtype(cai["typestr"])
-    strides = cai.get("strides")
+    try:
+        shape = tuple(int(d) for d in cai["shape"])
+        dtype = np.dtype(cai["typestr"])
+        data = cai["data"]
+        strides = cai.get("strides")
+        pointer = int(data[0])
+    except (KeyError, TypeError, ValueError, IndexError) as exc:
+        raise ArgumentTypeError(
+            f"{where} has a malformed __cuda_array_interface__ ({type(exc).__name__}: {exc}); "
+            "it needs 'shape', 'typestr' and 'data' (version 3)"
+        ) from None
     if strides is not None:
         expected = []
         step = dtype.itemsize
@@ -141,12 +149,17 @@ def _foreign_array(value: Any, where: str, param: Any) -> tuple[int, int | None]
             )
     if int(np.prod(shape, dtype=np.int64)) == 0:
         raise DispatchError(f"{where} is an empty device array; skip the dispatch")
+    if param is not None and not param.pointer:
+        raise ArgumentTypeError(
+            f"{where} is a device array; that parameter is a value — pass a numpy scalar"
+        )
     if param is not None and param.dtype is not None and dtype != param.dtype:
         raise ArgumentTypeError(
-            f"{where} is a {dtype} device array; the kernel takes {param.dtype}"
+            f"{where} is a {dtype} device array; the kernel takes {param.dtype} — "
+            f"convert it on the device first (x.astype(...))"
         )
     stream = cai.get("stream")
-    return int(cai["data"][0]), (int(stream) if stream else None)
+    return pointer, (int(stream) if stream else None)
 
 
 class CudaDispatch(Backend):
