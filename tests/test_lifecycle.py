@@ -159,3 +159,49 @@ async def test_backend_belongs_to_its_loop(host: ag.Backend) -> None:
         match=r"^backend host belongs to another event loop; open one backend per event loop$",
     ):
         await asyncio.to_thread(in_other_loop)
+
+
+async def test_close_with_a_timeout_fails_only_what_had_not_started() -> None:
+    rec = Recorder()
+    rec.release.clear()
+    backend = ag.open_backend("host", max_in_flight=2)
+    x = np.ones(4, np.float32)
+    pending = [
+        backend.dispatch(probe_kernel(rec), x, ag.Out(4, np.float32), np.int32(4), grid=1, block=4)
+        for _ in range(6)
+    ]
+    closing = asyncio.create_task(backend.aclose(timeout=0.05))
+    await asyncio.sleep(0.1)  # past the timeout: the four queued dispatches were failed
+    queued = pending[2:]
+    assert all(p.done() for p in queued)
+    for p in queued:
+        with pytest.raises(
+            ag.BackendClosedError,
+            match=r"^backend host was closed before dispatch #\d of 'probe' started "
+            r"\(aclose timeout\)$",
+        ):
+            await p
+    assert not closing.done()  # the two submitted ones still run
+    rec.release.set()
+    await closing
+    for p in pending[:2]:
+        (out,) = await p
+        np.testing.assert_array_equal(out, x * 2)
+    snap = backend.telemetry.snapshot()
+    assert (snap.dispatches_completed, snap.dispatches_failed, snap.in_flight, snap.queued) == (
+        2,
+        4,
+        0,
+        0,
+    )
+
+
+async def test_close_with_a_timeout_that_is_not_reached() -> None:
+    backend = ag.open_backend("host")
+    x = np.ones(4, np.float32)
+    pending = backend.dispatch(
+        SCALE, x, ag.Out(4, np.float32), np.float32(3), np.int32(4), grid=1, block=4
+    )
+    await backend.aclose(timeout=5)
+    (out,) = await pending
+    np.testing.assert_array_equal(out, x * 3)

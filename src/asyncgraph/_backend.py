@@ -384,18 +384,47 @@ class Backend(abc.ABC):
 
     # -- closing -------------------------------------------------------------------------------
 
-    async def aclose(self) -> None:
+    async def aclose(self, timeout: float | None = None) -> None:  # noqa: ASYNC109  # the timeout fails queued work; cancelling a shielded close cannot
         """Finish the work in flight, then free everything the backend holds.
 
         New work is refused from the first call on. Idempotent, and shielded from cancellation:
         a cancelled ``aclose()`` still completes in the background.
+
+        Args:
+            timeout: seconds to wait for dispatches still queued (not yet submitted). After it,
+                they fail with :class:`BackendClosedError`. Work already submitted always runs
+                to completion first, since its memory cannot be freed before.
         """
         if self._close_task is None:
             loop = self._loop or asyncio.get_running_loop()
             self._loop = loop
             self._state = _CLOSING
             self._close_task = loop.create_task(self._close())
-        await asyncio.shield(self._close_task)
+        if timeout is None:
+            await asyncio.shield(self._close_task)
+            return
+        try:
+            await asyncio.wait_for(asyncio.shield(self._close_task), timeout)
+        except TimeoutError:
+            self._drop_queued()
+            await asyncio.shield(self._close_task)
+
+    def _drop_queued(self) -> None:
+        """Fail every dispatch still queued with BackendClosedError (closing, after a timeout)."""
+        queue = self._queue
+        while queue:
+            job = queue.popleft()
+            for buffer in job.buffers:
+                buffer._untrack(job)
+            self.telemetry.dispatches_failed += 1
+            job.pending._set_exception(
+                BackendClosedError(
+                    f"backend {self.name} was closed before dispatch #{job.id} of "
+                    f"{job.call.kernel.name!r} started (aclose timeout)"
+                )
+            )
+        if self._drained is not None and not self._in_flight:
+            self._drained.set()
 
     async def _close(self) -> None:
         if self._in_flight or self._queue:
