@@ -19,7 +19,17 @@ import numpy as np
 from cuda.bindings import driver as drv
 from cuda.core import LaunchConfig, launch
 
-from ._args import DEVICE, IN, INOUT, OUT, RESIDENT, RESIDENT_OUT, SCALAR, BoundCall
+from ._args import (
+    DEVICE,
+    IN,
+    INOUT,
+    OUT,
+    RESIDENT,
+    RESIDENT_OUT,
+    SCALAR,
+    BoundCall,
+    _check_pointer_dtype,
+)
 from ._backend import Backend, Job
 from ._cudadrv import SUCCESS, check, error_for, translate
 from ._exceptions import ArgumentTypeError, CudaError, DispatchError
@@ -149,15 +159,7 @@ def _foreign_array(value: Any, where: str, param: Any) -> tuple[int, int | None]
             )
     if int(np.prod(shape, dtype=np.int64)) == 0:
         raise DispatchError(f"{where} is an empty device array; skip the dispatch")
-    if param is not None and not param.pointer:
-        raise ArgumentTypeError(
-            f"{where} is a device array; that parameter is a value — pass a numpy scalar"
-        )
-    if param is not None and param.dtype is not None and dtype != param.dtype:
-        raise ArgumentTypeError(
-            f"{where} is a {dtype} device array; the kernel takes {param.dtype} — "
-            f"convert it on the device first (x.astype(...))"
-        )
+    _check_pointer_dtype(dtype, where, param)
     stream = cai.get("stream")
     return pointer, (int(stream) if stream else None)
 

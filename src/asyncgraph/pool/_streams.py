@@ -75,7 +75,7 @@ class StreamPoolProtocol(Protocol[T]):
         ...
 
     def lease_nowait(self) -> StreamLane[T]:
-        """Hand out a lane at once, or raise ``asyncio.QueueEmpty``-like ``LookupError``."""
+        """Hand out a lane at once, or raise ``LookupError`` when none may be leased now."""
         ...
 
     def give_back(self, lane: StreamLane[T]) -> None:
