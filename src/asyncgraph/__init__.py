@@ -29,6 +29,7 @@ from ._kernel import Kernel as Kernel
 from ._kernel import Param as Param
 from ._options import BackendOptions as BackendOptions
 from ._pending import PendingDispatch as PendingDispatch
+from ._recover import reset_device as reset_device
 from ._resident import ResidentBuffer as ResidentBuffer
 from ._telemetry import HistogramSnapshot as HistogramSnapshot
 from ._telemetry import TelemetrySnapshot as TelemetrySnapshot
@@ -65,4 +66,5 @@ __all__ = (
     "UnsupportedError",
     "__version__",
     "open_backend",
+    "reset_device",
 )
