@@ -238,3 +238,14 @@ async def test_many_tasks_may_await_one_dispatch(host: ag.Backend) -> None:
 
     results = await asyncio.gather(*(wait() for _ in range(5)))
     assert all(r[0] is results[0][0] for r in results)
+
+
+async def test_pinned_empty_on_the_host_backend_is_an_ordinary_array(host: ag.Backend) -> None:
+    x = host.pinned_empty((3, 4), np.float32)
+    assert x.shape == (3, 4)
+    assert x.dtype == np.float32
+    assert x.flags.writeable
+    with pytest.raises(ag.ShapeMismatchError, match=r"^pinned_empty\(\)"):
+        host.pinned_empty((3, 0), np.float32)
+    with pytest.raises(ag.ArgumentTypeError, match=r"^pinned_empty\(\)"):
+        host.pinned_empty(4, object)

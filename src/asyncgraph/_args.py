@@ -181,6 +181,7 @@ class BoundCall:
     n_results: int
     bytes_in: int  # bytes the dispatch copies into the backend's memory
     bytes_out: int  # bytes it copies back out
+    resident: bool = False  # some argument is a resident buffer (RESIDENT or RESIDENT_OUT)
 
 
 def _a(word: object) -> str:
@@ -238,6 +239,42 @@ def _check_pointer_dtype(dtype: np.dtype[Any], where: str, param: Param | None) 
             f"{where} is {_a(dtype)} array; the kernel takes {param.dtype} — "
             f"pass x.astype(np.{param.dtype})"
         )
+
+
+def _array_ok(array: np.ndarray[Any, Any], param: Param | None) -> bool:
+    """Whether *array* passes every check of :func:`_refuse_array` (the fast path)."""
+    dtype = array.dtype
+    return (
+        array.flags.c_contiguous
+        and array.size != 0
+        and array.nbytes <= _MAX_BYTES
+        and dtype.kind in _NUMERIC_KINDS
+        and dtype.isnative
+        and dtype.fields is None
+        and (param is None or (param.pointer and (param.dtype is None or dtype == param.dtype)))
+    )
+
+
+def _refuse_array(array: np.ndarray[Any, Any], where: str, param: Param | None) -> None:
+    """Raise the error for an array argument that failed :func:`_array_ok`."""
+    _check_array(array, where)
+    _check_pointer_dtype(array.dtype, where, param)
+
+
+def _check_scalar(value: np.generic, where: str, param: Param | None) -> None:
+    if value.dtype.kind not in _NUMERIC_KINDS:
+        raise ArgumentTypeError(f"{where} is {_a(value.dtype)} scalar; pass a numeric one")
+    if param is not None:
+        if param.pointer:
+            raise ArgumentTypeError(
+                f"{where} is a scalar; that parameter is a pointer — pass an array, "
+                "Out, InOut or a resident buffer"
+            )
+        if param.dtype is not None and value.dtype != param.dtype:
+            raise ArgumentTypeError(
+                f"{where} is {_a(value.dtype)} scalar; the kernel takes {param.dtype} — "
+                f"pass np.{param.dtype}({value.item()!r})"
+            )
 
 
 def _launch_shape(value: object, name: str, limit: tuple[int, int, int]) -> tuple[int, int, int]:
@@ -321,56 +358,56 @@ def bind(
 
     bound: list[tuple[int, Any, Param | None]] = []
     n_results = bytes_in = bytes_out = 0
+    resident = False
     for index, value in enumerate(args):
         param = params[index] if params is not None else None
-        if isinstance(value, np.ndarray):
-            where = _describe(index, kernel, param)
-            _check_array(value, where)
-            _check_pointer_dtype(value.dtype, where, param)
+        kind = type(value)
+        if kind is np.ndarray:
+            if not _array_ok(value, param):  # type: ignore[arg-type]  # checked by type
+                _refuse_array(value, _describe(index, kernel, param), param)  # type: ignore[arg-type]  # likewise
             bound.append((IN, value, param))
-            bytes_in += value.nbytes
+            bytes_in += value.nbytes  # type: ignore[attr-defined]  # an ndarray
         elif isinstance(value, np.generic):
-            where = _describe(index, kernel, param)
-            if value.dtype.kind not in _NUMERIC_KINDS:
-                raise ArgumentTypeError(f"{where} is {_a(value.dtype)} scalar; pass a numeric one")
-            if param is not None:
-                if param.pointer:
-                    raise ArgumentTypeError(
-                        f"{where} is a scalar; that parameter is a pointer — pass an array, "
-                        "Out, InOut or a resident buffer"
-                    )
-                if param.dtype is not None and value.dtype != param.dtype:
-                    raise ArgumentTypeError(
-                        f"{where} is {_a(value.dtype)} scalar; the kernel takes {param.dtype} — "
-                        f"pass np.{param.dtype}({value.item()!r})"
-                    )
+            if param is None or value.dtype != param.dtype or param.pointer:
+                _check_scalar(value, _describe(index, kernel, param), param)
             bound.append((SCALAR, value, param))
-        elif isinstance(value, Out):
-            where = _describe(index, kernel, param)
-            _check_pointer_dtype(value.dtype, where, param)
-            if param is not None and param.const:
+        elif kind is Out:
+            out: Out = value  # type: ignore[assignment]  # checked by type
+            if param is not None and (
+                param.const
+                or not param.pointer
+                or (param.dtype is not None and out.dtype != param.dtype)
+            ):
+                where = _describe(index, kernel, param)
+                _check_pointer_dtype(out.dtype, where, param)
                 raise DispatchError(
                     f"{where} is an Out, but the kernel's parameter is const and cannot write it"
                 )
-            if value.into is not None:
-                store.check(value.into, where)
-                bound.append((RESIDENT_OUT, value.into, param))
+            if out.into is not None:
+                store.check(out.into, _describe(index, kernel, param))
+                bound.append((RESIDENT_OUT, out.into, param))
+                resident = True
             else:
-                bound.append((OUT, value, param))
-                bytes_out += value.nbytes
+                bound.append((OUT, out, param))
+                bytes_out += out.nbytes
             n_results += 1
+        elif isinstance(value, np.ndarray):  # an ndarray subclass
+            if not _array_ok(value, param):
+                _refuse_array(value, _describe(index, kernel, param), param)
+            bound.append((IN, value, param))
+            bytes_in += value.nbytes
         elif isinstance(value, InOut):
-            where = _describe(index, kernel, param)
-            if not isinstance(value.array, np.ndarray):
+            array = value.array
+            if not isinstance(array, np.ndarray):
                 raise ArgumentTypeError(
-                    f"{where} is an InOut of {_describe_value(value.array)}; InOut takes a "
-                    "numpy array"
+                    f"{_describe(index, kernel, param)} is an InOut of "
+                    f"{_describe_value(array)}; InOut takes a numpy array"
                 )
-            _check_array(value.array, where)
-            _check_pointer_dtype(value.array.dtype, where, param)
-            bound.append((INOUT, value.array, param))
-            bytes_in += value.array.nbytes
-            bytes_out += value.array.nbytes
+            if not _array_ok(array, param):
+                _refuse_array(array, _describe(index, kernel, param), param)
+            bound.append((INOUT, array, param))
+            bytes_in += array.nbytes
+            bytes_out += array.nbytes
             n_results += 1
         elif store.owns_type(value):
             where = _describe(index, kernel, param)
@@ -378,6 +415,7 @@ def bind(
             store.check(buffer, where)
             _check_pointer_dtype(buffer.dtype, where, param)
             bound.append((RESIDENT, buffer, param))
+            resident = True
         elif isinstance(value, bool | int | float | complex):
             where = _describe(index, kernel, param)
             if param is not None and param.dtype is not None and not param.pointer:
@@ -412,4 +450,5 @@ def bind(
         n_results=n_results,
         bytes_in=bytes_in,
         bytes_out=bytes_out,
+        resident=resident,
     )

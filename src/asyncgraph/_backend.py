@@ -108,6 +108,7 @@ class Backend(abc.ABC):
         self._ids = itertools.count(1)
         self._in_flight: dict[int, Job] = {}
         self._queue: deque[Job] = deque()
+        self._max_in_flight = options.max_in_flight
         self._drained: asyncio.Event | None = None
         self._close_task: asyncio.Task[None] | None = None
         self._log = logger.bind(device=name)
@@ -226,15 +227,16 @@ class Backend(abc.ABC):
         )
         job = self._prepare(call, timing)
         job.id = dispatch_id = next(self._ids)
-        job.pending = PendingDispatch(loop, dispatch_id, kernel.name)
+        pending = job.pending = PendingDispatch(loop, dispatch_id, kernel.name)
         job.t_dispatch = perf_counter()
-        self._track_buffers(job)
+        if call.resident:
+            self._track_buffers(job)
         self.telemetry.dispatches += 1
-        if not self._queue and len(self._in_flight) < self.options.max_in_flight:
+        if not self._queue and len(self._in_flight) < self._max_in_flight:
             self._submit(job)
         else:
             self._queue.append(job)
-        return job.pending
+        return pending
 
     def _track_buffers(self, job: Job) -> None:
         writes: dict[ResidentBuffer, bool] = {}
@@ -296,7 +298,7 @@ class Backend(abc.ABC):
                 )
             job.pending._set_result(outcome, device_time)
         queue = self._queue
-        while queue and len(self._in_flight) < self.options.max_in_flight:
+        while queue and len(self._in_flight) < self._max_in_flight:
             self._submit(queue.popleft())
         if self._drained is not None and not self._in_flight and not queue:
             self._drained.set()
@@ -347,6 +349,29 @@ class Backend(abc.ABC):
         shape_t = _shape_tuple(shape, "empty()")
         dt = _numeric_dtype(dtype, "empty()")
         return self._store.add(self._alloc_storage(shape_t, dt), shape_t, dt)
+
+    def pinned_empty(self, shape: int | tuple[int, ...], dtype: object) -> np.ndarray[Any, Any]:
+        """A numpy array in page-locked host memory, for inputs that go up without a copy.
+
+        Dispatching a pinned array (or a view of one) uploads it straight from its memory,
+        skipping the copy into staging; results of 1 MiB or more come back in pinned memory
+        too, so a pipeline of dispatches copies nothing on the host. The memory comes from the
+        backend's pinned pool and returns there when the array is garbage-collected. Its
+        contents are undefined until written. The host backend returns an ordinary array.
+
+        Raises:
+            ShapeMismatchError: the shape is not a tuple of positive ints.
+            ArgumentTypeError: the dtype is not numeric.
+            AllocationError: pinned memory is exhausted.
+            BackendClosedError: the backend is closed.
+        """
+        self._loop_for_use()
+        shape_t = _shape_tuple(shape, "pinned_empty()")
+        dt = _numeric_dtype(dtype, "pinned_empty()")
+        return self._host_array(shape_t, dt)
+
+    def _host_array(self, shape: tuple[int, ...], dtype: np.dtype[Any]) -> np.ndarray[Any, Any]:
+        return np.empty(shape, dtype)
 
     async def download(self, buffer: ResidentBuffer) -> np.ndarray[Any, Any]:
         """Copy a resident buffer back into a new numpy array.

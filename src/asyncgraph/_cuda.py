@@ -16,7 +16,7 @@ from cuda.bindings import driver as drv
 from ._args import LaunchLimits
 from ._backend import Job
 from ._compile import KernelCompiler, load_kernel
-from ._cuda_dispatch import CudaDispatch, CudaJob, dep_event
+from ._cuda_dispatch import CudaDispatch, CudaJob, Launcher, dep_event
 from ._cudadrv import check, translate
 from ._exceptions import CompileError, CudaError, DeviceFaultError
 from ._kernel import Kernel
@@ -184,6 +184,7 @@ class CudaBackend(CudaDispatch):
                 self.options.poll_window,
                 self._on_fault,
                 self.telemetry,
+                self.options.spin_window,
             )
         return reactor
 
@@ -217,7 +218,8 @@ class CudaBackend(CudaDispatch):
         cubin = await loop.run_in_executor(None, compiler.cubin, kernel, self.arch)
         if kernel not in self._loaded:
             self._device.set_current()
-            self._loaded[kernel] = load_kernel(kernel, cubin)
+            loaded = self._loaded[kernel] = load_kernel(kernel, cubin)
+            self._launchers[kernel] = Launcher.for_kernel(kernel, loaded)
             if compiler.hits > hits:
                 self.telemetry.compile_cache_hits += 1
             else:
@@ -402,6 +404,7 @@ class CudaBackend(CudaDispatch):
         for stream in [*self._stream_pool.streams, self._alloc_stream]:
             stream.close()
         self._loaded.clear()
+        self._launchers.clear()
         if self._owns_memory:
             self._memory_resource.close()
 

@@ -12,6 +12,7 @@ follows the last copy completed.
 
 from __future__ import annotations
 
+import math
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
@@ -33,16 +34,20 @@ from ._args import (
 from ._backend import Backend, Job
 from ._cudadrv import SUCCESS, check, error_for, translate
 from ._exceptions import ArgumentTypeError, CudaError, DispatchError
-from ._kernel import Kernel
+from ._kernel import Kernel, Param
 from ._reactor import EventPool, Reactor
-from .pool import HostPool, PinnedBlock, StreamOrderedDeviceMemory, StreamPool
+from .pool import HostPool, PinnedBlock, PinnedMemory, StreamOrderedDeviceMemory, StreamPool
+from .pool._pinned import pinned_memory_of
 
-__all__ = ("CudaDispatch", "CudaJob", "dep_event")
+__all__ = ("CudaDispatch", "CudaJob", "Launcher", "dep_event")
 
 _ALIGN = 256
 _DEFAULT_SHARED = 48 * 1024
 # Staging copies of at least this many bytes run off the event loop, split over threads.
 BIG_COPY = 4 << 20
+# Outputs of at least this many bytes are downloaded into pinned memory that the result arrays
+# then own (no copy out of staging), while the backend has lent less than its pinned budget.
+PINNED_RESULTS = 1 << 20
 _CHUNK = 8 << 20
 _copiers = ThreadPoolExecutor(max_workers=4, thread_name_prefix="asyncgraph-copy")
 
@@ -73,12 +78,56 @@ def _aligned(n: int) -> int:
     return -(-n // _ALIGN) * _ALIGN
 
 
+class Launcher:
+    """A loaded kernel's ``CUfunction`` and a reusable parameter block for ``cuLaunchKernel``.
+
+    Each parameter has a 16-byte slot; ``kernel_params`` is the address of the array of slot
+    addresses the driver reads. A dispatch writes its values into the slots and launches: the
+    driver copies the parameters during the call, and only the event loop's thread launches,
+    so one block per kernel serves every dispatch. Measured on an NVIDIA H100 80GB HBM3, this
+    is what takes the launch from about 5 µs (``cuda.core.launch``) to the bare driver call.
+    """
+
+    __slots__ = ("_keep", "function", "kernel_params", "slot_views", "slots")
+
+    def __init__(self, function: Any, params: tuple[Param, ...]) -> None:
+        self.function = function
+        n = len(params)
+        self.slots = np.zeros(2 * max(n, 1), np.uint64)
+        base = self.slots.ctypes.data
+        raw = self.slots.view(np.uint8)
+        addresses = np.array([base + 16 * i for i in range(n)] or [0], np.uint64)
+        self._keep = addresses
+        self.kernel_params = int(addresses.ctypes.data) if n else 0
+        views = []
+        for i, param in enumerate(params):
+            dtype = np.dtype(np.uint64) if param.pointer else param.dtype
+            assert dtype is not None  # Launcher.for_kernel only takes fully typed kernels
+            views.append(raw[16 * i : 16 * i + dtype.itemsize].view(dtype))
+        self.slot_views: list[np.ndarray[Any, Any]] = views
+
+    @staticmethod
+    def for_kernel(kernel: Kernel, loaded: Any) -> Launcher | None:
+        """A launcher for *kernel*, or ``None`` when a parameter's type is unknown (then the
+        dispatch goes through ``cuda.core.launch``, which packs any argument)."""
+        params = kernel.params
+        if params is None or any(not p.pointer and p.dtype is None for p in params):
+            return None
+        if any(p.dtype is not None and p.dtype.itemsize > 16 for p in params):
+            return None
+        function = check(
+            drv.cuKernelGetFunction(drv.CUkernel(int(loaded.handle))), "cuKernelGetFunction"
+        )
+        return Launcher(function, params)
+
+
 class CudaJob(Job):
     """A dispatch on the CUDA backend, with its staging and events."""
 
     __slots__ = (
         "block",
         "device_buffer",
+        "direct",
         "end_event",
         "event",
         "foreign",
@@ -86,6 +135,9 @@ class CudaJob(Job):
         "in_end",
         "lane",
         "offsets",
+        "out_block",
+        "stage_hi",
+        "stage_lo",
         "staged",
         "start_event",
         "total",
@@ -106,6 +158,13 @@ class CudaJob(Job):
         self.total = 0
         self.foreign: list[tuple[int, int | None]] = []  # (pointer, producer stream) per DEVICE
         self.staged = False  # inputs already copied into the pinned block
+        # Inputs that already lie in this backend's pinned memory go up straight from there:
+        # (host pointer, device offset, bytes) each, or None when they are staged.
+        self.direct: list[tuple[int, int, int]] | None = None
+        # The device range [stage_lo, stage_hi) the staging block mirrors.
+        self.stage_lo = 0
+        self.stage_hi = 0
+        self.out_block: PinnedBlock | None = None  # pinned memory the results will own
         self.gpu_done = False  # its event completed (its outputs may still be copied out)
 
 
@@ -174,6 +233,7 @@ class CudaDispatch(Backend):
     _events: EventPool
     _timing_events: EventPool
     _loaded: dict[Kernel, Any]
+    _launchers: dict[Kernel, Launcher | None]
     _device: Any
 
     @property
@@ -187,6 +247,9 @@ class CudaDispatch(Backend):
         self._parked: list[CudaJob] = []
         self._configs: dict[tuple[Any, ...], Any] = {}
         self._smem_set: dict[Any, int] = {}
+        self._launchers = {}
+        self._lent = 0  # bytes of pinned blocks lent to numpy arrays
+        self._lend_limit = self.options.pinned_pool_bytes
 
     # -- planning (in dispatch(), before anything starts) ---------------------------------------
 
@@ -212,8 +275,35 @@ class CudaDispatch(Backend):
                     pos += _aligned(size)
         job.total = pos
         job.offsets = offsets
+        if call.bytes_in:
+            job.direct = self._direct_inputs(call, offsets)
+        job.stage_lo = job.in_end if job.direct is not None else 0
+        job.stage_hi = pos
         self._plan_foreign(job)
         return job
+
+    def _claim_result_memory(self, job: CudaJob) -> None:
+        """Give big outputs pinned memory of their own, which the result arrays will own."""
+        out_bytes = job.total - job.in_end
+        if out_bytes < PINNED_RESULTS or self._lent + out_bytes > self._lend_limit:
+            return
+        job.out_block = self._pinned.acquire(out_bytes)
+        self._lent += job.out_block.size
+        # Staging then holds the inputs only, or nothing when they go up straight from pinned.
+        job.stage_hi = job.stage_lo if job.direct is not None else job.up_end
+
+    def _direct_inputs(
+        self, call: BoundCall, offsets: list[int]
+    ) -> list[tuple[int, int, int]] | None:
+        """Where each input lies in this backend's pinned memory, or ``None`` if one does not."""
+        direct = []
+        for i, (kind, value, _param) in enumerate(call.args):
+            if kind in (IN, INOUT):
+                memory = pinned_memory_of(value)
+                if memory is None or memory.owner is not self._pinned:
+                    return None
+                direct.append((value.__array_interface__["data"][0], offsets[i], value.nbytes))
+        return direct
 
     @staticmethod
     def _plan_foreign(job: CudaJob) -> None:
@@ -232,10 +322,16 @@ class CudaDispatch(Backend):
         self._start_loaded(job)
 
     def _start_loaded(self, job: CudaJob) -> None:
-        if job.up_end >= BIG_COPY and not job.staged:
+        if job.total and not job.staged and job.out_block is None:
+            try:
+                self._claim_result_memory(job)
+            except Exception as exc:
+                self._complete(job, exc)
+                return
+        if job.up_end >= BIG_COPY and not job.staged and job.direct is None:
             self._stage_off_loop(job)
             return
-        if any(dep_event(dep) is False for dep in job.deps):
+        if job.deps and any(dep_event(dep) is False for dep in job.deps):
             # A use it depends on is not launched yet (compiling, parked, or a download that
             # waits for its own writers): park it until that use has an event.
             self._parked.append(job)
@@ -247,8 +343,9 @@ class CudaDispatch(Backend):
     def _stage_off_loop(self, job: CudaJob) -> None:
         """Copy large inputs into pinned memory in threads, then start the job again."""
         try:
-            block = job.block = self._pinned.acquire(job.total)
+            block = job.block = self._pinned.acquire(job.stage_hi)
         except Exception as exc:
+            self._release_job(job)
             self._complete(job, exc)
             return
 
@@ -331,10 +428,11 @@ class CudaDispatch(Backend):
             base = 0
             block = None
             if job.total:
-                if job.block is None:
-                    job.block = self._pinned.acquire(job.total)
-                block = job.block
-                if not job.staged:
+                if job.stage_hi > job.stage_lo:
+                    if job.block is None:
+                        job.block = self._pinned.acquire(job.stage_hi - job.stage_lo)
+                    block = job.block
+                if not job.staged and job.direct is None and block is not None:
                     view = block.array
                     offsets = job.offsets
                     for i, (kind, value, _param) in enumerate(call.args):
@@ -345,53 +443,68 @@ class CudaDispatch(Backend):
                 base = int(job.device_buffer.handle)
                 enqueued = True
                 if job.up_end:
-                    check(
-                        drv.cuMemcpyHtoDAsync(base, block.ptr, job.up_end, handle),
-                        "cuMemcpyHtoDAsync",
-                    )
+                    if job.direct is not None:
+                        for ptr, off, nbytes in job.direct:
+                            check(
+                                drv.cuMemcpyHtoDAsync(base + off, ptr, nbytes, handle),
+                                "cuMemcpyHtoDAsync",
+                            )
+                        telemetry.copies_up += len(job.direct)
+                    else:
+                        check(
+                            drv.cuMemcpyHtoDAsync(base, block.ptr, job.up_end, handle),  # type: ignore[union-attr]  # inputs are staged
+                            "cuMemcpyHtoDAsync",
+                        )
+                        telemetry.copies_up += 1
                     telemetry.bytes_up += job.up_end
-                    telemetry.copies_up += 1
                 if job.total > job.up_end:
                     check(
                         drv.cuMemsetD8Async(base + job.up_end, 0, job.total - job.up_end, handle),
                         "cuMemsetD8Async",
                     )
-            args: list[Any] = []
-            foreign = iter(job.foreign)
-            offsets = job.offsets
-            for i, (kind, value, _param) in enumerate(call.args):
-                if kind == SCALAR:
-                    args.append(value)
-                elif kind == RESIDENT:
-                    args.append(np.uint64(int(value._storage.handle)))
-                elif kind == RESIDENT_OUT:
-                    ptr = int(value._storage.handle)
-                    check(drv.cuMemsetD8Async(ptr, 0, value.nbytes, handle), "cuMemsetD8Async")
-                    args.append(np.uint64(ptr))
-                elif kind == DEVICE:
-                    ptr, producer = next(foreign)
-                    if producer is not None:
-                        self._wait_foreign(producer, handle)
-                    args.append(np.uint64(ptr))
-                else:
-                    args.append(np.uint64(base + offsets[i]))
             if call.shared_mem > _DEFAULT_SHARED:
                 self._allow_shared(loaded, call.shared_mem)
             if job.timing:
                 job.start_event = self._timing_events.take()
                 check(drv.cuEventRecord(job.start_event, handle), "cuEventRecord")
-            try:
-                launch(stream, self._config(call), loaded, *args)
-            except Exception as exc:
-                raise translate(exc, "cuLaunchKernel") from exc
+            launcher = self._launchers.get(call.kernel)
+            if launcher is not None:
+                self._pack(job, launcher, base, handle)
+                grid = call.grid
+                block_dim = call.block
+                code = drv.cuLaunchKernel(
+                    launcher.function,
+                    grid[0],
+                    grid[1],
+                    grid[2],
+                    block_dim[0],
+                    block_dim[1],
+                    block_dim[2],
+                    call.shared_mem,
+                    handle,
+                    launcher.kernel_params,
+                    0,
+                )[0]
+                if code != SUCCESS:
+                    raise error_for(code, "cuLaunchKernel")
+            else:
+                args = self._arguments(job, base, handle)
+                try:
+                    launch(stream, self._config(call), loaded, *args)
+                except Exception as exc:
+                    raise translate(exc, "cuLaunchKernel") from exc
             enqueued = True
             if job.timing:
                 job.end_event = self._timing_events.take()
                 check(drv.cuEventRecord(job.end_event, handle), "cuEventRecord")
-            if block is not None and job.total > job.in_end:
+            if job.total > job.in_end:
                 down = job.total - job.in_end
+                if job.out_block is not None:
+                    target = job.out_block.ptr
+                else:
+                    target = block.ptr + job.in_end - job.stage_lo  # type: ignore[union-attr]  # outputs are staged
                 check(
-                    drv.cuMemcpyDtoHAsync(block.ptr + job.in_end, base + job.in_end, down, handle),
+                    drv.cuMemcpyDtoHAsync(target, base + job.in_end, down, handle),
                     "cuMemcpyDtoHAsync",
                 )
                 telemetry.bytes_down += down
@@ -420,7 +533,56 @@ class CudaDispatch(Backend):
             job.event = None
             self._release_job(job)
             raise error_for(code, "cuEventRecord")
-        self._reactor.watch(lane.index, event, lambda error: self._done(job, error))
+        reactor = self._reactor
+        reactor.watch(lane.index, event, lambda error: self._done(job, error))
+        job.pending._spin = reactor.spin
+
+    def _values(self, job: CudaJob, base: int, handle: Any) -> list[Any]:
+        """Each argument's launch value: the scalar, or the device pointer as an int.
+
+        Zeroes resident outputs and orders the stream after foreign producers on the way.
+        """
+        values: list[Any] = []
+        foreign = iter(job.foreign)
+        offsets = job.offsets
+        for i, (kind, value, _param) in enumerate(job.call.args):
+            if kind == SCALAR:
+                values.append(value)
+            elif kind == RESIDENT:
+                values.append(int(value._storage.handle))
+            elif kind == RESIDENT_OUT:
+                ptr = int(value._storage.handle)
+                check(drv.cuMemsetD8Async(ptr, 0, value.nbytes, handle), "cuMemsetD8Async")
+                values.append(ptr)
+            elif kind == DEVICE:
+                ptr, producer = next(foreign)
+                if producer is not None:
+                    self._wait_foreign(producer, handle)
+                values.append(ptr)
+            else:
+                values.append(base + offsets[i])
+        return values
+
+    def _pack(self, job: CudaJob, launcher: Launcher, base: int, handle: Any) -> None:
+        """Write *job*'s arguments into the launcher's parameter slots."""
+        views = launcher.slot_views
+        if job.call.resident or job.foreign:
+            for view, value in zip(views, self._values(job, base, handle), strict=True):
+                view[0] = value
+            return
+        # The common case (arrays staged by this dispatch, and scalars), without a list.
+        offsets = job.offsets
+        for i, (kind, value, _param) in enumerate(job.call.args):
+            views[i][0] = value if kind == SCALAR else base + offsets[i]
+
+    def _arguments(self, job: CudaJob, base: int, handle: Any) -> list[Any]:
+        """Launch arguments for ``cuda.core.launch`` (kernels without a launcher)."""
+        return [
+            value if kind == SCALAR else np.uint64(value)
+            for (kind, _v, _p), value in zip(
+                job.call.args, self._values(job, base, handle), strict=True
+            )
+        ]
 
     def _wait_foreign(self, producer: int, handle: Any) -> None:
         """Order our stream after the work a foreign producer stream enqueued so far."""
@@ -438,6 +600,10 @@ class CudaDispatch(Backend):
         if job.block is not None:
             self._pinned.release(job.block)
             job.block = None
+        if job.out_block is not None:
+            self._lent -= job.out_block.size
+            self._pinned.release(job.out_block)
+            job.out_block = None
         if job.start_event is not None:
             self._timing_events.give(job.start_event)
             job.start_event = None
@@ -466,7 +632,7 @@ class CudaDispatch(Backend):
             outcome = error
         elif not job.call.n_results:
             outcome = ()
-        elif job.total - job.in_end >= BIG_COPY:
+        elif job.total - job.in_end >= BIG_COPY and job.out_block is None:
             self._results_off_loop(job)
             return
         else:
@@ -479,22 +645,57 @@ class CudaDispatch(Backend):
         if self._parked:
             self._unpark()
 
-    @staticmethod
-    def _results(job: CudaJob) -> tuple[Any, ...]:
-        """New arrays for the job's outputs, copied out of its pinned block."""
+    def _results(self, job: CudaJob) -> tuple[Any, ...]:
+        """The job's outputs: views of the pinned memory they were downloaded into, or new
+        arrays copied out of the staging block (in a worker thread for big copies)."""
         results: list[Any] = []
-        # Out(into=buffer) has a result but no staging, so there may be no block.
-        view = job.block.array if job.block is not None else None
+        lent = None
+        view = None
+        if job.out_block is not None:
+            lent = self._lend(job.out_block, job.total - job.in_end).as_array()
+            job.out_block = None
+        elif job.block is not None:  # Out(into=buffer) has a result but nothing staged
+            view = job.block.array
         offsets = job.offsets
         for i, (kind, value, _param) in enumerate(job.call.args):
             if kind in (OUT, INOUT):
+                nbytes = value.nbytes
+                if lent is not None:
+                    off = offsets[i] - job.in_end
+                    results.append(lent[off : off + nbytes].view(value.dtype).reshape(value.shape))
+                    continue
                 out = np.empty(value.shape, value.dtype)
-                off = offsets[i]
-                _copy_into(_as_bytes(out), view[off : off + value.nbytes])  # type: ignore[index]  # staged kinds have a block
+                off = offsets[i] - job.stage_lo
+                _copy_into(_as_bytes(out), view[off : off + nbytes])  # type: ignore[index]  # staged kinds have a block
                 results.append(out)
             elif kind == RESIDENT_OUT:
                 results.append(value)
         return tuple(results)
+
+    def _host_array(self, shape: tuple[int, ...], dtype: np.dtype[Any]) -> np.ndarray[Any, Any]:
+        nbytes = math.prod(shape) * dtype.itemsize
+        block = self._pinned.acquire(nbytes)
+        self._lent += block.size
+        memory = self._lend(block, nbytes)
+        return memory.as_array().view(dtype).reshape(shape)
+
+    def _lend(self, block: PinnedBlock, nbytes: int) -> PinnedMemory:
+        """Wrap *block* for numpy arrays; it comes back to the pool, on the loop's thread,
+        once the last of them is garbage-collected. (``_lent`` already counts it.)"""
+        loop = self._event_loop
+        pool = self._pinned
+
+        def give_back(block: PinnedBlock) -> None:
+            self._lent -= block.size
+            pool.release(block)
+
+        def release(block: PinnedBlock) -> None:
+            try:
+                loop.call_soon_threadsafe(give_back, block)
+            except RuntimeError:  # the loop is closed: nothing else uses the pool any more
+                pool.release(block)
+
+        return PinnedMemory(block, nbytes, release, owner=pool)
 
     def _results_off_loop(self, job: CudaJob) -> None:
         """Copy large outputs out of pinned memory in threads, then complete the job."""

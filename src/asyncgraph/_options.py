@@ -38,6 +38,9 @@ class BackendOptions:
             / ``dispatch.failed``). Off by default, so the hot path pays nothing for logging.
         poll_window: seconds the completion reactor polls a pending CUDA event from the loop
             before it hands the wait to its waiter thread (CUDA backend).
+        spin_window: seconds a task awaiting the only dispatch in flight polls its completion
+            before it yields to the loop (CUDA backend); a short kernel then completes without
+            a trip around the loop. The loop is held for at most this long; 0 turns it off.
     """
 
     streams: int = attrs.field(default=4, validator=_positive)
@@ -47,11 +50,13 @@ class BackendOptions:
     device_memory: Any = None
     dispatch_events_enabled: bool = False
     poll_window: float = attrs.field(default=200e-6)
+    spin_window: float = attrs.field(default=50e-6)
 
     @poll_window.validator
-    def _check_poll_window(self, _attribute: attrs.Attribute[float], value: float) -> None:
+    @spin_window.validator
+    def _check_window(self, attribute: attrs.Attribute[float], value: float) -> None:
         if not isinstance(value, int | float) or isinstance(value, bool) or value < 0:
             raise ValueError(
-                f"BackendOptions.poll_window must be a non-negative number of seconds, "
+                f"BackendOptions.{attribute.name} must be a non-negative number of seconds, "
                 f"got {value!r}"
             )

@@ -39,6 +39,7 @@ class PendingDispatch:
         "_event",
         "_loop",
         "_outcome",
+        "_spin",
         "_state",
         "_waiters",
         "dispatch_id",
@@ -53,6 +54,8 @@ class PendingDispatch:
         self._callbacks: list[Callable[[PendingDispatch], object]] | None = None
         self._event: threading.Event | None = None
         self._device_time: float | None = None
+        # Set by a backend that can poll the completion right away (CUDA: Reactor.spin).
+        self._spin: Callable[[], None] | None = None
         self.dispatch_id = dispatch_id
         self.kernel_name = kernel_name
 
@@ -122,6 +125,8 @@ class PendingDispatch:
             self._callbacks.append(fn)
 
     def __await__(self) -> Generator[Any, None, tuple[Any, ...]]:
+        if self._state == _PENDING and self._spin is not None:
+            self._spin()
         if self._state == _PENDING:
             # One waiter future per awaiting task: cancelling that task cancels its waiter only.
             waiter: asyncio.Future[None] = self._loop.create_future()
@@ -173,6 +178,7 @@ class PendingDispatch:
         with _event_lock:
             self._state = state
             self._outcome = outcome
+            self._spin = None
             event = self._event
         if event is not None:
             event.set()

@@ -31,7 +31,10 @@ from ._exceptions import CudaError
 from ._inbox import Inbox
 from ._telemetry import Telemetry, logger
 
-__all__ = ("EventPool", "Reactor")
+__all__ = ("HOLD_LIMIT", "EventPool", "Reactor")
+
+# Inline completions (Reactor.spin) may keep a task from yielding for this long at most.
+HOLD_LIMIT = 500e-6
 
 Callback = Callable[[CudaError | None], None]
 
@@ -73,11 +76,12 @@ class _Watch:
 
 
 class _Lane:
-    __slots__ = ("handed", "index", "pending", "queue", "thread")
+    __slots__ = ("handed", "index", "pending", "queue", "ready", "thread")
 
     def __init__(self, index: int) -> None:
         self.index = index
         self.pending: deque[_Watch] = deque()
+        self.ready = 0  # leading pending watches known complete (a newer event completed)
         self.handed: _Watch | None = None
         self.queue: queue.SimpleQueue[Any] = queue.SimpleQueue()
         self.thread: threading.Thread | None = None
@@ -94,6 +98,7 @@ class Reactor:
         poll_window: seconds of polling without progress before the waiters take over.
         on_fault: called once with the first sticky error seen.
         telemetry: counts each hand-off to a waiter thread as a sync point.
+        spin_window: seconds :meth:`spin` polls a lone event before it gives up.
     """
 
     def __init__(
@@ -105,12 +110,15 @@ class Reactor:
         poll_window: float,
         on_fault: Callable[[CudaError], None],
         telemetry: Telemetry | None = None,
+        spin_window: float = 0.0,
     ) -> None:
         self._loop = loop
         self._context = context
         self._lanes = [_Lane(i) for i in range(lanes)]
         self._events = events
         self._window = poll_window
+        self._spin_window = spin_window
+        self._held_since = 0.0  # first inline completion since the loop last polled
         self._on_fault = on_fault
         self._telemetry = telemetry
         self._inbox: Inbox[_Lane] = Inbox(loop, self._woken)
@@ -120,6 +128,7 @@ class Reactor:
         self._fault: CudaError | None = None
         self.polls = 0
         self.handoffs = 0
+        self.spins = 0  # dispatches completed by spin() before their task yielded
         self.batch = 4  # completions resolved per loop iteration at most
 
     def __repr__(self) -> str:
@@ -149,12 +158,18 @@ class Reactor:
 
     def _poll(self) -> None:
         self._poll_scheduled = False
+        self._held_since = 0.0  # the loop is running callbacks: nothing holds it
         self.polls += 1
         progress = False
         busy = False
         budget = self.batch
+        query = drv.cuEventQuery
         for lane in self._lanes:
             pending = lane.pending
+            # Work on one stream completes in order: if its newest event completed, so did
+            # every older one, and one query settles them all.
+            if lane.ready == 0 and len(pending) > 1 and query(pending[-1].event)[0] == SUCCESS:
+                lane.ready = len(pending)
             while pending:
                 if budget == 0:
                     # Enough completions for one loop iteration: the tasks they wake run before
@@ -164,10 +179,14 @@ class Reactor:
                     self._loop.call_soon(self._poll)
                     return
                 watch = pending[0]
-                code = drv.cuEventQuery(watch.event)[0]
-                if code == NOT_READY:
-                    busy = True
-                    break
+                if lane.ready:
+                    lane.ready -= 1
+                    code = SUCCESS
+                else:
+                    code = query(watch.event)[0]
+                    if code == NOT_READY:
+                        busy = True
+                        break
                 pending.popleft()
                 self._pending -= 1
                 progress = True
@@ -190,6 +209,50 @@ class Reactor:
         for lane in self._lanes:
             if lane.pending and lane.handed is None:
                 self._hand_off(lane)
+
+    def spin(self) -> None:
+        """Poll the only watched event right here for up to ``spin_window`` seconds.
+
+        For a lone awaited dispatch: its task asks before it yields, and if the event completes
+        within the window the dispatch resolves without a trip around the event loop (two
+        loop iterations, about as long as a short kernel). With more than one event watched
+        the loop's regular polling serves them all, so this returns at once. A task whose
+        dispatches keep completing inline is made to yield once ``HOLD_LIMIT`` passed since
+        the loop last ran the reactor, so a tight loop of awaits cannot starve other tasks.
+        """
+        if self._pending != 1 or self._spin_window <= 0.0:
+            return
+        now = perf_counter()
+        held = self._held_since
+        if held and now - held > HOLD_LIMIT:
+            # Inline completions kept one task from yielding for a while (a tight loop of
+            # awaited dispatches): let the loop run its other callbacks first.
+            return
+        for lane in self._lanes:
+            if lane.pending:
+                break
+        watch = lane.pending[0]
+        if watch.held:
+            return
+        event = watch.event
+        query = drv.cuEventQuery
+        deadline = now + self._spin_window
+        while True:
+            code = query(event)[0]
+            if code != NOT_READY:
+                break
+            if perf_counter() > deadline:
+                return
+        lane.pending.popleft()
+        lane.ready = 0
+        self._pending -= 1
+        self.spins += 1
+        if not held:
+            self._held_since = now
+        if code == SUCCESS:
+            self._finish(watch, None)
+        else:
+            self._failed(watch, code)
 
     def _hand_off(self, lane: _Lane) -> None:
         watch = lane.pending[0]
@@ -255,6 +318,7 @@ class Reactor:
         for lane in self._lanes:
             watches.extend(lane.pending)
             lane.pending.clear()
+            lane.ready = 0
         self._pending = 0
         for watch in watches:
             watch.finished = True

@@ -10,6 +10,7 @@ from ._device import StreamOrderedDeviceMemory as StreamOrderedDeviceMemory
 from ._pinned import WORST_CASE_WASTE as WORST_CASE_WASTE
 from ._pinned import HostPool as HostPool
 from ._pinned import PinnedBlock as PinnedBlock
+from ._pinned import PinnedMemory as PinnedMemory
 from ._pinned import PinnedPool as PinnedPool
 from ._pinned import PinnedPoolStatistics as PinnedPoolStatistics
 from ._pinned import size_class as size_class
@@ -24,6 +25,7 @@ __all__ = (
     "DeviceMemoryStatistics",
     "HostPool",
     "PinnedBlock",
+    "PinnedMemory",
     "PinnedPool",
     "PinnedPoolStatistics",
     "StreamLane",

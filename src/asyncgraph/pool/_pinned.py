@@ -33,8 +33,10 @@ from .._exceptions import AllocationError
 __all__ = (
     "HostPool",
     "PinnedBlock",
+    "PinnedMemory",
     "PinnedPool",
     "PinnedPoolStatistics",
+    "pinned_memory_of",
     "size_class",
 )
 
@@ -70,6 +72,58 @@ class PinnedBlock:
 
     def __repr__(self) -> str:
         return f"<PinnedBlock {self.size} bytes at {self.ptr:#x}>"
+
+
+class PinnedMemory:
+    """A pinned block lent to numpy arrays: it goes back to its pool when the last array over
+    it is garbage-collected.
+
+    numpy keeps the object whose ``__array_interface__`` it read as the array's base, so every
+    view of :meth:`as_array` keeps this object, and so the block, alive. ``release`` runs on the
+    thread that drops the last reference; the backend passes one that hands the block to its
+    event loop's thread.
+    """
+
+    __slots__ = ("__array_interface__", "_release", "block", "nbytes", "owner")
+
+    def __init__(
+        self,
+        block: PinnedBlock,
+        nbytes: int,
+        release: Callable[[PinnedBlock], None],
+        owner: object = None,
+    ) -> None:
+        self.block = block
+        self.nbytes = nbytes
+        self.owner = owner  # whoever lent it (a backend checks for its own memory)
+        self._release = release
+        self.__array_interface__ = {
+            "data": (block.ptr, False),
+            "shape": (nbytes,),
+            "typestr": "|u1",
+            "version": 3,
+        }
+
+    def as_array(self) -> np.ndarray[Any, np.dtype[np.uint8]]:
+        """The whole lent region as a writable uint8 array (whose base is this object)."""
+        return np.asarray(self)
+
+    def __del__(self) -> None:
+        release = self._release
+        self._release = None  # type: ignore[assignment]  # released once
+        if release is not None:
+            release(self.block)
+
+    def __repr__(self) -> str:
+        return f"<PinnedMemory {self.nbytes} bytes at {self.block.ptr:#x}>"
+
+
+def pinned_memory_of(array: np.ndarray[Any, Any]) -> PinnedMemory | None:
+    """The :class:`PinnedMemory` under *array* (a view of one), or ``None``."""
+    base = array.base
+    while isinstance(base, np.ndarray):
+        base = base.base
+    return base if isinstance(base, PinnedMemory) else None
 
 
 @attrs.frozen(kw_only=True)
