@@ -325,6 +325,35 @@ async def test_pools_reach_a_steady_state(gpu: Any, rng: np.random.Generator) ->
     assert gpu.device_memory.statistics().bytes_in_use == 0
 
 
+async def test_small_dispatches_use_their_streams_scratch(rng: np.random.Generator) -> None:
+    from asyncgraph._cuda_dispatch import SCRATCH_BYTES
+
+    backend = ag.open_backend("cuda", options=ag.BackendOptions(streams=3))
+    gpu = cast(Any, backend)
+    async with backend:
+
+        async def one(n: int) -> None:
+            x = rng.standard_normal(n, dtype=np.float32)
+            a = np.float32(rng.uniform(-3, 3))
+            (out,) = await gpu.dispatch(
+                SCALE, x, ag.Out(n, np.float32), a, np.int32(n), grid=(n + 255) // 256, block=256
+            )
+            assert np.array_equal(out, x * a)
+
+        # Many small dispatches of mixed sizes in flight at once on every stream: each one
+        # reuses its stream's scratch, ordered after the one before it.
+        sizes = rng.integers(1, SCRATCH_BYTES // 8, 600)
+        await asyncio.gather(*(one(int(n)) for n in sizes))
+        stats = gpu.device_memory.statistics()
+        assert stats.allocations == 0  # no per-dispatch allocation at all
+        assert stats.bytes_reserved == 3 * SCRATCH_BYTES
+        # A dispatch above the scratch size allocates and frees as before.
+        await one(SCRATCH_BYTES // 4 + 1)
+        stats = gpu.device_memory.statistics()
+        assert (stats.allocations, stats.frees, stats.bytes_in_use) == (1, 1, 0)
+    assert gpu.device_memory.statistics().bytes_reserved == 0  # given back on close
+
+
 async def test_the_loop_keeps_beating_while_64_tasks_dispatch(gpu: Any) -> None:
     stalls: list[float] = []
     stop = asyncio.Event()

@@ -272,3 +272,15 @@ def test_device_out_of_memory_trims_then_raises() -> None:
     with pytest.raises(ag.AllocationError, match=r"^device out of memory allocating 10 bytes"):
         failing.allocate(10, "s")
     assert failing.statistics().out_of_memory == 1
+
+
+def test_reserved_scratch_is_counted_apart_from_dispatch_memory() -> None:
+    memory = StreamOrderedDeviceMemory(FakeResource(fail=1), trim=lambda: None)
+    scratch = memory.reserve(1 << 20, "s0")  # one OOM on the way: trimmed and retried
+    stats = memory.statistics()
+    assert (stats.bytes_reserved, stats.bytes_in_use, stats.allocations) == (1 << 20, 0, 0)
+    assert stats.out_of_memory == 1
+    assert "reserved=1048576 B" in repr(memory)
+    memory.unreserve(scratch, "s0")
+    assert scratch.closed_on == "s0"
+    assert memory.statistics().bytes_reserved == 0

@@ -401,6 +401,7 @@ class CudaBackend(CudaDispatch):
         self._pinned.close()
         self._events.close()
         self._timing_events.close()
+        self._free_scratch()
         for stream in [*self._stream_pool.streams, self._alloc_stream]:
             stream.close()
         self._loaded.clear()

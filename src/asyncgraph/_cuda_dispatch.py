@@ -8,6 +8,12 @@ dispatch with no transfers (resident buffers and scalars only) is the launch and
 
 The pinned block goes back to its pool only in the completion callback, after the event that
 follows the last copy completed.
+
+Small dispatches (at most ``SCRATCH_BYTES`` of device memory) use their stream's scratch buffer
+(allocated when the backend opens) instead of a fresh allocation: every use of it is ordered
+on that one stream, so a dispatch's upload cannot start before the previous dispatch's
+download finished. That saves the stream-ordered allocation and free (about 10 µs of host
+time per dispatch through ``cuda.core``, measured on an NVIDIA H100 80GB HBM3).
 """
 
 from __future__ import annotations
@@ -49,6 +55,8 @@ BIG_COPY = 4 << 20
 # then own (no copy out of staging), while the backend has lent less than its pinned budget.
 PINNED_RESULTS = 1 << 20
 _CHUNK = 8 << 20
+# Dispatches needing at most this much device memory use their stream's scratch buffer.
+SCRATCH_BYTES = 1 << 20
 _copiers = ThreadPoolExecutor(max_workers=4, thread_name_prefix="asyncgraph-copy")
 
 
@@ -235,6 +243,7 @@ class CudaDispatch(Backend):
     _loaded: dict[Kernel, Any]
     _launchers: dict[Kernel, Launcher | None]
     _device: Any
+    _reactor_: Reactor | None
 
     @property
     def _reactor(self) -> Reactor:
@@ -250,6 +259,15 @@ class CudaDispatch(Backend):
         self._launchers = {}
         self._lent = 0  # bytes of pinned blocks lent to numpy arrays
         self._lend_limit = self.options.pinned_pool_bytes
+        # One scratch buffer per stream, kept until close. Allocated now, before any kernel
+        # runs: growing the memory pool later may wait for kernels in flight (a short dispatch
+        # was seen waiting for a 300 ms kernel on another stream).
+        self._scratch: list[Any] = []
+        self._scratch_ptrs: list[int] = []
+        for lane in self._stream_pool.lanes:
+            buffer = self._device_memory.reserve(SCRATCH_BYTES, lane.stream)
+            self._scratch.append(buffer)
+            self._scratch_ptrs.append(int(buffer.handle))
 
     # -- planning (in dispatch(), before anything starts) ---------------------------------------
 
@@ -317,7 +335,7 @@ class CudaDispatch(Backend):
     def _start_job(self, job: CudaJob) -> None:
         if self._failure is not None:
             raise self._failure
-        if self._needs_compile(job):
+        if job.call.kernel not in self._loaded and self._needs_compile(job):
             return
         self._start_loaded(job)
 
@@ -336,7 +354,10 @@ class CudaDispatch(Backend):
             # waits for its own writers): park it until that use has an event.
             self._parked.append(job)
             return
-        self._launch_or_fail(job)
+        try:
+            self._launch(job)
+        except Exception as exc:
+            self._complete(job, exc)
         if self._parked:
             self._unpark()
 
@@ -412,7 +433,6 @@ class CudaDispatch(Backend):
 
     def _launch(self, job: CudaJob) -> None:
         call = job.call
-        loaded = self._loaded[call.kernel]
         lane = self._stream_pool.pick()
         lane.outstanding += 1
         job.lane = lane
@@ -439,8 +459,11 @@ class CudaDispatch(Backend):
                         if kind in (IN, INOUT):
                             off = offsets[i]
                             view[off : off + value.nbytes] = _as_bytes(value)
-                job.device_buffer = self._device_memory.allocate(job.total, stream)
-                base = int(job.device_buffer.handle)
+                if job.total <= SCRATCH_BYTES:
+                    base = self._scratch_ptrs[lane.index]
+                else:
+                    job.device_buffer = self._device_memory.allocate(job.total, stream)
+                    base = int(job.device_buffer.handle)
                 enqueued = True
                 if job.up_end:
                     if job.direct is not None:
@@ -463,7 +486,7 @@ class CudaDispatch(Backend):
                         "cuMemsetD8Async",
                     )
             if call.shared_mem > _DEFAULT_SHARED:
-                self._allow_shared(loaded, call.shared_mem)
+                self._allow_shared(self._loaded[call.kernel], call.shared_mem)
             if job.timing:
                 job.start_event = self._timing_events.take()
                 check(drv.cuEventRecord(job.start_event, handle), "cuEventRecord")
@@ -490,7 +513,7 @@ class CudaDispatch(Backend):
             else:
                 args = self._arguments(job, base, handle)
                 try:
-                    launch(stream, self._config(call), loaded, *args)
+                    launch(stream, self._config(call), self._loaded[call.kernel], *args)
                 except Exception as exc:
                     raise translate(exc, "cuLaunchKernel") from exc
             enqueued = True
@@ -533,9 +556,21 @@ class CudaDispatch(Backend):
             job.event = None
             self._release_job(job)
             raise error_for(code, "cuEventRecord")
-        reactor = self._reactor
+        reactor = self._reactor_ or self._reactor
         reactor.watch(lane.index, event, lambda error: self._done(job, error))
         job.pending._spin = reactor.spin
+
+    def _free_scratch(self) -> None:
+        """Give the scratch buffers back (closing; every dispatch completed)."""
+        for index, buffer in enumerate(self._scratch):
+            if buffer is not None:
+                self._scratch[index] = None
+                self._scratch_ptrs[index] = 0
+                try:
+                    self._device_memory.unreserve(buffer, self._stream_pool.lanes[index].stream)
+                except Exception:
+                    if self._failure is None:
+                        raise  # after a device fault the context is lost and frees fail
 
     def _values(self, job: CudaJob, base: int, handle: Any) -> list[Any]:
         """Each argument's launch value: the scalar, or the device pointer as an int.

@@ -20,13 +20,18 @@ __all__ = ("DeviceMemory", "DeviceMemoryStatistics", "StreamOrderedDeviceMemory"
 
 @attrs.frozen(kw_only=True)
 class DeviceMemoryStatistics:
-    """Counts of a device memory adapter, frozen at the moment of ``statistics()``."""
+    """Counts of a device memory adapter, frozen at the moment of ``statistics()``.
+
+    ``bytes_in_use`` counts the allocations of dispatches in flight; ``bytes_reserved`` counts
+    long-lived scratch memory the backend holds until it closes (not part of ``bytes_in_use``).
+    """
 
     allocations: int
     frees: int
     bytes_in_use: int
     peak_bytes_in_use: int
     out_of_memory: int
+    bytes_reserved: int = 0
 
 
 @runtime_checkable
@@ -63,11 +68,13 @@ class StreamOrderedDeviceMemory:
         self._in_use = 0
         self._peak = 0
         self._oom = 0
+        self._reserved = 0
 
     def __repr__(self) -> str:
         return (
             f"<StreamOrderedDeviceMemory {type(self.resource).__name__} "
-            f"in_use={self._in_use} B peak={self._peak} B allocations={self._allocations}>"
+            f"in_use={self._in_use} B peak={self._peak} B reserved={self._reserved} B "
+            f"allocations={self._allocations}>"
         )
 
     def allocate(self, nbytes: int, stream: Any) -> Any:
@@ -76,6 +83,29 @@ class StreamOrderedDeviceMemory:
         Raises:
             AllocationError: the device is out of memory even after trimming caches.
         """
+        buffer = self._allocate(nbytes, stream)
+        self._allocations += 1
+        self._in_use += nbytes
+        self._peak = max(self._peak, self._in_use)
+        return buffer
+
+    def reserve(self, nbytes: int, stream: Any) -> Any:
+        """Allocate *nbytes* the caller keeps for a long time (scratch memory), counted in
+        ``bytes_reserved``; give it back with :meth:`unreserve`.
+
+        Raises:
+            AllocationError: the device is out of memory even after trimming caches.
+        """
+        buffer = self._allocate(nbytes, stream)
+        self._reserved += nbytes
+        return buffer
+
+    def unreserve(self, buffer: Any, stream: Any) -> None:
+        """Free a buffer from :meth:`reserve`, ordered on *stream*."""
+        self._reserved -= int(buffer.size)
+        buffer.close(stream)
+
+    def _allocate(self, nbytes: int, stream: Any) -> Any:
         try:
             buffer = self.resource.allocate(nbytes, stream=stream)
         except Exception as exc:
@@ -92,9 +122,6 @@ class StreamOrderedDeviceMemory:
                     f"({self._in_use} bytes in use by this backend); caches were trimmed "
                     "first — make the work smaller or free resident buffers"
                 ) from retry_exc
-        self._allocations += 1
-        self._in_use += nbytes
-        self._peak = max(self._peak, self._in_use)
         return buffer
 
     def free(self, buffer: Any, stream: Any) -> None:
@@ -111,4 +138,5 @@ class StreamOrderedDeviceMemory:
             bytes_in_use=self._in_use,
             peak_bytes_in_use=self._peak,
             out_of_memory=self._oom,
+            bytes_reserved=self._reserved,
         )
