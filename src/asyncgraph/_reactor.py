@@ -125,6 +125,7 @@ class Reactor:
         self._poll_scheduled = False
         self._window_start = 0.0
         self._pending = 0
+        self._start = 0  # the lane the next poll starts with
         self._fault: CudaError | None = None
         self.polls = 0
         self.handoffs = 0
@@ -164,7 +165,15 @@ class Reactor:
         busy = False
         budget = self.batch
         query = drv.cuEventQuery
-        for lane in self._lanes:
+        lanes = self._lanes
+        n = len(lanes)
+        # Start each poll at the next lane: with a bounded batch, always starting at lane 0
+        # would let busy low-numbered lanes use up every batch while a higher lane's completed
+        # dispatch waits (seen in a soak: one await took the whole 60 s run).
+        start = self._start
+        self._start = start + 1 if start + 1 < n else 0
+        for k in range(n):
+            lane = lanes[start + k - n if start + k >= n else start + k]
             pending = lane.pending
             # Work on one stream completes in order: if its newest event completed, so did
             # every older one, and one query settles them all.
