@@ -343,6 +343,7 @@ class Backend(abc.ABC):
         Raises:
             ShapeMismatchError: the shape is not a tuple of positive ints.
             ArgumentTypeError: the dtype is not numeric.
+            AllocationError: the device is out of memory even after the caches were trimmed.
             BackendClosedError: the backend is closed.
         """
         self._loop_for_use()

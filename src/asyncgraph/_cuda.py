@@ -18,7 +18,7 @@ from ._backend import Job
 from ._compile import KernelCompiler, load_kernel
 from ._cuda_dispatch import CudaDispatch, CudaJob, Launcher, dep_event
 from ._cudadrv import check, translate
-from ._exceptions import CompileError, CudaError, DeviceFaultError
+from ._exceptions import AllocationError, CompileError, CudaError, DeviceFaultError
 from ._kernel import Kernel
 from ._options import BackendOptions
 from ._reactor import EventPool, Reactor
@@ -320,8 +320,15 @@ class CudaBackend(CudaDispatch):
             self._trim()
             try:
                 return self._memory_resource.allocate(nbytes, stream=stream)
-            except Exception:
-                raise translate(exc, "allocate") from exc
+            except Exception as retry_exc:
+                error = translate(retry_exc, "allocate")
+                if isinstance(error, AllocationError):
+                    raise AllocationError(
+                        f"device out of memory allocating {nbytes} bytes for a resident "
+                        "buffer; caches were trimmed first — free other resident buffers or "
+                        "allocate less"
+                    ) from retry_exc
+                raise error from exc
 
     def _alloc_storage(self, shape: tuple[int, ...], dtype: np.dtype[Any]) -> Any:
         nbytes = int(np.prod(shape, dtype=np.int64)) * dtype.itemsize
@@ -408,6 +415,10 @@ class CudaBackend(CudaDispatch):
         self._launchers.clear()
         if self._owns_memory:
             self._memory_resource.close()
+        if isinstance(self._pinned, PinnedPool):
+            # Return with the pinned memory released: a free still running in the background
+            # would wait for kernels of other backends and hold up their driver calls.
+            await asyncio.wrap_future(self._pinned.wait_freed())
 
     def _release_unclosed(self) -> None:
         if self._reactor_ is not None:

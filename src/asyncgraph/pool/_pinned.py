@@ -22,7 +22,7 @@ from __future__ import annotations
 import ctypes
 from collections import OrderedDict
 from collections.abc import Callable
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any, Protocol, runtime_checkable
 
 import attrs
@@ -41,6 +41,11 @@ __all__ = (
 )
 
 _reaper = ThreadPoolExecutor(max_workers=1, thread_name_prefix="asyncgraph-pinned-free")
+
+
+def _nothing() -> None:
+    pass
+
 
 MIN_BLOCK = 4096
 CLASSES_PER_OCTAVE = 8
@@ -313,6 +318,15 @@ class PinnedPool:
         """Free every idle block; blocks still in use are freed when released."""
         self._closed = True
         self.trim(0)
+
+    @staticmethod
+    def wait_freed() -> Future[None]:
+        """A future that completes once every block freed so far is back with the driver.
+
+        Frees run in one background thread, in order; a backend awaits this when it closes,
+        so that ``aclose()`` returns with its pinned memory released.
+        """
+        return _reaper.submit(_nothing)
 
     @staticmethod
     def _free(block: PinnedBlock) -> None:
