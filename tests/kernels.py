@@ -71,3 +71,19 @@ class Recorder:
 
 def probe_kernel(recorder: Recorder) -> ag.Kernel:
     return ag.Kernel(PROBE_SRC, "probe", host=recorder)
+
+
+FILL_SRC = r"""
+extern "C" __global__ void fill(float* out, float value, long long n)
+{
+    long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x;
+    if (i < n) out[i] = value;
+}
+"""
+
+
+def _fill(out: Array, value: np.float32, n: np.int64) -> None:
+    out[: int(n)] = value
+
+
+FILL = ag.Kernel(FILL_SRC, "fill", host=_fill)

@@ -1,0 +1,120 @@
+"""Reliability on a GPU: device out of memory, and the pinned pool's byte cap reached."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator
+from typing import Any
+
+import numpy as np
+import pytest
+
+import asyncgraph as ag
+
+from .kernels import FILL, SCALE
+
+pytestmark = pytest.mark.cuda
+
+
+@pytest.fixture
+async def gpu() -> AsyncIterator[Any]:
+    async with ag.open_backend("cuda") as backend:
+        yield backend
+
+
+def _free_device_bytes() -> int:
+    from cuda.bindings import driver as drv
+
+    code, free, _total = drv.cuMemGetInfo()
+    assert code == drv.CUresult.CUDA_SUCCESS
+    return int(free)
+
+
+async def _small_work_is_correct(gpu: Any) -> None:
+    x = np.random.default_rng().standard_normal(1000, dtype=np.float32)
+    (out,) = await gpu.dispatch(
+        SCALE, x, ag.Out(1000, np.float32), np.float32(3), np.int32(1000), grid=4, block=256
+    )
+    assert np.array_equal(out, x * np.float32(3))
+
+
+def _empty_or_none(gpu: Any, nbytes: int) -> Any:
+    try:
+        return gpu.empty(nbytes, np.uint8)
+    except ag.AllocationError as exc:
+        if not str(exc).startswith(f"device out of memory allocating {nbytes} bytes"):
+            raise
+        return None
+
+
+async def test_device_out_of_memory_raises_allocation_error_and_the_backend_serves_on(
+    gpu: Any,
+) -> None:
+    await _small_work_is_correct(gpu)
+    # A resident buffer larger than the whole device.
+    with pytest.raises(ag.AllocationError, match=r"device out of memory allocating \d+ bytes"):
+        gpu.empty(_free_device_bytes() + (1 << 30), np.uint8)
+    # Fill the device with resident buffers until even 32 MiB no longer fits (each size stops
+    # with its own AllocationError), then give 64 MiB back: small work fits, 256 MiB does not.
+    spare = gpu.empty(64 << 20, np.uint8)
+    held = []
+    for chunk in (8 << 30, 1 << 30, 128 << 20, 32 << 20):
+        while (buffer := _empty_or_none(gpu, chunk)) is not None:
+            held.append(buffer)
+    await spare.aclose()
+    trims: list[int] = []
+    memory = gpu.device_memory
+    original_trim = memory._trim
+
+    def counting_trim() -> None:
+        trims.append(1)
+        original_trim()
+
+    memory._trim = counting_trim
+    n = 64 << 20  # a 256 MiB output: more than the device has left
+    with pytest.raises(ag.AllocationError, match=r"^device out of memory allocating \d+ bytes"):
+        await gpu.dispatch(
+            FILL, ag.Out(n, np.float32), np.float32(1), np.int64(n), grid=n // 256, block=256
+        )
+    assert trims == [1]  # the caches were trimmed before the one retry
+    assert memory.statistics().out_of_memory == 1
+    # Nothing leaked, the backend did not fail, and smaller work runs.
+    assert memory.statistics().bytes_in_use == 0
+    assert gpu.pinned_pool.statistics().bytes_in_use == 0
+    await _small_work_is_correct(gpu)
+    for buffer in held:
+        await buffer.aclose()
+    # With the memory back, the same dispatch succeeds.
+    (out,) = await gpu.dispatch(
+        FILL, ag.Out(n, np.float32), np.float32(2), np.int64(n), grid=n // 256, block=256
+    )
+    assert out.shape == (n,)
+    assert bool((out == 2).all())
+
+
+async def test_pinned_cap_reached_allocates_beyond_it_and_frees_down_to_it() -> None:
+    cap = 1 << 20
+    async with ag.open_backend("cuda", pinned_pool_bytes=cap) as backend:
+        gpu: Any = backend
+        rng = np.random.default_rng()
+
+        async def one() -> None:
+            n = 1 << 19  # 2 MiB in and 2 MiB out: 4 MiB of staging, over the cap
+            x = rng.standard_normal(n, dtype=np.float32)
+            a = np.float32(rng.uniform(-3, 3))
+            (out,) = await gpu.dispatch(
+                SCALE, x, ag.Out(n, np.float32), a, np.int32(n), grid=n // 256, block=256
+            )
+            assert np.array_equal(out, x * a)
+
+        # 32 at once need 128 MiB of pinned staging: neither waiting nor failing, the pool
+        # allocates what it must and frees what comes back over the cap.
+        await asyncio.gather(*(one() for _ in range(32)))
+        stats = gpu.pinned_pool.statistics()
+        assert stats.bytes_in_use == 0
+        assert stats.bytes_idle <= cap
+        assert stats.allocated_bytes_total > cap  # it allocated beyond the cap
+        assert gpu._lent == 0  # results over the cap were copied out, not lent
+        snap = gpu.telemetry.snapshot()
+        assert snap.dispatches_completed == 32
+        assert snap.dispatches_failed == 0
