@@ -3,8 +3,9 @@
 For each stream (a *lane*) the reactor keeps the watched events in submission order; only the
 oldest can complete first. While any is pending, the loop polls the oldest event of each lane
 with ``cuEventQuery`` (about 2 µs) from a ``call_soon`` callback, so other tasks run between
-polls; one poll resolves at most ``batch`` (4) completions, so the tasks it wakes fit in one
-short loop iteration and a timer or a request handler never waits behind hundreds of them.
+polls; one poll resolves at most ``batch`` (4) completions, or one after a loop iteration that
+took over ``SLOW_ITERATION``, so the tasks it wakes fit in one short loop iteration and a timer
+or a request handler never waits behind hundreds of them.
 When no event completed for ``poll_window`` seconds, each busy lane hands its oldest event to
 that lane's waiter thread, which blocks in ``cuEventSynchronize`` on a blocking-sync event
 (the GIL released, the thread asleep) and then posts the lane to an :class:`Inbox`; the loop
@@ -35,6 +36,8 @@ __all__ = ("HOLD_LIMIT", "EventPool", "Reactor")
 
 # Inline completions (Reactor.spin) may keep a task from yielding for this long at most.
 HOLD_LIMIT = 500e-6
+# After a loop iteration longer than this, a poll resolves one completion instead of a batch.
+SLOW_ITERATION = 500e-6
 
 Callback = Callable[[CudaError | None], None]
 
@@ -126,6 +129,7 @@ class Reactor:
         self._window_start = 0.0
         self._pending = 0
         self._start = 0  # the lane the next poll starts with
+        self._last_poll = 0.0
         self._fault: CudaError | None = None
         self.polls = 0
         self.handoffs = 0
@@ -163,7 +167,12 @@ class Reactor:
         self.polls += 1
         progress = False
         busy = False
-        budget = self.batch
+        # The time since the last poll is about one loop iteration. After a long one (slow tasks,
+        # or a machine running slowly for a while) wake one task, not a batch: each woken task
+        # lengthens the next iteration, and a timer or a request handler waits for two of them.
+        now = perf_counter()
+        budget = self.batch if now - self._last_poll < SLOW_ITERATION else 1
+        self._last_poll = now
         query = drv.cuEventQuery
         lanes = self._lanes
         n = len(lanes)
