@@ -87,3 +87,16 @@ def _fill(out: Array, value: np.float32, n: np.int64) -> None:
 
 
 FILL = ag.Kernel(FILL_SRC, "fill", host=_fill)
+
+# Busy-waits for a number of clock cycles, then sets done[0] (a long kernel for the GPU tests).
+SPIN = ag.Kernel(
+    r"""
+extern "C" __global__ void spin(long long cycles, int* done)
+{
+    long long t0 = clock64();
+    while (clock64() - t0 < cycles) { }
+    done[0] = 1;
+}
+""",
+    "spin",
+)

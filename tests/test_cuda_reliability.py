@@ -1,8 +1,9 @@
-"""Reliability on a GPU: device out of memory, and the pinned pool's byte cap reached."""
+"""Reliability on a GPU: device out of memory, the pinned pool's byte cap, and shutdown."""
 
 from __future__ import annotations
 
 import asyncio
+import gc
 from collections.abc import AsyncIterator
 from typing import Any
 
@@ -11,7 +12,7 @@ import pytest
 
 import asyncgraph as ag
 
-from .kernels import FILL, SCALE
+from .kernels import FILL, SCALE, SPIN
 
 pytestmark = pytest.mark.cuda
 
@@ -118,3 +119,87 @@ async def test_pinned_cap_reached_allocates_beyond_it_and_frees_down_to_it() -> 
         snap = gpu.telemetry.snapshot()
         assert snap.dispatches_completed == 32
         assert snap.dispatches_failed == 0
+
+
+def _spin(gpu: Any, ms: float) -> Any:
+    cycles = np.int64(gpu._device.properties.clock_rate * ms)
+    return gpu.dispatch(SPIN, cycles, ag.Out(1, np.int32), grid=1, block=1)
+
+
+def _scale(gpu: Any, x: np.ndarray[Any, Any]) -> Any:
+    n = x.size
+    grid = (n + 255) // 256
+    return gpu.dispatch(
+        SCALE, x, ag.Out(n, np.float32), np.float32(2), np.int32(n), grid=grid, block=256
+    )
+
+
+async def test_close_completes_work_in_flight_and_a_second_close_is_harmless() -> None:
+    backend: Any = ag.open_backend("cuda")
+    await backend.compile(SPIN)
+    await backend.compile(SCALE)
+    x = np.random.default_rng().standard_normal(4096, dtype=np.float32)
+    long = _spin(backend, 100)
+    short = [_scale(backend, x) for _ in range(20)]
+
+    async def awaiter() -> tuple[Any, ...]:
+        result: tuple[Any, ...] = await short[-1]  # awaited while another task closes
+        return result
+
+    waiting = asyncio.create_task(awaiter())
+    closing = asyncio.create_task(backend.aclose())
+    await asyncio.sleep(0.01)
+    assert backend.is_closed
+    assert not closing.done()  # the 100 ms kernel still runs
+    with pytest.raises(ag.BackendClosedError, match=r"^backend cuda:0 is closed; open a new one"):
+        _scale(backend, x)
+    await closing
+    (flag,) = await long
+    assert flag[0] == 1
+    for pending in short:
+        (out,) = await pending
+        np.testing.assert_array_equal(out, 2 * x)
+    (out,) = await waiting
+    np.testing.assert_array_equal(out, 2 * x)
+    await backend.aclose()  # harmless
+    assert backend.device_memory.statistics().bytes_in_use == 0
+    assert backend.device_memory.statistics().bytes_reserved == 0
+    assert backend.pinned_pool.statistics().bytes_in_use == 0
+
+
+async def test_close_with_a_timeout_fails_only_what_had_not_started() -> None:
+    backend: Any = ag.open_backend("cuda", max_in_flight=1)
+    await backend.compile(SPIN)
+    long = _spin(backend, 200)
+    queued = [_spin(backend, 1) for _ in range(3)]
+    closing = asyncio.create_task(backend.aclose(timeout=0.05))
+    await asyncio.sleep(0.1)  # past the timeout: the queued dispatches were failed
+    for pending in queued:
+        with pytest.raises(
+            ag.BackendClosedError,
+            match=r"^backend cuda:0 was closed before dispatch #\d of 'spin' started "
+            r"\(aclose timeout\)$",
+        ):
+            await pending
+    assert not closing.done()  # the running one still runs
+    await closing
+    (flag,) = await long
+    assert flag[0] == 1
+
+
+def _open_use_and_drop() -> int:
+    backend: Any = ag.open_backend("cuda")
+    reserved = backend.device_memory.statistics().bytes_reserved
+    del backend
+    gc.collect()
+    return int(reserved)
+
+
+async def test_a_dropped_backend_warns_and_releases_its_device_memory() -> None:
+    before = _free_device_bytes()
+    with pytest.warns(ResourceWarning, match=r"^backend cuda:0 was not closed; use 'async with'"):
+        reserved = _open_use_and_drop()
+    assert reserved > 0
+    gc.collect()
+    # Its memory pool (with the 64 MiB reserve and the streams' scratch) went with it.
+    assert _free_device_bytes() >= before - (8 << 20)
