@@ -27,6 +27,7 @@ from ._exceptions import StaleBufferError as StaleBufferError
 from ._exceptions import UnsupportedError as UnsupportedError
 from ._kernel import Kernel as Kernel
 from ._kernel import Param as Param
+from ._lease import StreamLease as StreamLease
 from ._options import BackendOptions as BackendOptions
 from ._pending import PendingDispatch as PendingDispatch
 from ._recover import reset_device as reset_device
@@ -62,6 +63,7 @@ __all__ = (
     "ResidentBuffer",
     "ShapeMismatchError",
     "StaleBufferError",
+    "StreamLease",
     "TelemetrySnapshot",
     "UnsupportedError",
     "__version__",

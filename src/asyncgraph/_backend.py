@@ -15,6 +15,8 @@ import itertools
 import threading
 import warnings
 from collections import deque
+from collections.abc import Callable
+from contextlib import AbstractAsyncContextManager
 from time import perf_counter
 from types import TracebackType
 from typing import Any, ClassVar, Final, cast
@@ -31,6 +33,7 @@ from ._args import (
     _shape_tuple,
     bind,
 )
+from ._dlpack import KDL_CPU
 from ._exceptions import (
     ArgumentTypeError,
     BackendClosedError,
@@ -39,6 +42,7 @@ from ._exceptions import (
     UnsupportedError,
 )
 from ._kernel import Kernel
+from ._lease import StreamLease
 from ._options import BackendOptions
 from ._pending import PendingDispatch
 from ._resident import ResidentBuffer, ResidentStore, Use
@@ -100,7 +104,7 @@ class Backend(abc.ABC):
     def __init__(self, name: str, options: BackendOptions) -> None:
         self.name = name
         self.options = options
-        self._store = ResidentStore(name, self._free_storage)
+        self._store = ResidentStore(name, self._free_storage, self)
         self.telemetry = Telemetry(self._counts, self._pool_counters)
         self._loop: asyncio.AbstractEventLoop | None = None
         self._state = _OPEN
@@ -399,6 +403,64 @@ class Backend(abc.ABC):
         self.telemetry.bytes_down += array.nbytes
         self.telemetry.copies_down += 1
         return array
+
+    # -- foreign work ----------------------------------------------------------------------------
+
+    def stream(self) -> AbstractAsyncContextManager[StreamLease]:
+        """Lease one of the backend's CUDA streams for work other libraries enqueue.
+
+        ``async with backend.stream() as lease:`` waits (FIFO, cancellation-safe) for a stream
+        no one else leases, and gives it back at the end; see :class:`StreamLease`.
+
+        Raises:
+            UnsupportedError: the backend has no CUDA streams (the host backend).
+            BackendClosedError: the backend is closed.
+        """
+        self._loop_for_use()
+        raise UnsupportedError(
+            f"backend {self.name} has no CUDA streams; stream() needs the CUDA backend"
+        )
+
+    async def _synchronize_lane(self, lane: Any) -> None:
+        raise UnsupportedError(f"backend {self.name} has no CUDA streams")
+
+    # -- interop (the resident store's Exporter; the host backend's memory is host memory) ----
+
+    def export_device(self) -> tuple[int, int]:
+        """DLPack device of resident buffers: (device type, ordinal). Used by the buffers."""
+        return (KDL_CPU, 0)
+
+    def export_pointer(self, storage: Any) -> int:
+        """The address of a resident buffer's memory. Used by the buffers."""
+        return int(storage.ctypes.data)
+
+    def export_wait(self, buffer: ResidentBuffer, stream: int | None) -> None:
+        """DLPack: order the consumer after the uses in flight. Used by the buffers.
+
+        Raises:
+            BufferError: a dispatch uses the buffer (host memory has no stream to wait on).
+        """
+        if stream not in (None, -1):
+            raise BufferError(f"__dlpack__(stream={stream}): host memory has no streams")
+        if buffer._in_use:
+            raise BufferError(
+                f"{buffer!r} is used by a dispatch in flight; await it before sharing the memory"
+            )
+
+    def export_stream(self, buffer: ResidentBuffer) -> int | None:
+        """``__cuda_array_interface__`` stream (none for host memory). Used by the buffers."""
+        return None
+
+    def call_threadsafe(self, fn: Callable[[], None]) -> None:
+        """Run *fn* on the loop's thread soon; at once if the loop is gone."""
+        loop = self._loop
+        if loop is None or loop.is_closed():
+            fn()
+            return
+        try:
+            loop.call_soon_threadsafe(fn)
+        except RuntimeError:  # closed meanwhile: nothing else uses the store any more
+            fn()
 
     @staticmethod
     async def _wait_jobs(deps: list[Use]) -> None:

@@ -7,7 +7,10 @@ completion) lives in ``_cuda_dispatch.py``.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import functools
+from collections.abc import AsyncIterator
+from contextlib import AbstractAsyncContextManager
 from typing import Any
 
 import numpy as np
@@ -17,9 +20,11 @@ from ._args import LaunchLimits
 from ._backend import Job
 from ._compile import KernelCompiler, load_kernel
 from ._cuda_dispatch import CudaDispatch, CudaJob, Launcher, dep_event
-from ._cudadrv import check, translate
+from ._cudadrv import SUCCESS, check, error_for, translate
+from ._dlpack import KDL_CUDA
 from ._exceptions import AllocationError, CompileError, CudaError, DeviceFaultError
 from ._kernel import Kernel
+from ._lease import StreamLease
 from ._options import BackendOptions
 from ._reactor import EventPool, Reactor
 from ._resident import ResidentBuffer, Use
@@ -94,6 +99,9 @@ class CudaBackend(CudaDispatch):
         self._compiling: dict[Kernel, list[CudaJob]] = {}
         self._compile_failed: dict[Kernel, CompileError] = {}
         self._tasks: set[asyncio.Task[None]] = set()
+        self._leases = 0  # stream leases not yet ended
+        self._streams_closed = False
+        self._no_leases = asyncio.Event()
         self._init_dispatch()
         self._log.info(
             "backend.opened",
@@ -393,12 +401,100 @@ class CudaBackend(CudaDispatch):
         array: np.ndarray[Any, Any] = await self._wait_event(lane.index, event, on_done)
         return array
 
+    # -- foreign work and interop ------------------------------------------------------------
+
+    def stream(self) -> AbstractAsyncContextManager[StreamLease]:
+        """Lease one of the backend's CUDA streams for work other libraries enqueue.
+
+        ``async with backend.stream() as lease:`` waits (FIFO, cancellation-safe) for a stream
+        no one else leases; no dispatch is placed on it meanwhile. ``lease.handle`` is the
+        ``CUstream`` as an int, ``lease`` has ``__cuda_stream__``, and ``await
+        lease.synchronize()`` waits for the work enqueued so far without blocking the loop.
+        ``aclose()`` waits for leases to end before it destroys the streams.
+
+        Raises:
+            BackendClosedError: the backend is closed.
+        """
+        self._loop_for_use()
+        return self._lease()
+
+    @contextlib.asynccontextmanager
+    async def _lease(self) -> AsyncIterator[StreamLease]:
+        lane = await self._stream_pool.lease()
+        lease = StreamLease(self, lane)
+        self._leases += 1
+        try:
+            yield lease
+        finally:
+            lease._active = False
+            self._stream_pool.give_back(lane)
+            self._leases -= 1
+            if not self._leases:
+                self._no_leases.set()
+
+    async def _synchronize_lane(self, lane: Any) -> None:
+        if self._failure is not None:
+            raise self._failure
+        event = self._events.take()
+        code = drv.cuEventRecord(event, self._handles[lane.index])[0]
+        if code != SUCCESS:
+            self._events.give(event)
+            raise error_for(code, "cuEventRecord")
+        await self._wait_event(lane.index, event, lambda _error, _cancelled: None)
+
+    def export_device(self) -> tuple[int, int]:
+        """DLPack device of resident buffers: (``kDLCUDA``, ordinal). Used by the buffers."""
+        return (KDL_CUDA, self._device.device_id)
+
+    def export_pointer(self, storage: Any) -> int:
+        """The device address of a resident buffer. Used by the buffers."""
+        return int(storage.handle)
+
+    @staticmethod
+    def _events_of(uses: list[Any]) -> list[Any]:
+        events = []
+        for use in uses:
+            event = dep_event(use)
+            if event is False:
+                raise BufferError(
+                    "a dispatch that uses this buffer is queued and has not started, so there "
+                    "is nothing to order after yet; await it first"
+                )
+            if event is not None:
+                events.append(event)
+        return events
+
+    def export_wait(self, buffer: ResidentBuffer, stream: int | None) -> None:
+        """DLPack: make the consumer's *stream* (``None``: the legacy default stream; ``-1``:
+        none) wait for every dispatch in flight that uses the buffer. Used by the buffers."""
+        uses = [buffer._writer, *buffer._readers] if buffer._writer else list(buffer._readers)
+        events = self._events_of(uses)
+        if stream == -1 or not events:
+            return
+        target = drv.CUstream(1 if stream is None else int(stream))
+        for event in events:
+            check(drv.cuStreamWaitEvent(target, event, 0), "cuStreamWaitEvent")
+
+    def export_stream(self, buffer: ResidentBuffer) -> int | None:
+        """``__cuda_array_interface__``: the stream of the dispatch in flight that writes the
+        buffer, or ``None``. Used by the buffers."""
+        writer = buffer._writer
+        if writer is None or not self._events_of([writer]):
+            return None
+        return int(writer.lane.stream.handle)  # type: ignore[attr-defined]  # a launched CudaJob
+
     def _free_storage(self, storage: Any) -> None:
-        storage.close(self._alloc_stream)
+        # After close (a DLPack consumer let go of a buffer late) the streams are gone; the
+        # memory resource then frees without one.
+        storage.close(None if self._streams_closed else self._alloc_stream)
 
     # -- closing -------------------------------------------------------------------------------
 
     async def _shutdown(self) -> None:
+        if self._leases:
+            # Work of other libraries may still be enqueued on leased streams.
+            self._no_leases.clear()
+            await self._no_leases.wait()
         for task in list(self._tasks):
             await task
         threads = self._reactor_.close() if self._reactor_ is not None else []
@@ -409,6 +505,7 @@ class CudaBackend(CudaDispatch):
         self._events.close()
         self._timing_events.close()
         self._free_scratch()
+        self._streams_closed = True
         for stream in [*self._stream_pool.streams, self._alloc_stream]:
             stream.close()
         self._loaded.clear()

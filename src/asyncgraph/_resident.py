@@ -20,13 +20,44 @@ from typing import Any, Protocol
 
 import numpy as np
 
+from ._dlpack import make_capsule
 from ._exceptions import StaleBufferError
 
-__all__ = ("ResidentBuffer", "ResidentStore")
+__all__ = ("Exporter", "ResidentBuffer", "ResidentStore")
 
 
 class Use(Protocol):
     """Something in flight that uses a buffer (a dispatch); opaque to the store."""
+
+
+class Exporter(Protocol):
+    """What a backend does for buffers exported to other libraries (loop thread, except
+    ``call_threadsafe``)."""
+
+    def export_device(self) -> tuple[int, int]:
+        """The DLPack device: (device type, ordinal)."""
+        ...
+
+    def export_pointer(self, storage: Any) -> int:
+        """The address of a buffer's memory."""
+        ...
+
+    def export_wait(self, buffer: ResidentBuffer, stream: int | None) -> None:
+        """DLPack: order the consumer's *stream* after every use of *buffer* in flight.
+
+        Raises:
+            BufferError: a use in flight has not started, so there is nothing to wait on yet.
+        """
+        ...
+
+    def export_stream(self, buffer: ResidentBuffer) -> int | None:
+        """``__cuda_array_interface__``: the stream a consumer must wait on for the write in
+        flight to *buffer*, or ``None`` when no write is in flight."""
+        ...
+
+    def call_threadsafe(self, fn: Callable[[], None]) -> None:
+        """Run *fn* on the loop's thread soon (from any thread)."""
+        ...
 
 
 class ResidentBuffer:
@@ -36,6 +67,13 @@ class ResidentBuffer:
     back with ``await backend.download(buffer)``; free it with ``await buffer.aclose()``.
     Made by ``backend.upload()`` and ``backend.empty()``; there is no public constructor.
 
+    Other libraries can use its memory in place: ``torch.from_dlpack(buffer)``,
+    ``cupy.from_dlpack(buffer)`` (and ``np.from_dlpack`` on the host backend) through DLPack,
+    which keeps the memory until the consumer lets go, even if the buffer is closed first; and
+    ``cupy.asarray(buffer)`` or ``torch.as_tensor(buffer, device="cuda")`` through
+    ``__cuda_array_interface__`` (CUDA backend), a borrowed view that is valid until the buffer
+    is closed. See ``docs/interop.md``.
+
     Attributes:
         shape: the array shape.
         dtype: the numpy dtype.
@@ -44,6 +82,7 @@ class ResidentBuffer:
 
     __slots__ = (
         "__weakref__",
+        "_exports",
         "_generation",
         "_in_use",
         "_readers",
@@ -73,6 +112,7 @@ class ResidentBuffer:
         self.dtype = dtype
         self.nbytes = int(np.prod(shape, dtype=np.int64)) * dtype.itemsize
         self._in_use = 0
+        self._exports = 0  # DLPack tensors consumers still hold
         self._writer: Use | None = None
         self._readers: list[Use] = []
 
@@ -94,6 +134,79 @@ class ResidentBuffer:
         """
         self._store._close(self)
         await asyncio.sleep(0)
+
+    # -- interop -------------------------------------------------------------------------------
+
+    def _exporter(self, protocol: str) -> Exporter:
+        exporter = self._store.exporter
+        if exporter is None:
+            raise BufferError(f"{protocol}: the {self.backend_name} backend exports no memory")
+        self._store.check(self, protocol)
+        return exporter
+
+    def __dlpack_device__(self) -> tuple[int, int]:
+        """DLPack: (device type, device ordinal) of the memory."""
+        return self._exporter("__dlpack_device__").export_device()
+
+    def __dlpack__(
+        self,
+        *,
+        stream: int | None = None,
+        max_version: tuple[int, int] | None = None,
+        dl_device: tuple[int, int] | None = None,
+        copy: bool | None = None,
+    ) -> Any:
+        """DLPack: a capsule over the buffer's memory, for ``torch.from_dlpack`` and the like.
+
+        The consumer's *stream* is made to wait for dispatches in flight that write the buffer.
+        The memory stays allocated until the consumer releases the tensor, even if the buffer
+        is closed meanwhile. Only an unversioned capsule is made, which every consumer accepts.
+
+        Raises:
+            StaleBufferError: the buffer is closed.
+            BufferError: a copy or another device was asked for, the backend exports no
+                memory, or a dispatch that uses the buffer is queued and has not started.
+        """
+        del max_version  # an unversioned capsule is always allowed
+        exporter = self._exporter("__dlpack__")
+        device = exporter.export_device()
+        if copy:
+            raise BufferError("__dlpack__(copy=True): a resident buffer is only shared, not copied")
+        if dl_device is not None and tuple(dl_device) != device:
+            raise BufferError(f"__dlpack__(dl_device={dl_device}): the buffer lives on {device}")
+        exporter.export_wait(self, stream)
+        pointer = exporter.export_pointer(self._storage)
+        self._exports += 1
+        store = self._store
+
+        def release() -> None:
+            exporter.call_threadsafe(lambda: store._unexport(self))
+
+        return make_capsule(pointer, self.shape, self.dtype, device, release)
+
+    @property
+    def __cuda_array_interface__(self) -> dict[str, Any]:
+        """Version 3 of the CUDA array interface (CUDA backend only), a borrowed view.
+
+        ``stream`` names the stream a consumer must wait on while a dispatch that writes the
+        buffer is in flight, else it is ``None``. The view is valid until the buffer is closed.
+        """
+        exporter = self._store.exporter
+        if exporter is None or exporter.export_device()[0] != 2:
+            raise AttributeError(
+                f"__cuda_array_interface__: a resident buffer of the {self.backend_name} backend "
+                "is not device memory"
+            )
+        self._store.check(self, "__cuda_array_interface__")
+        stream = exporter.export_stream(self)
+        return {
+            "shape": self.shape,
+            "typestr": self.dtype.str,
+            "data": (exporter.export_pointer(self._storage), False),
+            "strides": None,
+            "version": 3,
+            "stream": stream,
+        }
 
     def __repr__(self) -> str:
         state = "closed" if self.is_closed else f"{self._in_use} in use"
@@ -124,7 +237,12 @@ class ResidentBuffer:
             self._writer = None
         elif use in self._readers:
             self._readers.remove(use)
-        if self._in_use == 0 and self._storage is not None and not self._store._is_current(self):
+        if (
+            self._in_use == 0
+            and self._exports == 0
+            and self._storage is not None
+            and not self._store._is_current(self)
+        ):
             self._store._free(self)
 
 
@@ -134,11 +252,18 @@ class ResidentStore:
     Args:
         backend_name: the owning backend's name, for messages.
         free_storage: frees a buffer's backend storage (device memory on CUDA).
+        exporter: the backend's side of DLPack and ``__cuda_array_interface__``, if any.
     """
 
-    def __init__(self, backend_name: str, free_storage: Callable[[Any], None]) -> None:
+    def __init__(
+        self,
+        backend_name: str,
+        free_storage: Callable[[Any], None],
+        exporter: Exporter | None = None,
+    ) -> None:
         self.backend_name = backend_name
         self._free_storage = free_storage
+        self.exporter = exporter
         self._generations: list[int] = []
         self._buffers: list[ResidentBuffer | None] = []
         self._free_slots: list[int] = []
@@ -208,7 +333,18 @@ class ResidentStore:
         self._generations[buffer._slot] += 1
         self._buffers[buffer._slot] = None
         self._free_slots.append(buffer._slot)
-        if buffer._in_use == 0:
+        if buffer._in_use == 0 and buffer._exports == 0:
+            self._free(buffer)
+
+    def _unexport(self, buffer: ResidentBuffer) -> None:
+        """A consumer released a DLPack tensor: free the memory if nothing else holds it."""
+        buffer._exports -= 1
+        if (
+            buffer._exports == 0
+            and buffer._in_use == 0
+            and buffer._storage is not None
+            and not self._is_current(buffer)
+        ):
             self._free(buffer)
 
     def _free(self, buffer: ResidentBuffer) -> None:
