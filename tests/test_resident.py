@@ -140,3 +140,31 @@ async def test_out_into_rejects_shape_with_buffer(host: ag.Backend) -> None:
         ag.Out(4, np.int32, into=buf)
     assert repr(ag.Out(into=buf)).startswith("Out(into=<ResidentBuffer int32 (2, 2) on host")
     await asyncio.sleep(0)
+
+
+async def test_download_into_an_array_of_yours(host: ag.Backend) -> None:
+    data = np.arange(12, dtype=np.float32).reshape(3, 4)
+    buf = await host.upload(data)
+    out = np.zeros((3, 4), np.float32)
+    result = await host.download(buf, out=out)
+    assert result is out
+    np.testing.assert_array_equal(out, data)
+    with pytest.raises(
+        ag.ShapeMismatchError,
+        match=r"^download\(out=\.\.\.\) got a float32 array of shape \(4, 3\)",
+    ):
+        await host.download(buf, out=np.zeros((4, 3), np.float32))
+    with pytest.raises(ag.ShapeMismatchError, match=r"^download\(out=\.\.\.\) got a float64 array"):
+        await host.download(buf, out=np.zeros((3, 4), np.float64))
+    with pytest.raises(
+        ag.ArgumentTypeError, match=r"^download\(out=\.\.\.\) needs a writable, C-contiguous"
+    ):
+        await host.download(buf, out=np.zeros((4, 3), np.float32).T)
+    frozen = np.zeros((3, 4), np.float32)
+    frozen.flags.writeable = False
+    with pytest.raises(ag.ArgumentTypeError, match=r"needs a writable, C-contiguous array"):
+        await host.download(buf, out=frozen)
+    with pytest.raises(
+        ag.ArgumentTypeError, match=r"^download\(out=\.\.\.\) takes a numpy array, got list"
+    ):
+        await host.download(buf, out=[0.0] * 12)  # type: ignore[arg-type]

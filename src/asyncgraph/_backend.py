@@ -39,6 +39,7 @@ from ._exceptions import (
     BackendClosedError,
     DeviceFaultError,
     DeviceUnavailableError,
+    ShapeMismatchError,
     UnsupportedError,
 )
 from ._kernel import Kernel
@@ -69,6 +70,20 @@ class Job:
         self.t_submit = 0.0
         self.deps: list[Use] = []
         self.buffers: list[ResidentBuffer] = []
+
+
+def _check_out(out: object, buffer: ResidentBuffer) -> None:
+    if not isinstance(out, np.ndarray):
+        raise ArgumentTypeError(f"download(out=...) takes a numpy array, got {type(out).__name__}")
+    if not out.flags.c_contiguous or not out.flags.writeable:
+        raise ArgumentTypeError(
+            "download(out=...) needs a writable, C-contiguous array; pass np.empty(shape, dtype)"
+        )
+    if out.shape != buffer.shape or out.dtype != buffer.dtype:
+        raise ShapeMismatchError(
+            f"download(out=...) got a {out.dtype} array of shape {out.shape}; the buffer is "
+            f"{buffer.dtype} of shape {buffer.shape}"
+        )
 
 
 class _Download:
@@ -378,13 +393,19 @@ class Backend(abc.ABC):
     def _host_array(self, shape: tuple[int, ...], dtype: np.dtype[Any]) -> np.ndarray[Any, Any]:
         return np.empty(shape, dtype)
 
-    async def download(self, buffer: ResidentBuffer) -> np.ndarray[Any, Any]:
-        """Copy a resident buffer back into a new numpy array.
+    async def download(
+        self, buffer: ResidentBuffer, out: np.ndarray[Any, Any] | None = None
+    ) -> np.ndarray[Any, Any]:
+        """Copy a resident buffer back into a new numpy array, or into *out*.
 
         Waits for dispatches in flight that write the buffer, so it reads what they wrote.
+        Reusing an *out* array whose pages were touched before saves the page faults of a new
+        array, which bound large downloads.
 
         Raises:
             StaleBufferError: the buffer is closed or from another backend.
+            ArgumentTypeError: *out* is not a writable, C-contiguous numpy array.
+            ShapeMismatchError: *out* has another shape or dtype than the buffer.
             BackendClosedError: the backend is closed.
         """
         self._loop_for_use()
@@ -393,10 +414,12 @@ class Backend(abc.ABC):
                 f"download() takes a resident buffer, got {type(buffer).__name__}"
             )
         self._store.check(buffer, "download()")
+        if out is not None:
+            _check_out(out, buffer)
         use = _Download()
         deps = buffer._track(use, write=False)
         try:
-            array = await self._download_storage(buffer, use, deps)
+            array = await self._download_storage(buffer, use, deps, out)
         finally:
             use.finished.set()
             buffer._untrack(use)
@@ -573,9 +596,13 @@ class Backend(abc.ABC):
 
     @abc.abstractmethod
     async def _download_storage(
-        self, buffer: ResidentBuffer, use: Use, deps: list[Use]
+        self,
+        buffer: ResidentBuffer,
+        use: Use,
+        deps: list[Use],
+        out: np.ndarray[Any, Any] | None,
     ) -> np.ndarray[Any, Any]:
-        """Copy *buffer* out (as *use*) after the uses in *deps* completed."""
+        """Copy *buffer* out (as *use*, into *out* if given) after the uses in *deps*."""
 
     @abc.abstractmethod
     def _free_storage(self, storage: Any) -> None:

@@ -19,7 +19,7 @@ from cuda.bindings import driver as drv
 from ._args import LaunchLimits
 from ._backend import Job
 from ._compile import KernelCompiler, load_kernel
-from ._cuda_dispatch import CudaDispatch, CudaJob, Launcher, dep_event
+from ._cuda_dispatch import CudaDispatch, CudaJob, Launcher, _copy_into, dep_event
 from ._cudadrv import SUCCESS, check, error_for, translate
 from ._dlpack import KDL_CUDA
 from ._exceptions import AllocationError, CompileError, CudaError, DeviceFaultError
@@ -29,6 +29,7 @@ from ._options import BackendOptions
 from ._reactor import EventPool, Reactor
 from ._resident import ResidentBuffer, Use
 from ._telemetry import PoolCounters
+from ._transfer import CHUNKED_ABOVE, TRANSFER_CHUNK, ChunkedTransfer
 from .pool import HostPool, PinnedPool, StreamOrderedDeviceMemory, StreamPool
 
 __all__ = ("CudaBackend",)
@@ -297,6 +298,16 @@ class CudaBackend(CudaDispatch):
         self._reactor.watch(lane, event, done)
         return future
 
+    def _chunked(self, lane: Any) -> ChunkedTransfer:
+        return ChunkedTransfer(
+            self._pinned,
+            self._events.take,
+            lambda event, on_done: self._wait_event(lane.index, event, on_done),
+            self._handles[lane.index],
+            _copy_into,
+            TRANSFER_CHUNK,
+        )
+
     async def _upload_storage(self, array: np.ndarray[Any, Any]) -> Any:
         if self._failure is not None:
             raise self._failure
@@ -304,6 +315,16 @@ class CudaBackend(CudaDispatch):
         handle = self._handles[lane.index]
         nbytes = array.nbytes
         storage = self._allocate_resident(nbytes, lane.stream)
+        if nbytes > CHUNKED_ABOVE:
+            try:
+                await self._chunked(lane).upload(
+                    array.reshape(-1).view(np.uint8), int(storage.handle)
+                )
+            except BaseException:
+                with contextlib.suppress(Exception):  # after a device fault the free fails too
+                    storage.close(lane.stream)  # ordered after the copies in flight
+                raise
+            return storage
         block = self._pinned.acquire(nbytes)
         block.array[:nbytes] = array.reshape(-1).view(np.uint8)
         check(
@@ -348,10 +369,14 @@ class CudaBackend(CudaDispatch):
         return storage
 
     async def _download_storage(
-        self, buffer: ResidentBuffer, use: Use, deps: list[Use]
+        self,
+        buffer: ResidentBuffer,
+        use: Use,
+        deps: list[Use],
+        out: np.ndarray[Any, Any] | None,
     ) -> np.ndarray[Any, Any]:
         try:
-            return await self._download_ordered(buffer, use, deps)
+            return await self._download_ordered(buffer, use, deps, out)
         finally:
             # However the download ended (cancelled while it waited for writers, say), jobs
             # parked behind it may go now.
@@ -360,7 +385,11 @@ class CudaBackend(CudaDispatch):
                 self._unpark()
 
     async def _download_ordered(
-        self, buffer: ResidentBuffer, use: Use, deps: list[Use]
+        self,
+        buffer: ResidentBuffer,
+        use: Use,
+        deps: list[Use],
+        out: np.ndarray[Any, Any] | None,
     ) -> np.ndarray[Any, Any]:
         if self._failure is not None:
             raise self._failure
@@ -374,6 +403,13 @@ class CudaBackend(CudaDispatch):
             if event is not None and event is not False:
                 check(drv.cuStreamWaitEvent(handle, event, 0), "cuStreamWaitEvent")
         nbytes = buffer.nbytes
+        if nbytes > CHUNKED_ABOVE:
+            # Later writers stay parked until the whole download finished (use.event unset).
+            target = np.empty(buffer.shape, buffer.dtype) if out is None else out
+            await self._chunked(lane).download(
+                int(buffer._storage.handle), target.reshape(-1).view(np.uint8)
+            )
+            return target
         block = self._pinned.acquire(nbytes)
         check(
             drv.cuMemcpyDtoHAsync(block.ptr, int(buffer._storage.handle), nbytes, handle),
@@ -392,9 +428,9 @@ class CudaBackend(CudaDispatch):
             try:
                 if error is not None or cancelled:
                     return None
-                out = np.empty(shape, dtype)
-                out.reshape(-1).view(np.uint8)[:] = block.array[:nbytes]
-                return out
+                target = np.empty(shape, dtype) if out is None else out
+                target.reshape(-1).view(np.uint8)[:] = block.array[:nbytes]
+                return target
             finally:
                 self._pinned.release(block)
 

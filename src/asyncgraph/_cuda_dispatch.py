@@ -54,10 +54,10 @@ BIG_COPY = 4 << 20
 # Outputs of at least this many bytes are downloaded into pinned memory that the result arrays
 # then own (no copy out of staging), while the backend has lent less than its pinned budget.
 PINNED_RESULTS = 1 << 20
-_CHUNK = 8 << 20
+_CHUNK = 4 << 20
 # Dispatches needing at most this much device memory use their stream's scratch buffer.
 SCRATCH_BYTES = 1 << 20
-_copiers = ThreadPoolExecutor(max_workers=4, thread_name_prefix="asyncgraph-copy")
+_copiers = ThreadPoolExecutor(max_workers=8, thread_name_prefix="asyncgraph-copy")
 
 
 def _copy_into(dst: np.ndarray[Any, Any], src: np.ndarray[Any, Any]) -> None:

@@ -9,6 +9,7 @@ they run, inputs reach them read-only, and completions return to the loop in bat
 from __future__ import annotations
 
 import asyncio
+import functools
 import threading
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
@@ -41,6 +42,11 @@ class _HostJob(Job):
 
 def _copy(array: np.ndarray[Any, Any]) -> np.ndarray[Any, Any]:
     return np.array(array, copy=True, order="C")
+
+
+def _copy_to(out: np.ndarray[Any, Any], array: np.ndarray[Any, Any]) -> np.ndarray[Any, Any]:
+    np.copyto(out, array)
+    return out
 
 
 class HostBackend(Backend):
@@ -144,13 +150,18 @@ class HostBackend(Backend):
         return np.empty(shape, dtype)
 
     async def _download_storage(
-        self, buffer: ResidentBuffer, use: Use, deps: list[Use]
+        self,
+        buffer: ResidentBuffer,
+        use: Use,
+        deps: list[Use],
+        out: np.ndarray[Any, Any] | None,
     ) -> np.ndarray[Any, Any]:
         await self._wait_jobs(deps)
         storage = buffer._storage
+        copy = _copy if out is None else functools.partial(_copy_to, out)
         if buffer.nbytes <= _INLINE_COPY_BYTES:
-            return _copy(storage)
-        return await asyncio.get_running_loop().run_in_executor(None, _copy, storage)
+            return copy(storage)
+        return await asyncio.get_running_loop().run_in_executor(None, copy, storage)
 
     def _free_storage(self, storage: Any) -> None:
         """Host storage is a numpy array: dropping the reference frees it."""

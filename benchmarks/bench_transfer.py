@@ -1,0 +1,174 @@
+"""Large transfers: asyncgraph's chunked upload/download against pageable copies and CuPy.
+
+For 16 MiB, 256 MiB and 1 GiB, in one run on one GPU (GB/s, medians after a warm-up):
+- raw ``cuMemcpyHtoD`` / ``cuMemcpyDtoH`` from and to pageable numpy memory (synchronous);
+- ``cupy.asarray`` / ``cupy.asnumpy``;
+- ``await backend.upload(x)`` / ``await backend.download(buf)`` (chunked through pinned memory),
+  with the event loop's worst stall meanwhile (a 0.5 ms heartbeat), and ``download(buf,
+  out=array)`` into an array reused from before (the raw rows also copy into one, while a new
+  array pays a page fault per page on first touch).
+Target: asyncgraph at least 1.5x the pageable bandwidth at 256 MiB, both directions.
+
+Run on a GPU:  python benchmarks/bench_transfer.py --json results.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import functools
+import json
+import statistics
+import time
+from collections.abc import Awaitable, Callable
+
+import numpy as np
+from cuda.bindings import driver as drv
+
+import asyncgraph as ag
+
+SIZES = {"16 MiB": 16 << 20, "256 MiB": 256 << 20, "1 GiB": 1 << 30}
+REPS = {"16 MiB": 30, "256 MiB": 8, "1 GiB": 4}
+
+
+def gbps(nbytes: int, seconds: float) -> float:
+    return nbytes / seconds / 1e9
+
+
+def median_time(fn: Callable[[], object], reps: int) -> float:
+    fn()
+    samples = []
+    for _ in range(reps):
+        t0 = time.perf_counter()
+        fn()
+        samples.append(time.perf_counter() - t0)
+    return statistics.median(samples)
+
+
+async def median_time_async(fn: Callable[[], Awaitable[object]], reps: int) -> tuple[float, float]:
+    """Median seconds of *fn*, and the loop's worst stall (s) while it ran."""
+    await fn()
+    stalls: list[float] = []
+    stop = asyncio.Event()
+
+    async def heartbeat() -> None:
+        while not stop.is_set():
+            t0 = time.perf_counter()
+            await asyncio.sleep(0.0005)
+            stalls.append(time.perf_counter() - t0 - 0.0005)
+
+    beat = asyncio.create_task(heartbeat())
+    samples = []
+    for _ in range(reps):
+        t0 = time.perf_counter()
+        await fn()
+        samples.append(time.perf_counter() - t0)
+    stop.set()
+    await beat
+    return statistics.median(samples), max(stalls, default=0.0)
+
+
+def raw_rows() -> dict[str, float]:
+    from cuda.core import Device
+
+    Device(0).set_current()
+    rows = {}
+    for label, nbytes in SIZES.items():
+        host = np.ones(nbytes, np.uint8)
+        dev = drv.cuMemAlloc(nbytes)[1]
+        ptr = host.ctypes.data
+        up = median_time(lambda: drv.cuMemcpyHtoD(dev, ptr, nbytes), REPS[label])  # noqa: B023
+        down = median_time(lambda: drv.cuMemcpyDtoH(ptr, dev, nbytes), REPS[label])  # noqa: B023
+        rows[f"pageable cuMemcpyHtoD {label}, GB/s"] = gbps(nbytes, up)
+        rows[f"pageable cuMemcpyDtoH {label}, GB/s"] = gbps(nbytes, down)
+        drv.cuMemFree(dev)
+    return rows
+
+
+def cupy_rows() -> dict[str, float]:
+    try:
+        import cupy as cp
+    except ImportError:
+        return {}
+    rows = {}
+    for label, nbytes in SIZES.items():
+        host = np.ones(nbytes, np.uint8)
+
+        def to_device() -> None:
+            cp.asarray(host)  # noqa: B023
+            cp.cuda.Device().synchronize()
+
+        up = median_time(to_device, REPS[label])
+        dev = cp.asarray(host)
+        down = median_time(functools.partial(cp.asnumpy, dev), REPS[label])
+        rows[f"cupy.asarray {label}, GB/s"] = gbps(nbytes, up)
+        rows[f"cupy.asnumpy {label}, GB/s"] = gbps(nbytes, down)
+        del dev
+        cp.get_default_memory_pool().free_all_blocks()
+    return rows
+
+
+async def asyncgraph_rows() -> dict[str, float]:
+    rows = {}
+    async with ag.open_backend("cuda") as gpu:
+        for label, nbytes in SIZES.items():
+            host = np.ones(nbytes, np.uint8)
+
+            async def up() -> None:
+                buf = await gpu.upload(host)  # noqa: B023
+                await buf.aclose()
+
+            t_up, stall_up = await median_time_async(up, REPS[label])
+            buf = await gpu.upload(host)
+            t_down, stall_down = await median_time_async(
+                lambda: gpu.download(buf),  # noqa: B023
+                REPS[label],
+            )
+            warm = np.ones(nbytes, np.uint8)  # pages touched, like the raw rows' array
+            t_into, _ = await median_time_async(
+                lambda: gpu.download(buf, out=warm),  # noqa: B023
+                REPS[label],
+            )
+            back = await gpu.download(buf)
+            assert np.array_equal(back, host)
+            rows[f"asyncgraph download into a reused array {label}, GB/s"] = gbps(nbytes, t_into)
+            await buf.aclose()
+            rows[f"asyncgraph upload {label}, GB/s"] = gbps(nbytes, t_up)
+            rows[f"asyncgraph download {label}, GB/s"] = gbps(nbytes, t_down)
+            rows[f"loop worst stall during upload {label}, ms"] = stall_up * 1e3
+            rows[f"loop worst stall during download {label}, ms"] = stall_down * 1e3
+    return rows
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--json", help="write the results here")
+    args = parser.parse_args()
+    from cuda.core import Device
+
+    device = Device(0).name
+    rows = {**raw_rows(), **cupy_rows(), **asyncio.run(asyncgraph_rows())}
+    targets = {}
+    for row, raw in (
+        ("upload", "HtoD"),
+        ("download", "DtoH"),
+        ("download into a reused array", "DtoH"),
+    ):
+        ours = rows[f"asyncgraph {row} 256 MiB, GB/s"]
+        targets[f"asyncgraph {row} / pageable at 256 MiB >= 1.5"] = (
+            ours / rows[f"pageable cuMemcpy{raw} 256 MiB, GB/s"]
+        )
+    print(f"device: {device}")
+    print(f"{'measurement':<60}{'value':>12}")
+    for key, value in rows.items():
+        print(f"{key:<60}{value:>12.2f}")
+    print(f"\n{'target':<60}{'measured':>12}")
+    for key, value in targets.items():
+        print(f"{key:<60}{value:>12.2f}")
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump({"device": device, "rows": rows, "targets": targets}, f, indent=1)
+
+
+if __name__ == "__main__":
+    main()
