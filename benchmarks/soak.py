@@ -18,24 +18,17 @@ import json
 import os
 import sys
 import time
+from pathlib import Path
 from typing import Any
 
 import numpy as np
 from cuda.bindings import driver as drv
 
-import asyncgraph as ag
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-EMPTY = ag.Kernel('extern "C" __global__ void empty(int n) { }', "empty")
-SCALE = ag.Kernel(
-    r"""
-extern "C" __global__ void scale(const float* x, float* out, float a, int n)
-{
-    int i = blockIdx.x * blockDim.x + threadIdx.x;
-    if (i < n) out[i] = a * x[i];
-}
-""",
-    "scale",
-)
+import asyncgraph as ag
+from benchmarks.bench_dispatch import EMPTY, SCALE
+
 TASKS = 16
 N = 1024  # float32 elements: 4 KiB
 
