@@ -168,3 +168,50 @@ async def test_download_into_an_array_of_yours(host: ag.Backend) -> None:
         ag.ArgumentTypeError, match=r"^download\(out=\.\.\.\) takes a numpy array, got list"
     ):
         await host.download(buf, out=[0.0] * 12)  # type: ignore[arg-type]
+
+
+async def test_a_result_can_stay_resident(host: ag.Backend) -> None:
+    x = np.arange(6, dtype=np.float32)
+    (buf,) = await host.dispatch(
+        SCALE,
+        x,
+        ag.Out(6, np.float32, resident=True),
+        np.float32(2),
+        np.int32(6),
+        grid=1,
+        block=6,
+    )
+    assert isinstance(buf, ag.ResidentBuffer)
+    assert buf.shape == (6,)
+    assert buf.dtype == np.dtype(np.float32)
+    np.testing.assert_array_equal(await host.download(buf), x * 2)
+    # It feeds the next dispatch in place.
+    (again,) = await host.dispatch(
+        SCALE, buf, ag.Out(6, np.float32), np.float32(3), np.int32(6), grid=1, block=6
+    )
+    np.testing.assert_array_equal(again, x * 6)
+    assert repr(ag.Out(6, np.float32, resident=True)) == "Out((6,), float32, resident=True)"
+
+
+async def test_a_refused_dispatch_gives_its_resident_results_back(host: ag.Backend) -> None:
+    live = host._store.bytes_live
+    with pytest.raises(ag.ArgumentTypeError, match=r"is a Python int"):
+        host.dispatch(
+            SCALE,
+            np.ones(6, np.float32),
+            ag.Out(6, np.float32, resident=True),
+            np.float32(2),
+            6,  # a bare int: refused after the resident result was made
+            grid=1,
+            block=6,
+        )
+    assert host._store.bytes_live == live
+    assert len(host._store) == 0
+
+
+async def test_out_resident_refusals(host: ag.Backend) -> None:
+    with pytest.raises(ag.ArgumentTypeError, match=r"^Out\(resident='yes'\); pass True or False$"):
+        ag.Out(4, np.float32, resident="yes")  # type: ignore[arg-type]
+    buf = host.empty(4, np.float32)
+    with pytest.raises(ag.DispatchError, match=r"^Out\(into=buffer\) already writes a resident"):
+        ag.Out(into=buf, resident=True)

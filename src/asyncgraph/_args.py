@@ -12,7 +12,7 @@ from __future__ import annotations
 import contextlib
 import math
 import operator
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any, Final, TypeGuard
 
 import attrs
@@ -96,15 +96,18 @@ def _numeric_dtype(dtype: object, what: str) -> np.dtype[Any]:
 class Out:
     """An output argument: zero-filled before the kernel runs, returned by the dispatch.
 
-    ``Out(shape, dtype)`` returns a new numpy array; ``Out(into=buffer)`` writes into a resident
-    buffer in place (it is zero-filled too) and the dispatch returns that buffer.
+    ``Out(shape, dtype)`` returns a new numpy array; ``Out(shape, dtype, resident=True)`` returns
+    a new resident buffer instead (the result stays on the backend, ready for the next dispatch
+    or for ``torch.from_dlpack``); ``Out(into=buffer)`` writes into a resident buffer in place
+    (it is zero-filled too) and the dispatch returns that buffer.
 
     Raises:
+        DispatchError: both a shape and ``into=``, or ``into=`` with ``resident=True``.
         ShapeMismatchError: the shape is not a tuple of positive ints, or is absurdly large.
         ArgumentTypeError: the dtype is not numeric.
     """
 
-    __slots__ = ("dtype", "into", "nbytes", "shape")
+    __slots__ = ("dtype", "into", "nbytes", "resident", "shape")
 
     def __init__(
         self,
@@ -112,8 +115,16 @@ class Out:
         dtype: object = None,
         *,
         into: ResidentBuffer | None = None,
+        resident: bool = False,
     ) -> None:
+        if not isinstance(resident, bool):
+            raise ArgumentTypeError(f"Out(resident={resident!r}); pass True or False")
+        self.resident = resident
         if into is not None:
+            if resident:
+                raise DispatchError(
+                    "Out(into=buffer) already writes a resident buffer; drop resident=True"
+                )
             if shape is not None or dtype is not None:
                 raise DispatchError(
                     "Out(into=buffer) takes its shape and dtype from the buffer; "
@@ -140,6 +151,8 @@ class Out:
     def __repr__(self) -> str:
         if self.into is not None:
             return f"Out(into={self.into!r})"
+        if self.resident:
+            return f"Out({self.shape}, {self.dtype}, resident=True)"
         return f"Out({self.shape}, {self.dtype})"
 
 
@@ -309,6 +322,7 @@ def bind(
     limits: LaunchLimits,
     store: ResidentStore,
     device_arrays: bool,
+    new_resident: Callable[[tuple[int, ...], np.dtype[Any]], ResidentBuffer] | None = None,
 ) -> BoundCall:
     """Validate a dispatch's arguments against *kernel* and the backend's *limits*.
 
@@ -321,6 +335,7 @@ def bind(
         limits: the backend's launch limits.
         store: the backend's resident store, which checks resident buffers.
         device_arrays: whether the backend takes foreign device arrays.
+        new_resident: allocates the resident buffer of an ``Out(..., resident=True)``.
 
     Returns:
         The bound call.
@@ -359,88 +374,102 @@ def bind(
     bound: list[tuple[int, Any, Param | None]] = []
     n_results = bytes_in = bytes_out = 0
     resident = False
-    for index, value in enumerate(args):
-        param = params[index] if params is not None else None
-        kind = type(value)
-        if kind is np.ndarray:
-            if not _array_ok(value, param):  # type: ignore[arg-type]  # checked by type
-                _refuse_array(value, _describe(index, kernel, param), param)  # type: ignore[arg-type]  # likewise
-            bound.append((IN, value, param))
-            bytes_in += value.nbytes  # type: ignore[attr-defined]  # an ndarray
-        elif isinstance(value, np.generic):
-            if param is None or value.dtype != param.dtype or param.pointer:
-                _check_scalar(value, _describe(index, kernel, param), param)
-            bound.append((SCALAR, value, param))
-        elif kind is Out:
-            out: Out = value  # type: ignore[assignment]  # checked by type
-            if param is not None and (
-                param.const
-                or not param.pointer
-                or (param.dtype is not None and out.dtype != param.dtype)
-            ):
+    made: list[ResidentBuffer] = []  # resident results made for Out(..., resident=True)
+    try:
+        for index, value in enumerate(args):
+            param = params[index] if params is not None else None
+            kind = type(value)
+            if kind is np.ndarray:
+                if not _array_ok(value, param):  # type: ignore[arg-type]  # checked by type
+                    _refuse_array(value, _describe(index, kernel, param), param)  # type: ignore[arg-type]  # likewise
+                bound.append((IN, value, param))
+                bytes_in += value.nbytes  # type: ignore[attr-defined]  # an ndarray
+            elif isinstance(value, np.generic):
+                if param is None or value.dtype != param.dtype or param.pointer:
+                    _check_scalar(value, _describe(index, kernel, param), param)
+                bound.append((SCALAR, value, param))
+            elif kind is Out:
+                out: Out = value  # type: ignore[assignment]  # checked by type
+                if param is not None and (
+                    param.const
+                    or not param.pointer
+                    or (param.dtype is not None and out.dtype != param.dtype)
+                ):
+                    where = _describe(index, kernel, param)
+                    _check_pointer_dtype(out.dtype, where, param)
+                    raise DispatchError(
+                        f"{where} is an Out, but the kernel's parameter is const and cannot "
+                        "write it"
+                    )
+                if out.into is not None:
+                    store.check(out.into, _describe(index, kernel, param))
+                    bound.append((RESIDENT_OUT, out.into, param))
+                    resident = True
+                elif out.resident:
+                    if new_resident is None:
+                        raise UnsupportedError("this backend cannot make resident results")
+                    # Made here, so it is closed again below if a later argument is refused.
+                    made.append(new_resident(out.shape, out.dtype))
+                    bound.append((RESIDENT_OUT, made[-1], param))
+                    resident = True
+                else:
+                    bound.append((OUT, out, param))
+                    bytes_out += out.nbytes
+                n_results += 1
+            elif isinstance(value, np.ndarray):  # an ndarray subclass
+                if not _array_ok(value, param):
+                    _refuse_array(value, _describe(index, kernel, param), param)
+                bound.append((IN, value, param))
+                bytes_in += value.nbytes
+            elif isinstance(value, InOut):
+                array = value.array
+                if not isinstance(array, np.ndarray):
+                    raise ArgumentTypeError(
+                        f"{_describe(index, kernel, param)} is an InOut of "
+                        f"{_describe_value(array)}; InOut takes a numpy array"
+                    )
+                if not _array_ok(array, param):
+                    _refuse_array(array, _describe(index, kernel, param), param)
+                bound.append((INOUT, array, param))
+                bytes_in += array.nbytes
+                bytes_out += array.nbytes
+                n_results += 1
+            elif store.owns_type(value):
                 where = _describe(index, kernel, param)
-                _check_pointer_dtype(out.dtype, where, param)
-                raise DispatchError(
-                    f"{where} is an Out, but the kernel's parameter is const and cannot write it"
-                )
-            if out.into is not None:
-                store.check(out.into, _describe(index, kernel, param))
-                bound.append((RESIDENT_OUT, out.into, param))
+                buffer: ResidentBuffer = value  # type: ignore[assignment]  # owns_type checked it
+                store.check(buffer, where)
+                _check_pointer_dtype(buffer.dtype, where, param)
+                bound.append((RESIDENT, buffer, param))
                 resident = True
-            else:
-                bound.append((OUT, out, param))
-                bytes_out += out.nbytes
-            n_results += 1
-        elif isinstance(value, np.ndarray):  # an ndarray subclass
-            if not _array_ok(value, param):
-                _refuse_array(value, _describe(index, kernel, param), param)
-            bound.append((IN, value, param))
-            bytes_in += value.nbytes
-        elif isinstance(value, InOut):
-            array = value.array
-            if not isinstance(array, np.ndarray):
+            elif isinstance(value, bool | int | float | complex):
+                where = _describe(index, kernel, param)
+                if param is not None and param.dtype is not None and not param.pointer:
+                    hint = f"pass np.{param.dtype}({value!r})"
+                else:
+                    hint = f"pass a numpy scalar of the parameter's width, e.g. np.int32({value!r})"
                 raise ArgumentTypeError(
-                    f"{_describe(index, kernel, param)} is an InOut of "
-                    f"{_describe_value(array)}; InOut takes a numpy array"
+                    f"{where} is a Python {type(value).__name__}; its width on the GPU would be a "
+                    f"guess — {hint}"
                 )
-            if not _array_ok(array, param):
-                _refuse_array(array, _describe(index, kernel, param), param)
-            bound.append((INOUT, array, param))
-            bytes_in += array.nbytes
-            bytes_out += array.nbytes
-            n_results += 1
-        elif store.owns_type(value):
-            where = _describe(index, kernel, param)
-            buffer: ResidentBuffer = value  # type: ignore[assignment]  # owns_type checked it
-            store.check(buffer, where)
-            _check_pointer_dtype(buffer.dtype, where, param)
-            bound.append((RESIDENT, buffer, param))
-            resident = True
-        elif isinstance(value, bool | int | float | complex):
-            where = _describe(index, kernel, param)
-            if param is not None and param.dtype is not None and not param.pointer:
-                hint = f"pass np.{param.dtype}({value!r})"
+            elif hasattr(value, "__cuda_array_interface__") or hasattr(value, "__dlpack__"):
+                where = _describe(index, kernel, param)
+                if not device_arrays:
+                    raise UnsupportedError(
+                        f"{where} is {_describe_value(value)}, a device array; the host backend "
+                        "cannot read device memory — copy it to a numpy array first (for CuPy, "
+                        "x.get(); for PyTorch, x.cpu().numpy()) or open a CUDA backend"
+                    )
+                bound.append((DEVICE, value, param))
             else:
-                hint = f"pass a numpy scalar of the parameter's width, e.g. np.int32({value!r})"
-            raise ArgumentTypeError(
-                f"{where} is a Python {type(value).__name__}; its width on the GPU would be a "
-                f"guess — {hint}"
-            )
-        elif hasattr(value, "__cuda_array_interface__") or hasattr(value, "__dlpack__"):
-            where = _describe(index, kernel, param)
-            if not device_arrays:
-                raise UnsupportedError(
-                    f"{where} is {_describe_value(value)}, a device array; the host backend "
-                    "cannot read device memory — copy it to a numpy array first (for CuPy, "
-                    "x.get(); for PyTorch, x.cpu().numpy()) or open a CUDA backend"
+                where = _describe(index, kernel, param)
+                raise ArgumentTypeError(
+                    f"{where} is {_describe_value(value)}; pass a numpy array, a numpy scalar, "
+                    "Out, InOut, a resident buffer or a device array"
                 )
-            bound.append((DEVICE, value, param))
-        else:
-            where = _describe(index, kernel, param)
-            raise ArgumentTypeError(
-                f"{where} is {_describe_value(value)}; pass a numpy array, a numpy scalar, "
-                "Out, InOut, a resident buffer or a device array"
-            )
+    except BaseException:
+        for buffer in made:  # nothing was started: give them back
+            store._close(buffer)
+        raise
     return BoundCall(
         kernel=kernel,
         args=bound,

@@ -212,9 +212,10 @@ class Backend(abc.ABC):
         Args:
             kernel: the kernel to run.
             *args: its arguments in kernel order: numpy arrays (inputs, read while the dispatch
-                runs: do not modify them until it completed), ``Out(shape, dtype)``,
-                ``InOut(array)``, numpy scalars, resident buffers, ``Out(into=buffer)``, and on
-                CUDA device arrays of CuPy or PyTorch.
+                runs: do not modify them until it completed), ``Out(shape, dtype)`` (with
+                ``resident=True`` the result stays on the backend), ``InOut(array)``, numpy
+                scalars, resident buffers, ``Out(into=buffer)``, and on CUDA device arrays of
+                CuPy or PyTorch.
             grid: blocks in the grid, an int or a tuple of up to three.
             block: threads per block, an int or a tuple of up to three.
             shared_mem: bytes of dynamic shared memory per block.
@@ -243,6 +244,7 @@ class Backend(abc.ABC):
             limits=self._limits,
             store=self._store,
             device_arrays=self._device_arrays,
+            new_resident=self._new_resident,
         )
         job = self._prepare(call, timing)
         job.id = dispatch_id = next(self._ids)
@@ -368,7 +370,10 @@ class Backend(abc.ABC):
         self._loop_for_use()
         shape_t = _shape_tuple(shape, "empty()")
         dt = _numeric_dtype(dtype, "empty()")
-        return self._store.add(self._alloc_storage(shape_t, dt), shape_t, dt)
+        return self._new_resident(shape_t, dt)
+
+    def _new_resident(self, shape: tuple[int, ...], dtype: np.dtype[Any]) -> ResidentBuffer:
+        return self._store.add(self._alloc_storage(shape, dtype), shape, dtype)
 
     def pinned_empty(self, shape: int | tuple[int, ...], dtype: object) -> np.ndarray[Any, Any]:
         """A numpy array in page-locked host memory, for inputs that go up without a copy.
