@@ -7,6 +7,9 @@ For 16 MiB, 256 MiB and 1 GiB, in one run on one GPU (GB/s, medians after a warm
   with the event loop's worst stall meanwhile (a 0.5 ms heartbeat), and ``download(buf,
   out=array)`` into an array reused from before (the raw rows also copy into one, while a new
   array pays a page fault per page on first touch).
+For reference (not a target), at 256 MiB and 1 GiB: a dispatch of a copy kernel with a numpy
+input and output, which streams both in chunks once they exceed the pinned cap, against CuPy's
+``asarray`` + the same kernel + ``asnumpy`` (GB/s of input + output).
 Target: asyncgraph at least 1.5x the pageable bandwidth at 256 MiB, both directions.
 
 Run on a GPU:  python benchmarks/bench_transfer.py --json results.json
@@ -19,16 +22,27 @@ import asyncio
 import functools
 import json
 import statistics
+import sys
 import time
 from collections.abc import Awaitable, Callable
+from pathlib import Path
 
 import numpy as np
 from cuda.bindings import driver as drv
 
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
 import asyncgraph as ag
+from benchmarks.bench_dispatch import COPY
 
 SIZES = {"16 MiB": 16 << 20, "256 MiB": 256 << 20, "1 GiB": 1 << 30}
 REPS = {"16 MiB": 30, "256 MiB": 8, "1 GiB": 4}
+DISPATCHED = ("256 MiB", "1 GiB")  # sizes of the copy-kernel dispatch rows
+
+
+def copy_launch(nbytes: int) -> tuple[int, int]:
+    """(grid, block) of COPY over *nbytes* (16 bytes per thread)."""
+    return -(-(nbytes // 16) // 256), 256
 
 
 def gbps(nbytes: int, seconds: float) -> float:
@@ -104,6 +118,19 @@ def cupy_rows() -> dict[str, float]:
         rows[f"cupy.asarray {label}, GB/s"] = gbps(nbytes, up)
         rows[f"cupy.asnumpy {label}, GB/s"] = gbps(nbytes, down)
         del dev
+        if label in DISPATCHED:
+            kernel = cp.RawKernel(COPY.source, "copy4")
+            grid, block = copy_launch(nbytes)
+
+            def round_trip() -> np.ndarray:
+                x = cp.asarray(host)  # noqa: B023
+                y = cp.empty_like(x)
+                kernel((grid,), (block,), (x, y, np.int64(nbytes // 16)))  # noqa: B023
+                return cp.asnumpy(y)  # type: ignore[no-any-return]
+
+            assert np.array_equal(round_trip(), host)
+            t = median_time(round_trip, REPS[label])
+            rows[f"(info) CuPy asarray + copy kernel + asnumpy {label}, GB/s"] = gbps(2 * nbytes, t)
         cp.get_default_memory_pool().free_all_blocks()
     return rows
 
@@ -137,6 +164,24 @@ async def asyncgraph_rows() -> dict[str, float]:
             rows[f"asyncgraph download {label}, GB/s"] = gbps(nbytes, t_down)
             rows[f"loop worst stall during upload {label}, ms"] = stall_up * 1e3
             rows[f"loop worst stall during download {label}, ms"] = stall_down * 1e3
+            if label in DISPATCHED:
+                grid, _block = copy_launch(nbytes)
+
+                async def dispatch(
+                    host: np.ndarray = host, nbytes: int = nbytes, grid: int = grid
+                ) -> tuple[np.ndarray, ...]:
+                    out = ag.Out(nbytes, np.uint8)
+                    result: tuple[np.ndarray, ...] = await gpu.dispatch(
+                        COPY, host, out, np.int64(nbytes // 16), grid=grid, block=256
+                    )
+                    return result
+
+                (copied,) = await dispatch()
+                assert np.array_equal(copied, host)
+                del copied
+                t, stall = await median_time_async(dispatch, REPS[label])
+                rows[f"(info) asyncgraph dispatch, copy kernel {label}, GB/s"] = gbps(2 * nbytes, t)
+                rows[f"loop worst stall during that dispatch {label}, ms"] = stall * 1e3
     return rows
 
 

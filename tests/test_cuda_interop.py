@@ -110,6 +110,38 @@ async def test_cupy_to_asyncgraph_to_torch_without_a_host_copy(gpu: Any) -> None
     np.testing.assert_allclose(y.cpu().numpy(), cp.asnumpy(x) * 6, rtol=1e-6)
 
 
+async def test_a_result_requested_resident_goes_to_torch_without_a_host_copy(gpu: Any) -> None:
+    cp = pytest.importorskip("cupy")
+    torch = pytest.importorskip("torch")
+    n = 1 << 16
+    x = cp.random.standard_normal(n, dtype=cp.float32)
+    live = gpu._store.bytes_live
+    before = gpu.telemetry.snapshot()
+    (buf,) = await gpu.dispatch(
+        SCALE,
+        x,
+        ag.Out(n, np.float32, resident=True),
+        np.float32(3),
+        np.int32(n),
+        grid=n // 256,
+        block=256,
+    )
+    assert isinstance(buf, ag.ResidentBuffer)
+    assert gpu._store.bytes_live == live + 4 * n
+    t = torch.from_dlpack(buf)
+    after = gpu.telemetry.snapshot()
+    assert (after.bytes_up, after.bytes_down) == (before.bytes_up, before.bytes_down)
+    np.testing.assert_allclose(t.cpu().numpy(), cp.asnumpy(x) * 3, rtol=1e-6)
+    # It also feeds the next dispatch in place.
+    (again,) = await gpu.dispatch(
+        SCALE, buf, ag.Out(n, np.float32), np.float32(2), np.int32(n), grid=n // 256, block=256
+    )
+    np.testing.assert_allclose(again, cp.asnumpy(x) * 6, rtol=1e-6)
+    del t
+    await buf.aclose()
+    assert gpu._store.bytes_live == live
+
+
 async def test_torch_work_on_a_leased_stream(gpu: Any) -> None:
     torch = pytest.importorskip("torch")
     x = torch.randn(1 << 20, device="cuda")

@@ -14,10 +14,17 @@ Small dispatches (at most ``SCRATCH_BYTES`` of device memory) use their stream's
 on that one stream, so a dispatch's upload cannot start before the previous dispatch's
 download finished. That saves the stream-ordered allocation and free (about 10 µs of host
 time per dispatch through ``cuda.core``, measured on an NVIDIA H100 80GB HBM3).
+
+Dispatches whose arrays total more than the pinned cap (``pinned_pool_bytes``, at least
+``STREAM_MIN``) are *streamed*: each input goes up in chunks through two pinned blocks, the kernel
+runs, and each output comes down the same way (``_transfer.ChunkedTransfer``), so the pinned
+memory they need stays two chunks whatever their size.
 """
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import math
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
@@ -39,9 +46,10 @@ from ._args import (
 )
 from ._backend import Backend, Job
 from ._cudadrv import SUCCESS, check, error_for, translate
-from ._exceptions import ArgumentTypeError, CudaError, DispatchError
+from ._exceptions import ArgumentTypeError, BackendClosedError, CudaError, DispatchError
 from ._kernel import Kernel, Param
 from ._reactor import EventPool, Reactor
+from ._transfer import ChunkedTransfer
 from .pool import HostPool, PinnedBlock, PinnedMemory, StreamOrderedDeviceMemory, StreamPool
 from .pool._pinned import pinned_memory_of
 
@@ -57,6 +65,8 @@ PINNED_RESULTS = 1 << 20
 _CHUNK = 4 << 20
 # Dispatches needing at most this much device memory use their stream's scratch buffer.
 SCRATCH_BYTES = 1 << 20
+# Dispatches moving more than max(pinned cap, this) bytes stream them in chunks.
+STREAM_MIN = 64 << 20
 _copiers = ThreadPoolExecutor(max_workers=8, thread_name_prefix="asyncgraph-copy")
 
 
@@ -148,6 +158,7 @@ class CudaJob(Job):
         "stage_lo",
         "staged",
         "start_event",
+        "streamed",
         "total",
         "up_end",
     )
@@ -174,6 +185,7 @@ class CudaJob(Job):
         self.stage_hi = 0
         self.out_block: PinnedBlock | None = None  # pinned memory the results will own
         self.gpu_done = False  # its event completed (its outputs may still be copied out)
+        self.streamed = False  # its arrays go up and down in chunks (``_run_streamed``)
 
 
 def dep_event(dep: Any) -> Any:
@@ -244,12 +256,19 @@ class CudaDispatch(Backend):
     _launchers: dict[Kernel, Launcher | None]
     _device: Any
     _reactor_: Reactor | None
+    _tasks: set[asyncio.Task[None]]
 
     @property
     def _reactor(self) -> Reactor:
         raise NotImplementedError
 
     def _needs_compile(self, job: CudaJob) -> bool:
+        raise NotImplementedError
+
+    def _chunked(self, lane: Any) -> ChunkedTransfer:
+        raise NotImplementedError
+
+    def _wait_event(self, lane: int, event: Any, on_done: Any) -> asyncio.Future[Any]:
         raise NotImplementedError
 
     def _init_dispatch(self) -> None:
@@ -259,6 +278,7 @@ class CudaDispatch(Backend):
         self._launchers = {}
         self._lent = 0  # bytes of pinned blocks lent to numpy arrays
         self._lend_limit = self.options.pinned_pool_bytes
+        self._stream_above = max(self.options.pinned_pool_bytes, STREAM_MIN)
         # One scratch buffer per stream, kept until close. Allocated now, before any kernel
         # runs: growing the memory pool later may wait for kernels in flight (a short dispatch
         # was seen waiting for a 300 ms kernel on another stream).
@@ -293,6 +313,10 @@ class CudaDispatch(Backend):
                     pos += _aligned(size)
         job.total = pos
         job.offsets = offsets
+        if pos > self._stream_above:
+            job.streamed = True
+            self._plan_foreign(job)
+            return job
         if call.bytes_in:
             job.direct = self._direct_inputs(call, offsets)
         job.stage_lo = job.in_end if job.direct is not None else 0
@@ -340,6 +364,11 @@ class CudaDispatch(Backend):
         self._start_loaded(job)
 
     def _start_loaded(self, job: CudaJob) -> None:
+        if job.streamed:
+            task = self._event_loop.create_task(self._run_streamed(job))
+            self._tasks.add(task)
+            task.add_done_callback(self._tasks.discard)
+            return
         if job.total and not job.staged and job.out_block is None:
             try:
                 self._claim_result_memory(job)
@@ -485,41 +514,8 @@ class CudaDispatch(Backend):
                         drv.cuMemsetD8Async(base + job.up_end, 0, job.total - job.up_end, handle),
                         "cuMemsetD8Async",
                     )
-            if call.shared_mem > _DEFAULT_SHARED:
-                self._allow_shared(self._loaded[call.kernel], call.shared_mem)
-            if job.timing:
-                job.start_event = self._timing_events.take()
-                check(drv.cuEventRecord(job.start_event, handle), "cuEventRecord")
-            launcher = self._launchers.get(call.kernel)
-            if launcher is not None:
-                self._pack(job, launcher, base, handle)
-                grid = call.grid
-                block_dim = call.block
-                code = drv.cuLaunchKernel(
-                    launcher.function,
-                    grid[0],
-                    grid[1],
-                    grid[2],
-                    block_dim[0],
-                    block_dim[1],
-                    block_dim[2],
-                    call.shared_mem,
-                    handle,
-                    launcher.kernel_params,
-                    0,
-                )[0]
-                if code != SUCCESS:
-                    raise error_for(code, "cuLaunchKernel")
-            else:
-                args = self._arguments(job, base, handle)
-                try:
-                    launch(stream, self._config(call), self._loaded[call.kernel], *args)
-                except Exception as exc:
-                    raise translate(exc, "cuLaunchKernel") from exc
+            self._enqueue_kernel(job, base, handle, stream)
             enqueued = True
-            if job.timing:
-                job.end_event = self._timing_events.take()
-                check(drv.cuEventRecord(job.end_event, handle), "cuEventRecord")
             if job.total > job.in_end:
                 down = job.total - job.in_end
                 if job.out_block is not None:
@@ -559,6 +555,142 @@ class CudaDispatch(Backend):
         reactor = self._reactor_ or self._reactor
         reactor.watch(lane.index, event, lambda error: self._done(job, error))
         job.pending._spin = reactor.spin
+
+    def _enqueue_kernel(self, job: CudaJob, base: int, handle: Any, stream: Any) -> None:
+        """Enqueue *job*'s kernel (between its timing events) on *handle*; its staged arrays
+        start at device address *base*."""
+        call = job.call
+        if call.shared_mem > _DEFAULT_SHARED:
+            self._allow_shared(self._loaded[call.kernel], call.shared_mem)
+        if job.timing:
+            job.start_event = self._timing_events.take()
+            check(drv.cuEventRecord(job.start_event, handle), "cuEventRecord")
+        launcher = self._launchers.get(call.kernel)
+        if launcher is not None:
+            self._pack(job, launcher, base, handle)
+            grid = call.grid
+            block_dim = call.block
+            code = drv.cuLaunchKernel(
+                launcher.function,
+                grid[0],
+                grid[1],
+                grid[2],
+                block_dim[0],
+                block_dim[1],
+                block_dim[2],
+                call.shared_mem,
+                handle,
+                launcher.kernel_params,
+                0,
+            )[0]
+            if code != SUCCESS:
+                raise error_for(code, "cuLaunchKernel")
+        else:
+            args = self._arguments(job, base, handle)
+            try:
+                launch(stream, self._config(call), self._loaded[call.kernel], *args)
+            except Exception as exc:
+                raise translate(exc, "cuLaunchKernel") from exc
+        if job.timing:
+            job.end_event = self._timing_events.take()
+            check(drv.cuEventRecord(job.end_event, handle), "cuEventRecord")
+
+    async def _run_streamed(self, job: CudaJob) -> None:
+        """Run a dispatch whose arrays stream up and down in pinned chunks (a task per job).
+
+        Order on one stream: the chunked uploads, the outputs' memset, the kernel, then the
+        chunked downloads. The device buffer is freed (stream-ordered) after the last copy
+        that uses it was enqueued, also when the job fails or the task is cancelled.
+        """
+        call = job.call
+        telemetry = self.telemetry
+        kernel_done: asyncio.Future[Any] | None = None
+        interrupted: BaseException | None = None
+        stream = None
+        try:
+            if self._failure is not None:
+                raise self._failure
+            if job.deps and any(dep_event(dep) is False for dep in job.deps):
+                await self._wait_jobs(job.deps)
+            lane = job.lane = self._stream_pool.pick()
+            lane.outstanding += 1
+            stream = lane.stream
+            handle = self._handles[lane.index]
+            for dep in job.deps:
+                event = dep_event(dep)
+                if event is not None and event is not False:
+                    check(drv.cuStreamWaitEvent(handle, event, 0), "cuStreamWaitEvent")
+            job.device_buffer = self._device_memory.allocate(job.total, stream)
+            base = int(job.device_buffer.handle)
+            offsets = job.offsets
+            for i, (kind, value, _param) in enumerate(call.args):
+                if kind in (IN, INOUT):
+                    await self._chunked(lane).upload(_as_bytes(value), base + offsets[i])
+                    telemetry.bytes_up += value.nbytes
+                    telemetry.copies_up += 1
+            if job.total > job.up_end:
+                check(
+                    drv.cuMemsetD8Async(base + job.up_end, 0, job.total - job.up_end, handle),
+                    "cuMemsetD8Async",
+                )
+            self._enqueue_kernel(job, base, handle, stream)
+            event = self._events.take()
+            code = drv.cuEventRecord(event, handle)[0]
+            if code != SUCCESS:
+                self._events.give(event)
+                raise error_for(code, "cuEventRecord")
+            job.event = event
+
+            def kernel_finished(_error: CudaError | None, _cancelled: bool) -> None:
+                job.gpu_done = True  # the event is recycled: later uses must not wait on it
+                job.event = None
+
+            kernel_done = self._wait_event(lane.index, event, kernel_finished)
+            if self._parked:
+                self._unpark()  # uses of its resident buffers that waited for its event
+            results: list[Any] = []
+            for i, (kind, value, _param) in enumerate(call.args):
+                if kind in (OUT, INOUT):
+                    out = np.empty(value.shape, value.dtype)
+                    await self._chunked(lane).download(base + offsets[i], _as_bytes(out))
+                    telemetry.bytes_down += value.nbytes
+                    telemetry.copies_down += 1
+                    results.append(out)
+                elif kind == RESIDENT_OUT:
+                    results.append(value)
+            await kernel_done
+            device_time = None
+            if job.timing:
+                ms = check(
+                    drv.cuEventElapsedTime(job.start_event, job.end_event), "cuEventElapsedTime"
+                )
+                device_time = ms / 1e3
+            outcome: tuple[Any, ...] | BaseException = tuple(results)
+        except BaseException as exc:
+            if kernel_done is not None:
+                # Its completion releases the event; its error (if any) is this one's cause.
+                with contextlib.suppress(BaseException):
+                    await asyncio.shield(kernel_done)
+            device_time = None
+            if isinstance(exc, Exception):
+                outcome = exc
+            else:  # the task was cancelled (the loop is shutting down): say so to the caller
+                interrupted = exc
+                outcome = BackendClosedError(
+                    "the event loop cancelled this dispatch while its arrays streamed; "
+                    "close the backend before the loop ends"
+                )
+        finally:
+            if job.device_buffer is not None and stream is not None:
+                with contextlib.suppress(Exception):  # after a device fault frees fail too
+                    self._device_memory.free(job.device_buffer, stream)
+                job.device_buffer = None
+            self._release_job(job)
+        self._complete(job, outcome, device_time)
+        if self._parked:
+            self._unpark()
+        if interrupted is not None:
+            raise interrupted
 
     def _free_scratch(self) -> None:
         """Give the scratch buffers back (closing; every dispatch completed)."""

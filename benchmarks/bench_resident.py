@@ -1,0 +1,209 @@
+"""An awaited dispatch over resident buffers against its peers, in one run on one GPU.
+
+The same ``scale`` kernel (``out[i] = a * x[i]``, float32) over device memory that stays on the
+device, no transfers, for 4 KiB, 1 MiB and 64 MiB arrays (medians in µs after a warm-up):
+- raw: ``cuda.core.launch`` + ``cuStreamSynchronize`` on a non-blocking stream;
+- CuPy: ``RawKernel`` of the same source on a non-blocking stream + ``stream.synchronize()``;
+- PyTorch (where installed): ``torch.mul(x, a, out=y)`` + stream synchronize, PyTorch's own
+  kernel for the same work (it cannot launch ours), for reference;
+- asyncgraph: ``await backend.dispatch(scale, x_buf, y_buf, a, n)`` on asyncio and uvloop, where
+  the event loop keeps serving while the GPU runs; and, for reference, with ``Out(into=y_buf)``,
+  which zero-fills ``y_buf`` first (one more memset, which the peers do not do).
+Target: asyncgraph at most 1.2x CuPy. asyncgraph's rows run first, before CuPy and PyTorch are
+imported, so their threads and caches do not weigh on it.
+
+Run on a GPU:  python benchmarks/bench_resident.py --json results.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import sys
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+from cuda.bindings import driver as drv
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+import asyncgraph as ag
+from benchmarks.bench_dispatch import SCALE, SCALE_SRC, time_async, time_sync
+
+SIZES = {"4 KiB": 1 << 10, "1 MiB": 1 << 18, "64 MiB": 1 << 24}  # float32 elements
+BLOCK = 256
+TARGET = 1.2
+
+
+def grid(n: int) -> int:
+    return -(-n // BLOCK)
+
+
+def raw_rows(reps: dict[str, int]) -> dict[str, float]:
+    from cuda.core import Device, LaunchConfig, Program, ProgramOptions, StreamOptions, launch
+
+    dev = Device(0)
+    dev.set_current()
+    arch = "sm_" + "".join(map(str, dev.compute_capability))
+    obj = Program(SCALE_SRC, code_type="c++", options=ProgramOptions(arch=arch)).compile("cubin")
+    scale = obj.get_kernel("scale")
+    stream = dev.create_stream(options=StreamOptions(nonblocking=True))
+    handle = drv.CUstream(int(stream.handle))
+    rows = {}
+    for label, n in SIZES.items():
+        d_x = drv.cuMemAlloc(4 * n)[1]
+        d_y = drv.cuMemAlloc(4 * n)[1]
+        cfg = LaunchConfig(grid=grid(n), block=BLOCK)
+        args = (np.uint64(int(d_x)), np.uint64(int(d_y)), np.float32(2), np.int32(n))
+
+        def run(cfg: Any = cfg, args: Any = args) -> None:
+            launch(stream, cfg, scale, *args)
+            drv.cuStreamSynchronize(handle)
+
+        rows[f"raw {label}: launch + stream synchronize"] = time_sync(run, reps[label])
+        drv.cuMemFree(d_x)
+        drv.cuMemFree(d_y)
+    stream.close()
+    return rows
+
+
+def cupy_rows(reps: dict[str, int]) -> dict[str, float]:
+    try:
+        import cupy as cp
+    except ImportError:
+        return {}
+    kernel = cp.RawKernel(SCALE_SRC, "scale")
+    stream = cp.cuda.Stream(non_blocking=True)
+    rows = {}
+    with stream:
+        for label, n in SIZES.items():
+            x = cp.asarray(np.random.default_rng().standard_normal(n, dtype=np.float32))
+            y = cp.empty_like(x)
+
+            def run(x: Any = x, y: Any = y, n: int = n) -> None:
+                kernel((grid(n),), (BLOCK,), (x, y, np.float32(2), np.int32(n)))
+                stream.synchronize()
+
+            run()
+            assert np.array_equal(cp.asnumpy(y), 2 * cp.asnumpy(x))
+            rows[f"CuPy {label}: same kernel + stream synchronize"] = time_sync(run, reps[label])
+    return rows
+
+
+def torch_rows(reps: dict[str, int]) -> dict[str, float]:
+    try:
+        import torch
+    except ImportError:
+        return {}
+    stream = torch.cuda.Stream()
+    rows = {}
+    with torch.cuda.stream(stream):
+        for label, n in SIZES.items():
+            x = torch.randn(n, device="cuda")
+            y = torch.empty_like(x)
+
+            def run(x: Any = x, y: Any = y) -> None:
+                torch.mul(x, 2.0, out=y)
+                stream.synchronize()
+
+            rows[f"PyTorch {label}: torch.mul + stream synchronize"] = time_sync(run, reps[label])
+    return rows
+
+
+async def asyncgraph_rows(reps: dict[str, int], loop_name: str) -> dict[str, float]:
+    rows = {}
+    async with ag.open_backend("cuda") as gpu:
+        await gpu.compile(SCALE)
+        for label, n in SIZES.items():
+            data = np.random.default_rng().standard_normal(n, dtype=np.float32)
+            x = await gpu.upload(data)
+            y = gpu.empty(n, np.float32)
+            a, count, g = np.float32(2), np.int32(n), grid(n)
+
+            async def run(
+                x: Any = x, y: Any = y, a: Any = a, count: Any = count, g: int = g
+            ) -> object:
+                return await gpu.dispatch(SCALE, x, y, a, count, grid=g, block=BLOCK)
+
+            async def run_into(
+                x: Any = x, y: Any = y, a: Any = a, count: Any = count, g: int = g
+            ) -> object:
+                return await gpu.dispatch(SCALE, x, ag.Out(into=y), a, count, grid=g, block=BLOCK)
+
+            await run()
+            np.testing.assert_array_equal(await gpu.download(y), 2 * data)
+            await run_into(a=np.float32(3))
+            np.testing.assert_array_equal(await gpu.download(y), 3 * data)
+            before = gpu.telemetry.snapshot()
+            rows[f"asyncgraph {label}: awaited dispatch ({loop_name})"] = await time_async(
+                run, reps[label]
+            )
+            rows[
+                f"(info) asyncgraph {label}: Out(into=), zero-filled first ({loop_name})"
+            ] = await time_async(run_into, reps[label])
+            after = gpu.telemetry.snapshot()
+            assert after.bytes_up == before.bytes_up  # resident: nothing moves
+            assert after.bytes_down == before.bytes_down
+            await x.aclose()
+            await y.aclose()
+    return rows
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--json", default=None)
+    parser.add_argument("--reps", type=int, default=3000, help="repetitions of the small sizes")
+    args = parser.parse_args()
+    reps = {"4 KiB": args.reps, "1 MiB": args.reps, "64 MiB": max(args.reps // 10, 30)}
+    results: dict[str, float] = {}
+    loops = ["asyncio"]
+    results.update(asyncio.run(asyncgraph_rows(reps, "asyncio")))
+    try:
+        import uvloop
+    except ImportError:
+        pass
+    else:
+        with asyncio.Runner(loop_factory=uvloop.new_event_loop) as runner:
+            results.update(runner.run(asyncgraph_rows(reps, "uvloop")))
+        loops.append("uvloop")
+    results.update(raw_rows(reps))
+    results.update(cupy_rows(reps))
+    results.update(torch_rows(reps))
+
+    from cuda.core import Device
+
+    device = Device(0).name
+    targets = {}
+    for label in SIZES:
+        cupy = results.get(f"CuPy {label}: same kernel + stream synchronize")
+        for loop_name in loops:
+            ours = results[f"asyncgraph {label}: awaited dispatch ({loop_name})"]
+            if cupy is not None:
+                targets[f"{label} / CuPy ({loop_name}) <= {TARGET}"] = ours / cupy
+    print(f"device: {device}")
+    print(f"{'measurement (median µs)':<64} {'value':>10}")
+    for name, value in results.items():
+        print(f"{name:<64} {value:>10.1f}")
+    print(f"\n{'target':<64} {'measured':>10}")
+    for name, value in targets.items():
+        verdict = "met" if value <= TARGET else "missed"
+        print(f"{name:<64} {value:>10.3f}  {verdict}")
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump(
+                {
+                    "device": device,
+                    "python": sys.version.split()[0],
+                    "reps": reps,
+                    "median_us": results,
+                    "targets": targets,
+                },
+                f,
+                indent=2,
+            )
+
+
+if __name__ == "__main__":
+    main()
