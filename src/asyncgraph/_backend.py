@@ -52,6 +52,7 @@ from ._telemetry import PoolCounters, Telemetry, logger
 __all__ = ("Backend", "Job", "open_backend")
 
 _OPEN: Final = 0
+_GRAPH_CHOICES: Final = ("never", "auto", "always")
 _CLOSING: Final = 1
 _CLOSED: Final = 2
 
@@ -132,6 +133,7 @@ class Backend(abc.ABC):
         self._close_task: asyncio.Task[None] | None = None
         self._log = logger.bind(device=name)
         self._dispatch_events = options.dispatch_events_enabled
+        self._graph_cache: Any = None  # CUDA: the GraphCache behind dispatch(graph=...)
         with contextlib.suppress(RuntimeError):
             self._loop = asyncio.get_running_loop()
 
@@ -206,6 +208,7 @@ class Backend(abc.ABC):
         block: int | tuple[int, ...],
         shared_mem: int = 0,
         timing: bool = False,
+        graph: str = "never",
     ) -> PendingDispatch:
         """Launch *kernel* on *args* and return at once; ``await`` the result for the outputs.
 
@@ -220,6 +223,10 @@ class Backend(abc.ABC):
             block: threads per block, an int or a tuple of up to three.
             shared_mem: bytes of dynamic shared memory per block.
             timing: measure the kernel's device time into ``pending.device_time``.
+            graph: ``"never"`` (launch it), ``"auto"`` (replay a CUDA graph recorded once the
+                same signature was dispatched ``BackendOptions.graph_repeats`` times) or
+                ``"always"`` (record on first sight); see ``docs/graphs.md``. The host backend
+                has no graphs and runs every dispatch; ``timing=True`` runs without one too.
 
         Returns:
             A :class:`PendingDispatch`; ``await`` it for one result per ``Out``/``InOut``.
@@ -235,6 +242,8 @@ class Backend(abc.ABC):
         loop = self._loop_for_use()
         if not isinstance(timing, bool):
             raise ArgumentTypeError(f"timing={timing!r}; pass True or False")
+        if graph not in _GRAPH_CHOICES:
+            raise ArgumentTypeError(f"graph={graph!r}; pass 'never', 'auto' or 'always'")
         call = bind(
             kernel,
             args,
@@ -246,10 +255,20 @@ class Backend(abc.ABC):
             device_arrays=self._device_arrays,
             new_resident=self._new_resident,
         )
-        job = self._prepare(call, timing)
+        job: Job | None = None
+        cache = self._graph_cache
+        if cache is not None and graph != "never" and not timing:
+            job = cache.job_for(call, graph == "always")
+        if job is None:
+            job = self._prepare(call, timing)
+        return self._enqueue_job(job, loop)
+
+    def _enqueue_job(self, job: Job, loop: asyncio.AbstractEventLoop) -> PendingDispatch:
+        """Number *job*, order it after the uses of its buffers, and submit or queue it."""
         job.id = dispatch_id = next(self._ids)
-        pending = job.pending = PendingDispatch(loop, dispatch_id, kernel.name)
+        pending = job.pending = PendingDispatch(loop, dispatch_id, job.call.kernel.name)
         job.t_dispatch = perf_counter()
+        call = job.call
         if call.resident:
             self._track_buffers(job)
         self.telemetry.dispatches += 1
@@ -431,6 +450,60 @@ class Backend(abc.ABC):
         self.telemetry.bytes_down += array.nbytes
         self.telemetry.copies_down += 1
         return array
+
+    # -- graphs --------------------------------------------------------------------------------
+
+    async def record(
+        self,
+        kernel: Kernel,
+        *args: object,
+        grid: int | tuple[int, ...],
+        block: int | tuple[int, ...],
+        shared_mem: int = 0,
+    ) -> Any:
+        """Record one dispatch as a CUDA graph to replay (CUDA backend); see ``docs/graphs.md``.
+
+        Raises:
+            UnsupportedError: the backend has no CUDA graphs (the host backend).
+        """
+        self._loop_for_use()
+        raise UnsupportedError(f"record(): the {self.kind} backend has no CUDA graphs")
+
+    def capture(self, mode: object = "thread_local") -> AbstractAsyncContextManager[Any]:
+        """Capture dispatches on resident buffers into a CUDA graph (CUDA backend).
+
+        Raises:
+            UnsupportedError: the backend has no CUDA graphs (the host backend).
+        """
+        self._loop_for_use()
+        raise UnsupportedError(f"capture(): the {self.kind} backend has no CUDA graphs")
+
+    def _bind_call(self, kernel: Kernel, args: tuple[object, ...], like: BoundCall) -> BoundCall:
+        """Validate *args* for *kernel* with the launch shape of *like* (a recorded call)."""
+        self._loop_for_use()
+        return bind(
+            kernel,
+            args,
+            grid=like.grid,
+            block=like.block,
+            shared_mem=like.shared_mem,
+            limits=self._limits,
+            store=self._store,
+            device_arrays=self._device_arrays,
+            new_resident=None,
+        )
+
+    async def _submit_prepared(self, job: Job) -> Any:
+        """Run a job prepared outside ``dispatch()`` (a graph replay) and return its result."""
+        try:
+            pending = self._enqueue_job(job, self._loop_for_use())
+        except BaseException:
+            self._abandon(job)
+            raise
+        return await pending
+
+    def _abandon(self, job: Job) -> None:  # noqa: B027  # optional hook
+        """*job* was prepared but never submitted: give back what preparing it took."""
 
     # -- foreign work ----------------------------------------------------------------------------
 

@@ -16,13 +16,20 @@ from typing import Any
 import numpy as np
 from cuda.bindings import driver as drv
 
-from ._args import LaunchLimits
+from ._args import DEVICE, IN, INOUT, OUT, RESIDENT, RESIDENT_OUT, BoundCall, LaunchLimits, bind
 from ._backend import Job
 from ._compile import KernelCompiler, load_kernel
 from ._cuda_dispatch import CudaDispatch, CudaJob, Launcher, _copy_into, dep_event
 from ._cudadrv import SUCCESS, check, error_for, translate
 from ._dlpack import KDL_CUDA
-from ._exceptions import AllocationError, CompileError, CudaError, DeviceFaultError
+from ._exceptions import (
+    AllocationError,
+    CaptureError,
+    CompileError,
+    CudaError,
+    DeviceFaultError,
+    DispatchError,
+)
 from ._kernel import Kernel
 from ._lease import StreamLease
 from ._options import BackendOptions
@@ -30,6 +37,16 @@ from ._reactor import EventPool, Reactor
 from ._resident import ResidentBuffer, Use
 from ._telemetry import PoolCounters
 from ._transfer import CHUNKED_ABOVE, TRANSFER_CHUNK, ChunkedTransfer
+from .capture import (
+    CachedGraph,
+    CapturedGraph,
+    CaptureGuard,
+    CaptureLock,
+    CaptureMode,
+    GraphCache,
+    RecordedDispatch,
+)
+from .capture._graphs import _kernel_config, _layout
 from .pool import HostPool, PinnedPool, StreamOrderedDeviceMemory, StreamPool
 
 __all__ = ("CudaBackend",)
@@ -80,6 +97,11 @@ class CudaBackend(CudaDispatch):
         self._stream_pool: StreamPool[Any] = StreamPool(streams)
         self._handles = [drv.CUstream(int(s.handle)) for s in streams]
         self._alloc_stream = device.create_stream(options=stream_options)
+        # Graphs are captured on a stream of their own, which nothing else uses.
+        self._capture_stream = device.create_stream(options=stream_options)
+        self._capture_handle = drv.CUstream(int(self._capture_stream.handle))
+        self._capture_lock = CaptureLock()
+        self._graphs: set[Any] = set()  # open CachedGraph / CapturedGraph, closed at aclose
         self._owns_memory = options.device_memory is None
         self._memory_resource = (
             self._own_memory_pool(device)
@@ -104,6 +126,9 @@ class CudaBackend(CudaDispatch):
         self._streams_closed = False
         self._no_leases = asyncio.Event()
         self._init_dispatch()
+        self._graph_cache = GraphCache(
+            self, options.graph_cache_bytes, options.graph_repeats, options.streams
+        )
         self._log.info(
             "backend.opened",
             kind=self.kind,
@@ -437,6 +462,178 @@ class CudaBackend(CudaDispatch):
         array: np.ndarray[Any, Any] = await self._wait_event(lane.index, event, on_done)
         return array
 
+    # -- graphs --------------------------------------------------------------------------------
+
+    @property
+    def capture_lock(self) -> CaptureLock:
+        """The lock that lets one capture at a time run on this backend."""
+        return self._capture_lock
+
+    @property
+    def graph_cache(self) -> GraphCache:
+        """The cache of recorded graphs behind ``dispatch(..., graph="auto")``."""
+        return self._graph_cache  # type: ignore[no-any-return]
+
+    async def record(
+        self,
+        kernel: Kernel,
+        *args: object,
+        grid: int | tuple[int, ...],
+        block: int | tuple[int, ...],
+        shared_mem: int = 0,
+    ) -> CachedGraph:
+        """Record one dispatch as CUDA graphs to replay with new inputs of the same shapes.
+
+        Takes the arguments ``dispatch`` takes, except device arrays of other libraries and
+        ``Out(..., resident=True)``. Allocates everything the graphs use first (a pinned input
+        block, a pinned output block, device memory), then captures under the capture lock a
+        full graph (upload, zeroing, launch, download) and, when there are inputs and none is
+        also an output, a resident-input graph without the upload. Nothing runs yet.
+
+        Raises:
+            DispatchError: an argument is invalid or cannot be recorded.
+            CompileError: the kernel does not compile.
+            CaptureError: the capture failed (the stream stays usable).
+        """
+        self._loop_for_use()
+        call = bind(
+            kernel,
+            args,
+            grid=grid,
+            block=block,
+            shared_mem=shared_mem,
+            limits=self._limits,
+            store=self._store,
+            device_arrays=self._device_arrays,
+            new_resident=None,
+        )
+        for i, (kind, _value, _param) in enumerate(call.args):
+            if kind == DEVICE:
+                raise DispatchError(
+                    f"args[{i}] of {kernel.name!r} is a device array of another library; a "
+                    "recorded graph takes numpy arrays, scalars and resident buffers (wrap it "
+                    "in a resident buffer with backend.upload, or capture with backend.capture)"
+                )
+        await self.compile(kernel)
+        async with self._capture_lock:
+            return self._record_locked(call)
+
+    def _record_now(self, call: BoundCall) -> CachedGraph | None:
+        """Record *call* now if the kernel is loaded and no other capture runs (graph cache)."""
+        if call.kernel not in self._loaded or self._failure is not None:
+            return None
+        if call.bytes_in + call.bytes_out > self._stream_above:
+            return None  # streamed dispatches are not recorded
+        if not self._capture_lock.try_acquire():
+            return None
+        try:
+            return self._record_locked(call)
+        except Exception as exc:
+            self._log.warning("graph.record_failed", kernel=call.kernel.name, error=repr(exc))
+            return None
+        finally:
+            self._capture_lock.release()
+
+    def _record_locked(self, call: BoundCall) -> CachedGraph:
+        if self._failure is not None:
+            raise self._failure
+        offsets, layout = _layout(call)
+        graph = CachedGraph(self, call, offsets, layout)
+        graph._record()
+        self._graphs.add(graph)
+        return graph
+
+    def capture(self, mode: object = "thread_local") -> AbstractAsyncContextManager[Any]:
+        """Capture dispatches on resident buffers, and foreign work, into one CUDA graph.
+
+        ``async with backend.capture() as cap:`` takes the capture lock and a stream of the
+        pool (no dispatch goes there meanwhile). Inside, ``await cap.dispatch(kernel, *args,
+        grid=..., block=...)`` records a dispatch on resident buffers and scalars (its kernel
+        compiled first) and returns a :class:`RecordedDispatch`; work other libraries enqueue on
+        ``cap.stream`` is recorded too. After the block, ``cap.graph`` is the
+        :class:`CapturedGraph`. On any error inside, the capture is ended and discarded, the
+        stream is usable and the lock released.
+
+        Args:
+            mode: a :class:`CaptureMode` or ``"global"``, ``"thread_local"``, ``"relaxed"``.
+                Outside ``"relaxed"`` the backend stops querying events on the loop's thread
+                while capturing (its waiter threads wait instead); with ``"global"`` it also
+                waits until those threads are idle before the capture and hands them nothing
+                until it ends.
+
+        Raises:
+            CaptureError: a bad mode, or the capture was invalidated.
+        """
+        self._loop_for_use()
+        return self._capture(CaptureMode.parse(mode))
+
+    @contextlib.asynccontextmanager
+    async def _capture(self, mode: CaptureMode) -> AsyncIterator[_Capture]:
+        if self._failure is not None:
+            raise self._failure
+        async with self._capture_lock:
+            lane = await self._stream_pool.lease()
+            self._leases += 1
+            reactor = self._reactor
+            try:
+                if mode is not CaptureMode.RELAXED:
+                    reactor.pause(waiters=mode is CaptureMode.GLOBAL)
+                    if mode is CaptureMode.GLOBAL:
+                        await reactor.waiters_idle()
+                handle = self._handles[lane.index]
+                cap = _Capture(self, lane.stream, handle, mode)
+                with cap._guard:
+                    yield cap
+                    cap._closed = True
+                cap._finish()
+            finally:
+                if mode is not CaptureMode.RELAXED:
+                    reactor.resume()
+                self._stream_pool.give_back(lane)
+                self._leases -= 1
+                if not self._leases:
+                    self._no_leases.set()
+
+    # graph internals (used by asyncgraph.capture)
+
+    def _alloc_bytes(self, nbytes: int) -> Any:
+        return self._alloc_storage((nbytes,), np.dtype(np.uint8))
+
+    def _run_capture(self, body: Any) -> tuple[Any, dict[int, Any], Any]:
+        with CaptureGuard(
+            self._capture_stream, self._capture_handle, CaptureMode.THREAD_LOCAL
+        ) as guard:
+            result = body(guard)
+        return guard.graph, guard.nodes, result
+
+    def _capture_launch(self, call: BoundCall, offsets: list[int], base: int, guard: Any) -> int:
+        """Enqueue *call*'s kernel on the capturing stream; the handle of its kernel node."""
+        job = CudaJob(call, False)
+        job.offsets = offsets
+        stream, handle = guard._stream, guard._handle
+        self._enqueue_kernel(job, base, handle, stream)
+        return guard.last_node()  # type: ignore[no-any-return]
+
+    def _update_nodes(self, nodes: list[Any], call: BoundCall, values: tuple[Any, ...]) -> None:
+        config = _kernel_config(call)
+        kernel = self._loaded[call.kernel]
+        for node in nodes:
+            try:
+                node.update(config=config, kernel=kernel, args=values)
+            except Exception as exc:
+                raise translate(exc, "cuGraphExecKernelNodeSetParams") from exc
+            self.telemetry.graph_updates += 1
+
+    def _replay_job(self, call: BoundCall, graph: Any) -> CudaJob:
+        job = CudaJob(call, False)
+        job.replay = graph
+        return job
+
+    def _close_graphs(self) -> None:
+        self._graph_cache.clear()
+        for graph in list(self._graphs):
+            graph.close()
+
     # -- foreign work and interop ------------------------------------------------------------
 
     def stream(self) -> AbstractAsyncContextManager[StreamLease]:
@@ -527,6 +724,7 @@ class CudaBackend(CudaDispatch):
     # -- closing -------------------------------------------------------------------------------
 
     async def _shutdown(self) -> None:
+        self._close_graphs()
         if self._leases:
             # Work of other libraries may still be enqueued on leased streams.
             self._no_leases.clear()
@@ -542,7 +740,7 @@ class CudaBackend(CudaDispatch):
         self._timing_events.close()
         self._free_scratch()
         self._streams_closed = True
-        for stream in [*self._stream_pool.streams, self._alloc_stream]:
+        for stream in [*self._stream_pool.streams, self._alloc_stream, self._capture_stream]:
             stream.close()
         self._loaded.clear()
         self._launchers.clear()
@@ -563,3 +761,115 @@ class CudaBackend(CudaDispatch):
 
     def _start(self, job: Job) -> None:
         self._start_job(job)  # type: ignore[arg-type]  # every job here is a CudaJob
+
+
+class _CaptureStream:
+    """The capturing stream, for work of other libraries (``cap.stream``)."""
+
+    __slots__ = ("handle",)
+
+    def __init__(self, handle: int) -> None:
+        self.handle = handle
+
+    def __cuda_stream__(self) -> tuple[int, int]:
+        return (0, self.handle)
+
+    def __repr__(self) -> str:
+        return f"<capture stream {self.handle:#x}>"
+
+
+class _Capture:
+    """What ``async with backend.capture() as cap`` gives: record dispatches, then ``graph``."""
+
+    def __init__(self, backend: CudaBackend, stream: Any, handle: Any, mode: CaptureMode) -> None:
+        self._backend = backend
+        self._guard = CaptureGuard(stream, handle, mode)
+        self.mode = mode
+        self.stream = _CaptureStream(int(handle))
+        self._dispatches: list[RecordedDispatch] = []
+        self._buffers: list[ResidentBuffer] = []
+        self._closed = False
+        self._graph: CapturedGraph | None = None
+
+    @property
+    def status(self) -> Any:
+        """The capture's :class:`CaptureStatus` now."""
+        return self._guard.status
+
+    @property
+    def graph(self) -> CapturedGraph:
+        """The captured graph, once the ``async with`` block ended.
+
+        Raises:
+            CaptureError: the block has not ended yet.
+        """
+        if self._graph is None:
+            raise CaptureError("cap.graph is there once the 'async with backend.capture()' ended")
+        return self._graph
+
+    async def dispatch(
+        self,
+        kernel: Kernel,
+        *args: object,
+        grid: int | tuple[int, ...],
+        block: int | tuple[int, ...],
+        shared_mem: int = 0,
+    ) -> RecordedDispatch:
+        """Record a dispatch of *kernel* on resident buffers and numpy scalars.
+
+        ``Out(into=buffer)`` outputs are zero-filled first, as in ``dispatch``. The kernel must
+        be compiled before the capture began (``await backend.compile(kernel)``): loading code
+        during a capture is not allowed.
+
+        Raises:
+            DispatchError: an argument is not a resident buffer, ``Out(into=)`` or a scalar.
+            CaptureError: the capture ended, or the kernel was not compiled before it.
+        """
+        backend = self._backend
+        if self._closed:
+            raise CaptureError("the capture ended; start another with backend.capture()")
+        call = bind(
+            kernel,
+            args,
+            grid=grid,
+            block=block,
+            shared_mem=shared_mem,
+            limits=backend._limits,
+            store=backend._store,
+            device_arrays=backend._device_arrays,
+            new_resident=None,
+        )
+        for i, (kind, _value, _param) in enumerate(call.args):
+            if kind in (IN, INOUT, OUT, DEVICE):
+                raise DispatchError(
+                    f"args[{i}] of {kernel.name!r}: a capture records dispatches on resident "
+                    "buffers, Out(into=buffer) and scalars only; upload arrays with "
+                    "backend.upload() first"
+                )
+        if kernel not in backend._loaded:
+            raise CaptureError(
+                f"{kernel.name!r} is not compiled; await backend.compile(kernel) before the "
+                "capture (code cannot be loaded while a stream captures)"
+            )
+        node = backend._capture_launch(call, [], 0, self._guard)
+        recorded = RecordedDispatch(len(self._dispatches), call, node)
+        self._dispatches.append(recorded)
+        for kind, value, _param in call.args:
+            if kind in (RESIDENT, RESIDENT_OUT) and all(value is not b for b in self._buffers):
+                self._buffers.append(value)
+        await asyncio.sleep(0)
+        return recorded
+
+    def _finish(self) -> None:
+        guard = self._guard
+        nodes = guard.nodes
+        for recorded in self._dispatches:
+            recorded._exec_node = guard.graph[nodes[recorded._node]]
+        graph = CapturedGraph(self._backend, guard.graph, self._dispatches, self._buffers)
+        # Only the graph refers to the captured objects from now on: they are destroyed when
+        # it closes, not whenever this object goes (which may be during another capture, where
+        # destroying a graph on the capturing thread would invalidate it).
+        guard.graph = None
+        guard.nodes = {}
+        self._backend._graphs.add(graph)
+        self._graph = graph

@@ -154,6 +154,7 @@ class CudaJob(Job):
         "lane",
         "offsets",
         "out_block",
+        "replay",
         "stage_hi",
         "stage_lo",
         "staged",
@@ -186,6 +187,7 @@ class CudaJob(Job):
         self.out_block: PinnedBlock | None = None  # pinned memory the results will own
         self.gpu_done = False  # its event completed (its outputs may still be copied out)
         self.streamed = False  # its arrays go up and down in chunks (``_run_streamed``)
+        self.replay: Any = None  # the graph it replays (CachedGraph / CapturedGraph), if any
 
 
 def dep_event(dep: Any) -> Any:
@@ -461,6 +463,9 @@ class CudaDispatch(Backend):
         self._smem_set[loaded] = nbytes
 
     def _launch(self, job: CudaJob) -> None:
+        if job.replay is not None:
+            self._launch_replay(job)
+            return
         call = job.call
         lane = self._stream_pool.pick()
         lane.outstanding += 1
@@ -552,6 +557,32 @@ class CudaDispatch(Backend):
             job.event = None
             self._release_job(job)
             raise error_for(code, "cuEventRecord")
+        reactor = self._reactor_ or self._reactor
+        reactor.watch(lane.index, event, lambda error: self._done(job, error))
+        job.pending._spin = reactor.spin
+
+    def _launch_replay(self, job: CudaJob) -> None:
+        """Launch the graph *job* replays (its inputs are in place) and watch its event."""
+        lane = self._stream_pool.pick()
+        lane.outstanding += 1
+        job.lane = lane
+        handle = self._handles[lane.index]
+        try:
+            for dep in job.deps:
+                event = dep_event(dep)
+                if event is not None and event is not False:
+                    check(drv.cuStreamWaitEvent(handle, event, 0), "cuStreamWaitEvent")
+            job.replay._enqueue(handle)
+        except Exception:
+            self._release_job(job)
+            raise
+        event = self._events.take()
+        code = drv.cuEventRecord(event, handle)[0]
+        if code != SUCCESS:
+            self._events.give(event)
+            self._release_job(job)
+            raise error_for(code, "cuEventRecord")
+        job.event = event
         reactor = self._reactor_ or self._reactor
         reactor.watch(lane.index, event, lambda error: self._done(job, error))
         job.pending._spin = reactor.spin
@@ -763,6 +794,22 @@ class CudaDispatch(Backend):
 
     # -- completion ----------------------------------------------------------------------------
 
+    def _complete(
+        self, job: Job, outcome: tuple[Any, ...] | BaseException, device_time: float | None = None
+    ) -> None:
+        replay = getattr(job, "replay", None)
+        if replay is not None and job.lane is None:  # type: ignore[attr-defined]  # a CudaJob
+            # Failed before its graph was launched (closed, failed backend): free the graph.
+            job.replay = None  # type: ignore[attr-defined]  # likewise
+            replay._finished()
+        super()._complete(job, outcome, device_time)
+
+    def _abandon(self, job: Job) -> None:
+        replay = getattr(job, "replay", None)
+        if replay is not None:
+            job.replay = None  # type: ignore[attr-defined]  # a CudaJob
+            replay._finished()
+
     def _release_job(self, job: CudaJob) -> None:
         if job.block is not None:
             self._pinned.release(job.block)
@@ -780,6 +827,9 @@ class CudaDispatch(Backend):
         if job.lane is not None:
             job.lane.outstanding -= 1
             job.lane = None
+        if job.replay is not None:
+            replay, job.replay = job.replay, None
+            replay._finished()
 
     def _done(self, job: CudaJob, error: CudaError | None) -> None:
         # The reactor recycled the event: nothing may wait on it any more.
@@ -797,6 +847,8 @@ class CudaDispatch(Backend):
         device_time = None
         if error is not None:
             outcome = error
+        elif job.replay is not None:
+            outcome = job.replay._collect(job.call)
         elif not job.call.n_results:
             outcome = ()
         elif job.total - job.in_end >= BIG_COPY and job.out_block is None:

@@ -41,6 +41,9 @@ class BackendOptions:
         spin_window: seconds a task awaiting the only dispatch in flight polls its completion
             before it yields to the loop (CUDA backend); a short kernel then completes without
             a trip around the loop. The loop is held for at most this long; 0 turns it off.
+        graph_cache_bytes: bound on the pinned and device bytes of the graphs that
+            ``dispatch(graph="auto")`` records (CUDA backend); least recently used go first.
+        graph_repeats: dispatches of one signature before ``graph="auto"`` records it.
     """
 
     streams: int = attrs.field(default=4, validator=_positive)
@@ -51,6 +54,8 @@ class BackendOptions:
     dispatch_events_enabled: bool = False
     poll_window: float = attrs.field(default=200e-6)
     spin_window: float = attrs.field(default=50e-6)
+    graph_cache_bytes: int = attrs.field(default=64 << 20, validator=_non_negative)
+    graph_repeats: int = attrs.field(default=2, validator=_positive)
 
     @poll_window.validator
     @spin_window.validator

@@ -79,7 +79,7 @@ class _Watch:
 
 
 class _Lane:
-    __slots__ = ("handed", "index", "pending", "queue", "ready", "thread")
+    __slots__ = ("handed", "index", "last_code", "pending", "queue", "ready", "thread")
 
     def __init__(self, index: int) -> None:
         self.index = index
@@ -88,6 +88,7 @@ class _Lane:
         self.handed: _Watch | None = None
         self.queue: queue.SimpleQueue[Any] = queue.SimpleQueue()
         self.thread: threading.Thread | None = None
+        self.last_code: Any = SUCCESS  # what the waiter's last cuEventSynchronize returned
 
 
 class Reactor:
@@ -135,6 +136,8 @@ class Reactor:
         self.handoffs = 0
         self.spins = 0  # dispatches completed by spin() before their task yielded
         self.batch = 4  # completions resolved per loop iteration at most
+        self._paused = False  # a capture runs: no event queries on the loop's thread
+        self._pause_waiters = False  # ... and no hand-offs either (a "global" capture)
 
     def __repr__(self) -> str:
         waiting = sum(1 for lane in self._lanes if lane.handed is not None)
@@ -161,8 +164,41 @@ class Reactor:
 
     # -- loop thread -----------------------------------------------------------------------
 
+    # -- pausing for captures ---------------------------------------------------------------
+
+    def pause(self, waiters: bool = False) -> None:
+        """Stop querying events on the loop's thread (a capture in ``thread_local`` mode would
+        be invalidated by them): waiter threads wait for every event meanwhile. With *waiters*
+        (``global`` mode) hand them nothing either until :meth:`resume`."""
+        self._paused = True
+        self._pause_waiters = waiters
+
+    def resume(self) -> None:
+        """Query events on the loop's thread again, and catch up."""
+        self._paused = False
+        self._pause_waiters = False
+        if self._pending and not self._poll_scheduled:
+            self._poll_scheduled = True
+            self._window_start = perf_counter()
+            self._loop.call_soon(self._poll)
+
+    async def waiters_idle(self) -> None:
+        """Return once no waiter thread waits on an event (after :meth:`pause` with waiters)."""
+        while any(lane.handed is not None for lane in self._lanes):  # noqa: ASYNC110  # rare; no event to wait on
+            await asyncio.sleep(0.0005)
+
+    def _poll_paused(self) -> None:
+        if self._pause_waiters:
+            return
+        for lane in self._lanes:
+            if lane.pending and lane.handed is None:
+                self._hand_off(lane)
+
     def _poll(self) -> None:
         self._poll_scheduled = False
+        if self._paused:
+            self._poll_paused()
+            return
         self._held_since = 0.0  # the loop is running callbacks: nothing holds it
         self.polls += 1
         progress = False
@@ -238,7 +274,7 @@ class Reactor:
         dispatches keep completing inline is made to yield once ``HOLD_LIMIT`` passed since
         the loop last ran the reactor, so a tight loop of awaits cannot starve other tasks.
         """
-        if self._pending != 1 or self._spin_window <= 0.0:
+        if self._pending != 1 or self._spin_window <= 0.0 or self._paused:
             return
         now = perf_counter()
         held = self._held_since
@@ -296,6 +332,15 @@ class Reactor:
             watch.held = False
             if watch.finished:
                 self._events.give(watch.event)
+            elif self._paused and lane.pending and lane.pending[0] is watch:
+                # No queries meanwhile: the waiter's result settles the watch.
+                lane.pending.popleft()
+                lane.ready = 0
+                self._pending -= 1
+                if lane.last_code == SUCCESS:
+                    self._finish(watch, None)
+                else:
+                    self._failed(watch, lane.last_code)
         if self._pending and not self._poll_scheduled:
             # Schedule rather than poll here: several lanes may wake in one batch, and each
             # poll resolves a bounded batch per loop iteration.
@@ -351,7 +396,7 @@ class Reactor:
             if event is None:
                 return
             # Blocks with the GIL released; the loop re-queries, so the result is not needed.
-            drv.cuEventSynchronize(event)
+            lane.last_code = drv.cuEventSynchronize(event)[0]
             self._inbox.post(lane)
 
     def close(self) -> list[threading.Thread]:

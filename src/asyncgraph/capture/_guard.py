@@ -1,0 +1,205 @@
+"""The capture lock, the capture guard, and the names of capture modes and states."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import enum
+import threading
+from types import TracebackType
+from typing import Any
+
+from cuda.bindings import driver as drv
+
+from .._exceptions import CaptureError
+
+__all__ = ("CaptureGuard", "CaptureLock", "CaptureMode", "CaptureStatus", "capture_status")
+
+
+class CaptureMode(enum.Enum):
+    """What other CUDA calls may do while a stream captures (``cudaStreamCaptureMode``).
+
+    - ``GLOBAL``: potentially unsafe calls (event queries and syncs, legacy allocations) from
+      any thread of the process invalidate the capture.
+    - ``THREAD_LOCAL``: only such calls from the capturing thread do.
+    - ``RELAXED``: none do; the capturing thread must itself avoid what cannot be captured.
+    """
+
+    GLOBAL = "global"
+    THREAD_LOCAL = "thread_local"
+    RELAXED = "relaxed"
+
+    @classmethod
+    def parse(cls, value: object) -> CaptureMode:
+        """*value* as a mode: a :class:`CaptureMode` or its string value."""
+        if isinstance(value, CaptureMode):
+            return value
+        for mode in cls:
+            if value == mode.value:
+                return mode
+        names = ", ".join(repr(m.value) for m in cls)
+        raise CaptureError(f"mode={value!r}; pass one of {names} (or asyncgraph.CaptureMode)")
+
+
+class CaptureStatus(enum.Enum):
+    """Whether a stream is capturing (``cuStreamIsCapturing``)."""
+
+    NONE = "none"
+    ACTIVE = "active"
+    INVALIDATED = "invalidated"
+
+
+_STATUS = {
+    drv.CUstreamCaptureStatus.CU_STREAM_CAPTURE_STATUS_NONE: CaptureStatus.NONE,
+    drv.CUstreamCaptureStatus.CU_STREAM_CAPTURE_STATUS_ACTIVE: CaptureStatus.ACTIVE,
+    drv.CUstreamCaptureStatus.CU_STREAM_CAPTURE_STATUS_INVALIDATED: CaptureStatus.INVALIDATED,
+}
+
+
+def capture_status(handle: Any) -> CaptureStatus:
+    """The capture status of the ``CUstream`` *handle*."""
+    code, status = drv.cuStreamIsCapturing(handle)
+    if code != drv.CUresult.CUDA_SUCCESS:
+        raise CaptureError(f"cuStreamIsCapturing failed: {code.name}")
+    return _STATUS[status]
+
+
+class CaptureLock:
+    """One capture at a time per backend, across tasks and threads.
+
+    Tasks use ``async with lock:`` (waits without blocking the loop, cancellation-safe); threads
+    use ``with lock:``; the backend's own synchronous captures use :meth:`try_acquire`.
+    """
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+
+    def locked(self) -> bool:
+        """Whether a capture holds the lock."""
+        return self._lock.locked()
+
+    def try_acquire(self) -> bool:
+        """Take the lock if it is free; ``False`` if a capture holds it."""
+        return self._lock.acquire(blocking=False)
+
+    async def acquire(self) -> None:
+        """Wait for the lock without blocking the event loop."""
+        delay = 0.0002
+        while not self._lock.acquire(blocking=False):
+            # Polling keeps cancellation trivial: a cancelled wait never holds the lock.
+            await asyncio.sleep(delay)
+            delay = min(delay * 2, 0.005)
+
+    def release(self) -> None:
+        """Give the lock back."""
+        self._lock.release()
+
+    async def __aenter__(self) -> CaptureLock:
+        await self.acquire()
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        self.release()
+
+    def __enter__(self) -> CaptureLock:
+        self._lock.acquire()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.release()
+
+
+class CaptureGuard:
+    """Captures the work enqueued on one stream into an executable graph (``cuda.core``).
+
+    ``with CaptureGuard(stream, handle, mode) as guard:`` begins the capture; work enqueued on
+    the stream meanwhile is recorded, not run; ``guard.graph`` is the executable graph after a
+    clean exit. On any error inside, or if the capture was invalidated, the guard ends the
+    capture, discards the partial graph and leaves the stream usable (status ``NONE``); an
+    invalidated capture raises :class:`CaptureError`.
+
+    Args:
+        stream: the ``cuda.core`` stream to capture on.
+        handle: its ``CUstream``.
+        mode: the :class:`CaptureMode`.
+    """
+
+    def __init__(self, stream: Any, handle: Any, mode: CaptureMode) -> None:
+        self._stream = stream
+        self._handle = handle
+        self._mode = mode
+        self._builder: Any = None
+        self.graph: Any = None  # the executable graph (cuda.core Graph)
+        self.nodes: dict[int, Any] = {}  # node handle -> cuda.core GraphNode, after the exit
+
+    @property
+    def status(self) -> CaptureStatus:
+        """The stream's capture status now."""
+        return capture_status(self._handle)
+
+    def last_node(self) -> int:
+        """The handle of the node the last capture call added (e.g. a kernel launch)."""
+        result = drv.cuStreamGetCaptureInfo(self._handle)
+        if result[0] != drv.CUresult.CUDA_SUCCESS:
+            raise CaptureError(f"cuStreamGetCaptureInfo failed: {result[0].name}")
+        if result[1] != drv.CUstreamCaptureStatus.CU_STREAM_CAPTURE_STATUS_ACTIVE:
+            raise CaptureError(self._invalidated())
+        deps = result[4]
+        if len(deps) != 1:
+            raise CaptureError(f"expected one node at the capture's tail, found {len(deps)}")
+        return int(deps[0])
+
+    def _invalidated(self) -> str:
+        return (
+            f"the capture was invalidated: a CUDA call that cannot be captured ran during a "
+            f"{self._mode.value!r} capture (an event query or synchronisation, a legacy "
+            "allocation). Use mode='relaxed', or keep such calls out of the capture"
+        )
+
+    def __enter__(self) -> CaptureGuard:
+        if capture_status(self._handle) is not CaptureStatus.NONE:
+            raise CaptureError("the stream is already capturing")
+        builder = self._stream.create_graph_builder()
+        try:
+            builder.begin_building(self._mode.value)
+        except Exception as exc:
+            with contextlib.suppress(Exception):
+                builder.close()
+            raise CaptureError(f"could not begin the capture: {exc}") from exc
+        self._builder = builder
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        builder, self._builder = self._builder, None
+        if exc_type is None and capture_status(self._handle) is CaptureStatus.ACTIVE:
+            try:
+                builder.end_building()
+                self.graph = builder.complete()
+                self.nodes = {int(node.handle): node for node in builder.graph_definition.nodes()}
+            except Exception as error:
+                self._abort(builder)
+                raise CaptureError(f"could not complete the captured graph: {error}") from error
+            with contextlib.suppress(Exception):
+                builder.close()
+            return
+        invalidated = capture_status(self._handle) is CaptureStatus.INVALIDATED
+        self._abort(builder)
+        if exc_type is None or invalidated:
+            raise CaptureError(self._invalidated()) from exc
+
+    def _abort(self, builder: Any) -> None:
+        """End the capture whatever state it is in and discard what it recorded."""
+        if capture_status(self._handle) is not CaptureStatus.NONE:
+            _code, graph = drv.cuStreamEndCapture(self._handle)
+            if graph is not None and int(graph):
+                drv.cuGraphDestroy(graph)
+        with contextlib.suppress(Exception):
+            builder.close()
+        if capture_status(self._handle) is not CaptureStatus.NONE:
+            raise CaptureError("the stream is still capturing after the capture was ended")
+        self.graph = None
