@@ -244,17 +244,7 @@ class Backend(abc.ABC):
             raise ArgumentTypeError(f"timing={timing!r}; pass True or False")
         if graph not in _GRAPH_CHOICES:
             raise ArgumentTypeError(f"graph={graph!r}; pass 'never', 'auto' or 'always'")
-        call = bind(
-            kernel,
-            args,
-            grid=grid,
-            block=block,
-            shared_mem=shared_mem,
-            limits=self._limits,
-            store=self._store,
-            device_arrays=self._device_arrays,
-            new_resident=self._new_resident,
-        )
+        call = self._bind(kernel, args, grid, block, shared_mem, self._new_resident)
         job: Job | None = None
         cache = self._graph_cache
         if cache is not None and graph != "never" and not timing:
@@ -478,20 +468,32 @@ class Backend(abc.ABC):
         self._loop_for_use()
         raise UnsupportedError(f"capture(): the {self.kind} backend has no CUDA graphs")
 
-    def _bind_call(self, kernel: Kernel, args: tuple[object, ...], like: BoundCall) -> BoundCall:
-        """Validate *args* for *kernel* with the launch shape of *like* (a recorded call)."""
-        self._loop_for_use()
+    def _bind(
+        self,
+        kernel: Kernel,
+        args: tuple[object, ...],
+        grid: object,
+        block: object,
+        shared_mem: object,
+        new_resident: Callable[[tuple[int, ...], np.dtype[Any]], ResidentBuffer] | None = None,
+    ) -> BoundCall:
+        """Validate a dispatch's arguments against *kernel* and this backend (``bind``)."""
         return bind(
             kernel,
             args,
-            grid=like.grid,
-            block=like.block,
-            shared_mem=like.shared_mem,
+            grid=grid,
+            block=block,
+            shared_mem=shared_mem,
             limits=self._limits,
             store=self._store,
             device_arrays=self._device_arrays,
-            new_resident=None,
+            new_resident=new_resident,
         )
+
+    def _bind_call(self, kernel: Kernel, args: tuple[object, ...], like: BoundCall) -> BoundCall:
+        """Validate *args* for *kernel* with the launch shape of *like* (a recorded call)."""
+        self._loop_for_use()
+        return self._bind(kernel, args, like.grid, like.block, like.shared_mem)
 
     async def _submit_prepared(self, job: Job) -> Any:
         """Run a job prepared outside ``dispatch()`` (a graph replay) and return its result."""

@@ -16,10 +16,10 @@ from typing import Any
 import numpy as np
 from cuda.bindings import driver as drv
 
-from ._args import DEVICE, IN, INOUT, OUT, RESIDENT, RESIDENT_OUT, BoundCall, LaunchLimits, bind
+from ._args import DEVICE, IN, INOUT, OUT, RESIDENT, RESIDENT_OUT, BoundCall, LaunchLimits
 from ._backend import Job
 from ._compile import KernelCompiler, load_kernel
-from ._cuda_dispatch import CudaDispatch, CudaJob, Launcher, _copy_into, dep_event
+from ._cuda_dispatch import CudaDispatch, CudaJob, Launcher, _copy_into, dep_event, layout
 from ._cudadrv import SUCCESS, check, error_for, translate
 from ._dlpack import KDL_CUDA
 from ._exceptions import (
@@ -46,7 +46,7 @@ from .capture import (
     GraphCache,
     RecordedDispatch,
 )
-from .capture._graphs import _kernel_config, _layout
+from .capture._graphs import _kernel_config
 from .pool import HostPool, PinnedPool, StreamOrderedDeviceMemory, StreamPool
 
 __all__ = ("CudaBackend",)
@@ -423,10 +423,7 @@ class CudaBackend(CudaDispatch):
             await self._wait_jobs(deps)
         lane = self._stream_pool.pick()
         handle = self._handles[lane.index]
-        for dep in deps:
-            event = dep_event(dep)
-            if event is not None and event is not False:
-                check(drv.cuStreamWaitEvent(handle, event, 0), "cuStreamWaitEvent")
+        self._wait_deps(deps, handle)
         nbytes = buffer.nbytes
         if nbytes > CHUNKED_ABOVE:
             # Later writers stay parked until the whole download finished (use.event unset).
@@ -496,17 +493,7 @@ class CudaBackend(CudaDispatch):
             CaptureError: the capture failed (the stream stays usable).
         """
         self._loop_for_use()
-        call = bind(
-            kernel,
-            args,
-            grid=grid,
-            block=block,
-            shared_mem=shared_mem,
-            limits=self._limits,
-            store=self._store,
-            device_arrays=self._device_arrays,
-            new_resident=None,
-        )
+        call = self._bind(kernel, args, grid, block, shared_mem)
         for i, (kind, _value, _param) in enumerate(call.args):
             if kind == DEVICE:
                 raise DispatchError(
@@ -537,8 +524,8 @@ class CudaBackend(CudaDispatch):
     def _record_locked(self, call: BoundCall) -> CachedGraph:
         if self._failure is not None:
             raise self._failure
-        offsets, layout = _layout(call)
-        graph = CachedGraph(self, call, offsets, layout)
+        offsets, bounds = layout(call.args)
+        graph = CachedGraph(self, call, offsets, bounds)
         graph._record()
         self._graphs.add(graph)
         return graph
@@ -828,17 +815,7 @@ class _Capture:
         backend = self._backend
         if self._closed:
             raise CaptureError("the capture ended; start another with backend.capture()")
-        call = bind(
-            kernel,
-            args,
-            grid=grid,
-            block=block,
-            shared_mem=shared_mem,
-            limits=backend._limits,
-            store=backend._store,
-            device_arrays=backend._device_arrays,
-            new_resident=None,
-        )
+        call = backend._bind(kernel, args, grid, block, shared_mem)
         for i, (kind, _value, _param) in enumerate(call.args):
             if kind in (IN, INOUT, OUT, DEVICE):
                 raise DispatchError(

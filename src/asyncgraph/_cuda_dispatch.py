@@ -96,6 +96,23 @@ def _aligned(n: int) -> int:
     return -(-n // _ALIGN) * _ALIGN
 
 
+def layout(args: list[tuple[int, Any, Any]]) -> tuple[list[int], tuple[int, int, int]]:
+    """Where each staged argument lies in ``[inputs | in-outs | outputs]`` (256-byte aligned,
+    -1 for the others), and the bounds: end of the inputs, end of the region copied up, total."""
+    offsets = [-1] * len(args)
+    pos = in_end = up_end = 0
+    for want in (IN, INOUT, OUT):
+        if want == INOUT:
+            in_end = pos
+        elif want == OUT:
+            up_end = pos
+        for i, (kind, value, _param) in enumerate(args):
+            if kind == want:
+                offsets[i] = pos
+                pos += _aligned(value.nbytes)
+    return offsets, (in_end, up_end, pos)
+
+
 class Launcher:
     """A loaded kernel's ``CUfunction`` and a reusable parameter block for ``cuLaunchKernel``.
 
@@ -301,26 +318,14 @@ class CudaDispatch(Backend):
             if any(kind == DEVICE for kind, _value, _param in args):
                 self._plan_foreign(job)
             return job
-        offsets = [-1] * len(args)
-        pos = 0
-        for want in (IN, INOUT, OUT):
-            if want == INOUT:
-                job.in_end = pos
-            elif want == OUT:
-                job.up_end = pos
-            for i, (kind, value, _param) in enumerate(args):
-                if kind == want:
-                    offsets[i] = pos
-                    size = value.nbytes
-                    pos += _aligned(size)
+        job.offsets, (job.in_end, job.up_end, pos) = layout(args)
         job.total = pos
-        job.offsets = offsets
         if pos > self._stream_above:
             job.streamed = True
             self._plan_foreign(job)
             return job
         if call.bytes_in:
-            job.direct = self._direct_inputs(call, offsets)
+            job.direct = self._direct_inputs(call, job.offsets)
         job.stage_lo = job.in_end if job.direct is not None else 0
         job.stage_hi = pos
         self._plan_foreign(job)
@@ -475,10 +480,8 @@ class CudaDispatch(Backend):
         telemetry = self.telemetry
         enqueued = False
         try:
-            for dep in job.deps:
-                event = dep_event(dep)
-                if event is not None and event is not False:
-                    check(drv.cuStreamWaitEvent(handle, event, 0), "cuStreamWaitEvent")
+            if job.deps:
+                self._wait_deps(job.deps, handle)
             base = 0
             block = None
             if job.total:
@@ -561,6 +564,15 @@ class CudaDispatch(Backend):
         reactor.watch(lane.index, event, lambda error: self._done(job, error))
         job.pending._spin = reactor.spin
 
+    @staticmethod
+    def _wait_deps(deps: list[Any], handle: Any) -> None:
+        """Make the stream *handle* wait for the launched uses in *deps* (finished ones need no
+        wait; unlaunched ones were waited for before)."""
+        for dep in deps:
+            event = dep_event(dep)
+            if event is not None and event is not False:
+                check(drv.cuStreamWaitEvent(handle, event, 0), "cuStreamWaitEvent")
+
     def _launch_replay(self, job: CudaJob) -> None:
         """Launch the graph *job* replays (its inputs are in place) and watch its event."""
         lane = self._stream_pool.pick()
@@ -568,10 +580,8 @@ class CudaDispatch(Backend):
         job.lane = lane
         handle = self._handles[lane.index]
         try:
-            for dep in job.deps:
-                event = dep_event(dep)
-                if event is not None and event is not False:
-                    check(drv.cuStreamWaitEvent(handle, event, 0), "cuStreamWaitEvent")
+            if job.deps:
+                self._wait_deps(job.deps, handle)
             job.replay._enqueue(handle)
         except Exception:
             self._release_job(job)
@@ -647,10 +657,8 @@ class CudaDispatch(Backend):
             lane.outstanding += 1
             stream = lane.stream
             handle = self._handles[lane.index]
-            for dep in job.deps:
-                event = dep_event(dep)
-                if event is not None and event is not False:
-                    check(drv.cuStreamWaitEvent(handle, event, 0), "cuStreamWaitEvent")
+            if job.deps:
+                self._wait_deps(job.deps, handle)
             job.device_buffer = self._device_memory.allocate(job.total, stream)
             base = int(job.device_buffer.handle)
             offsets = job.offsets
@@ -797,17 +805,19 @@ class CudaDispatch(Backend):
     def _complete(
         self, job: Job, outcome: tuple[Any, ...] | BaseException, device_time: float | None = None
     ) -> None:
-        replay = getattr(job, "replay", None)
-        if replay is not None and job.lane is None:  # type: ignore[attr-defined]  # a CudaJob
+        if job.replay is not None and job.lane is None:  # type: ignore[attr-defined]  # a CudaJob
             # Failed before its graph was launched (closed, failed backend): free the graph.
-            job.replay = None  # type: ignore[attr-defined]  # likewise
-            replay._finished()
+            self._free_replay(job)  # type: ignore[arg-type]  # likewise
         super()._complete(job, outcome, device_time)
 
     def _abandon(self, job: Job) -> None:
-        replay = getattr(job, "replay", None)
+        self._free_replay(job)  # type: ignore[arg-type]  # every job here is a CudaJob
+
+    @staticmethod
+    def _free_replay(job: CudaJob) -> None:
+        """Give the graph *job* replays back to its next replay."""
+        replay, job.replay = job.replay, None
         if replay is not None:
-            job.replay = None  # type: ignore[attr-defined]  # a CudaJob
             replay._finished()
 
     def _release_job(self, job: CudaJob) -> None:
@@ -828,8 +838,7 @@ class CudaDispatch(Backend):
             job.lane.outstanding -= 1
             job.lane = None
         if job.replay is not None:
-            replay, job.replay = job.replay, None
-            replay._finished()
+            self._free_replay(job)
 
     def _done(self, job: CudaJob, error: CudaError | None) -> None:
         # The reactor recycled the event: nothing may wait on it any more.

@@ -129,9 +129,12 @@ class GraphCache:
             entry = self._entries[key] = _Entry()
         self._entries.move_to_end(key)
         graph = next((g for g in entry.instances if not g._busy), None)
-        if graph is None:
-            if len(entry.instances) >= self.max_instances:
-                return self._miss()
+        if graph is not None:
+            self._hits += 1
+            backend.telemetry.graph_cache_hits += 1
+        elif len(entry.instances) >= self.max_instances:
+            return self._miss()
+        else:
             graph = backend._record_now(call)
             if graph is None:  # the kernel is not loaded yet, or another capture runs
                 if not entry.instances:
@@ -141,14 +144,10 @@ class GraphCache:
             self._captures += 1
             self._bytes += graph.nbytes
             self._evict(keep=graph)
-        else:
-            self._hits += 1
-            backend.telemetry.graph_cache_hits += 1
-            updates = backend.telemetry.graph_updates
-            job = graph._prepare(call)
-            self._updates += backend.telemetry.graph_updates > updates
-            return job
-        return graph._prepare(call)
+        updates = backend.telemetry.graph_updates
+        job = graph._prepare(call)
+        self._updates += backend.telemetry.graph_updates > updates
+        return job
 
     def _miss(self) -> None:
         self._misses += 1

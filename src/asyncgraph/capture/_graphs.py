@@ -15,7 +15,6 @@ its resident buffers, counts against ``max_in_flight``, and completes through th
 from __future__ import annotations
 
 import asyncio
-import math
 from typing import Any
 
 import numpy as np
@@ -23,6 +22,7 @@ from cuda.bindings import driver as drv
 from cuda.core import LaunchConfig
 
 from .._args import IN, INOUT, OUT, RESIDENT, RESIDENT_OUT, SCALAR, BoundCall
+from .._cuda_dispatch import _as_bytes
 from .._cudadrv import check
 from .._exceptions import BackendClosedError, DispatchError, ShapeMismatchError
 from .._kernel import Kernel
@@ -32,16 +32,6 @@ __all__ = ("CachedGraph", "CapturedGraph", "RecordedDispatch")
 
 # The name a replay of a capture holding foreign work only goes by (never compiled).
 _FOREIGN_ONLY = Kernel('extern "C" __global__ void captured() { }', "captured")
-
-_ALIGN = 256
-
-
-def _aligned(n: int) -> int:
-    return -(-n // _ALIGN) * _ALIGN
-
-
-def _as_bytes(array: np.ndarray[Any, Any]) -> np.ndarray[Any, Any]:
-    return array.reshape(-1).view(np.uint8)
 
 
 def _launch_values(call: BoundCall, offsets: list[int], base: int) -> tuple[Any, ...]:
@@ -531,23 +521,6 @@ class CapturedGraph:
         _let_go(self._buffers)
         self._buffers = []
         self._backend._graphs.discard(self)
-
-
-def _layout(call: BoundCall) -> tuple[list[int], tuple[int, int, int]]:
-    """Offsets of the staged arguments in ``[inputs | in-outs | outputs]`` and the bounds
-    (end of inputs, end of the uploaded region, total)."""
-    offsets = [-1] * len(call.args)
-    pos = in_end = up_end = 0
-    for want in (IN, INOUT, OUT):
-        if want == INOUT:
-            in_end = pos
-        elif want == OUT:
-            up_end = pos
-        for i, (kind, value, _param) in enumerate(call.args):
-            if kind == want:
-                offsets[i] = pos
-                pos += _aligned(math.prod(value.shape) * value.dtype.itemsize)
-    return offsets, (in_end, up_end, pos)
 
 
 def _kernel_config(call: BoundCall) -> LaunchConfig:
