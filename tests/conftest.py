@@ -1,4 +1,8 @@
-"""Shared fixtures: a host backend per test, and the cuda marker's skip."""
+"""Shared fixtures: a host backend per test.
+
+The ``cuda`` marker, its skip where no GPU is found, and the ``backend`` fixtures come from
+asyncgraph's own pytest plugin (``asyncgraph.testing``), as in users' suites.
+"""
 
 from __future__ import annotations
 
@@ -7,17 +11,8 @@ from collections.abc import AsyncIterator
 import pytest
 
 import asyncgraph as ag
-from asyncgraph._detect import probe_cuda
 
-
-def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    probe = probe_cuda()
-    if probe.available:
-        return
-    skip = pytest.mark.skip(reason=f"needs a CUDA GPU: {probe.reason}")
-    for item in items:
-        if item.get_closest_marker("cuda") is not None:
-            item.add_marker(skip)
+pytest_plugins = ("pytester",)
 
 
 @pytest.fixture

@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import importlib
 import types
+
+import pytest
 
 import asyncgraph as ag
 
@@ -42,3 +45,11 @@ def test_exceptions_form_the_documented_tree() -> None:
 def test_version_comes_from_package_metadata() -> None:
     assert isinstance(ag.__version__, str)
     assert ag.__version__ != ""
+
+
+@pytest.mark.parametrize("module", ["asyncgraph.pool", "asyncgraph.capture", "asyncgraph.testing"])
+def test_public_submodules_export_what_they_define(module: str) -> None:
+    mod = importlib.import_module(module)
+    assert isinstance(mod.__all__, tuple)
+    assert len(set(mod.__all__)) == len(mod.__all__)
+    assert [name for name in mod.__all__ if not hasattr(mod, name)] == []

@@ -1,0 +1,243 @@
+"""pytest plugin and helpers for testing code that uses asyncgraph.
+
+Installing asyncgraph registers this module as a pytest plugin (entry point ``pytest11``), so a
+project's own suite gets, with nothing to configure:
+
+- the ``cuda`` marker, registered: tests carrying it are skipped, with the driver's reason,
+  where no CUDA GPU can be used;
+- ``backend``: a backend opened for one test and closed after it (CUDA where a GPU is present,
+  else the host backend), and ``session_backend``: one backend for the whole session, which
+  needs the session's event loop (``@pytest.mark.asyncio(loop_scope="session")``);
+- ``asyncgraph_device``: the device those fixtures open, from ``--asyncgraph-device`` (or the
+  ``ASYNCGRAPH_TEST_DEVICE`` environment variable), ``"auto"`` by default;
+- :func:`reference` and :func:`assert_matches_host`, which check a kernel's results against its
+  ``host=`` implementation.
+
+The async fixtures run under pytest-asyncio. See ``docs/testing.md``.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import AsyncIterator, Callable
+from typing import Any
+
+import numpy as np
+import pytest
+
+from ._args import InOut, Out
+from ._backend import Backend, open_backend
+from ._exceptions import ArgumentTypeError, UnsupportedError
+from ._kernel import Kernel
+from ._resident import ResidentBuffer
+
+__all__ = ("assert_matches_host", "reference")
+
+Array = np.ndarray[Any, Any]
+
+_DEVICE_ENV = "ASYNCGRAPH_TEST_DEVICE"
+_MARKER = (
+    "cuda: needs an NVIDIA GPU with a working driver (skipped, with the reason, where none is "
+    "found)"
+)
+
+
+# -- helpers --------------------------------------------------------------------------------------
+
+
+def reference(kernel: Kernel, *args: object) -> tuple[Array, ...]:
+    """Run *kernel*'s ``host=`` implementation on host copies of *args*, as a dispatch would.
+
+    Arguments follow the dispatch rules: numpy arrays are read-only inputs, ``Out(shape,
+    dtype)`` (also with ``resident=True``) becomes a zero-filled array, ``InOut(array)`` a copy
+    of the array, and numpy scalars pass by value. The caller's arrays are never changed.
+
+    Args:
+        kernel: a kernel declared with ``host=``.
+        *args: its arguments in kernel order, as host values.
+
+    Returns:
+        One array per ``Out``/``InOut`` argument, in argument order, like ``await dispatch``.
+
+    Raises:
+        UnsupportedError: the kernel has no ``host=`` implementation.
+        ArgumentTypeError: an argument has no host value (a resident buffer, ``Out(into=)``, a
+            device array): pass the numpy array it was made from instead.
+    """
+    if not isinstance(kernel, Kernel):
+        raise ArgumentTypeError(f"reference() takes an asyncgraph.Kernel first, got {kernel!r}")
+    if kernel.host is None:
+        raise UnsupportedError(
+            f"kernel {kernel.name!r} has no host= implementation to compare against; declare "
+            "Kernel(..., host=fn)"
+        )
+    host_args: list[object] = []
+    results: list[Array] = []
+    for index, value in enumerate(args):
+        if isinstance(value, np.ndarray):
+            view = np.array(value, copy=True, order="C")
+            view.flags.writeable = False
+            host_args.append(view)
+        elif isinstance(value, np.generic):
+            host_args.append(value)
+        elif isinstance(value, Out) and value.into is None:
+            out = np.zeros(value.shape, value.dtype)
+            host_args.append(out)
+            results.append(out)
+        elif isinstance(value, InOut):
+            copy = np.array(value.array, copy=True, order="C")
+            host_args.append(copy)
+            results.append(copy)
+        else:
+            raise ArgumentTypeError(
+                f"argument {index} of {kernel.name!r} is {type(value).__name__}, which has no "
+                "host value for reference(); pass the numpy array it holds (or was made from), "
+                "Out(shape, dtype), InOut(array) or a numpy scalar"
+            )
+    kernel.host(*host_args)
+    return tuple(results)
+
+
+async def assert_matches_host(
+    backend: Backend,
+    kernel: Kernel,
+    *args: object,
+    grid: int | tuple[int, ...],
+    block: int | tuple[int, ...],
+    shared_mem: int = 0,
+    rtol: float = 1e-6,
+    atol: float = 0.0,
+) -> tuple[Array, ...]:
+    """Dispatch *kernel* on *backend* and assert each result matches its host reference.
+
+    Floating-point results are compared with ``numpy.testing.assert_allclose(rtol, atol)``,
+    every other dtype exactly. Results of ``Out(..., resident=True)`` are downloaded first (and
+    closed).
+
+    Args:
+        backend: the backend under test.
+        kernel: a kernel declared with ``host=``.
+        *args: its arguments in kernel order, as host values (see :func:`reference`).
+        grid: blocks in the grid.
+        block: threads per block.
+        shared_mem: bytes of dynamic shared memory per block.
+        rtol: relative tolerance for floating-point results.
+        atol: absolute tolerance for floating-point results.
+
+    Returns:
+        The backend's results, as numpy arrays in argument order.
+
+    Raises:
+        AssertionError: a result differs from the reference (the message names the kernel, the
+            result's index and the mismatching elements).
+    """
+    expected = reference(kernel, *args)
+    got = await backend.dispatch(kernel, *args, grid=grid, block=block, shared_mem=shared_mem)
+    arrays: list[Array] = []
+    for result in got:
+        if isinstance(result, ResidentBuffer):
+            try:
+                arrays.append(await backend.download(result))
+            finally:
+                await result.aclose()
+        else:
+            arrays.append(result)
+    for index, (actual, want) in enumerate(zip(arrays, expected, strict=True)):
+        message = f"result {index} of {kernel.name!r} on {backend.name}"
+        if actual.shape != want.shape or actual.dtype != want.dtype:
+            raise AssertionError(
+                f"{message}: got a {actual.dtype} array of shape {actual.shape}, the host "
+                f"reference is {want.dtype} of shape {want.shape}"
+            )
+        if np.issubdtype(want.dtype, np.inexact):
+            np.testing.assert_allclose(actual, want, rtol=rtol, atol=atol, err_msg=message)
+        else:
+            np.testing.assert_array_equal(actual, want, err_msg=message)
+    return tuple(arrays)
+
+
+# -- pytest hooks ---------------------------------------------------------------------------------
+
+
+def pytest_addoption(parser: pytest.Parser) -> None:
+    group = parser.getgroup("asyncgraph")
+    group.addoption(
+        "--asyncgraph-device",
+        default=None,
+        help=(
+            "device the asyncgraph backend fixtures open: auto (default), host, cuda or cuda:N; "
+            f"also read from ${_DEVICE_ENV}"
+        ),
+    )
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    config.addinivalue_line("markers", _MARKER)
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    marked = [item for item in items if item.get_closest_marker("cuda") is not None]
+    if not marked:
+        return
+    from ._detect import probe_cuda
+
+    probe = probe_cuda()
+    if probe.available:
+        return
+    skip = pytest.mark.skip(reason=f"needs a CUDA GPU: {probe.reason}")
+    for item in marked:
+        item.add_marker(skip)
+
+
+# -- fixtures -------------------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="session")
+def asyncgraph_device(pytestconfig: pytest.Config) -> str:
+    """The device the backend fixtures open: ``--asyncgraph-device``, else
+    ``$ASYNCGRAPH_TEST_DEVICE``, else ``"auto"`` (CUDA where a GPU is present, else the host)."""
+    option: str | None = pytestconfig.getoption("asyncgraph_device")
+    return option or os.environ.get(_DEVICE_ENV) or "auto"
+
+
+async def _open(device: str) -> AsyncIterator[Backend]:
+    async with open_backend(device) as opened:
+        yield opened
+
+
+def _async_fixture(**kwargs: Any) -> Callable[[Any], Any]:
+    try:
+        import pytest_asyncio
+    except ImportError:
+        # Without pytest-asyncio the fixtures say what they need instead of never running.
+        def sync_fixture(fn: Any) -> Any:
+            def missing(asyncgraph_device: str) -> Backend:
+                raise pytest.UsageError(
+                    "asyncgraph's backend fixtures are async and run under pytest-asyncio; "
+                    "pip install pytest-asyncio"
+                )
+
+            missing.__name__ = fn.__name__
+            missing.__doc__ = fn.__doc__
+            return pytest.fixture(scope=kwargs.get("scope", "function"))(missing)
+
+        return sync_fixture
+    return pytest_asyncio.fixture(**kwargs)
+
+
+@_async_fixture()
+async def backend(asyncgraph_device: str) -> AsyncIterator[Backend]:
+    """A backend opened for one test and closed after it (waiting for its work)."""
+    async for opened in _open(asyncgraph_device):
+        yield opened
+
+
+@_async_fixture(scope="session", loop_scope="session")
+async def session_backend(asyncgraph_device: str) -> AsyncIterator[Backend]:
+    """One backend for the whole session, closed at its end.
+
+    A backend belongs to the event loop it is first used on, so tests using this fixture run in
+    the session's loop: mark them ``@pytest.mark.asyncio(loop_scope="session")``.
+    """
+    async for opened in _open(asyncgraph_device):
+        yield opened
