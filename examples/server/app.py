@@ -1,0 +1,236 @@
+"""A small GPU service: asyncgraph behind Starlette, served by uvicorn.
+
+    uvicorn --app-dir examples/server app:app
+
+The backend opens in the application's lifespan (CUDA where a GPU is present, else the host
+backend; ``ASYNCGRAPH_DEVICE`` forces one), kernels are declared at module level, and the model's
+weights are uploaded once and stay resident for every request. The event loop keeps serving
+while the GPU computes, so ``/health`` answers promptly under load.
+
+Endpoints:
+    POST /v1/dense   ``{"x": [[256 floats], ...]}`` (1 to 64 rows) -> ``{"y": relu(x @ W + b)}``
+    POST /v1/saxpy   ``{"a": 2.0, "x": [...], "y": [...]}`` -> ``{"z": a * x + y}``
+    GET  /v1/model   the weights ``W`` and ``b``, for clients that check answers
+    GET  /health     ``{"status": "ok", ...}`` with the backend's in-flight count
+    GET  /metrics    Prometheus metrics of the backend (needs ``asyncgraph[prometheus]``)
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from typing import Any
+
+import numpy as np
+from starlette.applications import Starlette
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response
+from starlette.routing import Route
+
+import asyncgraph as ag
+
+Array = np.ndarray[Any, Any]
+
+FEATURES = 256
+MAX_ROWS = 64
+MAX_SAXPY = 1 << 20
+BLOCK = 256
+
+DENSE_SRC = r"""
+extern "C" __global__ void dense_relu(const float* x, const float* w, const float* b,
+                                      float* y, int rows, int features)
+{
+    int i = blockIdx.x * blockDim.x + threadIdx.x;
+    if (i >= rows * features) return;
+    int row = i / features, col = i % features;
+    float acc = b[col];
+    for (int k = 0; k < features; ++k) acc += x[row * features + k] * w[k * features + col];
+    y[i] = acc > 0.0f ? acc : 0.0f;
+}
+"""
+
+
+def _dense_relu(x: Array, w: Array, b: Array, y: Array, rows: np.int32, f: np.int32) -> None:
+    n, m = int(rows), int(f)
+    xs = x.reshape(-1, m)[:n]
+    np.maximum(xs @ w.reshape(m, m) + b, 0.0, out=y.reshape(-1, m)[:n])
+
+
+DENSE = ag.Kernel(DENSE_SRC, "dense_relu", host=_dense_relu)
+
+SAXPY_SRC = r"""
+extern "C" __global__ void saxpy(const float* x, const float* y, float* z, float a, int n)
+{
+    int i = blockIdx.x * blockDim.x + threadIdx.x;
+    if (i < n) z[i] = a * x[i] + y[i];
+}
+"""
+
+
+def _saxpy(x: Array, y: Array, z: Array, a: np.float32, n: np.int32) -> None:
+    np.add(a * x[: int(n)], y[: int(n)], out=z[: int(n)])
+
+
+SAXPY = ag.Kernel(SAXPY_SRC, "saxpy", host=_saxpy)
+
+
+def make_weights(seed: int = 7) -> tuple[Array, Array]:
+    """The model: a FEATURES x FEATURES weight matrix and a bias, float32."""
+    rng = np.random.default_rng(seed)
+    w = (rng.standard_normal((FEATURES, FEATURES)) / np.sqrt(FEATURES)).astype(np.float32)
+    b = (0.1 * rng.standard_normal(FEATURES)).astype(np.float32)
+    return w, b
+
+
+class BadRequest(Exception):
+    """The request's body is not what the endpoint takes; the message says what is."""
+
+
+def _vector(value: object, what: str, limit: int) -> Array:
+    try:
+        array = np.asarray(value, dtype=np.float32)
+    except (TypeError, ValueError):
+        raise BadRequest(f"{what} must be a list of numbers") from None
+    if array.ndim != 1 or not 1 <= array.size <= limit:
+        raise BadRequest(f"{what} must be a flat list of 1 to {limit} numbers")
+    return array
+
+
+async def _body(request: Request) -> dict[str, Any]:
+    try:
+        body = json.loads(await request.body())
+    except ValueError:
+        raise BadRequest("the body must be JSON") from None
+    if not isinstance(body, dict):
+        raise BadRequest("the body must be a JSON object")
+    return body
+
+
+async def dense(request: Request) -> Response:
+    """relu(x @ W + b) for each row of x, with W and b resident on the backend."""
+    body = await _body(request)
+    try:
+        x = np.asarray(body.get("x"), dtype=np.float32)
+    except (TypeError, ValueError):
+        raise BadRequest("x must be a list of rows of numbers") from None
+    if x.ndim != 2 or x.shape[1] != FEATURES or not 1 <= x.shape[0] <= MAX_ROWS:
+        raise BadRequest(f"x must be 1 to {MAX_ROWS} rows of {FEATURES} numbers")
+    state = request.state
+    rows = x.shape[0]
+    (y,) = await state.backend.dispatch(
+        DENSE,
+        x,
+        state.weights,
+        state.bias,
+        ag.Out(x.shape, np.float32),
+        np.int32(rows),
+        np.int32(FEATURES),
+        grid=(rows * FEATURES + BLOCK - 1) // BLOCK,
+        block=BLOCK,
+    )
+    return JSONResponse({"y": y.tolist()})
+
+
+async def saxpy(request: Request) -> Response:
+    """a * x + y, elementwise."""
+    body = await _body(request)
+    a = body.get("a")
+    if not isinstance(a, int | float) or isinstance(a, bool):
+        raise BadRequest("a must be a number")
+    x = _vector(body.get("x"), "x", MAX_SAXPY)
+    y = _vector(body.get("y"), "y", MAX_SAXPY)
+    if x.size != y.size:
+        raise BadRequest(f"x and y must have the same length, got {x.size} and {y.size}")
+    n = x.size
+    (z,) = await request.state.backend.dispatch(
+        SAXPY,
+        x,
+        y,
+        ag.Out(n, np.float32),
+        np.float32(a),
+        np.int32(n),
+        grid=(n + BLOCK - 1) // BLOCK,
+        block=BLOCK,
+    )
+    return JSONResponse({"z": z.tolist()})
+
+
+async def model(request: Request) -> Response:
+    """The weights, so clients can check answers."""
+    w, b = request.state.host_weights
+    return JSONResponse({"w": w.tolist(), "b": b.tolist()})
+
+
+async def health(request: Request) -> Response:
+    """Answers at once, whatever the GPU is doing."""
+    backend: ag.Backend = request.state.backend
+    snapshot = backend.telemetry.snapshot()
+    return JSONResponse(
+        {
+            "status": "ok",
+            "backend": backend.name,
+            "in_flight": snapshot.in_flight,
+            "queued": snapshot.queued,
+            "dispatches": snapshot.dispatches,
+        }
+    )
+
+
+async def metrics(request: Request) -> Response:
+    """The backend's telemetry in Prometheus' text format."""
+    try:
+        from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
+
+        from asyncgraph.prometheus import BackendCollector
+    except ImportError:
+        return JSONResponse(
+            {"error": "metrics need prometheus-client: pip install 'asyncgraph[prometheus]'"},
+            status_code=501,
+        )
+    registry = CollectorRegistry()
+    registry.register(BackendCollector(request.state.backend))
+    return Response(generate_latest(registry), media_type=CONTENT_TYPE_LATEST)
+
+
+async def bad_request(request: Request, exc: Exception) -> Response:
+    return JSONResponse({"error": str(exc)}, status_code=400)
+
+
+async def refused(request: Request, exc: Exception) -> Response:
+    # asyncgraph validated the dispatch and started nothing; the message says what was wrong.
+    return JSONResponse({"error": str(exc)}, status_code=422)
+
+
+@asynccontextmanager
+async def lifespan(app: Starlette) -> AsyncIterator[dict[str, Any]]:
+    """Open the backend, upload the weights, compile the kernels; close it all at shutdown."""
+    async with ag.open_backend(os.environ.get("ASYNCGRAPH_DEVICE", "auto")) as backend:
+        w, b = make_weights()
+        weights = await backend.upload(w)
+        bias = await backend.upload(b)
+        # Compile both kernels before the first request arrives.
+        one = np.zeros((1, FEATURES), np.float32)
+        await backend.dispatch(
+            DENSE, one, weights, bias, ag.Out(one.shape, np.float32), np.int32(1),
+            np.int32(FEATURES), grid=1, block=BLOCK,
+        )  # fmt: skip
+        await backend.dispatch(
+            SAXPY, one[0], one[0], ag.Out(FEATURES, np.float32), np.float32(1),
+            np.int32(FEATURES), grid=1, block=BLOCK,
+        )  # fmt: skip
+        yield {"backend": backend, "weights": weights, "bias": bias, "host_weights": (w, b)}
+
+
+app = Starlette(
+    routes=[
+        Route("/v1/dense", dense, methods=["POST"]),
+        Route("/v1/saxpy", saxpy, methods=["POST"]),
+        Route("/v1/model", model),
+        Route("/health", health),
+        Route("/metrics", metrics),
+    ],
+    exception_handlers={BadRequest: bad_request, ag.DispatchError: refused},
+    lifespan=lifespan,
+)
