@@ -44,6 +44,7 @@ from ._exceptions import (
 )
 from ._kernel import Kernel
 from ._lease import StreamLease
+from ._nvtx import NvtxRanges
 from ._options import BackendOptions
 from ._pending import PendingDispatch
 from ._resident import ResidentBuffer, ResidentStore, Use
@@ -60,7 +61,17 @@ _CLOSED: Final = 2
 class Job:
     """One dispatch from ``dispatch()`` to completion (internal; backends subclass it)."""
 
-    __slots__ = ("buffers", "call", "deps", "id", "pending", "t_dispatch", "t_submit", "timing")
+    __slots__ = (
+        "buffers",
+        "call",
+        "deps",
+        "id",
+        "nvtx_range",
+        "pending",
+        "t_dispatch",
+        "t_submit",
+        "timing",
+    )
 
     def __init__(self, call: BoundCall, timing: bool) -> None:
         self.call = call
@@ -71,6 +82,7 @@ class Job:
         self.t_submit = 0.0
         self.deps: list[Use] = []
         self.buffers: list[ResidentBuffer] = []
+        self.nvtx_range: Any = None  # the NVTX range of its life, with nvtx_enabled
 
 
 def _check_out(out: object, buffer: ResidentBuffer) -> None:
@@ -118,6 +130,8 @@ class Backend(abc.ABC):
     _device_arrays: ClassVar[bool] = False
 
     def __init__(self, name: str, options: BackendOptions) -> None:
+        # First: it may refuse (no nvtx package) before anything needs closing.
+        self._nvtx = NvtxRanges() if options.nvtx_enabled else None
         self.name = name
         self.options = options
         self._store = ResidentStore(name, self._free_storage, self)
@@ -285,12 +299,19 @@ class Backend(abc.ABC):
         job.t_submit = t0 = perf_counter()
         self.telemetry.queue_wait.record(t0 - job.t_dispatch)
         self._in_flight[job.id] = job
+        nvtx = self._nvtx
+        if nvtx is not None:
+            job.nvtx_range = nvtx.start_dispatch(job.call.kernel.name)
+            nvtx.push_submit(job.call.kernel.name)
         try:
             self._start(job)
         except BaseException as exc:
             self._complete(job, exc)
             if not isinstance(exc, Exception):
                 raise
+        finally:
+            if nvtx is not None:
+                nvtx.pop_submit()
         self.telemetry.submit_time.record(perf_counter() - t0)
 
     def _complete(
@@ -301,6 +322,8 @@ class Backend(abc.ABC):
             return  # already completed (a failure raced with a normal completion)
         for buffer in job.buffers:
             buffer._untrack(job)
+        if job.nvtx_range is not None:
+            self._nvtx.end_dispatch(job.nvtx_range)  # type: ignore[union-attr]  # set with it
         telemetry = self.telemetry
         latency = perf_counter() - job.t_dispatch
         telemetry.completion_latency.record(latency)

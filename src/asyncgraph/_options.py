@@ -44,6 +44,8 @@ class BackendOptions:
         graph_cache_bytes: bound on the pinned and device bytes of the graphs that
             ``dispatch(graph="auto")`` records (CUDA backend); least recently used go first.
         graph_repeats: dispatches of one signature before ``graph="auto"`` records it.
+        nvtx_enabled: mark each dispatch with NVTX ranges for Nsight Systems (needs the
+            ``nvtx`` package, extra ``nvtx``); see ``docs/observability.md``.
     """
 
     streams: int = attrs.field(default=4, validator=_positive)
@@ -56,6 +58,7 @@ class BackendOptions:
     spin_window: float = attrs.field(default=50e-6)
     graph_cache_bytes: int = attrs.field(default=64 << 20, validator=_non_negative)
     graph_repeats: int = attrs.field(default=2, validator=_positive)
+    nvtx_enabled: bool = False
 
     @poll_window.validator
     @spin_window.validator
