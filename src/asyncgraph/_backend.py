@@ -23,6 +23,7 @@ from typing import Any, ClassVar, Final, cast
 
 import numpy as np
 
+from . import _loop
 from ._args import (
     RESIDENT,
     RESIDENT_OUT,
@@ -143,13 +144,12 @@ class Backend(abc.ABC):
         self._in_flight: dict[int, Job] = {}
         self._queue: deque[Job] = deque()
         self._max_in_flight = options.max_in_flight
-        self._drained: asyncio.Event | None = None
+        self._drained: asyncio.Future[None] | None = None  # set once nothing is in flight
         self._close_task: asyncio.Task[None] | None = None
         self._log = logger.bind(device=name)
         self._dispatch_events = options.dispatch_events_enabled
         self._graph_cache: Any = None  # CUDA: the GraphCache behind dispatch(graph=...)
-        with contextlib.suppress(RuntimeError):
-            self._loop = asyncio.get_running_loop()
+        self._loop = _loop.running_loop()
 
     # -- state ---------------------------------------------------------------------------------
 
@@ -196,9 +196,8 @@ class Backend(abc.ABC):
                 f"backend {self.name} failed earlier and takes no new work; close it and open "
                 "a new backend (see docs/errors.md)",
             )
-        try:
-            loop = asyncio.get_running_loop()
-        except RuntimeError:
+        loop = _loop.running_loop()
+        if loop is None:
             raise UnsupportedError(
                 f"backend {self.name} is used from a thread with no running event loop; "
                 "call it from async code on the loop it belongs to"
@@ -353,8 +352,9 @@ class Backend(abc.ABC):
         queue = self._queue
         while queue and len(self._in_flight) < self._max_in_flight:
             self._submit(queue.popleft())
-        if self._drained is not None and not self._in_flight and not queue:
-            self._drained.set()
+        drained = self._drained
+        if drained is not None and not self._in_flight and not queue and not drained.done():
+            drained.set_result(None)
 
     async def compile(self, kernel: Kernel) -> None:
         """Prepare *kernel* now, so its first dispatch does not wait (CUDA: NVRTC and loading).
@@ -365,7 +365,7 @@ class Backend(abc.ABC):
         """
         self._loop_for_use()
         self._prepare_kernel(kernel)
-        await asyncio.sleep(0)
+        await _loop.sleep(0)
 
     def _prepare_kernel(self, kernel: Kernel) -> None:  # noqa: B027  # optional hook
         """Check that this backend can run *kernel* (the host backend needs ``host=``)."""
@@ -610,18 +610,18 @@ class Backend(abc.ABC):
                 to completion first, since its memory cannot be freed before.
         """
         if self._close_task is None:
-            loop = self._loop or asyncio.get_running_loop()
+            loop = self._loop or _loop.current_loop()
             self._loop = loop
             self._state = _CLOSING
             self._close_task = loop.create_task(self._close())
         if timeout is None:
-            await asyncio.shield(self._close_task)
+            await _loop.shield(self._close_task)
             return
         try:
-            await asyncio.wait_for(asyncio.shield(self._close_task), timeout)
+            await _loop.wait_for(self._close_task, timeout)
         except TimeoutError:
             self._drop_queued()
-            await asyncio.shield(self._close_task)
+            await _loop.shield(self._close_task)
 
     def _drop_queued(self) -> None:
         """Fail every dispatch still queued with BackendClosedError (closing, after a timeout)."""
@@ -637,13 +637,13 @@ class Backend(abc.ABC):
                     f"{job.call.kernel.name!r} started (aclose timeout)"
                 )
             )
-        if self._drained is not None and not self._in_flight:
-            self._drained.set()
+        if self._drained is not None and not self._in_flight and not self._drained.done():
+            self._drained.set_result(None)
 
     async def _close(self) -> None:
         if self._in_flight or self._queue:
-            self._drained = asyncio.Event()
-            await self._drained.wait()
+            self._drained = self._event_loop.create_future()
+            await self._drained
         try:
             self._store.close_all()
             await self._shutdown()

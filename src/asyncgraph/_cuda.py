@@ -16,6 +16,7 @@ from typing import Any
 import numpy as np
 from cuda.bindings import driver as drv
 
+from . import _loop
 from ._args import DEVICE, IN, INOUT, OUT, RESIDENT, RESIDENT_OUT, BoundCall, LaunchLimits
 from ._backend import Job
 from ._compile import KernelCompiler, load_kernel
@@ -124,7 +125,7 @@ class CudaBackend(CudaDispatch):
         self._tasks: set[asyncio.Task[None]] = set()
         self._leases = 0  # stream leases not yet ended
         self._streams_closed = False
-        self._no_leases = asyncio.Event()
+        self._no_leases: asyncio.Future[None] | None = None  # closing waits for the last lease
         self._init_dispatch()
         self._graph_cache = GraphCache(
             self, options.graph_cache_bytes, options.graph_repeats, options.streams
@@ -238,7 +239,7 @@ class CudaBackend(CudaDispatch):
         """
         self._loop_for_use()
         if kernel in self._loaded:
-            await asyncio.sleep(0)
+            await _loop.sleep(0)
             return
         failed = self._compile_failed.get(kernel)
         if failed is not None:
@@ -248,8 +249,7 @@ class CudaBackend(CudaDispatch):
     async def _load(self, kernel: Kernel) -> None:
         compiler = _compiler()
         hits = compiler.hits
-        loop = asyncio.get_running_loop()
-        cubin = await loop.run_in_executor(None, compiler.cubin, kernel, self.arch)
+        cubin = await self._event_loop.run_in_executor(None, compiler.cubin, kernel, self.arch)
         if kernel not in self._loaded:
             self._device.set_current()
             loaded = self._loaded[kernel] = load_kernel(kernel, cubin)
@@ -577,9 +577,7 @@ class CudaBackend(CudaDispatch):
                 if mode is not CaptureMode.RELAXED:
                     reactor.resume()
                 self._stream_pool.give_back(lane)
-                self._leases -= 1
-                if not self._leases:
-                    self._no_leases.set()
+                self._lease_ended()
 
     # graph internals (used by asyncgraph.capture)
 
@@ -648,9 +646,12 @@ class CudaBackend(CudaDispatch):
         finally:
             lease._active = False
             self._stream_pool.give_back(lane)
-            self._leases -= 1
-            if not self._leases:
-                self._no_leases.set()
+            self._lease_ended()
+
+    def _lease_ended(self) -> None:
+        self._leases -= 1
+        if not self._leases and self._no_leases is not None and not self._no_leases.done():
+            self._no_leases.set_result(None)
 
     async def _synchronize_lane(self, lane: Any) -> None:
         if self._failure is not None:
@@ -714,14 +715,13 @@ class CudaBackend(CudaDispatch):
         self._close_graphs()
         if self._leases:
             # Work of other libraries may still be enqueued on leased streams.
-            self._no_leases.clear()
-            await self._no_leases.wait()
+            self._no_leases = self._event_loop.create_future()
+            await self._no_leases
         for task in list(self._tasks):
             await task
         threads = self._reactor_.close() if self._reactor_ is not None else []
-        loop = asyncio.get_running_loop()
         for thread in threads:
-            await loop.run_in_executor(None, thread.join)
+            await self._event_loop.run_in_executor(None, thread.join)
         self._pinned.close()
         self._events.close()
         self._timing_events.close()
@@ -736,7 +736,7 @@ class CudaBackend(CudaDispatch):
         if isinstance(self._pinned, PinnedPool):
             # Return with the pinned memory released: a free still running in the background
             # would wait for kernels of other backends and hold up their driver calls.
-            await asyncio.wrap_future(self._pinned.wait_freed())
+            await _loop.wrap_future(self._pinned.wait_freed())
 
     def _release_unclosed(self) -> None:
         if self._reactor_ is not None:
@@ -834,7 +834,7 @@ class _Capture:
         for kind, value, _param in call.args:
             if kind in (RESIDENT, RESIDENT_OUT) and all(value is not b for b in self._buffers):
                 self._buffers.append(value)
-        await asyncio.sleep(0)
+        await _loop.sleep(0)
         return recorded
 
     def _finish(self) -> None:

@@ -33,6 +33,7 @@ import numpy as np
 from cuda.bindings import driver as drv
 from cuda.core import LaunchConfig, launch
 
+from . import _loop
 from ._args import (
     DEVICE,
     IN,
@@ -709,7 +710,7 @@ class CudaDispatch(Backend):
             if kernel_done is not None:
                 # Its completion releases the event; its error (if any) is this one's cause.
                 with contextlib.suppress(BaseException):
-                    await asyncio.shield(kernel_done)
+                    await _loop.shield(kernel_done)
             device_time = None
             if isinstance(exc, Exception):
                 outcome = exc

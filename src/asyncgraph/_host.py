@@ -144,7 +144,7 @@ class HostBackend(Backend):
             return _copy(array)
         # Copies use the loop's default executor, never the workers: a worker may be blocked
         # waiting for this very copy to finish.
-        return await asyncio.get_running_loop().run_in_executor(None, _copy, array)
+        return await self._event_loop.run_in_executor(None, _copy, array)
 
     def _alloc_storage(self, shape: tuple[int, ...], dtype: np.dtype[Any]) -> Any:
         return np.empty(shape, dtype)
@@ -161,14 +161,14 @@ class HostBackend(Backend):
         copy = _copy if out is None else functools.partial(_copy_to, out)
         if buffer.nbytes <= _INLINE_COPY_BYTES:
             return copy(storage)
-        return await asyncio.get_running_loop().run_in_executor(None, copy, storage)
+        return await self._event_loop.run_in_executor(None, copy, storage)
 
     def _free_storage(self, storage: Any) -> None:
         """Host storage is a numpy array: dropping the reference frees it."""
 
     async def _shutdown(self) -> None:
         executor = self._executor
-        await asyncio.get_running_loop().run_in_executor(None, executor.shutdown)
+        await self._event_loop.run_in_executor(None, executor.shutdown)
 
     def _release_unclosed(self) -> None:
         self._executor.shutdown(wait=False)

@@ -7,6 +7,7 @@ import threading
 from collections.abc import Callable, Generator
 from typing import Any
 
+from . import _loop
 from ._exceptions import UnsupportedError
 
 __all__ = ("PendingDispatch",)
@@ -152,11 +153,7 @@ class PendingDispatch:
     def _wait(self, timeout: float | None) -> None:
         if self._state != _PENDING:
             return
-        try:
-            running = asyncio.get_running_loop()
-        except RuntimeError:
-            running = None
-        if running is self._loop:
+        if _loop.running_loop() is self._loop:
             raise UnsupportedError(
                 f"dispatch #{self.dispatch_id} of {self.kernel_name!r} has not completed and "
                 "result() would block the event loop that completes it; use "

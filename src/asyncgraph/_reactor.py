@@ -27,6 +27,7 @@ from typing import Any
 
 from cuda.bindings import driver as drv
 
+from . import _loop
 from ._cudadrv import NOT_READY, SUCCESS, check, error_for, is_sticky
 from ._exceptions import CudaError
 from ._inbox import Inbox
@@ -184,8 +185,8 @@ class Reactor:
 
     async def waiters_idle(self) -> None:
         """Return once no waiter thread waits on an event (after :meth:`pause` with waiters)."""
-        while any(lane.handed is not None for lane in self._lanes):  # noqa: ASYNC110  # rare; no event to wait on
-            await asyncio.sleep(0.0005)
+        while any(lane.handed is not None for lane in self._lanes):  # rare; no event to wait on
+            await _loop.sleep(0.0005)
 
     def _poll_paused(self) -> None:
         if self._pause_waiters:

@@ -14,12 +14,12 @@ Each buffer also tracks the dispatches in flight that use it, for two purposes:
 
 from __future__ import annotations
 
-import asyncio
 from collections.abc import Callable
 from typing import Any, Protocol
 
 import numpy as np
 
+from . import _loop
 from ._dlpack import make_capsule
 from ._exceptions import StaleBufferError
 
@@ -133,7 +133,7 @@ class ResidentBuffer:
         after the last dispatch in flight that uses it completed. Closing twice is harmless.
         """
         self._store._close(self)
-        await asyncio.sleep(0)
+        await _loop.sleep(0)
 
     # -- interop -------------------------------------------------------------------------------
 

@@ -12,12 +12,13 @@ is cancelled or fails half-way.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Awaitable, Callable
+from collections.abc import Callable
 from typing import Any
 
 import numpy as np
 from cuda.bindings import driver as drv
 
+from . import _loop
 from ._cudadrv import check
 from ._exceptions import CudaError
 from .pool import HostPool, PinnedBlock
@@ -28,7 +29,7 @@ __all__ = ("CHUNKED_ABOVE", "TRANSFER_CHUNK", "ChunkedTransfer")
 CHUNKED_ABOVE = 1 << 20
 TRANSFER_CHUNK = 32 << 20
 
-WaitEvent = Callable[[Any, Callable[[CudaError | None, bool], Any]], Awaitable[Any]]
+WaitEvent = Callable[[Any, Callable[[CudaError | None, bool], Any]], "asyncio.Future[Any]"]
 
 
 class _Slot:
@@ -73,7 +74,7 @@ class ChunkedTransfer:
         self._slots: list[_Slot] = []
 
     async def _host_copy(self, dst: np.ndarray[Any, Any], src: np.ndarray[Any, Any]) -> None:
-        await asyncio.get_running_loop().run_in_executor(None, self._copy, dst, src)
+        await _loop.current_loop().run_in_executor(None, self._copy, dst, src)
 
     def _slot(self, k: int) -> _Slot:
         while len(self._slots) <= k % 2:
@@ -90,7 +91,7 @@ class ChunkedTransfer:
             if slot.give_back:
                 pool.release(slot.block)
 
-        slot.busy = asyncio.ensure_future(self._wait_event(event, on_done))
+        slot.busy = self._wait_event(event, on_done)
 
     @staticmethod
     async def _until_free(slot: _Slot) -> None:
@@ -98,7 +99,7 @@ class ChunkedTransfer:
         if busy is not None:
             # Shielded: a cancelled transfer must not cancel the wait, whose completion is what
             # releases the block. Raises the device's error if the DMA failed.
-            await asyncio.shield(busy)
+            await _loop.shield(busy)
             slot.busy = None
 
     async def upload(self, src: np.ndarray[Any, Any], device_ptr: int) -> None:

@@ -21,6 +21,7 @@ import numpy as np
 from cuda.bindings import driver as drv
 from cuda.core import LaunchConfig
 
+from .. import _loop
 from .._args import IN, INOUT, OUT, RESIDENT, RESIDENT_OUT, SCALAR, BoundCall
 from .._cuda_dispatch import _as_bytes
 from .._cudadrv import check
@@ -208,7 +209,7 @@ class CachedGraph:
         backend = self._backend
         call = backend._bind_call(self.kernel, args, self._call)
         while self._busy:
-            waiter: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+            waiter: asyncio.Future[None] = _loop.current_loop().create_future()
             self._waiters.append(waiter)
             try:
                 await waiter

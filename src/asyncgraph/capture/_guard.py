@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
 import enum
 import threading
@@ -11,6 +10,7 @@ from typing import Any
 
 from cuda.bindings import driver as drv
 
+from .. import _loop
 from .._exceptions import CaptureError
 
 __all__ = ("CaptureGuard", "CaptureLock", "CaptureMode", "CaptureStatus", "capture_status")
@@ -87,7 +87,7 @@ class CaptureLock:
         delay = 0.0002
         while not self._lock.acquire(blocking=False):
             # Polling keeps cancellation trivial: a cancelled wait never holds the lock.
-            await asyncio.sleep(delay)
+            await _loop.sleep(delay)
             delay = min(delay * 2, 0.005)
 
     def release(self) -> None:

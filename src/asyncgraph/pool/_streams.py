@@ -19,6 +19,8 @@ from typing import Any, Final, Generic, Protocol, TypeVar, runtime_checkable
 
 import attrs
 
+from .. import _loop
+
 __all__ = ("StreamLane", "StreamPool", "StreamPoolProtocol", "StreamPoolStatistics")
 
 T = TypeVar("T")
@@ -174,16 +176,16 @@ class StreamPool(Generic[T]):
         A checkpoint even when a lane is free. Cancelled while waiting, it leaves the queue; a
         lane granted in the same moment is passed on, never lost.
         """
-        await asyncio.sleep(0)
+        await _loop.sleep(0)
         try:
             return self.lease_nowait()
         except LookupError:
             pass
-        waiter: asyncio.Future[StreamLane[T]] = asyncio.get_running_loop().create_future()
+        waiter: asyncio.Future[StreamLane[T]] = _loop.current_loop().create_future()
         self._waiters.append(waiter)
         try:
             return await waiter
-        except asyncio.CancelledError:
+        except BaseException:  # cancelled (asyncio or trio)
             if waiter.done() and not waiter.cancelled():
                 # Granted just as we were cancelled: hand it on.
                 self.give_back(waiter.result())

@@ -1,0 +1,376 @@
+"""The event loop the runtime runs on: asyncio's (uvloop included), or trio's through an adapter.
+
+The runtime is written against the small part of asyncio's loop interface it needs:
+``call_soon``, ``call_soon_threadsafe`` (the reactor's and the host workers' cross-thread
+wake-up), ``create_future``, ``create_task`` and ``run_in_executor``. Under asyncio that is the
+running loop itself, with nothing in between. Under trio, :class:`TrioLoop` provides the same
+calls on trio's primitives: ``TrioToken.run_sync_soon`` for callbacks (from any thread),
+:class:`TrioFuture` parks and reschedules trio tasks, and tasks are trio system tasks.
+
+Module functions stand in for asyncio's where the loop matters (:func:`sleep`, :func:`shield`,
+:func:`wait_for`, :func:`wrap_future`, :func:`cancelled_error`), so one code path serves both.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import concurrent.futures
+import contextlib
+import sys
+from collections.abc import Awaitable, Callable, Coroutine, Generator
+from typing import Any, TypeVar, cast
+
+import structlog
+
+__all__ = (
+    "TrioFuture",
+    "TrioLoop",
+    "current_loop",
+    "running_loop",
+    "shield",
+    "sleep",
+    "wait_for",
+    "wrap_future",
+)
+
+T = TypeVar("T")
+
+_log = structlog.get_logger("asyncgraph")
+
+
+def running_loop() -> asyncio.AbstractEventLoop | None:
+    """The loop of the calling thread's running async code, or ``None`` outside of one.
+
+    Under trio this is the run's :class:`TrioLoop` (typed as an asyncio loop: it has the part of
+    the interface the runtime uses).
+    """
+    loop = asyncio._get_running_loop()
+    if loop is not None:
+        return loop
+    trio = sys.modules.get("trio")
+    if trio is None:
+        return None
+    try:
+        token = trio.lowlevel.current_trio_token()
+    except RuntimeError:
+        return None
+    return cast(asyncio.AbstractEventLoop, _trio_loop(trio, token))
+
+
+def current_loop() -> asyncio.AbstractEventLoop:
+    """Like :func:`asyncio.get_running_loop`, for asyncio or trio.
+
+    Raises:
+        RuntimeError: no async code runs on this thread.
+    """
+    loop = running_loop()
+    if loop is None:
+        raise RuntimeError("no running event loop")
+    return loop
+
+
+def _is_trio(loop: object) -> bool:
+    return type(loop) is TrioLoop
+
+
+def _is_trio_future(future: object) -> bool:
+    # TrioFuture poses as an asyncio.Future in annotations; tell them apart at run time.
+    return isinstance(future, TrioFuture)
+
+
+async def sleep(delay: float) -> None:
+    """Sleep *delay* seconds (0: a checkpoint) on whichever loop runs."""
+    if asyncio._get_running_loop() is not None:
+        await asyncio.sleep(delay)
+    else:
+        import trio
+
+        await trio.sleep(delay)
+
+
+def shield(future: asyncio.Future[T]) -> Awaitable[T]:
+    """Await *future* without cancelling it when the awaiting task is cancelled.
+
+    Under trio awaiting a :class:`TrioFuture` never cancels it, so the future is its own shield.
+    """
+    if _is_trio_future(future):
+        return future
+    return asyncio.shield(future)
+
+
+async def wait_for(future: asyncio.Future[T], timeout: float) -> T:  # noqa: ASYNC109  # asyncio.wait_for's shape
+    """Await *future* for at most *timeout* seconds.
+
+    Raises:
+        TimeoutError: it did not complete in time (the future itself goes on).
+    """
+    if not _is_trio_future(future):
+        return await asyncio.wait_for(asyncio.shield(future), timeout)
+    import trio
+
+    try:
+        with trio.fail_after(timeout):
+            return await future
+    except trio.TooSlowError:
+        raise TimeoutError from None
+
+
+def wrap_future(future: concurrent.futures.Future[T]) -> asyncio.Future[T]:
+    """A loop future completed with the result of a :class:`concurrent.futures.Future`."""
+    loop = current_loop()
+    if not _is_trio(loop):
+        return asyncio.wrap_future(future)
+    wrapped: asyncio.Future[T] = loop.create_future()
+
+    def copy(done: concurrent.futures.Future[T]) -> None:
+        loop.call_soon_threadsafe(_copy_outcome, done, wrapped)
+
+    future.add_done_callback(copy)
+    return wrapped
+
+
+def _copy_outcome(source: concurrent.futures.Future[T], target: asyncio.Future[T]) -> None:
+    if target.done():
+        return
+    if source.cancelled():
+        target.cancel()
+    elif (exc := source.exception()) is not None:
+        target.set_exception(exc)
+    else:
+        target.set_result(source.result())
+
+
+# -- trio -----------------------------------------------------------------------------------------
+
+_PENDING, _DONE, _CANCELLED = 0, 1, 2
+
+
+class TrioFuture:
+    """An asyncio-style future for trio: any number of trio tasks await it.
+
+    Completed on the trio thread (``set_result``/``set_exception``/``cancel``); callbacks run
+    soon after, through the run's token. A task cancelled while it waits stops waiting; the
+    future is not affected.
+    """
+
+    __slots__ = ("_callbacks", "_loop", "_outcome", "_retrieved", "_state", "_waiters")
+
+    def __init__(self, loop: TrioLoop) -> None:
+        self._loop = loop
+        self._state = _PENDING
+        self._outcome: Any = None
+        self._retrieved = False
+        self._waiters: list[Any] = []
+        self._callbacks: list[Callable[[Any], object]] = []
+
+    def done(self) -> bool:
+        return self._state != _PENDING
+
+    def cancelled(self) -> bool:
+        return self._state == _CANCELLED
+
+    def result(self) -> Any:
+        self._retrieved = True
+        if self._state == _PENDING:
+            raise asyncio.InvalidStateError("result is not set")
+        if self._state == _CANCELLED:
+            raise asyncio.CancelledError
+        if isinstance(self._outcome, BaseException):
+            raise self._outcome
+        return self._outcome
+
+    def exception(self) -> BaseException | None:
+        self._retrieved = True
+        if self._state == _PENDING:
+            raise asyncio.InvalidStateError("exception is not set")
+        if self._state == _CANCELLED:
+            raise asyncio.CancelledError
+        return self._outcome if isinstance(self._outcome, BaseException) else None
+
+    def set_result(self, value: Any) -> None:
+        self._finish(_DONE, value)
+
+    def set_exception(self, exc: BaseException) -> None:
+        self._finish(_DONE, exc)
+
+    def cancel(self, msg: object = None) -> bool:
+        if self._state != _PENDING:
+            return False
+        self._finish(_CANCELLED, None)
+        return True
+
+    def add_done_callback(self, fn: Callable[[Any], object], *, context: object = None) -> None:
+        if self._state != _PENDING:
+            self._loop.call_soon(fn, self)
+        else:
+            self._callbacks.append(fn)
+
+    def remove_done_callback(self, fn: Callable[[Any], object]) -> int:
+        before = len(self._callbacks)
+        self._callbacks = [cb for cb in self._callbacks if cb != fn]
+        return before - len(self._callbacks)
+
+    def _finish(self, state: int, outcome: Any) -> None:
+        if self._state != _PENDING:
+            raise asyncio.InvalidStateError(f"{self!r} is already done")
+        self._state = state
+        self._outcome = outcome
+        import trio
+
+        for task in self._waiters:
+            trio.lowlevel.reschedule(task)
+        self._waiters = []
+        for fn in self._callbacks:
+            self._loop.call_soon(fn, self)
+        self._callbacks = []
+
+    def __await__(self) -> Generator[Any, None, Any]:
+        import trio
+
+        if self._state == _PENDING:
+            task = trio.lowlevel.current_task()
+            self._waiters.append(task)
+
+            def abort(_raise_cancel: object) -> Any:
+                self._waiters.remove(task)
+                return trio.lowlevel.Abort.SUCCEEDED
+
+            yield from trio.lowlevel.wait_task_rescheduled(abort).__await__()  # noqa: ASYNC105  # a generator-based __await__
+        else:
+            yield from trio.lowlevel.checkpoint().__await__()  # noqa: ASYNC105  # likewise
+        return self.result()
+
+    __iter__ = __await__
+
+    def __repr__(self) -> str:
+        state = ("pending", "done", "cancelled")[self._state]
+        return f"<TrioFuture {state}>"
+
+
+class TrioTask(TrioFuture):
+    """A coroutine run as a trio system task, completing like a future; ``cancel()`` works."""
+
+    __slots__ = ("_cancel_asked", "_scope")
+
+    def __init__(self, loop: TrioLoop) -> None:
+        super().__init__(loop)
+        self._scope: Any = None
+        self._cancel_asked = False
+
+    def cancel(self, msg: object = None) -> bool:
+        if self._state != _PENDING:
+            return False
+        self._cancel_asked = True
+        if self._scope is not None:
+            self._scope.cancel()
+        return True
+
+    async def _run(self, coro: Coroutine[Any, Any, Any]) -> None:
+        import trio
+
+        try:
+            with trio.CancelScope() as scope:
+                self._scope = scope
+                if self._cancel_asked:
+                    scope.cancel()
+                result = await coro
+        except BaseException as exc:
+            if isinstance(exc, trio.Cancelled):
+                # The run is ending (its system tasks are cancelled): nobody is left to wait.
+                super().cancel()
+                raise
+            self.set_exception(exc)
+            return
+        finally:
+            self._scope = None
+        if scope.cancelled_caught:
+            super().cancel()
+        else:
+            self.set_result(result)
+
+
+class TrioLoop:
+    """The asyncio loop calls the runtime makes, on one trio run (one instance per run)."""
+
+    def __init__(self, token: Any) -> None:
+        self._token = token
+        self._closed = False
+        self._executor: concurrent.futures.ThreadPoolExecutor | None = None
+
+    def __repr__(self) -> str:
+        return f"<TrioLoop closed={self._closed}>"
+
+    def is_closed(self) -> bool:
+        return self._closed
+
+    def call_soon(self, fn: Callable[..., object], *args: Any, context: object = None) -> None:
+        try:
+            self._token.run_sync_soon(_call_logged, fn, args)
+        except RuntimeError:  # trio.RunFinishedError
+            self._closed = True
+            raise
+
+    call_soon_threadsafe = call_soon
+
+    def create_future(self) -> asyncio.Future[Any]:
+        return cast("asyncio.Future[Any]", TrioFuture(self))
+
+    def create_task(self, coro: Coroutine[Any, Any, T], **_: object) -> asyncio.Task[T]:
+        import trio
+
+        task = TrioTask(self)
+        trio.lowlevel.spawn_system_task(task._run, coro, name=getattr(coro, "__qualname__", None))
+        return cast("asyncio.Task[T]", task)
+
+    def run_in_executor(
+        self, executor: concurrent.futures.Executor | None, fn: Callable[..., T], *args: Any
+    ) -> asyncio.Future[T]:
+        if executor is None:
+            if self._executor is None:
+                self._executor = concurrent.futures.ThreadPoolExecutor(
+                    thread_name_prefix="asyncgraph-trio"
+                )
+            executor = self._executor
+        future = executor.submit(fn, *args)
+        wrapped: asyncio.Future[T] = self.create_future()
+        future.add_done_callback(
+            lambda done: self.call_soon_threadsafe(_copy_outcome, done, wrapped)
+        )
+        return wrapped
+
+
+def _call_logged(fn: Callable[..., object], args: tuple[Any, ...]) -> None:
+    # An exception escaping a run_sync_soon callback would crash the trio run; asyncio logs
+    # exceptions of callbacks, and so do we.
+    try:
+        fn(*args)
+    except Exception:
+        _log.exception("loop.callback_failed", callback=repr(fn))
+
+
+def _trio_loop(trio: Any, token: Any) -> TrioLoop:
+    loop = _RUN_LOOP.get(trio)
+    if loop is None or loop._token is not token:
+        loop = TrioLoop(token)
+        _RUN_LOOP.set(trio, loop)
+    return loop
+
+
+class _RunLoop:
+    """The TrioLoop of the current trio run, kept in a ``trio.lowlevel.RunVar``."""
+
+    def __init__(self) -> None:
+        self._var: Any = None
+
+    def get(self, trio: Any) -> TrioLoop | None:
+        if self._var is None:
+            self._var = trio.lowlevel.RunVar("asyncgraph_loop", default=None)
+        with contextlib.suppress(RuntimeError):
+            return cast("TrioLoop | None", self._var.get())
+        return None
+
+    def set(self, trio: Any, loop: TrioLoop) -> None:
+        self._var.set(loop)
+
+
+_RUN_LOOP = _RunLoop()

@@ -1,0 +1,256 @@
+"""The contract under each event loop: asyncio, asyncio with uvloop, and trio (through anyio).
+
+Each test runs three times, once per loop, on the backend ``auto`` picks (CUDA on a GPU machine,
+the host backend elsewhere; ``ASYNCGRAPH_TEST_DEVICE`` forces one). The tests use anyio's
+primitives only, so the same code is the user's code under any of the three.
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+import time
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+import anyio
+import numpy as np
+import pytest
+
+import asyncgraph as ag
+from asyncgraph.testing import assert_matches_host
+
+from .kernels import INC, SCALE, SPIN
+
+Array = np.ndarray[Any, Any]
+
+CYCLES_PER_SECOND = 2e9  # about an H100's clock; the host version sleeps as long
+
+
+def _nap(cycles: np.int64, done: Array) -> None:
+    time.sleep(int(cycles) / CYCLES_PER_SECOND)
+    done[0] = 1
+
+
+NAP = ag.Kernel(SPIN.source, "spin", host=_nap)
+
+
+def _loops() -> list[Any]:
+    loops: list[Any] = ["asyncio"]
+    try:
+        import uvloop  # noqa: F401
+    except ImportError:
+        loops.append(pytest.param(("asyncio", {"use_uvloop": True}), marks=pytest.mark.skip))
+    else:
+        loops.append(pytest.param(("asyncio", {"use_uvloop": True}), id="uvloop"))
+    loops.append("trio")
+    return loops
+
+
+@pytest.fixture(params=_loops())
+def loop(request: pytest.FixtureRequest) -> Any:
+    """The loop to run a test's body on: a name, or a name and anyio's backend options."""
+    return request.param
+
+
+def run(loop: Any, fn: Callable[[], Awaitable[None]]) -> None:
+    """Run *fn* with ``anyio.run`` on *loop* (the tests are sync functions: pytest-asyncio,
+    in auto mode for the rest of the suite, would otherwise run them on its own loop)."""
+    name, options = (loop, {}) if isinstance(loop, str) else loop
+    anyio.run(fn, backend=name, backend_options=options)
+
+
+def _open() -> ag.Backend:
+    return ag.open_backend(os.environ.get("ASYNCGRAPH_TEST_DEVICE", "auto"))
+
+
+def _nap_args(seconds: float) -> tuple[object, ...]:
+    return (np.int64(seconds * CYCLES_PER_SECOND), ag.Out(1, np.int32))
+
+
+def test_dispatch_results_match_numpy(loop: Any) -> None:
+    async def body() -> None:
+        async with _open() as gpu:
+            # Under trio the backend runs on the trio adapter of the loop interface.
+            assert (type(gpu._loop).__name__ == "TrioLoop") == (loop == "trio")
+            rng = np.random.default_rng()
+            results: dict[int, Array] = {}
+            inputs = [rng.random(4096, dtype=np.float32) for _ in range(64)]
+
+            async def one(i: int) -> None:
+                (results[i],) = await gpu.dispatch(
+                    SCALE, inputs[i], ag.Out(4096, np.float32), np.float32(i), np.int32(4096),
+                    grid=16, block=256,
+                )  # fmt: skip
+
+            async with anyio.create_task_group() as tg:
+                for i in range(64):
+                    tg.start_soon(one, i)
+            for i, x in enumerate(inputs):
+                np.testing.assert_allclose(results[i], np.float32(i) * x, rtol=1e-6)
+            await assert_matches_host(
+                gpu, SCALE, inputs[0], ag.Out(4096, np.float32), np.float32(0.5), np.int32(4096),
+                grid=16, block=256,
+            )  # fmt: skip
+
+    run(loop, body)
+
+
+def test_cancelled_waiter_does_not_cancel_the_work(loop: Any) -> None:
+    async def body() -> None:
+        async with _open() as gpu:
+            await gpu.compile(NAP)
+            pending = gpu.dispatch(NAP, *_nap_args(0.2), grid=1, block=1)
+            with anyio.move_on_after(0.02) as scope:
+                await pending
+            assert scope.cancelled_caught
+            assert not pending.done()
+            (done,) = await pending
+            assert done[0] == 1
+
+    run(loop, body)
+
+
+def test_loop_keeps_running_while_the_device_works(loop: Any) -> None:
+    async def body() -> None:
+        async with _open() as gpu:
+            await gpu.compile(NAP)
+            ticks = 0
+
+            async def heartbeat() -> None:
+                nonlocal ticks
+                while True:
+                    await anyio.sleep(0.005)
+                    ticks += 1
+
+            async with anyio.create_task_group() as tg:
+                tg.start_soon(heartbeat)
+                await gpu.dispatch(NAP, *_nap_args(0.3), grid=1, block=1)
+                tg.cancel_scope.cancel()
+            assert ticks >= 10  # a blocked loop would tick about once
+
+    run(loop, body)
+
+
+def test_resident_buffers_round_trip(loop: Any) -> None:
+    async def body() -> None:
+        async with _open() as gpu:
+            x = np.random.default_rng().random(10_000, dtype=np.float32)
+            buffer = await gpu.upload(x)
+            for _ in range(3):
+                await gpu.dispatch(
+                    INC, buffer, np.float32(1.5), np.int32(x.size), grid=40, block=256
+                )
+            result = ag.Out(x.shape, x.dtype, resident=True)
+            (scaled,) = await gpu.dispatch(
+                SCALE, buffer, result, np.float32(2), np.int32(x.size), grid=40, block=256
+            )
+            np.testing.assert_allclose(await gpu.download(buffer), x + 4.5, rtol=1e-6)
+            np.testing.assert_allclose(await gpu.download(scaled), 2 * (x + 4.5), rtol=1e-6)
+            await buffer.aclose()
+            await scaled.aclose()
+            with pytest.raises(ag.StaleBufferError):
+                gpu.dispatch(INC, buffer, np.float32(1), np.int32(1), grid=1, block=1)
+
+    run(loop, body)
+
+
+def test_result_from_another_thread_and_done_callbacks(loop: Any) -> None:
+    async def body() -> None:
+        async with _open() as gpu:
+            x = np.random.default_rng().random(1024, dtype=np.float32)
+            pending = gpu.dispatch(
+                SCALE,
+                x,
+                ag.Out(x.shape, x.dtype),
+                np.float32(3),
+                np.int32(x.size),
+                grid=4,
+                block=256,
+            )
+            called: list[int] = []
+            loop_thread = threading.get_ident()
+            pending.add_done_callback(lambda p: called.append(threading.get_ident()))
+            (out,) = await anyio.to_thread.run_sync(pending.result, 10.0)
+            np.testing.assert_allclose(out, 3 * x, rtol=1e-6)
+            await anyio.sleep(0.01)
+            assert called == [loop_thread]
+            if not pending.done():  # pragma: no cover  # result() returned, so it completed
+                raise AssertionError("result() returned before the dispatch completed")
+            with pytest.raises(ag.UnsupportedError, match="would block the event loop"):
+                gpu.dispatch(NAP, *_nap_args(0.05), grid=1, block=1).result()
+
+    run(loop, body)
+
+
+def test_bad_input_then_the_backend_goes_on(loop: Any) -> None:
+    async def body() -> None:
+        async with _open() as gpu:
+            x = np.random.default_rng().random(256, dtype=np.float32)
+            with pytest.raises(ag.ArgumentTypeError, match="Python float"):
+                gpu.dispatch(
+                    SCALE, x, ag.Out(256, np.float32), 2.0, np.int32(256), grid=1, block=256
+                )
+            (out,) = await gpu.dispatch(
+                SCALE, x, ag.Out(256, np.float32), np.float32(2), np.int32(256), grid=1, block=256
+            )
+            np.testing.assert_allclose(out, 2 * x, rtol=1e-6)
+
+    run(loop, body)
+
+
+def test_close_waits_for_work_and_refuses_new(loop: Any) -> None:
+    async def body() -> None:
+        backend = _open()
+        await backend.compile(NAP)
+        pending = backend.dispatch(NAP, *_nap_args(0.1), grid=1, block=1)
+        await backend.aclose()
+        assert pending.done()
+        assert (await pending)[0][0] == 1
+        with pytest.raises(ag.BackendClosedError):
+            backend.dispatch(NAP, *_nap_args(0.01), grid=1, block=1)
+        await backend.aclose()  # idempotent
+
+    run(loop, body)
+
+
+def test_cancelled_close_still_closes(loop: Any) -> None:
+    async def body() -> None:
+        backend = _open()
+        await backend.compile(NAP)
+        pending = backend.dispatch(NAP, *_nap_args(0.2), grid=1, block=1)
+        with anyio.move_on_after(0.02):
+            await backend.aclose()
+        assert backend.is_closed
+        await backend.aclose()
+        assert pending.done()
+
+    run(loop, body)
+
+
+@pytest.mark.cuda
+def test_cuda_leases_graphs_and_large_transfers(loop: Any) -> None:
+    async def body() -> None:
+        async with _open() as gpu:
+            if gpu.kind != "cuda":
+                pytest.skip("the CUDA backend's own features")
+            rng = np.random.default_rng()
+            # A leased stream, awaited without blocking.
+            async with gpu.stream() as lease:
+                await lease.synchronize()
+            # Cached graphs for a repeated signature.
+            x = rng.random(4096, dtype=np.float32)
+            for i in range(4):
+                (out,) = await gpu.dispatch(
+                    SCALE, x, ag.Out(4096, np.float32), np.float32(i), np.int32(4096),
+                    grid=16, block=256, graph="auto",
+                )  # fmt: skip
+                np.testing.assert_allclose(out, np.float32(i) * x, rtol=1e-6)
+            assert gpu.telemetry.snapshot().graph_replays >= 1
+            # A transfer large enough to go in chunks, through worker threads.
+            big = rng.random(40 << 20 >> 2, dtype=np.float32)
+            buffer = await gpu.upload(big)
+            np.testing.assert_array_equal(await gpu.download(buffer), big)
+            await buffer.aclose()
+
+    run(loop, body)
