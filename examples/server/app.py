@@ -167,6 +167,7 @@ async def health(request: Request) -> Response:
     """Answers at once, whatever the GPU is doing."""
     backend: ag.Backend = request.state.backend
     snapshot = backend.telemetry.snapshot()
+    latency = snapshot.completion_latency
     return JSONResponse(
         {
             "status": "ok",
@@ -174,6 +175,10 @@ async def health(request: Request) -> Response:
             "in_flight": snapshot.in_flight,
             "queued": snapshot.queued,
             "dispatches": snapshot.dispatches,
+            "dispatch_latency_ms": {
+                "p50": 1e3 * latency.quantile(0.5),
+                "p99": 1e3 * latency.quantile(0.99),
+            },
         }
     )
 

@@ -1,11 +1,12 @@
 """Load for the example service: concurrent requests, every answer checked, health probed.
 
-    python examples/server/load.py --url http://127.0.0.1:8000 --requests 500
+    python examples/server/load.py --url http://127.0.0.1:8000 --requests 500 [--clients 4]
 
-Sends *requests* requests to ``/v1/dense`` and ``/v1/saxpy`` (half each, fresh random inputs) all
-at once, checks every answer against numpy, and meanwhile asks ``/health`` every 10 ms from a
-separate thread, so the health latencies measure the server, not this client's own loop.
-Prints a JSON report: requests/s, latency percentiles, health-check latency under load.
+Sends *requests* requests to ``/v1/dense`` and ``/v1/saxpy`` (half each, fresh random inputs)
+all at once, from ``--clients`` processes (one by default), and checks every answer against
+numpy. Meanwhile a separate process asks ``/health`` every 10 ms, so the health latencies
+measure the server, not the client's own loop. Prints a JSON report: requests/s, latency
+percentiles, health-check latency under load, and the backend's own dispatch latency.
 """
 
 from __future__ import annotations
@@ -13,6 +14,8 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import subprocess
+import sys
 import threading
 import time
 from typing import Any
@@ -35,43 +38,58 @@ def _percentiles(seconds: list[float]) -> dict[str, float]:
     }
 
 
-class HealthProbe(threading.Thread):
-    """Asks ``/health`` every *interval* seconds until stopped, timing each answer."""
+class HealthProbe:
+    """Asks ``/health`` every *interval* seconds from a child process, timing each answer.
+
+    A process of its own, so the client's own work (500 requests on one loop, and the GIL)
+    does not count as the server's latency.
+    """
 
     def __init__(self, url: str, interval: float = 0.01) -> None:
-        super().__init__(name="health-probe", daemon=True)
-        self.url = url
-        self.interval = interval
-        self.latencies: list[float] = []
-        self.failures: list[str] = []
-        self.stop = threading.Event()
+        self._child = subprocess.Popen(
+            [sys.executable, __file__, "--probe", "--url", url, "--interval", str(interval)],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            text=True,
+        )
 
-    def run(self) -> None:
-        with httpx.Client(base_url=self.url, timeout=30.0) as client:
-            while not self.stop.is_set():
-                t0 = time.perf_counter()
-                try:
-                    response = client.get("/health")
-                    if response.status_code != 200 or response.json()["status"] != "ok":
-                        self.failures.append(f"{response.status_code} {response.text[:200]}")
-                except httpx.HTTPError as exc:
-                    self.failures.append(repr(exc))
-                self.latencies.append(time.perf_counter() - t0)
-                self.stop.wait(self.interval)
+    def stop(self) -> tuple[list[float], list[str]]:
+        """Stop probing; returns the latencies in seconds and the failures seen."""
+        output, _ = self._child.communicate("stop\n", timeout=60)
+        result = json.loads(output)
+        return result["latencies"], result["failures"]
 
 
-async def run_load(url: str, requests: int = 500, seed: int | None = None) -> dict[str, Any]:
-    """Send *requests* concurrent requests to the service at *url* and check every answer.
+def _probe(url: str, interval: float) -> None:
+    """The probe process: ask /health until a line arrives on stdin, then print the timings."""
+    stop = threading.Event()
 
-    Returns:
-        The report: ``requests``, ``ok``, ``wrong`` (answers that differ from numpy, with the
-        first few described in ``errors``), ``seconds``, ``requests_per_s``, ``latency`` and
-        ``health`` (count, p50, p99, max in ms) and the backend's name.
-    """
+    def wait_for_stop() -> None:
+        sys.stdin.readline()
+        stop.set()
+
+    threading.Thread(target=wait_for_stop, daemon=True).start()
+    latencies: list[float] = []
+    failures: list[str] = []
+    with httpx.Client(base_url=url, timeout=30.0) as client:
+        while not stop.is_set():
+            t0 = time.perf_counter()
+            try:
+                response = client.get("/health")
+                if response.status_code != 200 or response.json()["status"] != "ok":
+                    failures.append(f"{response.status_code} {response.text[:200]}")
+            except httpx.HTTPError as exc:
+                failures.append(repr(exc))
+            latencies.append(time.perf_counter() - t0)
+            stop.wait(interval)
+    print(json.dumps({"latencies": latencies, "failures": failures[:5]}))
+
+
+async def _send(url: str, requests: int, seed: int | None, start_at: float) -> dict[str, Any]:
+    """Send *requests* requests at once from this process (at wall time *start_at*)."""
     rng = np.random.default_rng(seed)
     limits = httpx.Limits(max_connections=requests, max_keepalive_connections=requests)
     async with httpx.AsyncClient(base_url=url, limits=limits, timeout=120.0) as client:
-        info = (await client.get("/health")).json()
         model = (await client.get("/v1/model")).json()
         w = np.asarray(model["w"], np.float32)
         b = np.asarray(model["b"], np.float32)
@@ -83,7 +101,7 @@ async def run_load(url: str, requests: int = 500, seed: int | None = None) -> di
                 want = np.maximum(x.astype(np.float64) @ w + b, 0.0)
                 jobs.append(("/v1/dense", {"x": x.tolist()}, want))
             else:
-                n = int(rng.integers(1, 2000))
+                n = int(rng.integers(1, 1000))
                 x, y = rng.standard_normal((2, n)).astype(np.float32)
                 a = float(rng.standard_normal())
                 want = a * x.astype(np.float64) + y
@@ -105,27 +123,81 @@ async def run_load(url: str, requests: int = 500, seed: int | None = None) -> di
                 return False
             return True
 
+        await asyncio.sleep(max(0.0, start_at - time.time()))
+        t_start = time.time()
+        outcomes = await asyncio.gather(*(one(*job) for job in jobs))
+        t_end = time.time()
+    return {
+        "ok": sum(outcomes),
+        "errors": errors[:5],
+        "latencies": latencies,
+        "t_start": t_start,
+        "t_end": t_end,
+    }
+
+
+async def _send_from_processes(
+    url: str, requests: int, clients: int, seed: int | None
+) -> list[dict[str, Any]]:
+    start_at = time.time() + 2.0  # every client has built its requests by then
+    shares = [requests // clients + (k < requests % clients) for k in range(clients)]
+    children = []
+    for k, share in enumerate(shares):
+        command = ["--worker", "--url", url, "--requests", str(share), "--start-at", repr(start_at)]
+        command += ["--seed", str(-1 if seed is None else seed + k)]
+        children.append(
+            await asyncio.create_subprocess_exec(
+                sys.executable, __file__, *command, stdout=subprocess.PIPE
+            )
+        )
+    outputs = [await child.communicate() for child in children]
+    return [json.loads(out) for out, _ in outputs]
+
+
+async def run_load(
+    url: str, requests: int = 500, seed: int | None = None, clients: int = 1
+) -> dict[str, Any]:
+    """Send *requests* concurrent requests to the service at *url* and check every answer.
+
+    Args:
+        url: the service.
+        requests: how many, all at once.
+        seed: for the random inputs (``None``: fresh ones).
+        clients: processes to send them from (the requests split among them, starting
+            together); one process of httpx tops out at a few hundred requests per second.
+
+    Returns:
+        The report: ``requests``, ``ok``, ``wrong`` (answers that differ from numpy, with the
+        first few described in ``errors``), ``seconds``, ``requests_per_s``, ``latency`` and
+        ``health`` (count, p50, p99, max in ms), the backend's name and its own
+        ``dispatch_latency`` (p50, p99 in ms, from ``dispatch()`` to completion).
+    """
+    async with httpx.AsyncClient(base_url=url, timeout=60.0) as client:
+        info = (await client.get("/health")).json()
         probe = HealthProbe(url)
-        probe.start()
-        t0 = time.perf_counter()
         try:
-            outcomes = await asyncio.gather(*(one(*job) for job in jobs))
+            if clients == 1:
+                parts = [await _send(url, requests, seed, time.time() + 0.5)]
+            else:
+                parts = await _send_from_processes(url, requests, clients, seed)
         finally:
-            seconds = time.perf_counter() - t0
-            probe.stop.set()
-            await asyncio.to_thread(probe.join)
-    ok = sum(outcomes)
+            health, failures = await asyncio.to_thread(probe.stop)
+        after = (await client.get("/health")).json()
+    seconds = max(p["t_end"] for p in parts) - min(p["t_start"] for p in parts)
+    ok = sum(p["ok"] for p in parts)
     return {
         "backend": info["backend"],
         "requests": requests,
+        "clients": clients,
         "ok": ok,
         "wrong": requests - ok,
-        "errors": errors[:5],
+        "errors": [e for p in parts for e in p["errors"]][:5],
         "seconds": seconds,
         "requests_per_s": requests / seconds,
-        "latency": _percentiles(latencies),
-        "health": _percentiles(probe.latencies),
-        "health_failures": probe.failures[:5],
+        "latency": _percentiles([t for p in parts for t in p["latencies"]]),
+        "health": _percentiles(health),
+        "health_failures": failures,
+        "dispatch_latency": after["dispatch_latency_ms"],
     }
 
 
@@ -133,8 +205,22 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--url", default="http://127.0.0.1:8000")
     parser.add_argument("--requests", type=int, default=500)
+    parser.add_argument("--clients", type=int, default=1, help="processes sending the requests")
+    # The parts run in child processes:
+    parser.add_argument("--probe", action="store_true", help=argparse.SUPPRESS)
+    parser.add_argument("--interval", type=float, default=0.01, help=argparse.SUPPRESS)
+    parser.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
+    parser.add_argument("--seed", type=int, default=-1, help=argparse.SUPPRESS)
+    parser.add_argument("--start-at", type=float, default=0.0, help=argparse.SUPPRESS)
     args = parser.parse_args()
-    print(json.dumps(asyncio.run(run_load(args.url, args.requests)), indent=2))
+    if args.probe:
+        _probe(args.url, args.interval)
+    elif args.worker:
+        seed = None if args.seed < 0 else args.seed
+        print(json.dumps(asyncio.run(_send(args.url, args.requests, seed, args.start_at))))
+    else:
+        report = asyncio.run(run_load(args.url, args.requests, clients=args.clients))
+        print(json.dumps(report, indent=2))
 
 
 if __name__ == "__main__":
