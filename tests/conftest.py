@@ -6,7 +6,8 @@ asyncgraph's own pytest plugin (``asyncgraph.testing``), as in users' suites.
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
+import asyncio
+from collections.abc import AsyncIterator, Callable
 
 import pytest
 
@@ -20,3 +21,18 @@ async def host() -> AsyncIterator[ag.Backend]:
     """A host backend, closed after the test."""
     async with ag.open_backend("host") as backend:
         yield backend
+
+
+def pytest_asyncio_loop_factories(
+    config: pytest.Config, item: pytest.Item
+) -> dict[str, Callable[[], asyncio.AbstractEventLoop]]:
+    """Every pytest-asyncio test runs on asyncio's own loop and on uvloop's (where installed)."""
+    factories: dict[str, Callable[[], asyncio.AbstractEventLoop]] = {
+        "asyncio": asyncio.new_event_loop
+    }
+    try:
+        import uvloop
+    except ImportError:
+        return factories
+    factories["uvloop"] = uvloop.new_event_loop
+    return factories
