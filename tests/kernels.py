@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import threading
+import time
 from typing import Any
 
 import numpy as np
@@ -88,7 +89,16 @@ def _fill(out: Array, value: np.float32, n: np.int64) -> None:
 
 FILL = ag.Kernel(FILL_SRC, "fill", host=_fill)
 
-# Busy-waits for a number of clock cycles, then sets done[0] (a long kernel for the GPU tests).
+# About an H100's clock: the host version of SPIN sleeps as long as the GPU spins.
+HOST_CLOCK_HZ = 2e9
+
+
+def _spin(cycles: np.int64, done: Array) -> None:
+    time.sleep(int(cycles) / HOST_CLOCK_HZ)
+    done[0] = 1
+
+
+# Busy-waits for a number of clock cycles, then sets done[0] (a long kernel).
 SPIN = ag.Kernel(
     r"""
 extern "C" __global__ void spin(long long cycles, int* done)
@@ -99,4 +109,5 @@ extern "C" __global__ void spin(long long cycles, int* done)
 }
 """,
     "spin",
+    host=_spin,
 )

@@ -1,15 +1,14 @@
 """The contract under each event loop: asyncio, asyncio with uvloop, and trio (through anyio).
 
 Each test runs three times, once per loop, on the backend ``auto`` picks (CUDA on a GPU machine,
-the host backend elsewhere; ``ASYNCGRAPH_TEST_DEVICE`` forces one). The tests use anyio's
-primitives only, so the same code is the user's code under any of the three.
+the host backend elsewhere; ``--asyncgraph-device`` or ``ASYNCGRAPH_TEST_DEVICE`` forces one).
+The tests use anyio's primitives only, so the same code is the user's code under any of the
+three.
 """
 
 from __future__ import annotations
 
-import os
 import threading
-import time
 from collections.abc import Awaitable, Callable
 from typing import Any
 
@@ -20,19 +19,9 @@ import pytest
 import asyncgraph as ag
 from asyncgraph.testing import assert_matches_host
 
-from .kernels import INC, SCALE, SPIN
+from .kernels import HOST_CLOCK_HZ, INC, SCALE, SPIN
 
 Array = np.ndarray[Any, Any]
-
-CYCLES_PER_SECOND = 2e9  # about an H100's clock; the host version sleeps as long
-
-
-def _nap(cycles: np.int64, done: Array) -> None:
-    time.sleep(int(cycles) / CYCLES_PER_SECOND)
-    done[0] = 1
-
-
-NAP = ag.Kernel(SPIN.source, "spin", host=_nap)
 
 
 def _loops() -> list[Any]:
@@ -60,17 +49,22 @@ def run(loop: Any, fn: Callable[[], Awaitable[None]]) -> None:
     anyio.run(fn, backend=name, backend_options=options)
 
 
-def _open() -> ag.Backend:
-    return ag.open_backend(os.environ.get("ASYNCGRAPH_TEST_DEVICE", "auto"))
+Opener = Callable[[], ag.Backend]
+
+
+@pytest.fixture
+def open_gpu(asyncgraph_device: str) -> Opener:
+    """Opens the backend under test (the plugin's device choice), on the loop of the caller."""
+    return lambda: ag.open_backend(asyncgraph_device)
 
 
 def _nap_args(seconds: float) -> tuple[object, ...]:
-    return (np.int64(seconds * CYCLES_PER_SECOND), ag.Out(1, np.int32))
+    return (np.int64(seconds * HOST_CLOCK_HZ), ag.Out(1, np.int32))
 
 
-def test_dispatch_results_match_numpy(loop: Any) -> None:
+def test_dispatch_results_match_numpy(loop: Any, open_gpu: Opener) -> None:
     async def body() -> None:
-        async with _open() as gpu:
+        async with open_gpu() as gpu:
             # Under trio the backend runs on the trio adapter of the loop interface.
             assert (type(gpu._loop).__name__ == "TrioLoop") == (loop == "trio")
             rng = np.random.default_rng()
@@ -96,11 +90,11 @@ def test_dispatch_results_match_numpy(loop: Any) -> None:
     run(loop, body)
 
 
-def test_cancelled_waiter_does_not_cancel_the_work(loop: Any) -> None:
+def test_cancelled_waiter_does_not_cancel_the_work(loop: Any, open_gpu: Opener) -> None:
     async def body() -> None:
-        async with _open() as gpu:
-            await gpu.compile(NAP)
-            pending = gpu.dispatch(NAP, *_nap_args(0.2), grid=1, block=1)
+        async with open_gpu() as gpu:
+            await gpu.compile(SPIN)
+            pending = gpu.dispatch(SPIN, *_nap_args(0.2), grid=1, block=1)
             with anyio.move_on_after(0.02) as scope:
                 await pending
             assert scope.cancelled_caught
@@ -111,10 +105,10 @@ def test_cancelled_waiter_does_not_cancel_the_work(loop: Any) -> None:
     run(loop, body)
 
 
-def test_loop_keeps_running_while_the_device_works(loop: Any) -> None:
+def test_loop_keeps_running_while_the_device_works(loop: Any, open_gpu: Opener) -> None:
     async def body() -> None:
-        async with _open() as gpu:
-            await gpu.compile(NAP)
+        async with open_gpu() as gpu:
+            await gpu.compile(SPIN)
             ticks = 0
 
             async def heartbeat() -> None:
@@ -125,16 +119,16 @@ def test_loop_keeps_running_while_the_device_works(loop: Any) -> None:
 
             async with anyio.create_task_group() as tg:
                 tg.start_soon(heartbeat)
-                await gpu.dispatch(NAP, *_nap_args(0.3), grid=1, block=1)
+                await gpu.dispatch(SPIN, *_nap_args(0.3), grid=1, block=1)
                 tg.cancel_scope.cancel()
             assert ticks >= 10  # a blocked loop would tick about once
 
     run(loop, body)
 
 
-def test_resident_buffers_round_trip(loop: Any) -> None:
+def test_resident_buffers_round_trip(loop: Any, open_gpu: Opener) -> None:
     async def body() -> None:
-        async with _open() as gpu:
+        async with open_gpu() as gpu:
             x = np.random.default_rng().random(10_000, dtype=np.float32)
             buffer = await gpu.upload(x)
             for _ in range(3):
@@ -155,9 +149,9 @@ def test_resident_buffers_round_trip(loop: Any) -> None:
     run(loop, body)
 
 
-def test_result_from_another_thread_and_done_callbacks(loop: Any) -> None:
+def test_result_from_another_thread_and_done_callbacks(loop: Any, open_gpu: Opener) -> None:
     async def body() -> None:
-        async with _open() as gpu:
+        async with open_gpu() as gpu:
             x = np.random.default_rng().random(1024, dtype=np.float32)
             pending = gpu.dispatch(
                 SCALE,
@@ -178,14 +172,14 @@ def test_result_from_another_thread_and_done_callbacks(loop: Any) -> None:
             if not pending.done():  # pragma: no cover  # result() returned, so it completed
                 raise AssertionError("result() returned before the dispatch completed")
             with pytest.raises(ag.UnsupportedError, match="would block the event loop"):
-                gpu.dispatch(NAP, *_nap_args(0.05), grid=1, block=1).result()
+                gpu.dispatch(SPIN, *_nap_args(0.05), grid=1, block=1).result()
 
     run(loop, body)
 
 
-def test_bad_input_then_the_backend_goes_on(loop: Any) -> None:
+def test_bad_input_then_the_backend_goes_on(loop: Any, open_gpu: Opener) -> None:
     async def body() -> None:
-        async with _open() as gpu:
+        async with open_gpu() as gpu:
             x = np.random.default_rng().random(256, dtype=np.float32)
             with pytest.raises(ag.ArgumentTypeError, match="Python float"):
                 gpu.dispatch(
@@ -199,26 +193,26 @@ def test_bad_input_then_the_backend_goes_on(loop: Any) -> None:
     run(loop, body)
 
 
-def test_close_waits_for_work_and_refuses_new(loop: Any) -> None:
+def test_close_waits_for_work_and_refuses_new(loop: Any, open_gpu: Opener) -> None:
     async def body() -> None:
-        backend = _open()
-        await backend.compile(NAP)
-        pending = backend.dispatch(NAP, *_nap_args(0.1), grid=1, block=1)
+        backend = open_gpu()
+        await backend.compile(SPIN)
+        pending = backend.dispatch(SPIN, *_nap_args(0.1), grid=1, block=1)
         await backend.aclose()
         assert pending.done()
         assert (await pending)[0][0] == 1
         with pytest.raises(ag.BackendClosedError):
-            backend.dispatch(NAP, *_nap_args(0.01), grid=1, block=1)
+            backend.dispatch(SPIN, *_nap_args(0.01), grid=1, block=1)
         await backend.aclose()  # idempotent
 
     run(loop, body)
 
 
-def test_cancelled_close_still_closes(loop: Any) -> None:
+def test_cancelled_close_still_closes(loop: Any, open_gpu: Opener) -> None:
     async def body() -> None:
-        backend = _open()
-        await backend.compile(NAP)
-        pending = backend.dispatch(NAP, *_nap_args(0.2), grid=1, block=1)
+        backend = open_gpu()
+        await backend.compile(SPIN)
+        pending = backend.dispatch(SPIN, *_nap_args(0.2), grid=1, block=1)
         with anyio.move_on_after(0.02):
             await backend.aclose()
         assert backend.is_closed
@@ -229,9 +223,9 @@ def test_cancelled_close_still_closes(loop: Any) -> None:
 
 
 @pytest.mark.cuda
-def test_cuda_leases_graphs_and_large_transfers(loop: Any) -> None:
+def test_cuda_leases_graphs_and_large_transfers(loop: Any, open_gpu: Opener) -> None:
     async def body() -> None:
-        async with _open() as gpu:
+        async with open_gpu() as gpu:
             if gpu.kind != "cuda":
                 pytest.skip("the CUDA backend's own features")
             rng = np.random.default_rng()

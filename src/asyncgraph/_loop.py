@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
-import contextlib
 import sys
 from collections.abc import Awaitable, Callable, Coroutine, Generator
 from typing import Any, TypeVar, cast
@@ -205,11 +204,6 @@ class TrioFuture:
         else:
             self._callbacks.append(fn)
 
-    def remove_done_callback(self, fn: Callable[[Any], object]) -> int:
-        before = len(self._callbacks)
-        self._callbacks = [cb for cb in self._callbacks if cb != fn]
-        return before - len(self._callbacks)
-
     def _finish(self, state: int, outcome: Any) -> None:
         if self._state != _PENDING:
             raise asyncio.InvalidStateError(f"{self!r} is already done")
@@ -348,29 +342,15 @@ def _call_logged(fn: Callable[..., object], args: tuple[Any, ...]) -> None:
         _log.exception("loop.callback_failed", callback=repr(fn))
 
 
+_run_loop: Any = None  # a trio.lowlevel.RunVar: the TrioLoop of each trio run, made on first use
+
+
 def _trio_loop(trio: Any, token: Any) -> TrioLoop:
-    loop = _RUN_LOOP.get(trio)
-    if loop is None or loop._token is not token:
+    global _run_loop
+    if _run_loop is None:
+        _run_loop = trio.lowlevel.RunVar("asyncgraph_loop", default=None)
+    loop: TrioLoop | None = _run_loop.get()
+    if loop is None:
         loop = TrioLoop(token)
-        _RUN_LOOP.set(trio, loop)
+        _run_loop.set(loop)
     return loop
-
-
-class _RunLoop:
-    """The TrioLoop of the current trio run, kept in a ``trio.lowlevel.RunVar``."""
-
-    def __init__(self) -> None:
-        self._var: Any = None
-
-    def get(self, trio: Any) -> TrioLoop | None:
-        if self._var is None:
-            self._var = trio.lowlevel.RunVar("asyncgraph_loop", default=None)
-        with contextlib.suppress(RuntimeError):
-            return cast("TrioLoop | None", self._var.get())
-        return None
-
-    def set(self, trio: Any, loop: TrioLoop) -> None:
-        self._var.set(loop)
-
-
-_RUN_LOOP = _RunLoop()

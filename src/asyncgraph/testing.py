@@ -200,11 +200,6 @@ def asyncgraph_device(pytestconfig: pytest.Config) -> str:
     return option or os.environ.get(_DEVICE_ENV) or "auto"
 
 
-async def _open(device: str) -> AsyncIterator[Backend]:
-    async with open_backend(device) as opened:
-        yield opened
-
-
 def _async_fixture(**kwargs: Any) -> Callable[[Any], Any]:
     try:
         import pytest_asyncio
@@ -228,7 +223,7 @@ def _async_fixture(**kwargs: Any) -> Callable[[Any], Any]:
 @_async_fixture()
 async def backend(asyncgraph_device: str) -> AsyncIterator[Backend]:
     """A backend opened for one test and closed after it (waiting for its work)."""
-    async for opened in _open(asyncgraph_device):
+    async with open_backend(asyncgraph_device) as opened:
         yield opened
 
 
@@ -239,5 +234,5 @@ async def session_backend(asyncgraph_device: str) -> AsyncIterator[Backend]:
     A backend belongs to the event loop it is first used on, so tests using this fixture run in
     the session's loop: mark them ``@pytest.mark.asyncio(loop_scope="session")``.
     """
-    async for opened in _open(asyncgraph_device):
+    async with open_backend(asyncgraph_device) as opened:
         yield opened
