@@ -22,6 +22,8 @@ from ._exceptions import CudaError as CudaError
 from ._exceptions import DeviceFaultError as DeviceFaultError
 from ._exceptions import DeviceUnavailableError as DeviceUnavailableError
 from ._exceptions import DispatchError as DispatchError
+from ._exceptions import HostFunctionError as HostFunctionError
+from ._exceptions import QueueFullError as QueueFullError
 from ._exceptions import ShapeMismatchError as ShapeMismatchError
 from ._exceptions import StaleBufferError as StaleBufferError
 from ._exceptions import UnsupportedError as UnsupportedError
@@ -54,12 +56,14 @@ __all__ = (
     "DeviceUnavailableError",
     "DispatchError",
     "HistogramSnapshot",
+    "HostFunctionError",
     "InOut",
     "Kernel",
     "LaunchLimits",
     "Out",
     "Param",
     "PendingDispatch",
+    "QueueFullError",
     "ResidentBuffer",
     "ShapeMismatchError",
     "StaleBufferError",

@@ -11,7 +11,9 @@ working for callers who do not know this library::
      ├─ DispatchError (ValueError)       bad arguments to dispatch/upload/empty
      │   ├─ ArgumentTypeError (TypeError) an argument of the wrong kind or dtype
      │   └─ ShapeMismatchError           shapes that do not fit
+     ├─ HostFunctionError                a kernel's host= function broke its contract
      ├─ AllocationError (MemoryError)    device or pinned memory exhausted after trimming caches
+     ├─ QueueFullError                   BackendOptions.max_queued dispatches already queued
      ├─ CaptureError
      ├─ StaleBufferError                 a freed, reused or foreign resident buffer
      ├─ DeviceUnavailableError           no CUDA driver or device where one was required
@@ -32,6 +34,8 @@ __all__ = (
     "DeviceFaultError",
     "DeviceUnavailableError",
     "DispatchError",
+    "HostFunctionError",
+    "QueueFullError",
     "ShapeMismatchError",
     "StaleBufferError",
     "UnsupportedError",
@@ -102,6 +106,24 @@ class ArgumentTypeError(DispatchError, TypeError):
 
 class ShapeMismatchError(DispatchError):
     """Shapes do not fit: an output of impossible shape, or a replay with other shapes."""
+
+
+class HostFunctionError(AsyncGraphError):
+    """A kernel's ``host=`` function broke the host contract, so its dispatch failed.
+
+    A host function writes its results into the output arrays it is given and returns
+    ``None``. Returning anything else (``return 2 * x``), or raising ``StopIteration`` (which
+    Python cannot carry through ``await``; it is the ``__cause__``), fails the dispatch with
+    this error instead of silently giving zeros. The backend stays usable.
+    """
+
+
+class QueueFullError(AsyncGraphError):
+    """``dispatch()`` found ``BackendOptions.max_queued`` dispatches already waiting.
+
+    Nothing was started; the backend stays usable. ``await backend.submit(...)`` waits for
+    room instead of raising: that wait is the backpressure a server applies to its callers.
+    """
 
 
 class AllocationError(AsyncGraphError, MemoryError):

@@ -14,6 +14,15 @@ def _positive(_inst: object, attribute: attrs.Attribute[int], value: int) -> Non
         raise ValueError(f"BackendOptions.{attribute.name} must be a positive int, got {value!r}")
 
 
+def _optional_positive(
+    _inst: object, attribute: attrs.Attribute[int | None], value: object
+) -> None:
+    if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 1):
+        raise ValueError(
+            f"BackendOptions.{attribute.name} must be a positive int or None, got {value!r}"
+        )
+
+
 def _non_negative(_inst: object, attribute: attrs.Attribute[int], value: int) -> None:
     if isinstance(value, bool) or not isinstance(value, int) or value < 0:
         raise ValueError(
@@ -26,9 +35,14 @@ class BackendOptions:
     """How a backend is sized and what it plugs in.
 
     Attributes:
-        streams: CUDA streams dispatches are spread over (on the host backend: worker threads).
+        streams: CUDA streams dispatches are spread over (CUDA backend only).
+        host_workers: worker threads that run ``host=`` functions on the host backend;
+            ``None`` (the default) means one per CPU core (``os.cpu_count()``).
         max_in_flight: dispatches submitted and not yet completed, at most; further dispatches
-            queue in call order until one completes (waiting is the backpressure).
+            queue in call order until one completes.
+        max_queued: dispatches waiting in that queue, at most; ``None`` (the default) leaves it
+            unbounded. When it is full, ``dispatch()`` raises :class:`QueueFullError` and
+            ``await backend.submit(...)`` waits for room: the backpressure a server applies.
         pinned_pool_bytes: bytes of idle pinned host blocks the pinned pool keeps cached; idle
             blocks beyond it are freed (CUDA backend).
         host_pool: a pinned host pool to use instead of the default (``asyncgraph.pool``).
@@ -49,7 +63,9 @@ class BackendOptions:
     """
 
     streams: int = attrs.field(default=4, validator=_positive)
+    host_workers: int | None = attrs.field(default=None, validator=_optional_positive)
     max_in_flight: int = attrs.field(default=256, validator=_positive)
+    max_queued: int | None = attrs.field(default=None, validator=_optional_positive)
     pinned_pool_bytes: int = attrs.field(default=256 << 20, validator=_non_negative)
     host_pool: Any = None
     device_memory: Any = None
