@@ -97,3 +97,31 @@ async def test_per_dispatch_events_only_when_enabled() -> None:
     assert (event["kernel"], event["dispatch_id"], event["device"]) == ("scale", 1, "host")
     assert event["latency"] > 0
     assert event["log_level"] == "debug"
+
+
+async def test_a_printed_snapshot_shows_counts_and_percentiles_not_buckets() -> None:
+    async with ag.open_backend("host") as backend:
+        x = np.ones(100, np.float32)
+        for _ in range(3):
+            await backend.dispatch(
+                SCALE, x, ag.Out(100, np.float32), np.float32(2), np.int32(100), grid=1, block=128
+            )
+        snap = backend.telemetry.snapshot()
+    text = repr(snap)
+    # Every histogram's 201 bucket bounds made this about 20 KB.
+    assert len(text) < 2000, text
+    assert "bounds" not in text
+    assert "counts=" not in text
+    assert "completion_latency=HistogramSnapshot(count=3, mean=" in text
+    assert repr(snap.device_time) == "HistogramSnapshot(count=0)"
+    # The buckets are still there for whoever reads them.
+    assert sum(snap.completion_latency.counts) == 3
+
+
+def test_histogram_repr_picks_a_readable_unit() -> None:
+    h = Histogram()
+    for value in (20e-6, 30e-6, 5e-3):
+        h.record(value)
+    text = repr(h.snapshot())
+    assert text.startswith("HistogramSnapshot(count=3, mean=1.68ms, p50=")
+    assert text.endswith(", max=5ms)")

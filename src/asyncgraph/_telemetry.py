@@ -29,9 +29,21 @@ _N_BUCKETS = _PER_DECADE * _DECADES + 1  # the last bucket holds everything larg
 _BOUNDS = (*(_LOW * 10 ** (i / _PER_DECADE) for i in range(_N_BUCKETS - 1)), math.inf)
 
 
-@attrs.frozen(kw_only=True)
+def _duration(seconds: float) -> str:
+    """*seconds* in the unit that reads best: ``"12.3us"``, ``"4.56ms"``, ``"1.2s"``."""
+    if seconds < 1e-3:
+        return f"{seconds * 1e6:.3g}us"
+    if seconds < 1.0:
+        return f"{seconds * 1e3:.3g}ms"
+    return f"{seconds:.3g}s"
+
+
+@attrs.frozen(kw_only=True, repr=False)
 class HistogramSnapshot:
     """A histogram of durations in seconds, frozen at snapshot time.
+
+    Its ``repr`` shows the count and the percentiles a person reads (``p50``, ``p99``,
+    ``max``); the buckets themselves are in :attr:`bounds` and :attr:`counts`.
 
     Attributes:
         count: values recorded.
@@ -71,6 +83,15 @@ class HistogramSnapshot:
     def mean(self) -> float:
         """The mean value in seconds (0.0 when empty)."""
         return self.sum / self.count if self.count else 0.0
+
+    def __repr__(self) -> str:
+        if not self.count:
+            return "HistogramSnapshot(count=0)"
+        return (
+            f"HistogramSnapshot(count={self.count}, mean={_duration(self.mean)}, "
+            f"p50={_duration(self.quantile(0.5))}, p99={_duration(self.quantile(0.99))}, "
+            f"max={_duration(self.max)})"
+        )
 
 
 class Histogram:
