@@ -96,6 +96,9 @@ async def test_500_concurrent_requests(server: str, request: pytest.FixtureReque
     _keep(report, request.node.callspec.id)
     assert report["errors"] == []
     assert report["ok"] == 500
+    assert report["transport_errors"] == 0
+    # The backend's own latency, in the unit its key names (as /health names it).
+    assert set(report["dispatch_latency_ms"]) == {"p50", "p99"}
     assert report["health_failures"] == []
     # The health endpoint kept answering while the 500 requests ran ...
     assert report["health"]["count"] >= 2
@@ -126,3 +129,53 @@ async def test_metrics_endpoint(server: str) -> None:
     backend = health["backend"]
     assert f'asyncgraph_dispatches_total{{backend="{backend}"}}' in text
     assert "asyncgraph_completion_latency_seconds_bucket" in text
+
+
+async def test_numbers_beyond_float32_get_400_and_overflowing_results_422(server: str) -> None:
+    async with httpx.AsyncClient(base_url=server) as client:
+        # Each of these became inf in float32, which the JSON encoder refused: a 500.
+        for body in (
+            {"a": 1e300, "x": [1.0], "y": [1.0]},
+            {"a": 10**400, "x": [1.0], "y": [1.0]},
+            {"a": 2.0, "x": [1e39], "y": [1.0]},
+            {"a": 2.0, "x": [1.0], "y": [float("-inf")]},
+            {"a": float("nan"), "x": [1.0], "y": [1.0]},
+        ):
+            bad = await client.post(
+                "/v1/saxpy", content=json.dumps(body).encode(), headers={"content-type": "json"}
+            )
+            assert bad.status_code == 400, (body, bad.text)
+            assert "finite number" in bad.json()["error"]
+        bad = await client.post("/v1/dense", json={"x": [[1e39] * 256]})
+        assert bad.status_code == 400
+        assert bad.json()["error"].startswith("x must hold finite numbers within float32's range")
+        # Finite inputs whose result overflows float32.
+        over = await client.post("/v1/saxpy", json={"a": 3e38, "x": [10.0], "y": [0.0]})
+        assert (over.status_code, over.json()) == (
+            422,
+            {"error": "the result overflows float32; scale the inputs down"},
+        )
+        good = await client.post("/v1/saxpy", json={"a": 2.0, "x": [1.0], "y": [0.5]})
+        assert good.json() == {"z": [2.5]}
+
+
+async def test_load_counts_requests_that_get_no_answer() -> None:
+    answered = 0
+
+    def handler(request: httpx.Request) -> httpx.Response:
+        nonlocal answered
+        if request.url.path == "/v1/saxpy" and answered:
+            raise httpx.ConnectError("connection refused", request=request)
+        answered += 1
+        return httpx.Response(200, json={"z": [2.5]})
+
+    tally = load.Tally()
+    async with httpx.AsyncClient(
+        base_url="http://service", transport=httpx.MockTransport(handler)
+    ) as client:
+        want = load.np.asarray([2.5])
+        body = {"a": 2.0, "x": [1.0], "y": [0.5]}
+        await load.request_and_check(client, tally, "/v1/saxpy", body, want)
+        await load.request_and_check(client, tally, "/v1/saxpy", body, want)
+    assert (tally.ok, tally.transport_errors, len(tally.latencies)) == (1, 1, 1)
+    assert tally.errors == ["/v1/saxpy: no answer: ConnectError('connection refused')"]

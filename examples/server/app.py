@@ -18,6 +18,7 @@ Endpoints:
 from __future__ import annotations
 
 import json
+import math
 import os
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
@@ -37,6 +38,7 @@ FEATURES = 256
 MAX_ROWS = 64
 MAX_SAXPY = 1 << 20
 BLOCK = 256
+FLOAT32_MAX = float(np.finfo(np.float32).max)
 
 DENSE_SRC = r"""
 extern "C" __global__ void dense_relu(const float* x, const float* w, const float* b,
@@ -88,14 +90,37 @@ class BadRequest(Exception):
     """The request's body is not what the endpoint takes; the message says what is."""
 
 
-def _vector(value: object, what: str, limit: int) -> Array:
+class Unprocessable(Exception):
+    """The request was valid but its answer is not (a result that overflows float32)."""
+
+
+def _float32s(value: object, what: str, shape: str) -> Array:
+    """*value* as a float32 array of finite numbers, else :class:`BadRequest`."""
     try:
-        array = np.asarray(value, dtype=np.float32)
-    except (TypeError, ValueError):
-        raise BadRequest(f"{what} must be a list of numbers") from None
+        # A number beyond float32's range becomes inf here; the check below refuses it.
+        with np.errstate(over="ignore"):
+            array = np.asarray(value, dtype=np.float32)
+    except (TypeError, ValueError, OverflowError):
+        raise BadRequest(f"{what} must be {shape}") from None
+    if not np.isfinite(array).all():
+        raise BadRequest(
+            f"{what} must hold finite numbers within float32's range (|v| <= {FLOAT32_MAX:.4g})"
+        )
+    return array
+
+
+def _vector(value: object, what: str, limit: int) -> Array:
+    array = _float32s(value, what, "a list of numbers")
     if array.ndim != 1 or not 1 <= array.size <= limit:
         raise BadRequest(f"{what} must be a flat list of 1 to {limit} numbers")
     return array
+
+
+def _finite(result: Array) -> Array:
+    """*result*, if every value is finite; JSON has no inf or NaN to answer with."""
+    if not np.isfinite(result).all():
+        raise Unprocessable("the result overflows float32; scale the inputs down")
+    return result
 
 
 async def _body(request: Request) -> dict[str, Any]:
@@ -111,10 +136,7 @@ async def _body(request: Request) -> dict[str, Any]:
 async def dense(request: Request) -> Response:
     """relu(x @ W + b) for each row of x, with W and b resident on the backend."""
     body = await _body(request)
-    try:
-        x = np.asarray(body.get("x"), dtype=np.float32)
-    except (TypeError, ValueError):
-        raise BadRequest("x must be a list of rows of numbers") from None
+    x = _float32s(body.get("x"), "x", "a list of rows of numbers")
     if x.ndim != 2 or x.shape[1] != FEATURES or not 1 <= x.shape[0] <= MAX_ROWS:
         raise BadRequest(f"x must be 1 to {MAX_ROWS} rows of {FEATURES} numbers")
     state = request.state
@@ -130,7 +152,7 @@ async def dense(request: Request) -> Response:
         grid=(rows * FEATURES + BLOCK - 1) // BLOCK,
         block=BLOCK,
     )
-    return JSONResponse({"y": y.tolist()})
+    return JSONResponse({"y": _finite(y).tolist()})
 
 
 async def saxpy(request: Request) -> Response:
@@ -139,6 +161,11 @@ async def saxpy(request: Request) -> Response:
     a = body.get("a")
     if not isinstance(a, int | float) or isinstance(a, bool):
         raise BadRequest("a must be a number")
+    # (abs() first: an int too large for a float would make isfinite() raise.)
+    if abs(a) > FLOAT32_MAX or not math.isfinite(a):
+        raise BadRequest(
+            f"a must be a finite number within float32's range (|a| <= {FLOAT32_MAX:.4g})"
+        )
     x = _vector(body.get("x"), "x", MAX_SAXPY)
     y = _vector(body.get("y"), "y", MAX_SAXPY)
     if x.size != y.size:
@@ -154,7 +181,7 @@ async def saxpy(request: Request) -> Response:
         grid=(n + BLOCK - 1) // BLOCK,
         block=BLOCK,
     )
-    return JSONResponse({"z": z.tolist()})
+    return JSONResponse({"z": _finite(z).tolist()})
 
 
 async def model(request: Request) -> Response:
@@ -203,6 +230,10 @@ async def bad_request(request: Request, exc: Exception) -> Response:
     return JSONResponse({"error": str(exc)}, status_code=400)
 
 
+async def unprocessable(request: Request, exc: Exception) -> Response:
+    return JSONResponse({"error": str(exc)}, status_code=422)
+
+
 async def refused(request: Request, exc: Exception) -> Response:
     # asyncgraph validated the dispatch and started nothing; the message says what was wrong.
     return JSONResponse({"error": str(exc)}, status_code=422)
@@ -236,6 +267,10 @@ app = Starlette(
         Route("/health", health),
         Route("/metrics", metrics),
     ],
-    exception_handlers={BadRequest: bad_request, ag.DispatchError: refused},
+    exception_handlers={
+        BadRequest: bad_request,
+        Unprocessable: unprocessable,
+        ag.DispatchError: refused,
+    },
     lifespan=lifespan,
 )

@@ -85,6 +85,39 @@ def _probe(url: str, interval: float) -> None:
     print(json.dumps({"latencies": latencies, "failures": failures[:5]}))
 
 
+class Tally:
+    """What the requests of one client process came to."""
+
+    def __init__(self) -> None:
+        self.ok = 0
+        self.transport_errors = 0  # no answer at all: refused, reset, timed out
+        self.errors: list[str] = []
+        self.latencies: list[float] = []  # seconds, of the requests that got an answer
+
+
+async def request_and_check(
+    client: httpx.AsyncClient, tally: Tally, path: str, body: dict[str, Any], want: Array
+) -> None:
+    """POST *body* to *path* and count the answer in *tally*: right, wrong or none at all."""
+    t0 = time.perf_counter()
+    try:
+        response = await client.post(path, json=body)
+    except httpx.TransportError as exc:
+        # Counted, not raised: one dropped connection must not lose the whole run's report.
+        tally.transport_errors += 1
+        tally.errors.append(f"{path}: no answer: {exc!r}")
+        return
+    tally.latencies.append(time.perf_counter() - t0)
+    if response.status_code != 200:
+        tally.errors.append(f"{path}: {response.status_code} {response.text[:200]}")
+        return
+    got = np.asarray(next(iter(response.json().values())), np.float64)
+    if got.shape != want.shape or not np.allclose(got, want, rtol=1e-4, atol=1e-4):
+        tally.errors.append(f"{path}: answer differs from numpy")
+        return
+    tally.ok += 1
+
+
 async def _send(url: str, requests: int, seed: int | None, start_at: float) -> dict[str, Any]:
     """Send *requests* requests at once from this process (at wall time *start_at*)."""
     rng = np.random.default_rng(seed)
@@ -107,30 +140,16 @@ async def _send(url: str, requests: int, seed: int | None, start_at: float) -> d
                 want = a * x.astype(np.float64) + y
                 jobs.append(("/v1/saxpy", {"a": a, "x": x.tolist(), "y": y.tolist()}, want))
 
-        latencies: list[float] = []
-        errors: list[str] = []
-
-        async def one(path: str, body: dict[str, Any], want: Array) -> bool:
-            t0 = time.perf_counter()
-            response = await client.post(path, json=body)
-            latencies.append(time.perf_counter() - t0)
-            if response.status_code != 200:
-                errors.append(f"{path}: {response.status_code} {response.text[:200]}")
-                return False
-            got = np.asarray(next(iter(response.json().values())), np.float64)
-            if got.shape != want.shape or not np.allclose(got, want, rtol=1e-4, atol=1e-4):
-                errors.append(f"{path}: answer differs from numpy")
-                return False
-            return True
-
+        tally = Tally()
         await asyncio.sleep(max(0.0, start_at - time.time()))
         t_start = time.time()
-        outcomes = await asyncio.gather(*(one(*job) for job in jobs))
+        await asyncio.gather(*(request_and_check(client, tally, *job) for job in jobs))
         t_end = time.time()
     return {
-        "ok": sum(outcomes),
-        "errors": errors[:5],
-        "latencies": latencies,
+        "ok": tally.ok,
+        "transport_errors": tally.transport_errors,
+        "errors": tally.errors[:5],
+        "latencies": tally.latencies,
         "t_start": t_start,
         "t_end": t_end,
     }
@@ -167,10 +186,11 @@ async def run_load(
             together); one process of httpx tops out at a few hundred requests per second.
 
     Returns:
-        The report: ``requests``, ``ok``, ``wrong`` (answers that differ from numpy, with the
-        first few described in ``errors``), ``seconds``, ``requests_per_s``, ``latency`` and
-        ``health`` (count, p50, p99, max in ms), the backend's name and its own
-        ``dispatch_latency`` (p50, p99 in ms, from ``dispatch()`` to completion).
+        The report: ``requests``, ``ok``, ``wrong`` (requests without a right answer: a wrong
+        one, an error status, or none at all, the first few described in ``errors``),
+        ``transport_errors`` (requests that got no answer), ``seconds``, ``requests_per_s``,
+        ``latency`` and ``health`` (count, p50, p99, max in ms), the backend's name and its own
+        ``dispatch_latency_ms`` (p50, p99, from ``dispatch()`` to completion).
     """
     async with httpx.AsyncClient(base_url=url, timeout=60.0) as client:
         info = (await client.get("/health")).json()
@@ -191,13 +211,14 @@ async def run_load(
         "clients": clients,
         "ok": ok,
         "wrong": requests - ok,
+        "transport_errors": sum(p["transport_errors"] for p in parts),
         "errors": [e for p in parts for e in p["errors"]][:5],
         "seconds": seconds,
         "requests_per_s": requests / seconds,
         "latency": _percentiles([t for p in parts for t in p["latencies"]]),
         "health": _percentiles(health),
         "health_failures": failures,
-        "dispatch_latency": after["dispatch_latency_ms"],
+        "dispatch_latency_ms": after["dispatch_latency_ms"],
     }
 
 
