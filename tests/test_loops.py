@@ -84,7 +84,7 @@ def test_dispatch_results_match_numpy(loop: Any, open_gpu: Opener) -> None:
                 np.testing.assert_allclose(results[i], np.float32(i) * x, rtol=1e-6)
             await assert_matches_host(
                 gpu, SCALE, inputs[0], ag.Out(4096, np.float32), np.float32(0.5), np.int32(4096),
-                grid=16, block=256,
+                grid=16, block=256, allow_host=True,
             )  # fmt: skip
 
     run(loop, body)

@@ -72,7 +72,7 @@ def test_backend_fixture_and_result_check(suite: pytest.Pytester) -> None:
             x = np.random.default_rng().random(1000, dtype=np.float32)
             out, = await assert_matches_host(
                 backend, TWICE, x, ag.Out(x.shape, x.dtype), np.int32(x.size),
-                grid=4, block=256,
+                grid=4, block=256, allow_host=True,
             )
             np.testing.assert_array_equal(out, 2 * x)
 
@@ -168,7 +168,8 @@ def test_mismatch_fails_with_the_kernel_named(suite: pytest.Pytester) -> None:
                           host=_stamp)
 
         async def test_stamp(backend):
-            await assert_matches_host(backend, STAMP, ag.Out(4, np.int32), grid=1, block=4)
+            await assert_matches_host(backend, STAMP, ag.Out(4, np.int32), grid=1, block=4,
+                                      allow_host=True)
         """
     )
     result = suite.runpytest("--asyncgraph-device", "host")
@@ -238,7 +239,56 @@ async def test_resident_results_are_downloaded_and_closed(host: ag.Backend) -> N
         np.int32(x.size),
         grid=1,
         block=256,
+        allow_host=True,
     )
     assert isinstance(out, np.ndarray)
     np.testing.assert_allclose(out, 3 * x, rtol=1e-6)
     assert len(host._store) == 0
+
+
+def test_on_the_host_backend_the_result_check_skips_and_says_why(suite: pytest.Pytester) -> None:
+    suite.makepyfile(
+        test_user="""
+        import numpy as np
+        import asyncgraph as ag
+        from asyncgraph.testing import assert_matches_host
+        from user_kernels import TWICE
+
+        async def test_twice(backend):
+            x = np.ones(8, np.float32)
+            await assert_matches_host(
+                backend, TWICE, x, ag.Out(x.shape, x.dtype), np.int32(x.size), grid=1, block=8
+            )
+            raise AssertionError("not reached: the check skips on the host backend")
+        """
+    )
+    result = suite.runpytest("--asyncgraph-device", "host", "-rs")
+    result.assert_outcomes(skipped=1)
+    result.stdout.fnmatch_lines(
+        ["*assert_matches_host('twice') on the host backend would compare the host function with*"]
+    )
+
+
+def test_session_backend_on_a_test_loop_names_loop_scope(suite: pytest.Pytester) -> None:
+    suite.makepyfile(
+        test_user="""
+        import numpy as np
+        import asyncgraph as ag
+        from user_kernels import TWICE
+
+        async def test_on_its_own_loop(session_backend):
+            x = np.ones(8, np.float32)
+            await session_backend.dispatch(
+                TWICE, x, ag.Out(x.shape, x.dtype), np.int32(8), grid=1, block=8
+            )
+        """
+    )
+    result = suite.runpytest("--asyncgraph-device", "host")
+    result.assert_outcomes(failed=1)
+    result.stdout.fnmatch_lines(
+        [
+            "*belongs to another event loop*",
+            "*session_backend lives on the session's event loop: mark the test "
+            '@pytest.mark.asyncio(loop_scope="session")*',
+        ]
+    )

@@ -107,12 +107,18 @@ async def assert_matches_host(
     shared_mem: int = 0,
     rtol: float = 1e-6,
     atol: float = 0.0,
+    allow_host: bool = False,
 ) -> tuple[Array, ...]:
     """Dispatch *kernel* on *backend* and assert each result matches its host reference.
 
     Floating-point results are compared with ``numpy.testing.assert_allclose(rtol, atol)``,
     every other dtype exactly. Results of ``Out(..., resident=True)`` are downloaded first (and
     closed).
+
+    On the host backend the dispatch runs the very function the reference runs, so the
+    comparison could only catch a host function that is not deterministic. There the test is
+    skipped, with that reason, unless *allow_host* is true (then the dispatch runs and is
+    compared all the same: a check of the dispatch's arguments and of the host contract).
 
     Args:
         backend: the backend under test.
@@ -123,6 +129,7 @@ async def assert_matches_host(
         shared_mem: bytes of dynamic shared memory per block.
         rtol: relative tolerance for floating-point results.
         atol: absolute tolerance for floating-point results.
+        allow_host: on the host backend, run and compare instead of skipping.
 
     Returns:
         The backend's results, as numpy arrays in argument order.
@@ -130,7 +137,14 @@ async def assert_matches_host(
     Raises:
         AssertionError: a result differs from the reference (the message names the kernel, the
             result's index and the mismatching elements).
+        pytest.skip.Exception: *backend* is the host backend and *allow_host* is false.
     """
+    if backend.kind == "host" and not allow_host:
+        pytest.skip(
+            f"assert_matches_host({kernel.name!r}) on the host backend would compare the host "
+            "function with itself; run on a CUDA backend (--asyncgraph-device cuda), or pass "
+            "allow_host=True to run the dispatch anyway"
+        )
     expected = reference(kernel, *args)
     got = await backend.dispatch(kernel, *args, grid=grid, block=block, shared_mem=shared_mem)
     arrays: list[Array] = []
@@ -187,6 +201,25 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     skip = pytest.mark.skip(reason=f"needs a CUDA GPU: {probe.reason}")
     for item in marked:
         item.add_marker(skip)
+
+
+_OTHER_LOOP = "belongs to another event loop"
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_call(item: pytest.Item) -> Any:
+    # A test that uses session_backend from a loop of its own fails inside asyncgraph with
+    # "belongs to another event loop"; name the pytest-asyncio setting that fixes it.
+    try:
+        return (yield)
+    except UnsupportedError as exc:
+        if _OTHER_LOOP in str(exc) and "session_backend" in getattr(item, "fixturenames", ()):
+            exc.add_note(
+                "session_backend lives on the session's event loop: mark the test "
+                '@pytest.mark.asyncio(loop_scope="session") (or set '
+                "asyncio_default_test_loop_scope = session in the pytest ini file)"
+            )
+        raise
 
 
 # -- fixtures -------------------------------------------------------------------------------------
