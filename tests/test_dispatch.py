@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import threading
+import traceback
 from typing import Any
 
 import numpy as np
@@ -249,3 +250,68 @@ async def test_pinned_empty_on_the_host_backend_is_an_ordinary_array(host: ag.Ba
         host.pinned_empty((3, 0), np.float32)
     with pytest.raises(ag.ArgumentTypeError, match=r"^pinned_empty\(\)"):
         host.pinned_empty(4, object)
+
+
+def _frames(exc: BaseException) -> int:
+    return len(traceback.extract_tb(exc.__traceback__))
+
+
+async def test_every_awaiter_of_a_failed_dispatch_sees_the_same_traceback(
+    host: ag.Backend,
+) -> None:
+    def boom(x: Array, out: Array, n: np.int32) -> None:
+        raise ZeroDivisionError("host kernel failed")
+
+    k = ag.Kernel(
+        'extern "C" __global__ void boom(const float* x, float* out, int n) {}', "boom", host=boom
+    )
+    pending = host.dispatch(
+        k, np.ones(2, np.float32), ag.Out(2, np.float32), np.int32(2), grid=1, block=2
+    )
+    awaited: list[int] = []
+    for _ in range(200):
+        with pytest.raises(ZeroDivisionError, match=r"^host kernel failed$") as info:
+            await pending
+        awaited.append(_frames(info.value))
+    assert len(set(awaited)) == 1, (awaited[0], awaited[-1])
+    # The frames where the host function raised are still there, under the awaiter's own.
+    assert traceback.extract_tb(info.value.__traceback__)[-1].name == "boom"
+    read: list[int] = []
+    for _ in range(50):
+        with pytest.raises(ZeroDivisionError, match=r"^host kernel failed$") as info:
+            pending.result()
+        read.append(_frames(info.value))
+    assert len(set(read)) == 1, (read[0], read[-1])
+
+
+def test_awaiting_a_dispatch_on_another_loop_says_which_loop() -> None:
+    rec = Recorder()
+    rec.release.clear()
+
+    async def start() -> tuple[ag.Backend, ag.PendingDispatch]:
+        backend = ag.open_backend("host")
+        pending = backend.dispatch(
+            probe_kernel(rec), np.ones(2, np.float32), ag.Out(2, np.float32), np.int32(2),
+            grid=1, block=2,
+        )  # fmt: skip
+        return backend, pending
+
+    async def await_it(pending: ag.PendingDispatch) -> tuple[Any, ...]:
+        return await pending
+
+    loop = asyncio.new_event_loop()
+    try:
+        backend, pending = loop.run_until_complete(start())
+        with pytest.raises(
+            ag.UnsupportedError,
+            match=r"^dispatch #1 of 'probe' belongs to another event loop; await it on its "
+            r"backend's loop, or call pending.result\(\) from another thread$",
+        ):
+            asyncio.run(await_it(pending))
+        rec.release.set()
+        (out,) = loop.run_until_complete(await_it(pending))  # its own loop still can
+        np.testing.assert_array_equal(out, np.full(2, 2.0))
+    finally:
+        rec.release.set()
+        loop.run_until_complete(backend.aclose())
+        loop.close()

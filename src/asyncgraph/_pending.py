@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import threading
 from collections.abc import Callable, Generator
+from types import TracebackType
 from typing import Any
 
 from . import _loop
@@ -42,10 +43,15 @@ class PendingDispatch:
         "_outcome",
         "_spin",
         "_state",
+        "_traceback",
         "_waiters",
         "dispatch_id",
         "kernel_name",
     )
+
+    # The failure's traceback as it was when the dispatch failed, set by _set_exception (not in
+    # __init__: a dispatch that succeeds never pays for it). Each raise starts from it again.
+    _traceback: TracebackType | None
 
     def __init__(self, loop: asyncio.AbstractEventLoop, dispatch_id: int, kernel_name: str) -> None:
         self._loop = loop
@@ -94,7 +100,7 @@ class PendingDispatch:
         """
         self._wait(timeout)
         if self._state == _FAILED:
-            raise self._outcome
+            raise self._outcome.with_traceback(self._traceback)
         return self._outcome  # type: ignore[no-any-return]  # a tuple, set by _set_result
 
     def exception(self, timeout: float | None = None) -> BaseException | None:
@@ -137,11 +143,20 @@ class PendingDispatch:
                 self._waiters.append(waiter)
             try:
                 yield from waiter
+            except (RuntimeError, TypeError):
+                # asyncio (a future of another loop) and trio (a foreign yield) throw these in.
+                if _loop.running_loop() is not self._loop:
+                    raise UnsupportedError(
+                        f"dispatch #{self.dispatch_id} of {self.kernel_name!r} belongs to "
+                        "another event loop; await it on its backend's loop, or call "
+                        "pending.result() from another thread"
+                    ) from None
+                raise
             finally:
                 if self._state == _PENDING and self._waiters is not None:
                     self._waiters.remove(waiter)
         if self._state == _FAILED:
-            raise self._outcome
+            raise self._outcome.with_traceback(self._traceback)
         return self._outcome  # type: ignore[no-any-return]  # a tuple, set by _set_result
 
     def __repr__(self) -> str:
@@ -194,4 +209,5 @@ class PendingDispatch:
         self._resolve(_DONE, results)
 
     def _set_exception(self, exc: BaseException) -> None:
+        self._traceback = exc.__traceback__
         self._resolve(_FAILED, exc)
