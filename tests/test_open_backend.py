@@ -21,12 +21,24 @@ no_cuda = pytest.mark.skipif(probe_cuda().available, reason="this machine has a 
 async def test_auto_picks_the_host_and_says_why() -> None:
     with structlog.testing.capture_logs() as logs:
         backend = ag.open_backend()
-    async with backend:
-        assert backend.name == "host"
+        async with backend:
+            assert backend.name == "host"
     selected = [e for e in logs if e["event"] == "backend.selected"]
     assert len(selected) == 1
     assert selected[0]["device"] == "host"
     assert selected[0]["reason"] == probe_cuda().reason
+    # Nothing went wrong: the choice is a debug event, not noise in every service's log.
+    assert selected[0]["log_level"] == "debug"
+
+
+@pytest.mark.cuda
+async def test_opening_a_cuda_backend_is_a_debug_event() -> None:
+    with structlog.testing.capture_logs() as logs:
+        async with ag.open_backend("cuda") as backend:
+            assert backend.kind == "cuda"
+    (opened,) = [e for e in logs if e["event"] == "backend.opened"]
+    assert opened["log_level"] == "debug"
+    assert opened["device"] == "cuda:0"
 
 
 @no_cuda

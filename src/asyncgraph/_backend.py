@@ -742,7 +742,7 @@ def open_backend(
 
     Args:
         device: ``"auto"`` (the first CUDA device if a driver and a device are present, else
-            the host backend, saying why in a ``backend.selected`` log event), ``"cuda"``,
+            the host backend, saying why in a ``backend.selected`` debug event), ``"cuda"``,
             ``"cuda:N"`` or ``N`` (that CUDA device), or ``"host"``.
         options: a :class:`BackendOptions`.
         **option_kwargs: or its fields as keywords (``streams=8``); not both.
@@ -769,7 +769,7 @@ def open_backend(
                     f"device={device!r} needs CUDA, but {probe.reason}; "
                     "use device='auto' or 'host' to run on the host backend"
                 )
-            logger.info("backend.selected", device="host", reason=probe.reason)
+            logger.debug("backend.selected", device="host", reason=probe.reason)
             kind = "host"
         elif ordinal >= len(probe.devices):
             raise DeviceUnavailableError(

@@ -130,7 +130,7 @@ class CudaBackend(CudaDispatch):
         self._graph_cache = GraphCache(
             self, options.graph_cache_bytes, options.graph_repeats, options.streams
         )
-        self._log.info(
+        self._log.debug(
             "backend.opened",
             kind=self.kind,
             name=self.device_name,
