@@ -108,7 +108,8 @@ async def test_stale_and_foreign_handles_are_refused(host: ag.Backend) -> None:
         with pytest.raises(
             ag.StaleBufferError,
             match=r"^args\[0\] of 'inc' \(float\* buf\) is a resident buffer of another backend "
-            r"\(host\); upload the data to this backend \(host\) with backend.upload\(\)$",
+            r"\(also named host\); upload the data to this backend \(host\) with "
+            r"backend.upload\(\)$",
         ):
             host.dispatch(INC, foreign, np.float32(1), np.int32(4), grid=1, block=4)
         with pytest.raises(ag.StaleBufferError, match="another backend"):
@@ -125,6 +126,28 @@ async def test_stale_and_foreign_handles_are_refused(host: ag.Backend) -> None:
     await host.dispatch(INC, new, np.float32(1), np.int32(4), grid=1, block=4)
     np.testing.assert_array_equal(await host.download(new), np.full(4, 2.0))
     assert host.telemetry.snapshot().dispatches == 1
+
+
+async def test_a_buffer_of_a_closed_backend_says_its_backend_was_closed(
+    host: ag.Backend,
+) -> None:
+    other = ag.open_backend("host")
+    buffer = await other.upload(np.ones(4, np.float32))
+    await other.aclose()
+    with pytest.raises(
+        ag.StaleBufferError,
+        match=r"^args\[0\] of 'inc' \(float\* buf\) is a resident buffer of backend host, which "
+        r"was closed; upload the data to this backend \(host\) with backend.upload\(\)$",
+    ):
+        host.dispatch(INC, buffer, np.float32(1), np.int32(4), grid=1, block=4)
+    # Its own store says the same when the buffer is shared after the close.
+    with pytest.raises(
+        ag.StaleBufferError,
+        match=r"^__dlpack__ is a resident buffer of backend host, which was closed; open a new "
+        r"backend and upload the data to it$",
+    ):
+        buffer.__dlpack__()
+    assert repr(host) == "<HostBackend host open in_flight=0 queued=0 buffers=0>"
 
 
 async def test_download_waits_for_writers(host: ag.Backend) -> None:

@@ -268,6 +268,7 @@ class ResidentStore:
         self._buffers: list[ResidentBuffer | None] = []
         self._free_slots: list[int] = []
         self.bytes_live = 0
+        self.closed = False  # the backend closed: every buffer was closed with it
 
     def __len__(self) -> int:
         return sum(1 for b in self._buffers if b is not None)
@@ -298,11 +299,22 @@ class ResidentStore:
 
     def check(self, buffer: ResidentBuffer, where: str) -> None:
         """Raise :class:`StaleBufferError` unless *buffer* is a live handle of this store."""
-        if buffer._store is not self:
+        other = buffer._store
+        if other is not self:
+            if other.closed:
+                whose = f"of backend {other.backend_name}, which was closed"
+            elif other.backend_name == self.backend_name:
+                whose = f"of another backend (also named {other.backend_name})"
+            else:
+                whose = f"of another backend ({other.backend_name})"
             raise StaleBufferError(
-                f"{where} is a resident buffer of another backend "
-                f"({buffer._store.backend_name}); upload the data to this backend "
+                f"{where} is a resident buffer {whose}; upload the data to this backend "
                 f"({self.backend_name}) with backend.upload()"
+            )
+        if self.closed:
+            raise StaleBufferError(
+                f"{where} is a resident buffer of backend {self.backend_name}, which was "
+                "closed; open a new backend and upload the data to it"
             )
         if not self._is_current(buffer):
             raise StaleBufferError(
@@ -312,6 +324,7 @@ class ResidentStore:
 
     def close_all(self) -> None:
         """Close every buffer (at backend close, after all work completed) and free them."""
+        self.closed = True
         for buffer in list(self._buffers):
             if buffer is not None:
                 self._close(buffer)
