@@ -2,11 +2,16 @@
 
 from __future__ import annotations
 
+import functools
+from collections.abc import AsyncIterator, Iterator
+
 import numpy as np
 import pytest
 
 import asyncgraph as ag
 from asyncgraph._kernel import parse_signature
+
+SRC = 'extern "C" __global__ void twice(const float* x, float* out) {}'
 
 
 def test_parameters_are_read_from_the_source() -> None:
@@ -80,3 +85,46 @@ def test_repr_shows_the_signature() -> None:
     k = ag.Kernel('extern "C" __global__ void k(const float* x, int n) {}', "k", host=print)
     assert repr(k) == "<Kernel k(const float*, int), host>"
     assert k.options == {}
+
+
+async def _async_host(x: object, out: object) -> None:
+    pass
+
+
+def _generator_host(x: object, out: object) -> Iterator[None]:
+    yield None
+
+
+async def _async_generator_host(x: object, out: object) -> AsyncIterator[None]:
+    yield None
+
+
+class _AsyncCallable:
+    async def __call__(self, x: object, out: object) -> None:
+        pass
+
+
+@pytest.mark.parametrize(
+    ("host", "what"),
+    [
+        (_async_host, "the coroutine function '_async_host' \\(async def\\)"),
+        (_generator_host, "the generator function '_generator_host'"),
+        (_async_generator_host, "the async generator function '_async_generator_host'"),
+        (functools.partial(_async_host, 1), "the coroutine function '_async_host' \\(async def\\)"),
+        (_AsyncCallable(), "the coroutine function '_AsyncCallable.__call__' \\(async def\\)"),
+    ],
+    ids=["async def", "generator", "async generator", "partial", "async __call__"],
+)
+def test_host_functions_that_would_never_run_are_refused(host: object, what: str) -> None:
+    with pytest.raises(
+        TypeError,
+        match=rf"^Kernel host= must be a plain function, got {what}, whose body the host backend "
+        r"would never run — write a plain def that writes into its output arguments and returns "
+        r"None$",
+    ):
+        ag.Kernel(SRC, "twice", host=host)  # type: ignore[arg-type]  # deliberately wrong
+
+
+def test_plain_host_functions_are_accepted() -> None:
+    assert ag.Kernel(SRC, "twice", host=print).host is print
+    assert ag.Kernel(SRC, "twice", host=functools.partial(print, 1)).host is not None

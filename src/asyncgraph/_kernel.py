@@ -9,6 +9,8 @@ check argument count, kinds and dtypes before any work starts, on either backend
 
 from __future__ import annotations
 
+import functools
+import inspect
 import re
 from collections.abc import Callable, Mapping
 from typing import Any
@@ -57,6 +59,12 @@ _QUALIFIERS = frozenset({"__restrict__", "restrict", "__restrict", "volatile", "
 _IDENT = re.compile(r"[A-Za-z_]\w*")
 _COMMENTS = re.compile(r"//[^\n]*|/\*.*?\*/", re.DOTALL)
 _LAUNCH_BOUNDS = re.compile(r"__launch_bounds__\s*\([^)]*\)")
+# Callables whose call returns an object instead of running their body: (test, description).
+_NEVER_RUN: tuple[tuple[Callable[[object], bool], str], ...] = (
+    (inspect.iscoroutinefunction, "the coroutine function {!r} (async def)"),
+    (inspect.isasyncgenfunction, "the async generator function {!r}"),
+    (inspect.isgeneratorfunction, "the generator function {!r}"),
+)
 
 
 @attrs.frozen
@@ -137,6 +145,19 @@ def _global_functions(source: str) -> dict[str, str]:
     return found
 
 
+def _never_runs(host: Callable[..., object]) -> str | None:
+    """Describe *host* if calling it would not run its body (``async def``, generators)."""
+    fn: object = host
+    while isinstance(fn, functools.partial):
+        fn = fn.func
+    if not inspect.isfunction(fn) and not inspect.ismethod(fn):
+        fn = type(fn).__call__  # a callable object: the method a call runs
+    for test, what in _NEVER_RUN:
+        if test(fn):
+            return what.format(getattr(fn, "__qualname__", repr(fn)))
+    return None
+
+
 def parse_signature(source: str, name: str) -> tuple[Param, ...] | None:
     """Read the parameter list of kernel *name* from *source*.
 
@@ -165,15 +186,17 @@ class Kernel:
     Args:
         source: CUDA C++ source holding the kernel (``extern "C" __global__ void name(...)``).
         name: the kernel's function name in *source*.
-        host: a Python callable with the kernel's argument order, arrays in place of pointers,
-            that writes its outputs in place. The host backend runs it; tests use it as the
+        host: a plain Python function with the kernel's argument order, arrays in place of
+            pointers, that writes its results into its output arrays (``out[:] = 2 * x``) and
+            returns ``None``. The host backend runs it in a worker thread; tests use it as the
             reference. Optional on the CUDA backend.
         options: NVRTC options, as keyword arguments of ``cuda.core.ProgramOptions``
             (``{"use_fast_math": True}``). The architecture is always the device's.
 
     Raises:
         CompileError: *source* declares no ``__global__`` function called *name*.
-        TypeError: an argument is not of the type documented above.
+        TypeError: an argument is not of the type documented above; *host* is an ``async def``,
+            a generator or an async generator function, whose body a call would not run.
     """
 
     __slots__ = ("_options", "host", "name", "params", "source")
@@ -192,6 +215,13 @@ class Kernel:
             raise TypeError(f"Kernel name must be a C identifier, got {name!r}")
         if host is not None and not callable(host):
             raise TypeError(f"Kernel host= must be callable, got {type(host).__name__}")
+        never = _never_runs(host) if host is not None else None
+        if never is not None:
+            raise TypeError(
+                f"Kernel host= must be a plain function, got {never}, whose body the host "
+                "backend would never run — write a plain def that writes into its output "
+                "arguments and returns None"
+            )
         if options is not None and not isinstance(options, Mapping):
             raise TypeError(
                 "Kernel options= must be a mapping of cuda.core ProgramOptions keywords, "
