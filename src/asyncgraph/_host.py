@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import functools
+import inspect
 import threading
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
@@ -18,9 +19,19 @@ from typing import Any, cast
 
 import numpy as np
 
-from ._args import IN, INOUT, OUT, RESIDENT, RESIDENT_OUT, SCALAR, BoundCall, LaunchLimits
+from ._args import (
+    IN,
+    INOUT,
+    OUT,
+    RESIDENT,
+    RESIDENT_OUT,
+    SCALAR,
+    BoundCall,
+    LaunchLimits,
+    _describe_value,
+)
 from ._backend import Backend, Job
-from ._exceptions import UnsupportedError
+from ._exceptions import HostFunctionError, UnsupportedError
 from ._inbox import Inbox
 from ._kernel import Kernel
 from ._options import BackendOptions
@@ -30,6 +41,8 @@ __all__ = ("HostBackend",)
 
 # Copies larger than this run in a worker thread rather than on the loop's thread.
 _INLINE_COPY_BYTES = 1 << 20
+# Argument kinds a host function gets a writable array for; returning one of those is allowed.
+_WRITTEN = frozenset((OUT, INOUT, RESIDENT, RESIDENT_OUT))
 
 
 class _HostJob(Job):
@@ -42,6 +55,24 @@ class _HostJob(Job):
 
 def _copy(array: np.ndarray[Any, Any]) -> np.ndarray[Any, Any]:
     return np.array(array, copy=True, order="C")
+
+
+def _returned_error(job: _HostJob, args: list[Any], result: object) -> HostFunctionError | None:
+    """The error for a host function that returned *result* (not None), or None when *result*
+    is its own output arrays (``return out``, ``return out, out2``): harmless, so allowed."""
+    outputs = [
+        arg for (kind, _, _), arg in zip(job.call.args, args, strict=True) if kind in _WRITTEN
+    ]
+    items = result if isinstance(result, tuple | list) else (result,)
+    if all(any(item is out for out in outputs) for item in items):
+        return None
+    if inspect.iscoroutine(result):
+        result.close()  # never awaited, on purpose: no warning about it
+    return HostFunctionError(
+        f"the host= function of kernel {job.call.kernel.name!r} returned "
+        f"{_describe_value(result)}, which the dispatch cannot use; write the results into the "
+        "output arguments (e.g. out[:] = 2 * x) and return None"
+    )
 
 
 def _copy_to(out: np.ndarray[Any, Any], array: np.ndarray[Any, Any]) -> np.ndarray[Any, Any]:
@@ -92,7 +123,11 @@ class HostBackend(Backend):
 
     @staticmethod
     def _run(job: _HostJob, inbox: Inbox[tuple[_HostJob, Any, float | None]]) -> None:
-        """Worker thread: wait for earlier uses of shared buffers, run the host function."""
+        """Worker thread: wait for earlier uses of shared buffers, run the host function.
+
+        A host function returns None (or its own outputs); anything else fails the dispatch
+        with :class:`HostFunctionError`, checked here so the loop's thread pays nothing for it.
+        """
         try:
             for dep in job.deps:
                 finished: threading.Event | None = getattr(dep, "finished", None)
@@ -124,8 +159,12 @@ class HostBackend(Backend):
             # _prepare refused kernels without host=.
             host = cast(Callable[..., object], job.call.kernel.host)
             t0 = perf_counter()
-            host(*args)
+            returned = host(*args)
             seconds = perf_counter() - t0
+            if returned is not None:
+                error = _returned_error(job, args, returned)
+                if error is not None:
+                    raise error
             item: tuple[_HostJob, Any, float | None] = (
                 job,
                 tuple(results),
