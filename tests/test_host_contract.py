@@ -91,3 +91,35 @@ async def test_returning_its_own_outputs_is_allowed(
     np.testing.assert_array_equal(out, 2 * X)
     if host_fn is not _write_and_return_out:
         np.testing.assert_array_equal(out2, 3 * X)
+
+
+def _exhausted(x: Array, out: Array, out2: Array) -> None:
+    next(iter(()))
+
+
+async def test_stop_iteration_fails_the_dispatch_with_host_function_error(
+    host: ag.Backend,
+) -> None:
+    with pytest.raises(
+        ag.HostFunctionError,
+        match=r"^the host= function of kernel 'twice' raised StopIteration, which Python cannot "
+        r"raise through await; it is this error's __cause__ — catch it in the host function, or "
+        r"use next\(it, default\)$",
+    ) as caught:
+        await _dispatch(host, twice(_exhausted))
+    assert type(caught.value.__cause__) is StopIteration
+    await _still_usable(host)
+
+
+class _Broken(Exception):
+    pass
+
+
+def _raises(x: Array, out: Array, out2: Array) -> None:
+    raise _Broken("host code failed")
+
+
+async def test_other_exceptions_arrive_unchanged(host: ag.Backend) -> None:
+    with pytest.raises(_Broken, match=r"^host code failed$"):
+        await _dispatch(host, twice(_raises))
+    await _still_usable(host)

@@ -126,7 +126,8 @@ class HostBackend(Backend):
         """Worker thread: wait for earlier uses of shared buffers, run the host function.
 
         A host function returns None (or its own outputs); anything else fails the dispatch
-        with :class:`HostFunctionError`, checked here so the loop's thread pays nothing for it.
+        with :class:`HostFunctionError`, checked here so the loop's thread pays nothing for it,
+        as does ``StopIteration``, which cannot be raised through ``await``.
         """
         try:
             for dep in job.deps:
@@ -170,6 +171,15 @@ class HostBackend(Backend):
                 tuple(results),
                 seconds if job.timing else None,
             )
+        except StopIteration as exc:
+            # Raised through await it would arrive as RuntimeError (PEP 479): wrap it instead.
+            error = HostFunctionError(
+                f"the host= function of kernel {job.call.kernel.name!r} raised StopIteration, "
+                "which Python cannot raise through await; it is this error's __cause__ — catch "
+                "it in the host function, or use next(it, default)"
+            )
+            error.__cause__ = exc
+            item = (job, error, None)
         except BaseException as exc:
             item = (job, exc, None)
         finally:
