@@ -128,3 +128,44 @@ def test_host_functions_that_would_never_run_are_refused(host: object, what: str
 def test_plain_host_functions_are_accepted() -> None:
     assert ag.Kernel(SRC, "twice", host=print).host is print
     assert ag.Kernel(SRC, "twice", host=functools.partial(print, 1)).host is not None
+
+
+SCALE_SRC = """
+__device__ float twice(float v) { return 2 * v; }
+extern "C" __global__ void scale(const float* x, float* out, float a, int n)
+{
+    int i = blockIdx.x * blockDim.x + threadIdx.x;
+    if (i < n) out[i] = a * twice(x[i]);
+}
+"""
+
+
+@pytest.mark.parametrize("name", ["out", "n", "x", "twice", "blockIdx"])
+def test_a_name_that_is_no_kernel_is_a_compile_error(name: str) -> None:
+    with pytest.raises(
+        ag.CompileError,
+        match=rf"^kernel '{name}' failed to compile:\n"
+        rf"the source declares no __global__ function named '{name}' \(found: scale\); "
+        r"pass the kernel's function name$",
+    ):
+        ag.Kernel(SCALE_SRC, name)
+
+
+@pytest.mark.parametrize(
+    "source",
+    [
+        # Declared through a macro the reader cannot expand.
+        '#define KERNEL(ret) extern "C" __global__ ret\nKERNEL(void) k(float* out) { out[0] = 1; }',
+        # An attribute list the reader takes for the name.
+        'extern "C" __global__ void __attribute__((noinline)) k(float* out) { out[0] = 1; }',
+        # An explicit instantiation of a template defined in a header.
+        '#include "k.cuh"\ntemplate __global__ void k<float>(float* out);',
+        # A template whose parameters the reader leaves unchecked.
+        "template <typename T> __global__ void k(T* out, const int& n) { out[0] = n; }",
+    ],
+    ids=["macro", "attribute", "explicit instantiation", "template"],
+)
+def test_kernels_beyond_the_reader_are_accepted_unchecked(source: str) -> None:
+    kernel = ag.Kernel(source, "k")
+    assert kernel.name == "k"
+    assert kernel.params is None

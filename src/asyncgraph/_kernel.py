@@ -158,6 +158,24 @@ def _never_runs(host: Callable[..., object]) -> str | None:
     return None
 
 
+def _declares_function(source: str, name: str) -> bool:
+    """Whether *source* names a function *name* where :func:`_global_functions` cannot read it.
+
+    That is ``name(`` or ``name<...>(`` outside every function body (so not a call, and not a
+    parameter's name), in a declaration that is not ``__device__`` only: a kernel declared
+    through a macro, after an attribute, or as a template instantiation.
+    """
+    code = _COMMENTS.sub(" ", source)
+    for match in re.finditer(rf"\b{re.escape(name)}\s*(?:<[^;{{}}]*>\s*)?\(", code):
+        before = code[: match.start()]
+        if before.count("{") != before.count("}"):
+            continue  # inside a body: a call
+        head = re.split(r"[;{}]", before)[-1]
+        if "__global__" in head or "__device__" not in head:
+            return True
+    return False
+
+
 def parse_signature(source: str, name: str) -> tuple[Param, ...] | None:
     """Read the parameter list of kernel *name* from *source*.
 
@@ -194,7 +212,8 @@ class Kernel:
             (``{"use_fast_math": True}``). The architecture is always the device's.
 
     Raises:
-        CompileError: *source* declares no ``__global__`` function called *name*.
+        CompileError: *source* declares no ``__global__`` function called *name* (one the
+            parameter reader cannot read, behind a macro or a template, is taken on trust).
         TypeError: an argument is not of the type documented above; *host* is an ``async def``,
             a generator or an async generator function, whose body a call would not run.
     """
@@ -227,8 +246,9 @@ class Kernel:
                 "Kernel options= must be a mapping of cuda.core ProgramOptions keywords, "
                 f"got {type(options).__name__}"
             )
-        if not re.search(rf"\b{re.escape(name)}\b", _COMMENTS.sub(" ", source)):
-            found = ", ".join(sorted(_global_functions(source))) or "none"
+        functions = _global_functions(source)
+        if name not in functions and not _declares_function(source, name):
+            found = ", ".join(sorted(functions)) or "none"
             raise CompileError(
                 name,
                 f"the source declares no __global__ function named {name!r} "
