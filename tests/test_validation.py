@@ -339,6 +339,21 @@ MORE_CASES: list[tuple[str, Callable[[ag.Backend], Any], type[Exception], str]] 
         r"^download\(\) is a resident buffer that was closed .*$",
     ),
     (
+        "Out(into=) a numpy array",
+        lambda b: b.dispatch(
+            SCALE,
+            X,
+            ag.Out(into=np.zeros(8, np.float32)),  # type: ignore[arg-type]  # on purpose
+            A,
+            N,
+            grid=1,
+            block=8,
+        ),
+        ag.ArgumentTypeError,
+        r"^Out\(into=\) takes a resident buffer from backend.empty\(\) or backend.upload\(\), "
+        r"got a float32 array of shape \(8,\); .*$",
+    ),
+    (
         "InOut of an empty array",
         call(ag.InOut(np.zeros(0, np.float32)), OUT, A, N),
         ag.DispatchError,
@@ -476,6 +491,19 @@ async def test_bad_input_is_refused_and_the_backend_keeps_working(
             lambda: ag.Out(4),
             ag.DispatchError,
             r"^Out needs a shape and a dtype, e.g. Out\(\(1024,\), np.float32\), or into=buffer$",
+        ),
+        (
+            lambda: ag.Out(into=np.zeros(4, np.float32)),  # type: ignore[arg-type]  # on purpose
+            ag.ArgumentTypeError,
+            r"^Out\(into=\) takes a resident buffer from backend.empty\(\) or backend.upload\(\), "
+            r"got a float32 array of shape \(4,\); for a numpy array pass Out\(shape, dtype\) "
+            r"or InOut\(array\)$",
+        ),
+        (
+            lambda: ag.Out(into=[1.0]),  # type: ignore[arg-type]  # on purpose
+            ag.ArgumentTypeError,
+            r"^Out\(into=\) takes a resident buffer from backend.empty\(\) or backend.upload\(\), "
+            r"got a builtins.list; .*$",
         ),
     ],
 )

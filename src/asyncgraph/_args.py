@@ -20,9 +20,10 @@ import numpy as np
 
 from ._exceptions import ArgumentTypeError, DispatchError, ShapeMismatchError, UnsupportedError
 from ._kernel import Kernel, Param
+from ._resident import ResidentBuffer
 
 if TYPE_CHECKING:
-    from ._resident import ResidentBuffer, ResidentStore
+    from ._resident import ResidentStore
 
 __all__ = ("InOut", "LaunchLimits", "Out")
 
@@ -103,6 +104,7 @@ class Out:
 
     Raises:
         DispatchError: both a shape and ``into=``, or ``into=`` with ``resident=True``.
+        ArgumentTypeError: ``into=`` is not a resident buffer (a numpy array, say).
         ShapeMismatchError: the shape is not a tuple of positive ints, or is absurdly large.
         ArgumentTypeError: the dtype is not numeric.
     """
@@ -121,6 +123,12 @@ class Out:
             raise ArgumentTypeError(f"Out(resident={resident!r}); pass True or False")
         self.resident = resident
         if into is not None:
+            if not isinstance(into, ResidentBuffer):
+                raise ArgumentTypeError(
+                    "Out(into=) takes a resident buffer from backend.empty() or backend.upload(), "
+                    f"got {_describe_value(into)}; for a numpy array pass Out(shape, dtype) or "
+                    "InOut(array)"
+                )
             if resident:
                 raise DispatchError(
                     "Out(into=buffer) already writes a resident buffer; drop resident=True"
