@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import functools
 import inspect
+import math
 import threading
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
@@ -28,10 +29,11 @@ from ._args import (
     SCALAR,
     BoundCall,
     LaunchLimits,
+    _describe,
     _describe_value,
 )
 from ._backend import Backend, Job
-from ._exceptions import HostFunctionError, UnsupportedError
+from ._exceptions import AllocationError, HostFunctionError, UnsupportedError
 from ._inbox import Inbox
 from ._kernel import Kernel
 from ._options import BackendOptions
@@ -72,6 +74,27 @@ def _returned_error(job: _HostJob, args: list[Any], result: object) -> HostFunct
         f"the host= function of kernel {job.call.kernel.name!r} returned "
         f"{_describe_value(result)}, which the dispatch cannot use; write the results into the "
         "output arguments (e.g. out[:] = 2 * x) and return None"
+    )
+
+
+def _no_memory(what: str, nbytes: int) -> AllocationError:
+    """numpy could not allocate *nbytes* for *what*: the error the GPU backend would raise."""
+    return AllocationError(
+        f"{what} needs {nbytes} bytes, more than the host could allocate; free memory or ask "
+        "for less"
+    )
+
+
+def _no_memory_for_arg(job: _HostJob, index: int) -> AllocationError:
+    """The worker could not allocate the array of argument *index* (an Out, or an InOut copy)."""
+    kind, value, param = job.call.args[index]
+    what = f"InOut(<{value.dtype} array {value.shape}>)" if kind == INOUT else repr(value)
+    return _no_memory(f"{_describe(index, job.call.kernel, param)}, {what},", value.nbytes)
+
+
+def _shaped(what: str, shape: tuple[int, ...], dtype: np.dtype[Any]) -> AllocationError:
+    return _no_memory(
+        f"{what} of shape {shape} and dtype {dtype}", math.prod(shape) * dtype.itemsize
     )
 
 
@@ -136,27 +159,30 @@ class HostBackend(Backend):
                     finished.wait()
             args: list[Any] = []
             results: list[Any] = []
-            for kind, value, _param in job.call.args:
-                if kind == IN:
-                    view = value.view()
-                    view.flags.writeable = False
-                    args.append(view)
-                elif kind == SCALAR:
-                    args.append(value)
-                elif kind == OUT:
-                    out = np.zeros(value.shape, value.dtype)
-                    args.append(out)
-                    results.append(out)
-                elif kind == INOUT:
-                    copy = _copy(value)
-                    args.append(copy)
-                    results.append(copy)
-                elif kind == RESIDENT:
-                    args.append(value._storage)
-                elif kind == RESIDENT_OUT:
-                    value._storage.fill(0)
-                    args.append(value._storage)
-                    results.append(value)
+            try:
+                for kind, value, _param in job.call.args:
+                    if kind == IN:
+                        view = value.view()
+                        view.flags.writeable = False
+                        args.append(view)
+                    elif kind == SCALAR:
+                        args.append(value)
+                    elif kind == OUT:
+                        out = np.zeros(value.shape, value.dtype)
+                        args.append(out)
+                        results.append(out)
+                    elif kind == INOUT:
+                        copy = _copy(value)
+                        args.append(copy)
+                        results.append(copy)
+                    elif kind == RESIDENT:
+                        args.append(value._storage)
+                    elif kind == RESIDENT_OUT:
+                        value._storage.fill(0)
+                        args.append(value._storage)
+                        results.append(value)
+            except MemoryError as exc:  # the array of args[len(args)]: Out, or InOut's copy
+                raise _no_memory_for_arg(job, len(args)) from exc
             # _prepare refused kernels without host=.
             host = cast(Callable[..., object], job.call.kernel.host)
             t0 = perf_counter()
@@ -189,14 +215,26 @@ class HostBackend(Backend):
     # -- resident storage ----------------------------------------------------------------------
 
     async def _upload_storage(self, array: np.ndarray[Any, Any]) -> Any:
-        if array.nbytes <= _INLINE_COPY_BYTES:
-            return _copy(array)
-        # Copies use the loop's default executor, never the workers: a worker may be blocked
-        # waiting for this very copy to finish.
-        return await self._event_loop.run_in_executor(None, _copy, array)
+        try:
+            if array.nbytes <= _INLINE_COPY_BYTES:
+                return _copy(array)
+            # Copies use the loop's default executor, never the workers: a worker may be blocked
+            # waiting for this very copy to finish.
+            return await self._event_loop.run_in_executor(None, _copy, array)
+        except MemoryError as exc:
+            raise _no_memory(f"a resident copy of {_describe_value(array)}", array.nbytes) from exc
 
     def _alloc_storage(self, shape: tuple[int, ...], dtype: np.dtype[Any]) -> Any:
-        return np.empty(shape, dtype)
+        try:
+            return np.empty(shape, dtype)
+        except (MemoryError, ValueError) as exc:  # ValueError: beyond numpy's size limit
+            raise _shaped("a resident buffer", shape, dtype) from exc
+
+    def _host_array(self, shape: tuple[int, ...], dtype: np.dtype[Any]) -> np.ndarray[Any, Any]:
+        try:
+            return np.empty(shape, dtype)
+        except (MemoryError, ValueError) as exc:  # ValueError: beyond numpy's size limit
+            raise _shaped("a host array", shape, dtype) from exc
 
     async def _download_storage(
         self,
