@@ -80,7 +80,29 @@ CASES: list[tuple[str, Callable[[ag.Backend], Any], type[Exception], str]] = [
         "Out of the wrong dtype",
         call(X, ag.Out(8, np.int32), A, N),
         ag.ArgumentTypeError,
-        rf"^{where(1)} is an int32 array; the kernel takes float32 .*$",
+        rf"^{where(1)} is an Out of dtype int32; the kernel takes float32 — "
+        r"pass Out\(\(8,\), np.float32\)$",
+    ),
+    (
+        "Out of float64 for a float pointer",
+        call(X, ag.Out((2, 4), np.float64), A, N),
+        ag.ArgumentTypeError,
+        rf"^{where(1)} is an Out of dtype float64; the kernel takes float32 — "
+        r"pass Out\(\(2, 4\), np.float32\)$",
+    ),
+    (
+        "resident Out of the wrong dtype",
+        call(X, ag.Out(8, np.float64, resident=True), A, N),
+        ag.ArgumentTypeError,
+        rf"^{where(1)} is an Out of dtype float64; the kernel takes float32 — "
+        r"pass Out\(\(8,\), np.float32, resident=True\)$",
+    ),
+    (
+        "Out for a value parameter",
+        call(X, OUT, ag.Out(1, np.float32), N),
+        ag.ArgumentTypeError,
+        rf"^{where(2)} is an Out; that parameter is a value — pass a numpy scalar, "
+        r"e.g. np.float32\(...\)$",
     ),
     (
         "array for a value parameter",
@@ -100,7 +122,8 @@ CASES: list[tuple[str, Callable[[ag.Backend], Any], type[Exception], str]] = [
         "Out for a const parameter",
         call(ag.Out(8, np.float32), OUT, A, N),
         ag.DispatchError,
-        rf"^{where(0)} is an Out, but the kernel's parameter is const and cannot write it$",
+        rf"^{where(0)} is an Out, but the kernel's parameter is const and cannot write it — "
+        r"drop const from the parameter in the source$",
     ),
     (
         "non-contiguous array",
@@ -276,6 +299,15 @@ async def _upload_of_object_array(b: ag.Backend) -> Any:
     return await b.upload(np.array([None, 1], dtype=object))
 
 
+async def _out_into_wrong_dtype(b: ag.Backend) -> Any:
+    buf = b.empty(8, np.float64)
+    return b.dispatch(SCALE, X, ag.Out(into=buf), A, N, grid=1, block=8)
+
+
+def _upload(array: Any) -> Callable[[ag.Backend], Any]:
+    return lambda b: b.upload(array)
+
+
 async def _download_of_freed(b: ag.Backend) -> Any:
     buf = await b.upload(np.ones(2, np.float32))
     await buf.aclose()
@@ -324,13 +356,64 @@ MORE_CASES: list[tuple[str, Callable[[ag.Backend], Any], type[Exception], str]] 
         "empty() of a zero-size shape",
         _empty_of_zero,
         ag.ShapeMismatchError,
-        r"^empty\(\) has shape \(4, 0\); every dimension must be at least 1 .*$",
+        r"^empty\(\) got shape \(4, 0\); every dimension must be at least 1 "
+        r"\(no zero-size arrays\)$",
     ),
     (
         "upload of an object array",
         _upload_of_object_array,
         ag.ArgumentTypeError,
-        r"^upload\(\) is an object array; kernels take numeric arrays .*$",
+        r"^upload\(\) got an object array; a resident buffer holds numbers — convert it, "
+        r"e.g. x.astype\(np.float32\)$",
+    ),
+    (
+        "Out(into=) a buffer of the wrong dtype",
+        _out_into_wrong_dtype,
+        ag.ArgumentTypeError,
+        rf"^{where(1)} is an Out\(into=\) a float64 buffer; the kernel takes float32 — "
+        r"pass Out\(into=\) a float32 buffer, e.g. backend.empty\(\(8,\), np.float32\)$",
+    ),
+    (
+        "upload of a non-contiguous array",
+        _upload(np.arange(16, dtype=np.float32)[::2]),
+        ag.DispatchError,
+        r"^upload\(\) got a float32 array of 1 dimensions that is not C-contiguous; upload\(\) "
+        r"takes a C-contiguous array — pass np.ascontiguousarray\(x\)$",
+    ),
+    (
+        "upload of an empty array",
+        _upload(np.zeros((0, 3), np.float32)),
+        ag.DispatchError,
+        r"^upload\(\) got an empty array of shape \(0, 3\); a resident buffer holds at least one "
+        r"element — skip the upload for empty input$",
+    ),
+    (
+        "upload of a byte-swapped array",
+        _upload(X.astype(">f4")),
+        ag.DispatchError,
+        r"^upload\(\) got a >f4 array in non-native byte order; "
+        r"pass x.astype\(x.dtype.newbyteorder\('='\)\)$",
+    ),
+    (
+        "upload of a structured array",
+        _upload(np.ones(2, dtype=[("a", "f4")])),
+        ag.ArgumentTypeError,
+        r"^upload\(\) got a \[\('a', '<f4'\)\] array; a resident buffer holds numbers — "
+        r"convert it, e.g. x.astype\(np.float32\)$",
+    ),
+    (
+        "pinned_empty() of a zero-size shape",
+        lambda b: b.pinned_empty(0, np.float32),
+        ag.ShapeMismatchError,
+        r"^pinned_empty\(\) got shape \(0,\); every dimension must be at least 1 "
+        r"\(no zero-size arrays\)$",
+    ),
+    (
+        "pinned_empty() of an object dtype",
+        lambda b: b.pinned_empty(3, object),
+        ag.ArgumentTypeError,
+        r"^pinned_empty\(\) got dtype object; pinned_empty\(\) takes a numeric dtype "
+        r"\(bool, int, uint, float, complex\)$",
     ),
     (
         "download of a freed buffer",
@@ -528,9 +611,22 @@ async def test_kernel_without_host_is_unsupported_on_the_host_backend(host: ag.B
 async def test_upload_and_empty_validate(host: ag.Backend) -> None:
     with pytest.raises(ag.ArgumentTypeError, match=r"^upload\(\) takes a numpy array, got list"):
         await host.upload([1, 2])  # type: ignore[arg-type]  # deliberately wrong
-    with pytest.raises(ag.DispatchError, match=r"^upload\(\) is an empty array"):
+    with pytest.raises(ag.DispatchError, match=r"^upload\(\) got an empty array"):
         await host.upload(np.zeros(0))
-    with pytest.raises(ag.ShapeMismatchError, match=r"^empty\(\) has shape \(0,\)"):
+    with pytest.raises(ag.ShapeMismatchError, match=r"^empty\(\) got shape \(0,\)"):
         host.empty(0, np.float32)
-    with pytest.raises(ag.ArgumentTypeError, match=r"^empty\(\) has dtype object"):
+    with pytest.raises(
+        ag.ArgumentTypeError,
+        match=r"^empty\(\) got dtype object; empty\(\) takes a numeric dtype \(bool, int, uint, "
+        r"float, complex\)$",
+    ):
         host.empty(3, object)
+    with pytest.raises(
+        ag.ShapeMismatchError,
+        match=r"^empty\(\) got shape 'x'; a shape is an int or a tuple of ints, e.g. \(1024,\)$",
+    ):
+        host.empty("x", np.float32)  # type: ignore[arg-type]  # deliberately wrong
+    with pytest.raises(
+        ag.ArgumentTypeError, match=r"^empty\(\) got dtype 'nonsense', which numpy does not know$"
+    ):
+        host.empty(3, "nonsense")

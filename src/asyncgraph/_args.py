@@ -13,7 +13,7 @@ import contextlib
 import math
 import operator
 from collections.abc import Callable, Sequence
-from typing import TYPE_CHECKING, Any, Final, TypeGuard
+from typing import TYPE_CHECKING, Any, Final, NoReturn, TypeGuard
 
 import attrs
 import numpy as np
@@ -49,31 +49,35 @@ def _is_int(value: object) -> TypeGuard[int | np.integer[Any]]:
 _MAX_BYTES = 1 << 46  # 64 TiB: larger than any device, small enough to catch overflowed shapes
 
 
-def _shape_tuple(shape: object, what: str) -> tuple[int, ...]:
+def _shape_tuple(shape: object, what: str, *, argument: bool = False) -> tuple[int, ...]:
+    """Check a shape given to *what*: a kernel argument (``Out``) or else a call (``empty()``)."""
+    has = "has" if argument else "got"
     if _is_int(shape):
         dims: Sequence[object] = (shape,)
     elif isinstance(shape, tuple | list):
         dims = shape
     else:
         raise ShapeMismatchError(
-            f"{what} has shape {shape!r}; a shape is an int or a tuple of ints, e.g. (1024,)"
+            f"{what} {has} shape {shape!r}; a shape is an int or a tuple of ints, e.g. (1024,)"
         )
     out: list[int] = []
     for dim in dims:
         if not _is_int(dim):
             raise ShapeMismatchError(
-                f"{what} has shape {shape!r}; every dimension must be an int, got {dim!r}"
+                f"{what} {has} shape {shape!r}; every dimension must be an int, got {dim!r}"
             )
         out.append(operator.index(dim))
     if any(d < 1 for d in out) or not out:
+        why = "a kernel cannot write a zero-size output" if argument else "no zero-size arrays"
         raise ShapeMismatchError(
-            f"{what} has shape {tuple(out)!r}; every dimension must be at least 1 "
-            "(a kernel cannot write a zero-size output)"
+            f"{what} {has} shape {tuple(out)!r}; every dimension must be at least 1 ({why})"
         )
     return tuple(out)
 
 
-def _numeric_dtype(dtype: object, what: str) -> np.dtype[Any]:
+def _numeric_dtype(dtype: object, what: str, *, argument: bool = False) -> np.dtype[Any]:
+    """Check a dtype given to *what*: a kernel argument (``Out``) or else a call (``empty()``)."""
+    has = "has" if argument else "got"
     try:
         cached = _DTYPES.get(dtype)
     except TypeError:  # unhashable dtype-like
@@ -83,11 +87,11 @@ def _numeric_dtype(dtype: object, what: str) -> np.dtype[Any]:
     try:
         dt: np.dtype[Any] = np.dtype(dtype)  # type: ignore[call-overload]  # any dtype-like
     except TypeError as exc:
-        raise ArgumentTypeError(f"{what} has dtype {dtype!r}, which numpy does not know") from exc
+        raise ArgumentTypeError(f"{what} {has} dtype {dtype!r}, which numpy does not know") from exc
     if dt.kind not in _NUMERIC_KINDS or dt.fields is not None:
+        takes = "GPU kernels take numeric dtypes" if argument else f"{what} takes a numeric dtype"
         raise ArgumentTypeError(
-            f"{what} has dtype {dt}; GPU kernels take numeric dtypes (bool, int, uint, float, "
-            "complex)"
+            f"{what} {has} dtype {dt}; {takes} (bool, int, uint, float, complex)"
         )
     with contextlib.suppress(TypeError):
         _DTYPES[dtype] = dt
@@ -146,8 +150,8 @@ class Out:
                 raise DispatchError(
                     "Out needs a shape and a dtype, e.g. Out((1024,), np.float32), or into=buffer"
                 )
-            self.shape = _shape_tuple(shape, "Out")
-            self.dtype = _numeric_dtype(dtype, "Out")
+            self.shape = _shape_tuple(shape, "Out", argument=True)
+            self.dtype = _numeric_dtype(dtype, "Out", argument=True)
             self.into = None
         self.nbytes = math.prod(self.shape) * self.dtype.itemsize
         if self.nbytes > _MAX_BYTES or self.nbytes < 0:
@@ -222,29 +226,36 @@ def _describe_value(value: object) -> str:
     return f"a {type(value).__module__}.{type(value).__qualname__}"
 
 
-def _check_array(array: np.ndarray[Any, Any], where: str) -> None:
+# How _check_array speaks of a kernel argument, and of an array given to upload(): the verb,
+# who takes numbers, who needs an element, what to skip (and who takes C-contiguous arrays).
+_FOR_KERNEL = ("is", "kernels take numeric arrays", "a kernel needs", "the dispatch", "the kernel")
+_FOR_UPLOAD = ("got", "a resident buffer holds numbers", "a resident buffer holds", "the upload")
+# An Out or InOut for a const pointer: the argument, its kind, what to do.
+_CONST = "{} is {}, but the kernel's parameter is const and cannot write it — {} in the source"
+
+
+def _check_array(array: np.ndarray[Any, Any], where: str, *, argument: bool = False) -> None:
+    """Refuse an array given to *where*: a kernel argument, or else a call (``upload()``)."""
+    verb, numeric, needs, skip, taker = _FOR_KERNEL if argument else (*_FOR_UPLOAD, where)
+    what = f"{where} {verb} {_a(array.dtype)} array"
     if array.dtype.kind not in _NUMERIC_KINDS or array.dtype.fields is not None:
-        raise ArgumentTypeError(
-            f"{where} is {_a(array.dtype)} array; kernels take numeric arrays — "
-            "convert it, e.g. x.astype(np.float32)"
-        )
+        raise ArgumentTypeError(f"{what}; {numeric} — convert it, e.g. x.astype(np.float32)")
     if array.size == 0:
         raise DispatchError(
-            f"{where} is an empty array of shape {array.shape}; a kernel needs at least one "
-            "element — skip the dispatch for empty input"
+            f"{where} {verb} an empty array of shape {array.shape}; {needs} at least one "
+            f"element — skip {skip} for empty input"
         )
     if not array.flags.c_contiguous:
         raise DispatchError(
-            f"{where} is {_a(array.dtype)} array of {array.ndim} dimensions that is not "
-            "C-contiguous; the kernel takes a C-contiguous array — pass np.ascontiguousarray(x)"
+            f"{what} of {array.ndim} dimensions that is not C-contiguous; {taker} takes a "
+            "C-contiguous array — pass np.ascontiguousarray(x)"
         )
     if not array.dtype.isnative:
         raise DispatchError(
-            f"{where} is {_a(array.dtype)} array in non-native byte order; "
-            "pass x.astype(x.dtype.newbyteorder('='))"
+            f"{what} in non-native byte order; pass x.astype(x.dtype.newbyteorder('='))"
         )
     if array.nbytes > _MAX_BYTES:
-        raise DispatchError(f"{where} holds {array.nbytes} bytes, more than any device has")
+        raise DispatchError(f"{what} of {array.nbytes} bytes, more than any device has")
 
 
 def _check_pointer_dtype(dtype: np.dtype[Any], where: str, param: Param | None) -> None:
@@ -278,8 +289,27 @@ def _array_ok(array: np.ndarray[Any, Any], param: Param | None) -> bool:
 
 def _refuse_array(array: np.ndarray[Any, Any], where: str, param: Param | None) -> None:
     """Raise the error for an array argument that failed :func:`_array_ok`."""
-    _check_array(array, where)
+    _check_array(array, where, argument=True)
     _check_pointer_dtype(array.dtype, where, param)
+
+
+def _refuse_out(out: Out, where: str, param: Param) -> NoReturn:
+    """Raise the error for an ``Out`` that *param* cannot take: a value, a dtype, a const."""
+    if not param.pointer:
+        raise ArgumentTypeError(
+            f"{where} is an Out; that parameter is a value — pass a numpy scalar, "
+            f"e.g. np.{param.dtype or 'int32'}(...)"
+        )
+    if param.dtype is not None and out.dtype != param.dtype:
+        want = f"np.{param.dtype}"
+        if out.into is not None:
+            what = f"an Out(into=) {_a(out.dtype)} buffer"
+            fix = f"Out(into=) {_a(param.dtype)} buffer, e.g. backend.empty({out.shape}, {want})"
+        else:
+            what = f"an Out of dtype {out.dtype}"
+            fix = f"Out({out.shape}, {want}{', resident=True' if out.resident else ''})"
+        raise ArgumentTypeError(f"{where} is {what}; the kernel takes {param.dtype} — pass {fix}")
+    raise DispatchError(_CONST.format(where, "an Out", "drop const from the parameter"))
 
 
 def _check_scalar(value: np.generic, where: str, param: Param | None) -> None:
@@ -403,12 +433,7 @@ def bind(
                     or not param.pointer
                     or (param.dtype is not None and out.dtype != param.dtype)
                 ):
-                    where = _describe(index, kernel, param)
-                    _check_pointer_dtype(out.dtype, where, param)
-                    raise DispatchError(
-                        f"{where} is an Out, but the kernel's parameter is const and cannot "
-                        "write it"
-                    )
+                    _refuse_out(out, _describe(index, kernel, param), param)
                 if out.into is not None:
                     store.check(out.into, _describe(index, kernel, param))
                     bound.append((RESIDENT_OUT, out.into, param))
