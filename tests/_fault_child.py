@@ -15,6 +15,7 @@ from typing import Any
 import numpy as np
 
 import asyncgraph as ag
+from asyncgraph._spin import SPIN
 
 POKE = ag.Kernel(
     r"""
@@ -24,18 +25,6 @@ extern "C" __global__ void poke(float* out, long long offset)
 }
 """,
     "poke",
-)
-
-SPIN = ag.Kernel(
-    r"""
-extern "C" __global__ void spin(long long cycles, int* done)
-{
-    long long t0 = clock64();
-    while (clock64() - t0 < cycles) { }
-    done[0] = 1;
-}
-""",
-    "spin",
 )
 
 SCALE = ag.Kernel(

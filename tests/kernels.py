@@ -3,12 +3,15 @@
 from __future__ import annotations
 
 import threading
-import time
 from typing import Any
 
 import numpy as np
 
 import asyncgraph as ag
+
+# The long kernel (a clock64() busy-wait) and its host clock, shared with the benchmarks.
+from asyncgraph._spin import HOST_CLOCK_HZ as HOST_CLOCK_HZ
+from asyncgraph._spin import SPIN as SPIN
 
 Array = np.ndarray[Any, Any]
 
@@ -88,26 +91,3 @@ def _fill(out: Array, value: np.float32, n: np.int64) -> None:
 
 
 FILL = ag.Kernel(FILL_SRC, "fill", host=_fill)
-
-# About an H100's clock: the host version of SPIN sleeps as long as the GPU spins.
-HOST_CLOCK_HZ = 2e9
-
-
-def _spin(cycles: np.int64, done: Array) -> None:
-    time.sleep(int(cycles) / HOST_CLOCK_HZ)
-    done[0] = 1
-
-
-# Busy-waits for a number of clock cycles, then sets done[0] (a long kernel).
-SPIN = ag.Kernel(
-    r"""
-extern "C" __global__ void spin(long long cycles, int* done)
-{
-    long long t0 = clock64();
-    while (clock64() - t0 < cycles) { }
-    done[0] = 1;
-}
-""",
-    "spin",
-    host=_spin,
-)
