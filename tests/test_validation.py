@@ -19,6 +19,7 @@ X = np.arange(8, dtype=np.float32)
 OUT = ag.Out(8, np.float32)
 A = np.float32(2)
 N = np.int32(8)
+MASKED = np.ma.masked_array(X, mask=X > 4)
 WHERE = "args[{i}] of 'scale' ({p})"
 P = ["const float* x", "float* out", "float a", "int n"]
 
@@ -414,6 +415,33 @@ MORE_CASES: list[tuple[str, Callable[[ag.Backend], Any], type[Exception], str]] 
         ag.ArgumentTypeError,
         r"^pinned_empty\(\) got dtype object; pinned_empty\(\) takes a numeric dtype "
         r"\(bool, int, uint, float, complex\)$",
+    ),
+    (
+        "InOut for a const parameter",
+        call(ag.InOut(X), OUT, A, N),
+        ag.DispatchError,
+        rf"^{where(0)} is an InOut, but the kernel's parameter is const and cannot write it — "
+        r"pass the array itself, or drop const from the parameter in the source$",
+    ),
+    (
+        "a masked array",
+        call(MASKED, OUT, A, N),
+        ag.ArgumentTypeError,
+        rf"^{where(0)} is a masked float32 array; its mask would be dropped — pass "
+        r"arr.filled\(value\) or np.ma.getdata\(arr\) explicitly$",
+    ),
+    (
+        "InOut of a masked array",
+        call(X, ag.InOut(MASKED), A, N),
+        ag.ArgumentTypeError,
+        rf"^{where(1)} is a masked float32 array; its mask would be dropped — .*$",
+    ),
+    (
+        "upload of a masked array",
+        _upload(MASKED),
+        ag.ArgumentTypeError,
+        r"^upload\(\) got a masked float32 array; its mask would be dropped — pass "
+        r"arr.filled\(value\) or np.ma.getdata\(arr\) explicitly$",
     ),
     (
         "download of a freed buffer",

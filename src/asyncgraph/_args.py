@@ -12,6 +12,7 @@ from __future__ import annotations
 import contextlib
 import math
 import operator
+import sys
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any, Final, NoReturn, TypeGuard
 
@@ -234,10 +235,21 @@ _FOR_UPLOAD = ("got", "a resident buffer holds numbers", "a resident buffer hold
 _CONST = "{} is {}, but the kernel's parameter is const and cannot write it — {} in the source"
 
 
+def _is_masked(array: np.ndarray[Any, Any]) -> bool:
+    """Whether *array* is a numpy masked array (none exists before ``numpy.ma`` is imported)."""
+    ma = sys.modules.get("numpy.ma")
+    return ma is not None and isinstance(array, ma.MaskedArray)
+
+
 def _check_array(array: np.ndarray[Any, Any], where: str, *, argument: bool = False) -> None:
     """Refuse an array given to *where*: a kernel argument, or else a call (``upload()``)."""
     verb, numeric, needs, skip, taker = _FOR_KERNEL if argument else (*_FOR_UPLOAD, where)
     what = f"{where} {verb} {_a(array.dtype)} array"
+    if _is_masked(array):
+        raise ArgumentTypeError(
+            f"{where} {verb} a masked {array.dtype} array; its mask would be dropped — pass "
+            "arr.filled(value) or np.ma.getdata(arr) explicitly"
+        )
     if array.dtype.kind not in _NUMERIC_KINDS or array.dtype.fields is not None:
         raise ArgumentTypeError(f"{what}; {numeric} — convert it, e.g. x.astype(np.float32)")
     if array.size == 0:
@@ -450,7 +462,7 @@ def bind(
                     bytes_out += out.nbytes
                 n_results += 1
             elif isinstance(value, np.ndarray):  # an ndarray subclass
-                if not _array_ok(value, param):
+                if not _array_ok(value, param) or _is_masked(value):
                     _refuse_array(value, _describe(index, kernel, param), param)
                 bound.append((IN, value, param))
                 bytes_in += value.nbytes
@@ -461,8 +473,16 @@ def bind(
                         f"{_describe(index, kernel, param)} is an InOut of "
                         f"{_describe_value(array)}; InOut takes a numpy array"
                     )
-                if not _array_ok(array, param):
+                if not _array_ok(array, param) or _is_masked(array):
                     _refuse_array(array, _describe(index, kernel, param), param)
+                if param is not None and param.const:
+                    raise DispatchError(
+                        _CONST.format(
+                            _describe(index, kernel, param),
+                            "an InOut",
+                            "pass the array itself, or drop const from the parameter",
+                        )
+                    )
                 bound.append((INOUT, array, param))
                 bytes_in += array.nbytes
                 bytes_out += array.nbytes
