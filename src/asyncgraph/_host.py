@@ -2,8 +2,9 @@
 
 It is the backend ``open_backend("auto")`` picks where no CUDA device is found, and the
 reference the CUDA backend is tested against. User code never runs on the event loop's thread:
-host functions run in a pool of ``options.streams`` worker threads, outputs are zero-filled before
-they run, inputs reach them read-only, and completions return to the loop in batches.
+host functions run in a pool of ``options.host_workers`` worker threads (one per CPU core by
+default), outputs are zero-filled before they run, inputs reach them read-only, and completions
+return to the loop in batches.
 """
 
 from __future__ import annotations
@@ -12,6 +13,7 @@ import asyncio
 import functools
 import inspect
 import math
+import os
 import threading
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
@@ -107,6 +109,14 @@ class HostBackend(Backend):
     """Runs kernels' ``host=`` implementations in worker threads.
 
     Made by ``open_backend("host")`` (or ``"auto"`` without a GPU); no public constructor.
+    ``BackendOptions.host_workers`` threads run host functions (default: one per CPU core);
+    ``streams`` means nothing here.
+
+    The workers share the event loop's process, and its GIL: a host function that runs Python
+    bytecode for a long time (loops over elements) holds the GIL and delays the loop's tasks, by
+    tens of milliseconds with a few workers. Write host functions as whole-array numpy
+    operations, which release the GIL while they compute, and lower ``host_workers`` (to 1 or
+    2) where host functions are GIL-bound and the loop's latency matters.
     """
 
     kind = "host"
@@ -114,11 +124,14 @@ class HostBackend(Backend):
 
     def __init__(self, options: BackendOptions) -> None:
         super().__init__("host", options)
+        workers = options.host_workers
+        if workers is None:
+            workers = os.cpu_count() or 1
         self._executor = ThreadPoolExecutor(
-            max_workers=options.streams, thread_name_prefix="asyncgraph-host"
+            max_workers=workers, thread_name_prefix="asyncgraph-host"
         )
         self._inbox: Inbox[tuple[_HostJob, Any, float | None]] | None = None
-        self._log.info("backend.opened", kind=self.kind, workers=options.streams)
+        self._log.debug("backend.opened", kind=self.kind, workers=workers)
 
     # -- dispatch ------------------------------------------------------------------------------
 
