@@ -14,25 +14,26 @@ Rows (medians of many repetitions after a warm-up; awaited rows run on asyncio a
 - placement: short round trips while a 200 ms kernel occupies one stream, least-outstanding
   placement against round-robin.
 
-Run on a GPU:  python benchmarks/bench_dispatch.py --json results.json
+Run on a GPU:  python benchmarks/bench_dispatch.py --json [PATH]
 """
 
 from __future__ import annotations
 
-import argparse
 import asyncio
 import ctypes
-import json
-import statistics
 import sys
 import time
-from collections.abc import Awaitable, Callable
+from pathlib import Path
 from typing import Any
 
 import numpy as np
 from cuda.bindings import driver as drv
 
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
 import asyncgraph as ag
+from asyncgraph._spin import SPIN
+from benchmarks import harness
 
 EMPTY = ag.Kernel('extern "C" __global__ void empty(int n) { }', "empty")
 SCALE_SRC = r"""
@@ -53,45 +54,7 @@ extern "C" __global__ void copy4(const uint4* x, uint4* out, long long n)
 """,
     "copy4",
 )
-SPIN = ag.Kernel(
-    r"""
-extern "C" __global__ void spin(long long cycles, int* done)
-{
-    long long t0 = clock64();
-    while (clock64() - t0 < cycles) { }
-    done[0] = 1;
-}
-""",
-    "spin",
-)
-
 N4K = 1024  # float32 elements: 4 KiB
-
-
-def med_us(samples: list[float]) -> float:
-    return statistics.median(samples) * 1e6
-
-
-def time_sync(fn: Callable[[], object], reps: int, warmup: int = 100) -> float:
-    for _ in range(warmup):
-        fn()
-    samples = []
-    for _ in range(reps):
-        t0 = time.perf_counter()
-        fn()
-        samples.append(time.perf_counter() - t0)
-    return med_us(samples)
-
-
-async def time_async(fn: Callable[[], Awaitable[object]], reps: int, warmup: int = 100) -> float:
-    for _ in range(warmup):
-        await fn()
-    samples = []
-    for _ in range(reps):
-        t0 = time.perf_counter()
-        await fn()
-        samples.append(time.perf_counter() - t0)
-    return med_us(samples)
 
 
 # -- peers -------------------------------------------------------------------------------------
@@ -120,7 +83,7 @@ def raw_rows(reps: int) -> dict[str, float]:
         while drv.cuEventQuery(event)[0] == drv.CUresult.CUDA_ERROR_NOT_READY:
             pass
 
-    rows = {"raw empty: launch + record + busy query": time_sync(empty_round, reps)}
+    rows = {"raw empty: launch + record + busy query": harness.time_sync(empty_round, reps)}
     nbytes = N4K * 4
     h_in = drv.cuMemHostAlloc(nbytes, 0)[1]
     h_out = drv.cuMemHostAlloc(nbytes, 0)[1]
@@ -148,7 +111,7 @@ def raw_rows(reps: int) -> dict[str, float]:
         return pin_out.copy()
 
     assert np.array_equal(round_trip(), 2 * x)
-    rows["raw 4 KiB round trip (pinned, sync)"] = time_sync(round_trip, reps)
+    rows["raw 4 KiB round trip (pinned, sync)"] = harness.time_sync(round_trip, reps)
     # Pinned copy bandwidth, 64 MiB each way.
     size = 64 << 20
     h_big = drv.cuMemHostAlloc(size, 0)[1]
@@ -159,7 +122,7 @@ def raw_rows(reps: int) -> dict[str, float]:
         drv.cuMemcpyDtoHAsync(h_big, d_big, size, handle)
         drv.cuStreamSynchronize(handle)
 
-    rows["raw pinned 64 MiB up + down"] = time_sync(up_down, 30, 5)
+    rows["raw pinned 64 MiB up + down"] = harness.time_sync(up_down, 30, 5)
     for ptr in (h_in, h_out, h_big):
         drv.cuMemFreeHost(ptr)
     for ptr in (d_in, d_out, d_big):
@@ -185,13 +148,13 @@ def cupy_rows(reps: int) -> dict[str, float]:
         return host
 
     assert np.array_equal(work(), 2 * x)
-    rows = {"CuPy 4 KiB round trip, synchronous": time_sync(work, reps)}
+    rows = {"CuPy 4 KiB round trip, synchronous": harness.time_sync(work, reps)}
 
     async def awaited() -> float:
         loop = asyncio.get_running_loop()
-        return await time_async(lambda: loop.run_in_executor(None, work), reps)
+        return await harness.time_async(lambda: loop.run_in_executor(None, work), reps)
 
-    rows["CuPy 4 KiB round trip, run_in_executor"] = asyncio.run(awaited())
+    rows["CuPy 4 KiB round trip, run_in_executor"] = harness.run(awaited())
     return rows
 
 
@@ -208,7 +171,7 @@ def torch_rows(reps: int) -> dict[str, float]:
         return host
 
     assert np.array_equal(work(), 2 * x)
-    return {"PyTorch 4 KiB round trip, synchronous": time_sync(work, reps)}
+    return {"PyTorch 4 KiB round trip, synchronous": harness.time_sync(work, reps)}
 
 
 # -- asyncgraph --------------------------------------------------------------------------------
@@ -220,7 +183,7 @@ async def asyncgraph_rows(reps: int, label: str) -> dict[str, Any]:
         for kernel in (EMPTY, SCALE, COPY):
             await gpu.compile(kernel)
         n1 = np.int32(1)
-        rows[f"asyncgraph empty, awaited ({label})"] = await time_async(
+        rows[f"asyncgraph empty, awaited ({label})"] = await harness.time_async(
             lambda: gpu.dispatch(EMPTY, n1, grid=1, block=1), reps
         )
         x = np.random.default_rng().standard_normal(N4K, dtype=np.float32)
@@ -228,36 +191,25 @@ async def asyncgraph_rows(reps: int, label: str) -> dict[str, Any]:
         a, n = np.float32(2), np.int32(N4K)
         (check,) = await gpu.dispatch(SCALE, x, out_spec, a, n, grid=4, block=256)
         assert np.array_equal(check, 2 * x)
-        rows[f"asyncgraph 4 KiB round trip, awaited ({label})"] = await time_async(
+        rows[f"asyncgraph 4 KiB round trip, awaited ({label})"] = await harness.time_async(
             lambda: gpu.dispatch(SCALE, x, out_spec, a, n, grid=4, block=256), reps
         )
 
         # 64 tasks on the empty kernel, with a heartbeat measuring the loop's stalls.
         per_task = max(reps // 10, 200)
-        stalls: list[float] = []
-        stop = asyncio.Event()
-
-        async def heartbeat() -> None:
-            while not stop.is_set():
-                t0 = time.perf_counter()
-                await asyncio.sleep(0.0005)
-                stalls.append(time.perf_counter() - t0 - 0.0005)
 
         async def worker() -> None:
             for _ in range(per_task):
                 await gpu.dispatch(EMPTY, n1, grid=1, block=1)
 
         await asyncio.gather(*(worker() for _ in range(64)))  # warm-up
-        beat = asyncio.create_task(heartbeat())
-        t0 = time.perf_counter()
-        await asyncio.gather(*(worker() for _ in range(64)))
-        elapsed = time.perf_counter() - t0
-        stop.set()
-        await beat
-        stalls.sort()
+        async with harness.Heartbeat() as beat:
+            t0 = time.perf_counter()
+            await asyncio.gather(*(worker() for _ in range(64)))
+            elapsed = time.perf_counter() - t0
         rows[f"asyncgraph 64 tasks empty, dispatches/s ({label})"] = 64 * per_task / elapsed
-        rows[f"loop stall p99 us, 64 tasks ({label})"] = stalls[int(len(stalls) * 0.99)] * 1e6
-        rows[f"loop stall max us, 64 tasks ({label})"] = stalls[-1] * 1e6
+        rows[f"loop stall p99 us, 64 tasks ({label})"] = harness.percentile(beat.stalls, 99) * 1e6
+        rows[f"loop stall max us, 64 tasks ({label})"] = beat.worst * 1e6
 
         # 64 MiB up + copy kernel + 64 MiB down.
         big = np.random.default_rng().integers(0, 2**32, (64 << 20) // 4, dtype=np.uint32)
@@ -276,7 +228,9 @@ async def asyncgraph_rows(reps: int, label: str) -> dict[str, Any]:
         (res,) = await big_round()
         assert np.array_equal(res, big)
         del res
-        rows[f"asyncgraph 64 MiB up + kernel + down ({label})"] = await time_async(big_round, 20, 3)
+        rows[f"asyncgraph 64 MiB up + kernel + down ({label})"] = await harness.time_async(
+            big_round, 20, 3
+        )
 
         # The same from an input in pinned memory (pinned_empty): it goes up without a copy,
         # like the raw row's pinned buffers; the result lands in pinned memory either way.
@@ -296,9 +250,9 @@ async def asyncgraph_rows(reps: int, label: str) -> dict[str, Any]:
         (res,) = await pinned_round()
         assert np.array_equal(res, big)
         del res
-        rows[f"asyncgraph 64 MiB up + kernel + down, pinned input ({label})"] = await time_async(
-            pinned_round, 20, 3
-        )
+        rows[
+            f"asyncgraph 64 MiB up + kernel + down, pinned input ({label})"
+        ] = await harness.time_async(pinned_round, 20, 3)
     return rows
 
 
@@ -336,32 +290,19 @@ async def placement_rows() -> dict[str, float]:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser()
-    parser.add_argument("--json", default=None)
-    parser.add_argument("--reps", type=int, default=3000)
-    args = parser.parse_args()
+    args = harness.arguments(__doc__, reps=3000).parse_args()
     reps = args.reps
     results: dict[str, Any] = {}
     results.update(raw_rows(reps))
     results.update(cupy_rows(reps))
     results.update(torch_rows(reps))
-    results.update(asyncio.run(asyncgraph_rows(reps, "asyncio")))
-    try:
-        import uvloop
+    awaited, loops = harness.run_on_loops(lambda label: asyncgraph_rows(reps, label))
+    results.update(awaited)
+    results.update(harness.run(placement_rows()))
 
-        runner = asyncio.Runner(loop_factory=uvloop.new_event_loop)
-        results.update(runner.run(asyncgraph_rows(reps, "uvloop")))
-        runner.close()
-        best = "uvloop"
-    except ImportError:
-        best = "asyncio"
-    results.update(asyncio.run(placement_rows()))
-
-    from cuda.core import Device
-
-    device = Device(0).name
+    device = harness.device_name()
     targets = {}
-    for loopname in ("asyncio", best):
+    for loopname in loops:
         rt = results[f"asyncgraph 4 KiB round trip, awaited ({loopname})"]
         targets[f"4 KiB round trip / CuPy sync ({loopname}) <= 1.0"] = rt / results.get(
             "CuPy 4 KiB round trip, synchronous", float("nan")
@@ -386,25 +327,15 @@ def main() -> None:
             / results[f"asyncgraph 64 MiB up + kernel + down ({loopname})"]
         )
     print(f"device: {device}")
-    print(f"{'measurement':<72} {'value':>12}")
-    for name, value in results.items():
-        print(f"{name:<72} {value:>12.1f}")
-    print(f"\n{'target':<72} {'measured':>12}")
-    for name, value in targets.items():
-        print(f"{name:<72} {value:>12.3f}")
-    if args.json:
-        with open(args.json, "w") as f:
-            json.dump(
-                {
-                    "device": device,
-                    "python": sys.version.split()[0],
-                    "reps": reps,
-                    "us_or_rate": results,
-                    "targets": targets,
-                },
-                f,
-                indent=2,
-            )
+    harness.print_table(("measurement", "value"), results.items(), (".1f",))
+    print()
+    harness.print_table(("target", "measured"), targets.items(), (".3f",))
+    harness.write_json(
+        {**harness.environment(device), "reps": reps, "us_or_rate": results, "targets": targets},
+        args.json,
+        script=__file__,
+        device=device,
+    )
 
 
 if __name__ == "__main__":

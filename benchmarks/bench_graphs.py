@@ -12,15 +12,12 @@ In one run on one GPU (medians in µs after a warm-up; awaited rows on asyncio a
 Targets: replay at most 1.15x raw, faster than CuPy's and PyTorch's replays; the 4 KiB round
 trip with ``graph="auto"`` at most 0.6x CuPy's synchronous one.
 
-Run on a GPU:  python benchmarks/bench_graphs.py --json results.json
+Run on a GPU:  python benchmarks/bench_graphs.py --json [PATH]
 """
 
 from __future__ import annotations
 
-import argparse
-import asyncio
-import json
-import statistics
+import itertools
 import sys
 import time
 from pathlib import Path
@@ -32,7 +29,8 @@ from cuda.bindings import driver as drv
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import asyncgraph as ag
-from benchmarks.bench_dispatch import N4K, SCALE, SCALE_SRC, time_async, time_sync
+from benchmarks import harness
+from benchmarks.bench_dispatch import N4K, SCALE, SCALE_SRC
 
 CHAIN = 50
 N = 1024
@@ -61,9 +59,9 @@ async def asyncgraph_rows(reps: int, loop_name: str) -> dict[str, float]:
         graph.upload()
         await graph.replay()
         assert np.array_equal(await gpu.download(buf), np.full(N, CHAIN, np.float32))
-        rows[f"asyncgraph 50-kernel graph, awaited replay ({loop_name})"] = await time_async(
-            graph.replay, reps
-        )
+        rows[
+            f"asyncgraph 50-kernel graph, awaited replay ({loop_name})"
+        ] = await harness.time_async(graph.replay, reps)
 
         async def eager() -> None:
             pending = [
@@ -72,16 +70,14 @@ async def asyncgraph_rows(reps: int, loop_name: str) -> dict[str, float]:
             ]
             await pending[-1]
 
-        rows[f"(info) asyncgraph 50 dispatches, eager ({loop_name})"] = await time_async(
+        rows[f"(info) asyncgraph 50 dispatches, eager ({loop_name})"] = await harness.time_async(
             eager, max(reps // 10, 50), 20
         )
         # Changing a scalar: in place, against capturing the chain again.
-        samples = []
-        for k in range(200):
-            t0 = time.perf_counter()
-            graph.update(first, buf, np.float32(k % 3), np.int32(N))
-            samples.append(time.perf_counter() - t0)
-        rows[f"CapturedGraph.update of one scalar ({loop_name})"] = statistics.median(samples) * 1e6
+        steps = itertools.count()
+        rows[f"CapturedGraph.update of one scalar ({loop_name})"] = harness.time_sync(
+            lambda: graph.update(first, buf, np.float32(next(steps) % 3), np.int32(N)), 200, 0
+        )
         samples = []
         for _ in range(30):
             t0 = time.perf_counter()
@@ -91,7 +87,7 @@ async def asyncgraph_rows(reps: int, loop_name: str) -> dict[str, float]:
             again.graph.upload()
             samples.append(time.perf_counter() - t0)
             again.graph.close()
-        rows[f"capture of the 50 dispatches again ({loop_name})"] = statistics.median(samples) * 1e6
+        rows[f"capture of the 50 dispatches again ({loop_name})"] = harness.median_us(samples)
         graph.close()
         # The 4 KiB round trip, with and without the graph cache.
         x = np.random.default_rng().standard_normal(N4K, dtype=np.float32)
@@ -113,9 +109,9 @@ async def asyncgraph_rows(reps: int, loop_name: str) -> dict[str, float]:
             (y,) = await round_trip()
             (y,) = await round_trip()
             assert np.array_equal(y, 2 * x)
-            rows[f"asyncgraph 4 KiB round trip, graph={choice!r} ({loop_name})"] = await time_async(
-                round_trip, reps
-            )
+            rows[
+                f"asyncgraph 4 KiB round trip, graph={choice!r} ({loop_name})"
+            ] = await harness.time_async(round_trip, reps)
         stats = gpu.graph_cache.statistics()
         assert stats.hits >= reps, stats
     return rows
@@ -156,8 +152,10 @@ def raw_rows(reps: int) -> dict[str, float]:
         drv.cuStreamSynchronize(handle)
 
     rows = {
-        "raw 50-kernel graph: cuGraphLaunch + stream synchronize": time_sync(replay, reps),
-        "(info) raw 50 launches + stream synchronize": time_sync(eager, max(reps // 10, 50), 20),
+        "raw 50-kernel graph: cuGraphLaunch + stream synchronize": harness.time_sync(replay, reps),
+        "(info) raw 50 launches + stream synchronize": harness.time_sync(
+            eager, max(reps // 10, 50), 20
+        ),
     }
     graph.close()
     drv.cuMemFree(d_buf)
@@ -186,7 +184,7 @@ def cupy_rows(reps: int) -> dict[str, float]:
             graph.launch(stream)
             stream.synchronize()
 
-        rows = {"CuPy 50-kernel graph: launch + synchronize": time_sync(replay, reps)}
+        rows = {"CuPy 50-kernel graph: launch + synchronize": harness.time_sync(replay, reps)}
     scale = cp.RawKernel(SCALE_SRC, "scale")
     h = np.random.default_rng().standard_normal(N4K, dtype=np.float32)
 
@@ -197,7 +195,7 @@ def cupy_rows(reps: int) -> dict[str, float]:
         return cp.asnumpy(out)
 
     assert np.array_equal(round_trip(), 2 * h)
-    rows["CuPy 4 KiB round trip, synchronous"] = time_sync(round_trip, reps)
+    rows["CuPy 4 KiB round trip, synchronous"] = harness.time_sync(round_trip, reps)
     return rows
 
 
@@ -222,33 +220,25 @@ def torch_rows(reps: int) -> dict[str, float]:
         graph.replay()
         torch.cuda.current_stream().synchronize()
 
-    return {"PyTorch 50-op graph (x.add_): replay + synchronize": time_sync(replay, reps)}
+    return {"PyTorch 50-op graph (x.add_): replay + synchronize": harness.time_sync(replay, reps)}
+
+
+def met(value: float, op: str, bound: float) -> bool:
+    """Whether *value* meets ``value <op> bound``, *op* being ``"<="`` or ``"<"``."""
+    return value <= bound if op == "<=" else value < bound
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser()
-    parser.add_argument("--json", default=None)
-    parser.add_argument("--reps", type=int, default=2000)
-    args = parser.parse_args()
+    args = harness.arguments(
+        __doc__, reps=2000, reps_help="timed repetitions of each row (the eager rows take a tenth)"
+    ).parse_args()
     reps = args.reps
-    results: dict[str, float] = {}
-    loops = ["asyncio"]
-    results.update(asyncio.run(asyncgraph_rows(reps, "asyncio")))
-    try:
-        import uvloop
-    except ImportError:
-        pass
-    else:
-        with asyncio.Runner(loop_factory=uvloop.new_event_loop) as runner:
-            results.update(runner.run(asyncgraph_rows(reps, "uvloop")))
-        loops.append("uvloop")
+    results, loops = harness.run_on_loops(lambda loop_name: asyncgraph_rows(reps, loop_name))
     results.update(raw_rows(reps))
     results.update(cupy_rows(reps))
     results.update(torch_rows(reps))
 
-    from cuda.core import Device
-
-    device = Device(0).name
+    device = harness.device_name()
     raw = results["raw 50-kernel graph: cuGraphLaunch + stream synchronize"]
     targets: dict[str, tuple[float, float, str]] = {}
     for loop_name in loops:
@@ -272,26 +262,27 @@ def main() -> None:
                 "<=",
             )
     print(f"device: {device}")
-    print(f"{'measurement (median µs)':<66} {'value':>10}")
-    for name, value in results.items():
-        print(f"{name:<66} {value:>10.1f}")
-    print(f"\n{'target':<66} {'measured':>10}")
-    for name, (value, bound, op) in targets.items():
-        met = value <= bound if op == "<=" else value < bound
-        print(f"{name + f' {op} {bound}':<66} {value:>10.3f}  {'met' if met else 'missed'}")
-    if args.json:
-        with open(args.json, "w") as f:
-            json.dump(
-                {
-                    "device": device,
-                    "python": sys.version.split()[0],
-                    "reps": reps,
-                    "median_us": results,
-                    "targets": {k: {"measured": v, op: b} for k, (v, b, op) in targets.items()},
-                },
-                f,
-                indent=2,
-            )
+    harness.print_table(("measurement (median µs)", "value"), results.items(), (".1f",))
+    print()
+    harness.print_table(
+        ("target", "measured", ""),
+        (
+            (f"{name} {op} {bound}", value, "met" if met(value, op, bound) else "missed")
+            for name, (value, bound, op) in targets.items()
+        ),
+        (".3f", ""),
+    )
+    harness.write_json(
+        {
+            **harness.environment(device),
+            "reps": reps,
+            "median_us": results,
+            "targets": {k: {"measured": v, op: b} for k, (v, b, op) in targets.items()},
+        },
+        args.json,
+        script=__file__,
+        device=device,
+    )
 
 
 if __name__ == "__main__":

@@ -12,14 +12,11 @@ device, no transfers, for 4 KiB, 1 MiB and 64 MiB arrays (medians in µs after a
 Target: asyncgraph at most 1.2x CuPy. asyncgraph's rows run first, before CuPy and PyTorch are
 imported, so their threads and caches do not weigh on it.
 
-Run on a GPU:  python benchmarks/bench_resident.py --json results.json
+Run on a GPU:  python benchmarks/bench_resident.py --json [PATH]
 """
 
 from __future__ import annotations
 
-import argparse
-import asyncio
-import json
 import sys
 from pathlib import Path
 from typing import Any
@@ -30,7 +27,8 @@ from cuda.bindings import driver as drv
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import asyncgraph as ag
-from benchmarks.bench_dispatch import SCALE, SCALE_SRC, time_async, time_sync
+from benchmarks import harness
+from benchmarks.bench_dispatch import SCALE, SCALE_SRC
 
 SIZES = {"4 KiB": 1 << 10, "1 MiB": 1 << 18, "64 MiB": 1 << 24}  # float32 elements
 BLOCK = 256
@@ -62,7 +60,7 @@ def raw_rows(reps: dict[str, int]) -> dict[str, float]:
             launch(stream, cfg, scale, *args)
             drv.cuStreamSynchronize(handle)
 
-        rows[f"raw {label}: launch + stream synchronize"] = time_sync(run, reps[label])
+        rows[f"raw {label}: launch + stream synchronize"] = harness.time_sync(run, reps[label])
         drv.cuMemFree(d_x)
         drv.cuMemFree(d_y)
     stream.close()
@@ -88,7 +86,9 @@ def cupy_rows(reps: dict[str, int]) -> dict[str, float]:
 
             run()
             assert np.array_equal(cp.asnumpy(y), 2 * cp.asnumpy(x))
-            rows[f"CuPy {label}: same kernel + stream synchronize"] = time_sync(run, reps[label])
+            rows[f"CuPy {label}: same kernel + stream synchronize"] = harness.time_sync(
+                run, reps[label]
+            )
     return rows
 
 
@@ -108,7 +108,9 @@ def torch_rows(reps: dict[str, int]) -> dict[str, float]:
                 torch.mul(x, 2.0, out=y)
                 stream.synchronize()
 
-            rows[f"PyTorch {label}: torch.mul + stream synchronize"] = time_sync(run, reps[label])
+            rows[f"PyTorch {label}: torch.mul + stream synchronize"] = harness.time_sync(
+                run, reps[label]
+            )
     return rows
 
 
@@ -137,12 +139,12 @@ async def asyncgraph_rows(reps: dict[str, int], loop_name: str) -> dict[str, flo
             await run_into(a=np.float32(3))
             np.testing.assert_array_equal(await gpu.download(y), 3 * data)
             before = gpu.telemetry.snapshot()
-            rows[f"asyncgraph {label}: awaited dispatch ({loop_name})"] = await time_async(
+            rows[f"asyncgraph {label}: awaited dispatch ({loop_name})"] = await harness.time_async(
                 run, reps[label]
             )
             rows[
                 f"(info) asyncgraph {label}: Out(into=), zero-filled first ({loop_name})"
-            ] = await time_async(run_into, reps[label])
+            ] = await harness.time_async(run_into, reps[label])
             after = gpu.telemetry.snapshot()
             assert after.bytes_up == before.bytes_up  # resident: nothing moves
             assert after.bytes_down == before.bytes_down
@@ -152,29 +154,18 @@ async def asyncgraph_rows(reps: dict[str, int], loop_name: str) -> dict[str, flo
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser()
-    parser.add_argument("--json", default=None)
-    parser.add_argument("--reps", type=int, default=3000, help="repetitions of the small sizes")
-    args = parser.parse_args()
+    args = harness.arguments(
+        __doc__,
+        reps=3000,
+        reps_help="timed repetitions of the small sizes (64 MiB: a tenth, at least 30)",
+    ).parse_args()
     reps = {"4 KiB": args.reps, "1 MiB": args.reps, "64 MiB": max(args.reps // 10, 30)}
-    results: dict[str, float] = {}
-    loops = ["asyncio"]
-    results.update(asyncio.run(asyncgraph_rows(reps, "asyncio")))
-    try:
-        import uvloop
-    except ImportError:
-        pass
-    else:
-        with asyncio.Runner(loop_factory=uvloop.new_event_loop) as runner:
-            results.update(runner.run(asyncgraph_rows(reps, "uvloop")))
-        loops.append("uvloop")
+    results, loops = harness.run_on_loops(lambda loop_name: asyncgraph_rows(reps, loop_name))
     results.update(raw_rows(reps))
     results.update(cupy_rows(reps))
     results.update(torch_rows(reps))
 
-    from cuda.core import Device
-
-    device = Device(0).name
+    device = harness.device_name()
     targets = {}
     for label in SIZES:
         cupy = results.get(f"CuPy {label}: same kernel + stream synchronize")
@@ -183,26 +174,19 @@ def main() -> None:
             if cupy is not None:
                 targets[f"{label} / CuPy ({loop_name}) <= {TARGET}"] = ours / cupy
     print(f"device: {device}")
-    print(f"{'measurement (median µs)':<64} {'value':>10}")
-    for name, value in results.items():
-        print(f"{name:<64} {value:>10.1f}")
-    print(f"\n{'target':<64} {'measured':>10}")
-    for name, value in targets.items():
-        verdict = "met" if value <= TARGET else "missed"
-        print(f"{name:<64} {value:>10.3f}  {verdict}")
-    if args.json:
-        with open(args.json, "w") as f:
-            json.dump(
-                {
-                    "device": device,
-                    "python": sys.version.split()[0],
-                    "reps": reps,
-                    "median_us": results,
-                    "targets": targets,
-                },
-                f,
-                indent=2,
-            )
+    harness.print_table(("measurement (median µs)", "value"), results.items(), (".1f",))
+    print()
+    harness.print_table(
+        ("target", "measured", ""),
+        ((name, value, "met" if value <= TARGET else "missed") for name, value in targets.items()),
+        (".3f", ""),
+    )
+    harness.write_json(
+        {**harness.environment(device), "reps": reps, "median_us": results, "targets": targets},
+        args.json,
+        script=__file__,
+        device=device,
+    )
 
 
 if __name__ == "__main__":

@@ -12,18 +12,13 @@ input and output, which streams both in chunks once they exceed the pinned cap, 
 ``asarray`` + the same kernel + ``asnumpy`` (GB/s of input + output).
 Target: asyncgraph at least 1.5x the pageable bandwidth at 256 MiB, both directions.
 
-Run on a GPU:  python benchmarks/bench_transfer.py --json results.json
+Run on a GPU:  python benchmarks/bench_transfer.py --json [PATH]
 """
 
 from __future__ import annotations
 
-import argparse
-import asyncio
 import functools
-import json
-import statistics
 import sys
-import time
 from collections.abc import Awaitable, Callable
 from pathlib import Path
 
@@ -33,6 +28,7 @@ from cuda.bindings import driver as drv
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import asyncgraph as ag
+from benchmarks import harness
 from benchmarks.bench_dispatch import COPY
 
 SIZES = {"16 MiB": 16 << 20, "256 MiB": 256 << 20, "1 GiB": 1 << 30}
@@ -45,41 +41,17 @@ def copy_launch(nbytes: int) -> tuple[int, int]:
     return -(-(nbytes // 16) // 256), 256
 
 
-def gbps(nbytes: int, seconds: float) -> float:
-    return nbytes / seconds / 1e9
-
-
-def median_time(fn: Callable[[], object], reps: int) -> float:
-    fn()
-    samples = []
-    for _ in range(reps):
-        t0 = time.perf_counter()
-        fn()
-        samples.append(time.perf_counter() - t0)
-    return statistics.median(samples)
+def gbps(nbytes: int, us: float) -> float:
+    """GB/s of *nbytes* moved in *us* µs."""
+    return nbytes / us / 1e3
 
 
 async def median_time_async(fn: Callable[[], Awaitable[object]], reps: int) -> tuple[float, float]:
-    """Median seconds of *fn*, and the loop's worst stall (s) while it ran."""
+    """Median µs of *fn* after one warm-up await, and the loop's worst stall (s) while it ran."""
     await fn()
-    stalls: list[float] = []
-    stop = asyncio.Event()
-
-    async def heartbeat() -> None:
-        while not stop.is_set():
-            t0 = time.perf_counter()
-            await asyncio.sleep(0.0005)
-            stalls.append(time.perf_counter() - t0 - 0.0005)
-
-    beat = asyncio.create_task(heartbeat())
-    samples = []
-    for _ in range(reps):
-        t0 = time.perf_counter()
-        await fn()
-        samples.append(time.perf_counter() - t0)
-    stop.set()
-    await beat
-    return statistics.median(samples), max(stalls, default=0.0)
+    async with harness.Heartbeat() as beat:
+        us = await harness.time_async(fn, reps, warmup=0)
+    return us, beat.worst
 
 
 def raw_rows() -> dict[str, float]:
@@ -91,8 +63,8 @@ def raw_rows() -> dict[str, float]:
         host = np.ones(nbytes, np.uint8)
         dev = drv.cuMemAlloc(nbytes)[1]
         ptr = host.ctypes.data
-        up = median_time(lambda: drv.cuMemcpyHtoD(dev, ptr, nbytes), REPS[label])  # noqa: B023
-        down = median_time(lambda: drv.cuMemcpyDtoH(ptr, dev, nbytes), REPS[label])  # noqa: B023
+        up = harness.time_sync(lambda: drv.cuMemcpyHtoD(dev, ptr, nbytes), REPS[label], 1)  # noqa: B023
+        down = harness.time_sync(lambda: drv.cuMemcpyDtoH(ptr, dev, nbytes), REPS[label], 1)  # noqa: B023
         rows[f"pageable cuMemcpyHtoD {label}, GB/s"] = gbps(nbytes, up)
         rows[f"pageable cuMemcpyDtoH {label}, GB/s"] = gbps(nbytes, down)
         drv.cuMemFree(dev)
@@ -112,9 +84,9 @@ def cupy_rows() -> dict[str, float]:
             cp.asarray(host)  # noqa: B023
             cp.cuda.Device().synchronize()
 
-        up = median_time(to_device, REPS[label])
+        up = harness.time_sync(to_device, REPS[label], 1)
         dev = cp.asarray(host)
-        down = median_time(functools.partial(cp.asnumpy, dev), REPS[label])
+        down = harness.time_sync(functools.partial(cp.asnumpy, dev), REPS[label], 1)
         rows[f"cupy.asarray {label}, GB/s"] = gbps(nbytes, up)
         rows[f"cupy.asnumpy {label}, GB/s"] = gbps(nbytes, down)
         del dev
@@ -129,7 +101,7 @@ def cupy_rows() -> dict[str, float]:
                 return cp.asnumpy(y)  # type: ignore[no-any-return]
 
             assert np.array_equal(round_trip(), host)
-            t = median_time(round_trip, REPS[label])
+            t = harness.time_sync(round_trip, REPS[label], 1)
             rows[f"(info) CuPy asarray + copy kernel + asnumpy {label}, GB/s"] = gbps(2 * nbytes, t)
         cp.get_default_memory_pool().free_all_blocks()
     return rows
@@ -186,13 +158,9 @@ async def asyncgraph_rows() -> dict[str, float]:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--json", help="write the results here")
-    args = parser.parse_args()
-    from cuda.core import Device
-
-    device = Device(0).name
-    rows = {**raw_rows(), **cupy_rows(), **asyncio.run(asyncgraph_rows())}
+    args = harness.arguments(__doc__).parse_args()
+    device = harness.device_name()
+    rows = {**raw_rows(), **cupy_rows(), **harness.run(asyncgraph_rows())}
     targets = {}
     for row, raw in (
         ("upload", "HtoD"),
@@ -204,15 +172,15 @@ def main() -> None:
             ours / rows[f"pageable cuMemcpy{raw} 256 MiB, GB/s"]
         )
     print(f"device: {device}")
-    print(f"{'measurement':<60}{'value':>12}")
-    for key, value in rows.items():
-        print(f"{key:<60}{value:>12.2f}")
-    print(f"\n{'target':<60}{'measured':>12}")
-    for key, value in targets.items():
-        print(f"{key:<60}{value:>12.2f}")
-    if args.json:
-        with open(args.json, "w") as f:
-            json.dump({"device": device, "rows": rows, "targets": targets}, f, indent=1)
+    harness.print_table(("measurement", "value"), rows.items(), (".2f",))
+    print()
+    harness.print_table(("target", "measured"), targets.items(), (".2f",))
+    harness.write_json(
+        {"device": device, "rows": rows, "targets": targets},
+        args.json,
+        script=__file__,
+        device=device,
+    )
 
 
 if __name__ == "__main__":

@@ -8,19 +8,18 @@ Measures, with medians of many repetitions after a warm-up:
   LegacyPinnedMemoryResource and PinnedMemoryResource, and pageable numpy memory;
 - whether cuEventSynchronize releases the GIL (a thread blocks on it while Python runs).
 
-Run:  python benchmarks/primitives.py [--json PATH]
+Run:  python benchmarks/primitives.py [--json [PATH]]
 """
 
 from __future__ import annotations
 
-import argparse
 import ctypes
 import json
-import statistics
 import sys
 import threading
 import time
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -35,6 +34,11 @@ from cuda.core import (
     launch,
 )
 
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from asyncgraph._spin import SPIN_SOURCE
+from benchmarks import harness
+
 
 def check(result: Any) -> Any:
     err = result[0] if isinstance(result, tuple) else result
@@ -46,32 +50,18 @@ def check(result: Any) -> Any:
 
 
 def median_us(fn: Callable[[], object], reps: int = 2000, warmup: int = 200) -> float:
-    for _ in range(warmup):
-        fn()
-    samples = []
-    for _ in range(reps):
-        t0 = time.perf_counter_ns()
-        fn()
-        samples.append(time.perf_counter_ns() - t0)
-    return statistics.median(samples) / 1e3
+    """Median µs of *fn* (harness.time_sync with this script's repetitions)."""
+    return harness.time_sync(fn, reps, warmup)
 
 
-SRC = r"""
-extern "C" __global__ void empty(int n) { }
-extern "C" __global__ void spin(long long cycles) {
-    long long t0 = clock64();
-    while (clock64() - t0 < cycles) { }
-}
-"""
+SRC = 'extern "C" __global__ void empty(int n) { }\n' + SPIN_SOURCE
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser()
-    parser.add_argument("--json", default=None)
-    args = parser.parse_args()
+    args = harness.arguments(__doc__).parse_args()
     dev = Device(0)
     dev.set_current()
-    results: dict[str, Any] = {"device": dev.name, "python": sys.version.split()[0]}
+    results: dict[str, Any] = harness.environment(dev.name)
     import cuda.bindings
     import cuda.core
 
@@ -228,7 +218,8 @@ def main() -> None:
     spin_ev = check(drv.cuEventCreate(drv.CUevent_flags.CU_EVENT_BLOCKING_SYNC | ev_flags))
     clock_khz = dev.properties.clock_rate
     cycles = np.int64(clock_khz * 200)  # about 200 ms
-    launch(stream, LaunchConfig(grid=1, block=1), k_spin, cycles)
+    done_flag = check(drv.cuMemAlloc(4))
+    launch(stream, LaunchConfig(grid=1, block=1), k_spin, cycles, np.uint64(int(done_flag)))
     check(drv.cuEventRecord(spin_ev, s_handle))
     done = threading.Event()
 
@@ -247,10 +238,9 @@ def main() -> None:
         "python iterations while a thread sat in cuEventSynchronize": spins,
         "wait ms": (time.perf_counter() - t0) * 1e3,
     }
+    check(drv.cuMemFree(done_flag))
     print(json.dumps(results, indent=2))
-    if args.json:
-        with open(args.json, "w") as f:
-            json.dump(results, f, indent=2)
+    harness.write_json(results, args.json, script=__file__, device=dev.name)
 
 
 if __name__ == "__main__":

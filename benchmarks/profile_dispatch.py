@@ -23,6 +23,7 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import asyncgraph as ag
+from benchmarks import harness
 from benchmarks.bench_dispatch import EMPTY, SCALE
 
 
@@ -56,14 +57,6 @@ async def sequential_empty() -> None:
 
 async def heartbeat_run() -> None:
     async with ag.open_backend("cuda") as gpu:
-        stalls: list[tuple[float, float]] = []
-        stop = asyncio.Event()
-
-        async def heartbeat() -> None:
-            while not stop.is_set():
-                t0 = time.perf_counter()
-                await asyncio.sleep(0.0005)
-                stalls.append((time.perf_counter() - t0 - 0.0005, t0))
 
         async def worker() -> None:
             x = np.ones(4096, np.float32)
@@ -81,17 +74,15 @@ async def heartbeat_run() -> None:
         await gpu.compile(SCALE)
         await asyncio.gather(*(worker() for _ in range(64)))
         profile = cProfile.Profile()
-        beat = asyncio.create_task(heartbeat())
-        t_start = time.perf_counter()
-        profile.enable()
-        await asyncio.gather(*(worker() for _ in range(64)))
-        profile.disable()
-        stop.set()
-        await beat
+        async with harness.Heartbeat() as beat:
+            t_start = time.perf_counter()
+            profile.enable()
+            await asyncio.gather(*(worker() for _ in range(64)))
+            profile.disable()
         elapsed = time.perf_counter() - t_start
-        worst = sorted(stalls, reverse=True)[:5]
+        worst = sorted(zip(beat.stalls, beat.started, strict=True), reverse=True)[:5]
         print(
-            f"6400 round trips in {elapsed * 1e3:.1f} ms; {len(stalls)} beats; "
+            f"6400 round trips in {elapsed * 1e3:.1f} ms; {len(beat.stalls)} beats; "
             "worst stalls (ms, at ms):",
             [(round(s * 1e3, 2), round((t - t_start) * 1e3, 1)) for s, t in worst],
         )
@@ -144,4 +135,5 @@ async def main() -> None:
 
 
 if __name__ == "__main__":
-    asyncio.run(main())
+    harness.arguments(__doc__, results=False).parse_args()
+    harness.run(main())

@@ -7,14 +7,12 @@ memory pool's reserve) and the CUDA events created. It reports the slope of each
 warm-up (the first 10 % of samples), in bytes per 100,000 dispatches (target: flat), and the
 latency percentiles of all awaits, p99.9 included.
 
-Run on a GPU:  python benchmarks/soak.py --json soak.json
+Run on a GPU:  python benchmarks/soak.py --json [PATH]
 """
 
 from __future__ import annotations
 
-import argparse
 import asyncio
-import json
 import os
 import sys
 import time
@@ -27,6 +25,7 @@ from cuda.bindings import driver as drv
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import asyncgraph as ag
+from benchmarks import harness
 from benchmarks.bench_dispatch import EMPTY, SCALE
 
 TASKS = 16
@@ -122,7 +121,7 @@ async def soak(total: int, every: int) -> dict[str, Any]:
         "wrong_results": wrong,
         "failed": snap.dispatches_failed,
         "latency_us": {
-            q: float(np.percentile(us, p))
+            q: harness.percentile(us, p)
             for q, p in (("p50", 50), ("p99", 99), ("p99.9", 99.9), ("max", 100))
         },
         "slope_bytes_per_100k_after_warmup": {
@@ -138,12 +137,11 @@ async def soak(total: int, every: int) -> dict[str, Any]:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = harness.arguments(__doc__)
     parser.add_argument("--dispatches", type=int, default=1_000_000)
     parser.add_argument("--every", type=int, default=10_000)
-    parser.add_argument("--json", help="write the results here")
     args = parser.parse_args()
-    result = asyncio.run(soak(args.dispatches, args.every))
+    result = harness.run(soak(args.dispatches, args.every))
     print(f"device: {result['device']}")
     print(
         f"{result['dispatches']:,} dispatches from {TASKS} tasks in {result['seconds']:.1f} s "
@@ -151,16 +149,15 @@ def main() -> None:
         f"failed {result['failed']}"
     )
     print("latency us: " + ", ".join(f"{k} {v:.1f}" for k, v in result["latency_us"].items()))
-    print(f"{'after warm-up':<16}{'slope B/100k':>16}{'change B':>16}")
-    for key, slope in result["slope_bytes_per_100k_after_warmup"].items():
-        print(f"{key:<16}{slope:>16.1f}{result['change_after_warmup'][key]:>16,}")
-    print(
-        f"{'events':<16}{result['events_slope_per_100k_after_warmup']:>16.2f}"
-        f"{result['change_after_warmup']['events']:>16,}"
-    )
-    if args.json:
-        with open(args.json, "w") as f:
-            json.dump(result, f, indent=1)
+    change = result["change_after_warmup"]
+    slopes: list[tuple[str, object, int]] = [
+        (key, slope, change[key])
+        for key, slope in result["slope_bytes_per_100k_after_warmup"].items()
+    ]
+    events = result["events_slope_per_100k_after_warmup"]
+    slopes.append(("events", f"{events:.2f}", change["events"]))
+    harness.print_table(("after warm-up", "slope B/100k", "change B"), slopes, (".1f", ","))
+    harness.write_json(result, args.json, script=__file__, device=result["device"])
     sys.exit(1 if result["wrong_results"] or result["failed"] else 0)
 
 
