@@ -95,6 +95,7 @@ def _no_memory_for_arg(job: _HostJob, index: int) -> AllocationError:
 
 
 def _shaped(what: str, shape: tuple[int, ...], dtype: np.dtype[Any]) -> AllocationError:
+    """numpy could not allocate *what* of *shape* and *dtype* (the size computed exactly)."""
     return _no_memory(
         f"{what} of shape {shape} and dtype {dtype}", math.prod(shape) * dtype.itemsize
     )
@@ -114,9 +115,10 @@ class HostBackend(Backend):
 
     The workers share the event loop's process, and its GIL: a host function that runs Python
     bytecode for a long time (loops over elements) holds the GIL and delays the loop's tasks, by
-    tens of milliseconds with a few workers. Write host functions as whole-array numpy
-    operations, which release the GIL while they compute, and lower ``host_workers`` (to 1 or
-    2) where host functions are GIL-bound and the loop's latency matters.
+    tens to hundreds of milliseconds, more with more workers (``docs/dispatch.md`` has figures).
+    Write host functions as whole-array numpy operations, which release the GIL while they
+    compute, and lower ``host_workers`` (to 1 or 2) where host functions are GIL-bound and the
+    loop's latency matters.
     """
 
     kind = "host"
