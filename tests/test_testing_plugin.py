@@ -204,11 +204,16 @@ def test_reference_follows_dispatch_rules() -> None:
     x = np.random.default_rng().random(64, dtype=np.float32)
     before = x.copy()
     inout = np.random.default_rng().random(64, dtype=np.float32)
+
+    def host(x: Any, out: Any, io: Any, n: Any) -> None:
+        out[:] = x + 1
+        io *= 2
+
     out_ref, inout_ref = reference(
         ag.Kernel(
             'extern "C" __global__ void k(const float* x, float* out, float* io, int n) {}',
             "k",
-            host=lambda x, out, io, n: (out.__setitem__(slice(None), x + 1), io.__imul__(2)),
+            host=host,
         ),
         x,
         ag.Out(x.shape, x.dtype),
@@ -219,6 +224,30 @@ def test_reference_follows_dispatch_rules() -> None:
     np.testing.assert_array_equal(inout_ref, inout * 2)
     np.testing.assert_array_equal(x, before)
     assert inout_ref is not inout
+
+
+def test_reference_holds_the_host_contract_as_a_dispatch_does() -> None:
+    # A host function that returns its result wrote nothing: the reference would be all zeros.
+    returns = ag.Kernel(
+        'extern "C" __global__ void k(const float* x, float* out) {}',
+        "k",
+        host=lambda x, out: 2 * x,
+    )
+    x = np.ones(4, np.float32)
+    with pytest.raises(
+        ag.HostFunctionError,
+        match=r"^the host= function of kernel 'k' returned a float32 array of shape \(4,\), "
+        r"which the dispatch cannot use; write the results into the output arguments",
+    ):
+        reference(returns, x, ag.Out(4, np.float32))
+    # Returning its own output is harmless.
+    gives_out = ag.Kernel(
+        'extern "C" __global__ void k(const float* x, float* out) {}',
+        "k",
+        host=lambda x, out: np.multiply(x, 2, out=out),
+    )
+    (out,) = reference(gives_out, x, ag.Out(4, np.float32))
+    np.testing.assert_array_equal(out, 2 * x)
 
 
 def test_reference_refuses_inputs_without_host_values() -> None:

@@ -67,13 +67,23 @@ def _returned_error(job: _HostJob, args: list[Any], result: object) -> HostFunct
     outputs = [
         arg for (kind, _, _), arg in zip(job.call.args, args, strict=True) if kind in _WRITTEN
     ]
+    return host_return_error(job.call.kernel.name, outputs, result)
+
+
+def host_return_error(
+    kernel_name: str, outputs: list[Any], result: object
+) -> HostFunctionError | None:
+    """The error for a ``host=`` function of *kernel_name* that returned *result*, or None when
+    *result* is None or its own *outputs* (``return out``, ``return out, out2``)."""
+    if result is None:
+        return None
     items = result if isinstance(result, tuple | list) else (result,)
     if all(any(item is out for out in outputs) for item in items):
         return None
     if inspect.iscoroutine(result):
         result.close()  # never awaited, on purpose: no warning about it
     return HostFunctionError(
-        f"the host= function of kernel {job.call.kernel.name!r} returned "
+        f"the host= function of kernel {kernel_name!r} returned "
         f"{_describe_value(result)}, which the dispatch cannot use; write the results into the "
         "output arguments (e.g. out[:] = 2 * x) and return None"
     )

@@ -28,6 +28,7 @@ import pytest
 from ._args import InOut, Out
 from ._backend import Backend, open_backend
 from ._exceptions import ArgumentTypeError, UnsupportedError
+from ._host import host_return_error
 from ._kernel import Kernel
 from ._resident import ResidentBuffer
 
@@ -63,6 +64,8 @@ def reference(kernel: Kernel, *args: object) -> tuple[Array, ...]:
         UnsupportedError: the kernel has no ``host=`` implementation.
         ArgumentTypeError: an argument has no host value (a resident buffer, ``Out(into=)``, a
             device array): pass the numpy array it was made from instead.
+        HostFunctionError: the host function returned something other than ``None`` (or its
+            own output arrays), as a dispatch on the host backend would fail.
     """
     if not isinstance(kernel, Kernel):
         raise ArgumentTypeError(f"reference() takes an asyncgraph.Kernel first, got {kernel!r}")
@@ -94,7 +97,9 @@ def reference(kernel: Kernel, *args: object) -> tuple[Array, ...]:
                 "host value for reference(); pass the numpy array it holds (or was made from), "
                 "Out(shape, dtype), InOut(array) or a numpy scalar"
             )
-    kernel.host(*host_args)
+    error = host_return_error(kernel.name, results, kernel.host(*host_args))
+    if error is not None:
+        raise error
     return tuple(results)
 
 
