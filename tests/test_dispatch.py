@@ -127,7 +127,7 @@ async def test_max_in_flight_bounds_concurrency_and_queues_in_order() -> None:
     rec = Recorder()
     rec.release.clear()
     k = probe_kernel(rec)
-    async with ag.open_backend("host", streams=8, max_in_flight=3) as backend:
+    async with ag.open_backend("host", host_workers=8, max_in_flight=3) as backend:
         x = np.ones(4, np.float32)
         pending = [
             backend.dispatch(k, x * i, ag.Out(4, np.float32), np.int32(4), grid=1, block=4)

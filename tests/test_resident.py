@@ -54,7 +54,7 @@ async def test_out_into_is_zero_filled(host: ag.Backend) -> None:
 
 
 async def test_dispatches_on_one_buffer_run_in_call_order() -> None:
-    async with ag.open_backend("host", streams=8) as backend:
+    async with ag.open_backend("host", host_workers=8) as backend:
         buf = await backend.upload(np.zeros(1000, np.float32))
         doubled = await backend.upload(np.zeros(1000, np.float32))
         # inc, inc, ..., then scale reading buf: every increment must land before the scale.
