@@ -205,3 +205,81 @@ async def test_close_with_a_timeout_that_is_not_reached() -> None:
     await backend.aclose(timeout=5)
     (out,) = await pending
     np.testing.assert_array_equal(out, x * 3)
+
+
+async def test_compile_takes_a_kernel(host: ag.Backend) -> None:
+    with pytest.raises(
+        ag.ArgumentTypeError,
+        match=r"^compile\(\) takes an asyncgraph.Kernel, got str; declare it with "
+        r"asyncgraph.Kernel\(source, name, host=...\)$",
+    ):
+        await host.compile("scale")  # type: ignore[arg-type]  # deliberately wrong
+    await host.compile(SCALE)  # the backend goes on
+
+
+@pytest.mark.cuda
+async def test_compile_takes_a_kernel_on_cuda() -> None:
+    async with ag.open_backend("cuda") as gpu:
+        with pytest.raises(
+            ag.ArgumentTypeError, match=r"^compile\(\) takes an asyncgraph.Kernel, got str; "
+        ):
+            await gpu.compile("scale")  # type: ignore[arg-type]  # deliberately wrong
+        await gpu.compile(SCALE)
+
+
+@pytest.mark.parametrize(
+    ("bad", "error", "message"),
+    [
+        ("1", TypeError, r"^aclose\(timeout='1'\): pass a number of seconds, or None$"),
+        (True, TypeError, r"^aclose\(timeout=True\): pass a number of seconds, or None$"),
+        (-1, ValueError, r"^aclose\(timeout=-1\): pass a number of seconds >= 0, or None$"),
+        (float("nan"), ValueError, r"^aclose\(timeout=nan\): pass a number of seconds >= 0"),
+    ],
+)
+async def test_a_bad_close_timeout_is_refused_before_the_close_begins(
+    bad: object, error: type[Exception], message: str
+) -> None:
+    backend = ag.open_backend("host")
+    with pytest.raises(error, match=message):
+        await backend.aclose(timeout=bad)  # type: ignore[arg-type]  # deliberately wrong
+    assert repr(backend) == "<HostBackend host open in_flight=0 queued=0 buffers=0>"
+    x = np.ones(4, np.float32)
+    (out,) = await backend.dispatch(
+        SCALE, x, ag.Out(4, np.float32), np.float32(2), np.int32(4), grid=1, block=4
+    )
+    np.testing.assert_array_equal(out, x * 2)
+    await backend.aclose(timeout=np.float64(1))
+
+
+_NOT_AWAITABLE = (
+    r"^open_backend\(\) is not awaitable; use 'async with asyncgraph.open_backend\(...\) as "
+    r"backend:'$"
+)
+
+
+async def test_awaiting_open_backend_says_how_and_leaves_nothing_open() -> None:
+    with pytest.raises(ag.UnsupportedError, match=_NOT_AWAITABLE):
+        await ag.open_backend("host")
+    gc.collect()  # the backend it made is gone, closed: no ResourceWarning
+    backend = ag.open_backend("host")
+    with pytest.raises(ag.UnsupportedError, match=_NOT_AWAITABLE):
+        await backend
+    assert repr(backend) == "<HostBackend host closed in_flight=0 queued=0 buffers=0>"
+    await backend.aclose()  # harmless
+
+
+async def test_awaiting_a_backend_in_use_leaves_it_open(host: ag.Backend) -> None:
+    x = np.ones(4, np.float32)
+    await host.dispatch(
+        SCALE, x, ag.Out(4, np.float32), np.float32(2), np.int32(4), grid=1, block=4
+    )
+    with pytest.raises(ag.UnsupportedError, match=_NOT_AWAITABLE):
+        await host
+    assert not host.is_closed  # its owner still holds it and closes it
+
+
+@pytest.mark.cuda
+async def test_awaiting_open_backend_on_cuda_leaves_nothing_open() -> None:
+    with pytest.raises(ag.UnsupportedError, match=_NOT_AWAITABLE):
+        await ag.open_backend("cuda")
+    gc.collect()

@@ -222,6 +222,57 @@ def test_cancelled_close_still_closes(loop: Any, open_gpu: Opener) -> None:
     run(loop, body)
 
 
+def _own_threads() -> set[threading.Thread]:
+    names = ("asyncgraph-host", "asyncgraph-waiter")
+    return {t for t in threading.enumerate() if t.name.startswith(names)}
+
+
+def _assert_closed(backend: ag.Backend, before: set[threading.Thread]) -> None:
+    assert repr(backend).endswith(" closed in_flight=0 queued=0 buffers=0>"), repr(backend)
+    assert _own_threads() - before == set()
+
+
+def test_a_close_the_run_ends_during_still_finishes(loop: Any, open_gpu: Opener) -> None:
+    before = _own_threads()
+    kept: dict[str, Any] = {}
+
+    async def body() -> None:
+        backend = kept["backend"] = open_gpu()
+        await backend.compile(SPIN)
+        kept["buffer"] = await backend.upload(np.ones(4, np.float32))
+        kept["pending"] = backend.dispatch(SPIN, *_nap_args(0.1), grid=1, block=1)
+        with anyio.move_on_after(0.01):
+            await backend.aclose()
+        assert " closing in_flight=1 " in repr(backend)
+        # The run ends here; it waits for the close (asyncio.run cancels it first).
+
+    run(loop, body)
+    assert kept["pending"].done()
+    assert kept["pending"].result()[0][0] == 1
+    assert kept["buffer"].is_closed
+    _assert_closed(kept["backend"], before)
+
+
+def test_a_later_run_closes_a_backend_whose_run_ended(loop: Any, open_gpu: Opener) -> None:
+    before = _own_threads()
+    kept: dict[str, Any] = {}
+
+    async def body() -> None:
+        backend = kept["backend"] = open_gpu()
+        await backend.compile(SPIN)
+        kept["buffer"] = await backend.upload(np.ones(4, np.float32))
+        kept["pending"] = backend.dispatch(SPIN, *_nap_args(0.1), grid=1, block=1)
+        # The run ends with the backend open and its dispatch in flight.
+
+    run(loop, body)
+    backend = kept["backend"]
+    assert not backend.is_closed
+    run(loop, backend.aclose)
+    assert kept["pending"].result(5)[0][0] == 1
+    assert kept["buffer"].is_closed
+    _assert_closed(backend, before)
+
+
 @pytest.mark.cuda
 def test_cuda_leases_graphs_and_large_transfers(loop: Any, open_gpu: Opener) -> None:
     async def body() -> None:

@@ -12,18 +12,18 @@ import abc
 import asyncio
 import contextlib
 import itertools
-import threading
+import numbers
 import warnings
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Callable, Generator
 from contextlib import AbstractAsyncContextManager
 from time import perf_counter
 from types import TracebackType
-from typing import Any, ClassVar, Final, cast
+from typing import Any, ClassVar, Final, NoReturn, cast
 
 import numpy as np
 
-from . import _loop
+from . import _inbox, _loop
 from ._args import (
     RESIDENT,
     RESIDENT_OUT,
@@ -40,7 +40,6 @@ from ._exceptions import (
     BackendClosedError,
     DeviceFaultError,
     DeviceUnavailableError,
-    ShapeMismatchError,
     UnsupportedError,
 )
 from ._kernel import Kernel
@@ -48,7 +47,7 @@ from ._lease import StreamLease
 from ._nvtx import NvtxRanges
 from ._options import BackendOptions
 from ._pending import PendingDispatch
-from ._resident import ResidentBuffer, ResidentStore, Use
+from ._resident import Download, ResidentBuffer, ResidentStore, Use, check_out
 from ._telemetry import PoolCounters, Telemetry, logger
 
 __all__ = ("Backend", "Job", "open_backend")
@@ -86,33 +85,6 @@ class Job:
         self.nvtx_range: Any = None  # the NVTX range of its life, with nvtx_enabled
 
 
-def _check_out(out: object, buffer: ResidentBuffer) -> None:
-    if not isinstance(out, np.ndarray):
-        raise ArgumentTypeError(f"download(out=...) takes a numpy array, got {type(out).__name__}")
-    if not out.flags.c_contiguous or not out.flags.writeable:
-        raise ArgumentTypeError(
-            "download(out=...) needs a writable, C-contiguous array; pass np.empty(shape, dtype)"
-        )
-    if out.shape != buffer.shape or out.dtype != buffer.dtype:
-        raise ShapeMismatchError(
-            f"download(out=...) got a {out.dtype} array of shape {out.shape}; the buffer is "
-            f"{buffer.dtype} of shape {buffer.shape}"
-        )
-
-
-class _Download:
-    """A download in progress, tracked as a read use of its buffer.
-
-    ``finished`` is set once the copy is done, so host workers that write the buffer can wait.
-    """
-
-    __slots__ = ("event", "finished")
-
-    def __init__(self) -> None:
-        self.finished = threading.Event()
-        self.event: object = None  # the CUDA backend's copy event, once enqueued
-
-
 class Backend(abc.ABC):
     """A place to run kernels: a CUDA device, or the host in worker threads.
 
@@ -144,6 +116,7 @@ class Backend(abc.ABC):
         self._in_flight: dict[int, Job] = {}
         self._queue: deque[Job] = deque()
         self._max_in_flight = options.max_in_flight
+        self._transfers = 0  # uploads and downloads in progress (closing waits for them)
         self._drained: asyncio.Future[None] | None = None  # set once nothing is in flight
         self._close_task: asyncio.Task[None] | None = None
         self._log = logger.bind(device=name)
@@ -352,18 +325,19 @@ class Backend(abc.ABC):
         queue = self._queue
         while queue and len(self._in_flight) < self._max_in_flight:
             self._submit(queue.popleft())
-        drained = self._drained
-        if drained is not None and not self._in_flight and not queue and not drained.done():
-            drained.set_result(None)
+        if self._drained is not None:
+            self._check_drained()
 
     async def compile(self, kernel: Kernel) -> None:
         """Prepare *kernel* now, so its first dispatch does not wait (CUDA: NVRTC and loading).
 
         Raises:
+            ArgumentTypeError: *kernel* is not an :class:`asyncgraph.Kernel`.
             CompileError: the kernel does not compile (CUDA backend).
             UnsupportedError: the host backend got a kernel without ``host=``.
         """
         self._loop_for_use()
+        _check_kernel(kernel, "compile()")
         self._prepare_kernel(kernel)
         await _loop.sleep(0)
 
@@ -377,7 +351,8 @@ class Backend(abc.ABC):
 
         Raises:
             DispatchError: *array* is not a non-empty, C-contiguous numeric numpy array.
-            BackendClosedError: the backend is closed.
+            BackendClosedError: the backend is closed, or was closed while the array was copied
+                (the copy is freed).
         """
         self._loop_for_use()
         if not isinstance(array, np.ndarray):
@@ -385,7 +360,18 @@ class Backend(abc.ABC):
                 f"upload() takes a numpy array, got {type(array).__name__}; pass np.asarray(x)"
             )
         _check_array(array, "upload()")
-        storage = await self._upload_storage(array)
+        self._transfers += 1
+        try:
+            storage = await self._upload_storage(array)
+        finally:
+            self._transfer_ended()
+        if self._state != _OPEN:
+            # aclose() waited for this copy; the store is about to close, so keep nothing.
+            self._free_storage(storage)
+            raise BackendClosedError(
+                f"backend {self.name} was closed while upload() copied the array; the copy "
+                "was freed"
+            )
         self.telemetry.bytes_up += array.nbytes
         self.telemetry.copies_up += 1
         return self._store.add(storage, array.shape, array.dtype)
@@ -452,14 +438,16 @@ class Backend(abc.ABC):
             )
         self._store.check(buffer, "download()")
         if out is not None:
-            _check_out(out, buffer)
-        use = _Download()
+            check_out(out, buffer)
+        use = Download()
         deps = buffer._track(use, write=False)
+        self._transfers += 1
         try:
             array = await self._download_storage(buffer, use, deps, out)
         finally:
             use.finished.set()
             buffer._untrack(use)
+            self._transfer_ended()
         self.telemetry.bytes_down += array.nbytes
         self.telemetry.copies_down += 1
         return array
@@ -602,60 +590,146 @@ class Backend(abc.ABC):
         """Finish the work in flight, then free everything the backend holds.
 
         New work is refused from the first call on. Idempotent, and shielded from cancellation:
-        a cancelled ``aclose()`` still completes in the background.
+        a cancelled ``aclose()`` still completes in the background, also when the event loop
+        ends meanwhile (``asyncio.run`` and ``trio.run`` wait for it).
+
+        Close a backend on its own event loop. Once that loop has ended (closed), any loop may
+        close it: the work the old loop left in flight is waited for first.
 
         Args:
             timeout: seconds to wait for dispatches still queued (not yet submitted). After it,
                 they fail with :class:`BackendClosedError`. Work already submitted always runs
                 to completion first, since its memory cannot be freed before.
+
+        Raises:
+            TypeError: *timeout* is not a number of seconds.
+            ValueError: *timeout* is negative.
+            UnsupportedError: the backend's event loop is another one, and still open.
         """
+        if timeout is not None:
+            _check_timeout(timeout)
+        loop = _loop.current_loop()
+        ended = None
+        if self._loop is not None and self._loop is not loop:
+            if self._state == _CLOSED:
+                await _loop.sleep(0)
+                return
+            if not self._loop.is_closed():
+                raise UnsupportedError(
+                    f"backend {self.name} belongs to another event loop, which is still open; "
+                    "close it on that loop (from another thread: "
+                    "asyncio.run_coroutine_threadsafe(backend.aclose(), loop))"
+                )
+            ended = self._adopt(loop)
         if self._close_task is None:
-            loop = self._loop or _loop.current_loop()
             self._loop = loop
-            self._state = _CLOSING
-            self._close_task = loop.create_task(self._close())
+            self._begin_closing()
+            self._close_task = _loop.create_lasting_task(loop, self._close(ended))
         if timeout is None:
             await _loop.shield(self._close_task)
             return
         try:
             await _loop.wait_for(self._close_task, timeout)
         except TimeoutError:
-            self._drop_queued()
+            self._drop_queued(lambda job: f"was closed before {job} started (aclose timeout)")
             await _loop.shield(self._close_task)
 
-    def _drop_queued(self) -> None:
-        """Fail every dispatch still queued with BackendClosedError (closing, after a timeout)."""
+    def _begin_closing(self) -> None:
+        self._state = _CLOSING
+
+    def _drop_queued(self, why: Callable[[str], str]) -> None:
+        """Fail every dispatch still queued with BackendClosedError (closing)."""
         queue = self._queue
         while queue:
             job = queue.popleft()
             for buffer in job.buffers:
                 buffer._untrack(job)
             self.telemetry.dispatches_failed += 1
-            job.pending._set_exception(
-                BackendClosedError(
-                    f"backend {self.name} was closed before dispatch #{job.id} of "
-                    f"{job.call.kernel.name!r} started (aclose timeout)"
-                )
-            )
-        if self._drained is not None and not self._in_flight and not self._drained.done():
-            self._drained.set_result(None)
+            dispatch = f"dispatch #{job.id} of {job.call.kernel.name!r}"
+            job.pending._set_exception(BackendClosedError(f"backend {self.name} {why(dispatch)}"))
+        if self._drained is not None:
+            self._check_drained()
 
-    async def _close(self) -> None:
-        if self._in_flight or self._queue:
-            self._drained = self._event_loop.create_future()
-            await self._drained
-        try:
-            self._store.close_all()
-            await self._shutdown()
-        finally:
-            self._state = _CLOSED
-            snap = self.telemetry
-            self._log.info(
-                "backend.closed",
-                dispatches=snap.dispatches,
-                completed=snap.dispatches_completed,
-                failed=snap.dispatches_failed,
+    def _transfer_ended(self) -> None:
+        self._transfers -= 1
+        if self._drained is not None:
+            self._check_drained()
+
+    def _check_drained(self) -> None:
+        drained = self._drained
+        if drained is None or self._in_flight or self._queue or self._transfers:
+            return
+        if not drained.done():
+            drained.set_result(None)
+
+    def _adopt(self, loop: asyncio.AbstractEventLoop) -> asyncio.AbstractEventLoop:
+        """The backend's loop has ended: belong to *loop*; the close settles what it left."""
+        ended = self._event_loop
+        with _inbox.off_loop_lock:  # completions may be handled on worker threads meanwhile
+            self._begin_closing()
+            self._close_task = None  # a close begun there never goes on
+            self._drained = None
+            self._transfers = 0  # uploads and downloads of that loop never resume
+            self._drop_queued(
+                lambda job: f"was left open when its event loop ended, before {job} started"
             )
+        self._loop = loop
+        return ended
+
+    async def _settle_after(self, ended: asyncio.AbstractEventLoop) -> None:
+        """Wait for the dispatches the ended loop left in flight (hook; runs on the new loop).
+
+        Host workers post their completions to inboxes, which handle them on the workers'
+        threads once the loop is closed: wait for those in a thread of the new loop.
+        """
+        _inbox.settle(ended)
+        with _inbox.off_loop_lock:
+            left = [job.pending for job in self._in_flight.values()]
+        if left:
+            await self._event_loop.run_in_executor(None, _wait_all, left)
+
+    async def _close(self, ended: asyncio.AbstractEventLoop | None) -> None:
+        # Every step may be interrupted by the end of the loop, and is then started again.
+        try:
+            if ended is not None:
+                await _loop.through_run_end(lambda: self._settle_after(ended))
+            if self._in_flight or self._queue or self._transfers:
+                drained = self._drained = self._event_loop.create_future()
+                await _loop.through_run_end(lambda: _loop.shield(drained))
+            self._store.close_all()
+            await _loop.through_run_end(self._shutdown)
+        except GeneratorExit:
+            raise  # collected with the ended loop it ran on; a close on another loop goes on
+        except BaseException:
+            self._closed()
+            raise
+        self._closed()
+
+    def _closed(self) -> None:
+        self._state = _CLOSED
+        snap = self.telemetry
+        self._log.info(
+            "backend.closed",
+            dispatches=snap.dispatches,
+            completed=snap.dispatches_completed,
+            failed=snap.dispatches_failed,
+        )
+
+    def __await__(self) -> Generator[Any, None, NoReturn]:
+        """``await open_backend()`` is a mistake: it raises, and closes a backend not yet used.
+
+        Raises:
+            UnsupportedError: always.
+        """
+        if self._state == _OPEN and not self.telemetry.dispatches and not len(self._store):
+            self._state = _CLOSING  # the caller cannot reach it: leave nothing open
+            self._store.close_all()
+            self._shutdown_now()
+            self._closed()
+        raise UnsupportedError(
+            "open_backend() is not awaitable; use 'async with asyncgraph.open_backend(...) as "
+            "backend:'"
+        )
 
     async def __aenter__(self) -> Backend:
         return self
@@ -713,10 +787,39 @@ class Backend(abc.ABC):
 
     @abc.abstractmethod
     async def _shutdown(self) -> None:
-        """Release every backend resource; no work is in flight."""
+        """Release every backend resource; no work is in flight.
+
+        The end of the loop may interrupt it at an ``await``; it is then called again, so
+        every step must be safe to repeat.
+        """
+
+    def _shutdown_now(self) -> None:
+        """Release every backend resource without a loop; nothing was ever used (hook)."""
+        self._release_unclosed()
 
     def _release_unclosed(self) -> None:  # noqa: B027  # optional hook, empty by default
         """Best-effort release of a backend dropped without closing (from ``__del__``)."""
+
+
+def _check_kernel(kernel: object, where: str) -> None:
+    if not isinstance(kernel, Kernel):
+        raise ArgumentTypeError(
+            f"{where} takes an asyncgraph.Kernel, got {type(kernel).__name__}; declare it with "
+            "asyncgraph.Kernel(source, name, host=...)"
+        )
+
+
+def _check_timeout(timeout: object) -> None:
+    if isinstance(timeout, bool) or not isinstance(timeout, numbers.Real):
+        raise TypeError(f"aclose(timeout={timeout!r}): pass a number of seconds, or None")
+    if not float(timeout) >= 0:  # NaN too
+        raise ValueError(f"aclose(timeout={timeout!r}): pass a number of seconds >= 0, or None")
+
+
+def _wait_all(pendings: list[PendingDispatch]) -> None:
+    """Block until every dispatch in *pendings* completed (in a worker thread)."""
+    for pending in pendings:
+        pending.exception()
 
 
 def _parse_device(device: object) -> tuple[str, int]:

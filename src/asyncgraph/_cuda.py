@@ -9,22 +9,24 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import functools
+import threading
 from collections.abc import AsyncIterator
 from contextlib import AbstractAsyncContextManager
-from typing import Any
+from typing import Any, cast
 
 import numpy as np
 from cuda.bindings import driver as drv
 
 from . import _loop
 from ._args import DEVICE, IN, INOUT, OUT, RESIDENT, RESIDENT_OUT, BoundCall, LaunchLimits
-from ._backend import Job
+from ._backend import Job, _check_kernel
 from ._compile import KernelCompiler, load_kernel
 from ._cuda_dispatch import CudaDispatch, CudaJob, Launcher, _copy_into, dep_event, layout
 from ._cudadrv import SUCCESS, check, error_for, translate
 from ._dlpack import KDL_CUDA
 from ._exceptions import (
     AllocationError,
+    BackendClosedError,
     CaptureError,
     CompileError,
     CudaError,
@@ -235,9 +237,11 @@ class CudaBackend(CudaDispatch):
         """Compile and load *kernel* now, so its first dispatch does not wait for NVRTC.
 
         Raises:
+            ArgumentTypeError: *kernel* is not an :class:`asyncgraph.Kernel`.
             CompileError: NVRTC failed; the error carries its log.
         """
         self._loop_for_use()
+        _check_kernel(kernel, "compile()")
         if kernel in self._loaded:
             await _loop.sleep(0)
             return
@@ -287,6 +291,16 @@ class CudaBackend(CudaDispatch):
             error = exc
         except Exception as exc:
             error = exc
+        except BaseException:  # the loop is ending: fail the jobs, so a close does not wait
+            for job in self._compiling.pop(kernel, []):
+                self._complete(
+                    job,
+                    BackendClosedError(
+                        f"the event loop ended while {kernel.name!r} compiled for dispatch "
+                        f"#{job.id}; close the backend before the loop ends"
+                    ),
+                )
+            raise
         jobs = self._compiling.pop(kernel, [])
         for job in jobs:
             if error is not None:
@@ -308,15 +322,18 @@ class CudaBackend(CudaDispatch):
         future: asyncio.Future[Any] = loop.create_future()
 
         def done(error: CudaError | None) -> None:
+            outcome: BaseException | None = error
+            value = None
             try:
                 value = on_done(error, future.cancelled())
             except BaseException as exc:
-                if not future.done():
-                    future.set_exception(exc)
-                return
-            if not future.done():
-                if error is not None:
-                    future.set_exception(error)
+                outcome = exc
+            # After the loop closed (Reactor.adopt settles this) no task is left to wake.
+            with contextlib.suppress(RuntimeError):
+                if future.done():
+                    return
+                if outcome is not None:
+                    future.set_exception(outcome)
                 else:
                     future.set_result(value)
 
@@ -405,7 +422,7 @@ class CudaBackend(CudaDispatch):
         finally:
             # However the download ended (cancelled while it waited for writers, say), jobs
             # parked behind it may go now.
-            use.finished.set()  # type: ignore[attr-defined]  # _Download has the slot
+            use.finished.set()  # type: ignore[attr-defined]  # a Download has the slot
             if self._parked:
                 self._unpark()
 
@@ -439,13 +456,13 @@ class CudaBackend(CudaDispatch):
         )
         event = self._events.take()
         check(drv.cuEventRecord(event, handle), "cuEventRecord")
-        use.event = event  # type: ignore[attr-defined]  # _Download has the slot
+        use.event = event  # type: ignore[attr-defined]  # a Download has the slot
         self._unpark()
         shape, dtype = buffer.shape, buffer.dtype
 
         def on_done(error: CudaError | None, cancelled: bool) -> Any:
             # The reactor recycled the event: later writers must not wait on it.
-            use.event = None  # type: ignore[attr-defined]  # _Download has the slot
+            use.event = None  # type: ignore[attr-defined]  # a Download has the slot
             use.finished.set()  # type: ignore[attr-defined]  # likewise
             try:
                 if error is not None or cancelled:
@@ -712,16 +729,33 @@ class CudaBackend(CudaDispatch):
     # -- closing -------------------------------------------------------------------------------
 
     async def _shutdown(self) -> None:
+        # The loop's end may interrupt it at an await and start it again: each step repeats.
         self._close_graphs()
         if self._leases:
             # Work of other libraries may still be enqueued on leased streams.
             self._no_leases = self._event_loop.create_future()
             await self._no_leases
         for task in list(self._tasks):
-            await task
+            await _loop.wait_done(task)
         threads = self._reactor_.close() if self._reactor_ is not None else []
-        for thread in threads:
-            await self._event_loop.run_in_executor(None, thread.join)
+        if threads:
+            await self._event_loop.run_in_executor(None, _join, threads)
+        self._release_all()
+        if isinstance(self._pinned, PinnedPool):
+            # Return with the pinned memory released: a free still running in the background
+            # would wait for kernels of other backends and hold up their driver calls.
+            await _loop.wrap_future(self._pinned.wait_freed())
+
+    def _shutdown_now(self) -> None:
+        self._close_graphs()
+        _join(self._reactor_.close() if self._reactor_ is not None else [])
+        self._release_all()
+        if isinstance(self._pinned, PinnedPool):
+            self._pinned.wait_freed().result()
+
+    def _release_all(self) -> None:
+        if self._streams_closed:
+            return
         self._pinned.close()
         self._events.close()
         self._timing_events.close()
@@ -733,10 +767,43 @@ class CudaBackend(CudaDispatch):
         self._launchers.clear()
         if self._owns_memory:
             self._memory_resource.close()
-        if isinstance(self._pinned, PinnedPool):
-            # Return with the pinned memory released: a free still running in the background
-            # would wait for kernels of other backends and hold up their driver calls.
-            await _loop.wrap_future(self._pinned.wait_freed())
+
+    async def _settle_after(self, ended: asyncio.AbstractEventLoop) -> None:
+        # Tasks, leases and compilations of the ended loop never go on, and neither does what
+        # its callbacks carried (staging, result copies, streamed transfers): fail those jobs
+        # once the device finished and the reactor settled the watched events on this loop.
+        self._tasks.clear()
+        self._leases = 0
+        self._compiling.clear()
+        jobs = cast("list[CudaJob]", list(self._in_flight.values()))
+        carried = [job for job in jobs if job.event is None or job.streamed]
+        reactor = self._reactor_
+        if reactor is not None:
+            threads = reactor.close()
+            await self._event_loop.run_in_executor(None, self._synchronize, threads)
+            reactor.adopt(self._event_loop)
+        for job in carried:
+            if job.id not in self._in_flight or (job.event is not None and not job.streamed):
+                continue  # completed, or launched just now (it waited for a settled one)
+            if job in self._parked:
+                self._parked.remove(job)
+            if job.device_buffer is not None:
+                with contextlib.suppress(Exception):
+                    self._device_memory.free(job.device_buffer, self._alloc_stream)
+                job.device_buffer = None
+            self._release_job(job)
+            self._complete(
+                job,
+                BackendClosedError(
+                    f"backend {self.name} was left open when its event loop ended, before "
+                    f"dispatch #{job.id} of {job.call.kernel.name!r} completed"
+                ),
+            )
+
+    def _synchronize(self, threads: list[threading.Thread]) -> None:
+        drv.cuCtxSetCurrent(self._context)
+        drv.cuCtxSynchronize()  # a fault's error surfaces in the events' queries
+        _join(threads)
 
     def _release_unclosed(self) -> None:
         if self._reactor_ is not None:
@@ -748,6 +815,11 @@ class CudaBackend(CudaDispatch):
 
     def _start(self, job: Job) -> None:
         self._start_job(job)  # type: ignore[arg-type]  # every job here is a CudaJob
+
+
+def _join(threads: list[threading.Thread]) -> None:
+    for thread in threads:
+        thread.join()
 
 
 class _CaptureStream:

@@ -3,18 +3,34 @@
 Worker threads (host workers, the CUDA waiter thread) post completions; the first post after the
 loop drained wakes it with one ``call_soon_threadsafe``, and the loop then handles every item
 posted up to that moment in one batch. Posting never blocks and never runs user code.
+
+Once the loop is closed nothing runs it any more, so a post handles its items on the posting
+thread instead: a dispatch still completes, and a thread blocked in ``pending.result()``
+returns. Those off-loop handlers hold :data:`off_loop_lock`, which serialises them with each
+other and with a backend that settles, from another loop, what its ended loop left
+(:func:`settle`).
 """
 
 from __future__ import annotations
 
 import asyncio
+import threading
+import weakref
 from collections import deque
 from collections.abc import Callable
-from typing import Generic, TypeVar
+from typing import Any, Generic, TypeVar
 
-__all__ = ("Inbox",)
+import structlog
+
+__all__ = ("Inbox", "off_loop_lock", "settle")
 
 T = TypeVar("T")
+
+_log = structlog.get_logger("asyncgraph")
+
+# Held while items of a closed loop are handled off its thread (rare: only after a loop ended).
+off_loop_lock = threading.RLock()
+_inboxes: weakref.WeakSet[Inbox[Any]] = weakref.WeakSet()  # changed under off_loop_lock
 
 
 class Inbox(Generic[T]):
@@ -22,10 +38,11 @@ class Inbox(Generic[T]):
 
     Args:
         loop: the loop whose thread runs *handle*.
-        handle: called on the loop's thread with each item, in posting order.
+        handle: called on the loop's thread with each item, in posting order; once the loop
+            is closed, on the posting thread under :data:`off_loop_lock`.
     """
 
-    __slots__ = ("_handle", "_items", "_loop", "_scheduled", "wakeups")
+    __slots__ = ("__weakref__", "_handle", "_items", "_loop", "_scheduled", "wakeups")
 
     def __init__(self, loop: asyncio.AbstractEventLoop, handle: Callable[[T], None]) -> None:
         self._loop = loop
@@ -33,9 +50,11 @@ class Inbox(Generic[T]):
         self._items: deque[T] = deque()
         self._scheduled = False
         self.wakeups = 0
+        with off_loop_lock:
+            _inboxes.add(self)
 
     def post(self, item: T) -> None:
-        """Queue *item* (thread-safe; never blocks)."""
+        """Queue *item* (thread-safe; never blocks, except on the lock once the loop closed)."""
         self._items.append(item)
         if not self._scheduled:
             self._scheduled = True
@@ -43,8 +62,8 @@ class Inbox(Generic[T]):
             try:
                 self._loop.call_soon_threadsafe(self._drain)
             except RuntimeError:
-                # The loop is closed: nobody is left to hand the item to.
-                self._scheduled = False
+                # The loop is closed: nobody else is left to hand the item to.
+                self._drain_off_loop()
 
     def drain(self) -> None:
         """Handle everything posted so far, on the loop's thread."""
@@ -57,3 +76,25 @@ class Inbox(Generic[T]):
         items = self._items
         while items:
             self._handle(items.popleft())
+
+    def _drain_off_loop(self) -> None:
+        with off_loop_lock:
+            self._scheduled = False
+            items = self._items
+            while items:
+                item = items.popleft()
+                try:
+                    self._handle(item)
+                except Exception as exc:  # a worker thread must not die of it
+                    _log.error("inbox.handler_failed", error=repr(exc), exc_info=exc)
+
+
+def settle(loop: asyncio.AbstractEventLoop) -> None:
+    """Handle, here, what inboxes of *loop* (closed) hold: posts it took but never ran.
+
+    Later posts to them are handled on their posting threads.
+    """
+    with off_loop_lock:
+        inboxes = [inbox for inbox in _inboxes if inbox._loop is loop]
+        for inbox in inboxes:
+            inbox._drain_off_loop()

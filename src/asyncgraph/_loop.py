@@ -8,7 +8,8 @@ calls on trio's primitives: ``TrioToken.run_sync_soon`` for callbacks (from any 
 :class:`TrioFuture` parks and reschedules trio tasks, and tasks are trio system tasks.
 
 Module functions stand in for asyncio's where the loop matters (:func:`sleep`, :func:`shield`,
-:func:`wait_for`, :func:`wrap_future`, :func:`cancelled_error`), so one code path serves both.
+:func:`wait_for`, :func:`wait_done`, :func:`wrap_future`, :func:`create_lasting_task`,
+:func:`through_run_end`), so one code path serves both.
 """
 
 from __future__ import annotations
@@ -24,10 +25,13 @@ import structlog
 __all__ = (
     "TrioFuture",
     "TrioLoop",
+    "create_lasting_task",
     "current_loop",
     "running_loop",
     "shield",
     "sleep",
+    "through_run_end",
+    "wait_done",
     "wait_for",
     "wrap_future",
 )
@@ -35,6 +39,7 @@ __all__ = (
 T = TypeVar("T")
 
 _log = structlog.get_logger("asyncgraph")
+_RUN_END_RETRIES = 16
 
 
 def running_loop() -> asyncio.AbstractEventLoop | None:
@@ -112,6 +117,54 @@ async def wait_for(future: asyncio.Future[T], timeout: float) -> T:  # noqa: ASY
             return await future
     except trio.TooSlowError:
         raise TimeoutError from None
+
+
+async def wait_done(future: asyncio.Future[Any]) -> None:
+    """Wait until *future* (a task, say) is done, whatever its outcome, without raising it.
+
+    Raises:
+        CancelledError: the awaiting task itself was cancelled (the future goes on).
+    """
+    if future.done():
+        return
+    waiter: asyncio.Future[None] = current_loop().create_future()
+
+    def wake(_done: object) -> None:
+        if not waiter.done():
+            waiter.set_result(None)
+
+    future.add_done_callback(wake)
+    await waiter
+
+
+def create_lasting_task(
+    loop: asyncio.AbstractEventLoop, coro: Coroutine[Any, Any, T]
+) -> asyncio.Task[T]:
+    """A task that finishes even when the run ends while it runs (a backend's close).
+
+    Under trio its cancel scope is shielded, so ``trio.run`` waits for it. ``asyncio.run``
+    cancels the tasks left when its main coroutine returns and then waits for them: the
+    coroutine must carry on after that one cancellation (``Backend._close`` does).
+    """
+    if _is_trio(loop):
+        return cast(TrioLoop, loop).create_task(coro, shielded=True)
+    return loop.create_task(coro)
+
+
+async def through_run_end(step: Callable[[], Awaitable[object]]) -> None:
+    """Await ``step()`` to its end, although the end of an asyncio run cancels the caller.
+
+    ``asyncio.run`` cancels every task left when its coroutine returns, once, then waits for
+    them: the interrupted step is started again (so it must be safe to repeat), a few times at
+    most. Under trio, run the caller in a :func:`create_lasting_task` instead.
+    """
+    for _ in range(_RUN_END_RETRIES):
+        try:
+            await step()
+        except asyncio.CancelledError:
+            continue
+        return
+    await step()
 
 
 def wrap_future(future: concurrent.futures.Future[T]) -> asyncio.Future[T]:
@@ -244,12 +297,13 @@ class TrioFuture:
 class TrioTask(TrioFuture):
     """A coroutine run as a trio system task, completing like a future; ``cancel()`` works."""
 
-    __slots__ = ("_cancel_asked", "_scope")
+    __slots__ = ("_cancel_asked", "_scope", "_shielded")
 
-    def __init__(self, loop: TrioLoop) -> None:
+    def __init__(self, loop: TrioLoop, shielded: bool = False) -> None:
         super().__init__(loop)
         self._scope: Any = None
         self._cancel_asked = False
+        self._shielded = shielded  # the end of the run does not cancel it
 
     def cancel(self, msg: object = None) -> bool:
         if self._state != _PENDING:
@@ -263,7 +317,7 @@ class TrioTask(TrioFuture):
         import trio
 
         try:
-            with trio.CancelScope() as scope:
+            with trio.CancelScope(shield=self._shielded) as scope:
                 self._scope = scope
                 if self._cancel_asked:
                     scope.cancel()
@@ -295,6 +349,12 @@ class TrioLoop:
         return f"<TrioLoop closed={self._closed}>"
 
     def is_closed(self) -> bool:
+        """Whether the trio run has finished (asked of the run, which is then woken once)."""
+        if not self._closed:
+            try:
+                self._token.run_sync_soon(_nothing)
+            except RuntimeError:  # trio.RunFinishedError
+                self._closed = True
         return self._closed
 
     def call_soon(self, fn: Callable[..., object], *args: Any, context: object = None) -> None:
@@ -309,10 +369,12 @@ class TrioLoop:
     def create_future(self) -> asyncio.Future[Any]:
         return cast("asyncio.Future[Any]", TrioFuture(self))
 
-    def create_task(self, coro: Coroutine[Any, Any, T], **_: object) -> asyncio.Task[T]:
+    def create_task(
+        self, coro: Coroutine[Any, Any, T], *, shielded: bool = False, **_: object
+    ) -> asyncio.Task[T]:
         import trio
 
-        task = TrioTask(self)
+        task = TrioTask(self, shielded)
         trio.lowlevel.spawn_system_task(task._run, coro, name=getattr(coro, "__qualname__", None))
         return cast("asyncio.Task[T]", task)
 
@@ -331,6 +393,10 @@ class TrioLoop:
             lambda done: self.call_soon_threadsafe(_copy_outcome, done, wrapped)
         )
         return wrapped
+
+
+def _nothing() -> None:
+    pass
 
 
 def _call_logged(fn: Callable[..., object], args: tuple[Any, ...]) -> None:

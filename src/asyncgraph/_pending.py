@@ -163,7 +163,7 @@ class PendingDispatch:
         state = ("pending", "done", "failed")[self._state]
         return f"<PendingDispatch #{self.dispatch_id} {self.kernel_name} {state}>"
 
-    # -- completion (event loop thread only) ----------------------------------------------------
+    # -- completion (event loop thread; any thread once the loop is closed) ---------------------
 
     def _wait(self, timeout: float | None) -> None:
         if self._state != _PENDING:
@@ -194,15 +194,23 @@ class PendingDispatch:
             event = self._event
         if event is not None:
             event.set()
+        # After the loop closed (a completion handled on a worker thread, see Inbox) waking its
+        # tasks or scheduling callbacks raises RuntimeError: none of them can run any more.
         if self._waiters is not None:
-            for waiter in self._waiters:
-                if not waiter.done():
-                    waiter.set_result(None)
-            self._waiters = None
+            waiters, self._waiters = self._waiters, None
+            try:
+                for waiter in waiters:
+                    if not waiter.done():
+                        waiter.set_result(None)
+            except RuntimeError:
+                pass
         if self._callbacks is not None:
-            for fn in self._callbacks:
-                self._loop.call_soon(fn, self)
-            self._callbacks = None
+            callbacks, self._callbacks = self._callbacks, None
+            try:
+                for fn in callbacks:
+                    self._loop.call_soon(fn, self)
+            except RuntimeError:
+                pass
 
     def _set_result(self, results: tuple[Any, ...], device_time: float | None = None) -> None:
         self._device_time = device_time

@@ -347,7 +347,12 @@ class Reactor:
             # poll resolves a bounded batch per loop iteration.
             self._poll_scheduled = True
             self._window_start = perf_counter()
-            self._loop.call_soon(self._poll)
+            try:
+                self._loop.call_soon(self._poll)
+            except RuntimeError:
+                # The loop is closed (the inbox called this on the waiter's thread): the
+                # backend's close settles the watches on its next loop (adopt()).
+                self._poll_scheduled = False
 
     def _finish(self, watch: _Watch, error: CudaError | None) -> None:
         watch.finished = True
@@ -399,6 +404,31 @@ class Reactor:
             # Blocks with the GIL released; the loop re-queries, so the result is not needed.
             lane.last_code = drv.cuEventSynchronize(event)[0]
             self._inbox.post(lane)
+
+    def adopt(self, loop: asyncio.AbstractEventLoop) -> None:
+        """The loop this reactor served has ended: serve *loop*, and settle every watch now.
+
+        The context was synchronized and the waiter threads joined first, so every watched
+        event has completed; callbacks run here, on *loop*'s thread.
+        """
+        self._loop = loop
+        self._inbox = Inbox(loop, self._woken)
+        self._poll_scheduled = self._paused = self._pause_waiters = False
+        watches: list[_Watch] = []
+        for lane in self._lanes:
+            lane.handed = None
+            watches.extend(lane.pending)
+            lane.pending.clear()
+            lane.ready = 0
+        self._pending = 0
+        for watch in watches:
+            watch.held = False
+            code = drv.cuEventQuery(watch.event)[0]
+            error = None if code == SUCCESS else error_for(code, "cuEventQuery")
+            if error is not None and is_sticky(code) and self._fault is None:
+                self._fault = error
+                self._on_fault(error)
+            self._finish(watch, error)
 
     def close(self) -> list[threading.Thread]:
         """Stop the waiter threads; return them to join (nothing may be pending)."""

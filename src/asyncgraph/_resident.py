@@ -14,6 +14,7 @@ Each buffer also tracks the dispatches in flight that use it, for two purposes:
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Callable
 from typing import Any, Protocol
 
@@ -21,9 +22,9 @@ import numpy as np
 
 from . import _loop
 from ._dlpack import make_capsule
-from ._exceptions import StaleBufferError
+from ._exceptions import ArgumentTypeError, ShapeMismatchError, StaleBufferError
 
-__all__ = ("Exporter", "ResidentBuffer", "ResidentStore")
+__all__ = ("Download", "Exporter", "ResidentBuffer", "ResidentStore", "check_out")
 
 
 class Use(Protocol):
@@ -365,3 +366,31 @@ class ResidentStore:
         self.bytes_live -= buffer.nbytes
         if storage is not None:
             self._free_storage(storage)
+
+
+def check_out(out: object, buffer: ResidentBuffer) -> None:
+    """Raise unless *out* is an array ``download(out=...)`` can copy *buffer* into."""
+    if not isinstance(out, np.ndarray):
+        raise ArgumentTypeError(f"download(out=...) takes a numpy array, got {type(out).__name__}")
+    if not out.flags.c_contiguous or not out.flags.writeable:
+        raise ArgumentTypeError(
+            "download(out=...) needs a writable, C-contiguous array; pass np.empty(shape, dtype)"
+        )
+    if out.shape != buffer.shape or out.dtype != buffer.dtype:
+        raise ShapeMismatchError(
+            f"download(out=...) got a {out.dtype} array of shape {out.shape}; the buffer is "
+            f"{buffer.dtype} of shape {buffer.shape}"
+        )
+
+
+class Download:
+    """A download in progress, tracked as a read use of its buffer.
+
+    ``finished`` is set once the copy is done, so host workers that write the buffer can wait.
+    """
+
+    __slots__ = ("event", "finished")
+
+    def __init__(self) -> None:
+        self.finished = threading.Event()
+        self.event: object = None  # the CUDA backend's copy event, once enqueued
