@@ -222,6 +222,35 @@ def test_cancelled_close_still_closes(loop: Any, open_gpu: Opener) -> None:
     run(loop, body)
 
 
+def test_submit_waits_for_room_in_a_bounded_queue(loop: Any, asyncgraph_device: str) -> None:
+    async def body() -> None:
+        gpu = ag.open_backend(asyncgraph_device, max_in_flight=1, max_queued=1)
+        async with gpu:
+            await gpu.compile(SPIN)
+            first = gpu.dispatch(SPIN, *_nap_args(0.1), grid=1, block=1)
+            gpu.dispatch(SPIN, *_nap_args(0.01), grid=1, block=1)  # queued behind it
+            with pytest.raises(ag.QueueFullError, match=r"^backend \S+ has 1 dispatches queued"):
+                gpu.dispatch(SPIN, *_nap_args(0.01), grid=1, block=1)
+            with anyio.move_on_after(0.02) as scope:  # a cancelled wait starts nothing
+                await gpu.submit(SPIN, *_nap_args(0.01), grid=1, block=1)
+            assert scope.cancelled_caught
+            assert gpu.telemetry.snapshot().dispatches == 2
+            pendings: list[ag.PendingDispatch] = []
+
+            async def submit() -> None:
+                pendings.append(await gpu.submit(SPIN, *_nap_args(0.01), grid=1, block=1))
+
+            async with anyio.create_task_group() as tg:
+                for _ in range(3):
+                    tg.start_soon(submit)
+            assert first.done()  # they went only once there was room
+            assert sorted(p.dispatch_id for p in pendings) == [3, 4, 5]
+            for pending in pendings:
+                assert (await pending)[0][0] == 1
+
+    run(loop, body)
+
+
 def _own_threads() -> set[threading.Thread]:
     names = ("asyncgraph-host", "asyncgraph-waiter")
     return {t for t in threading.enumerate() if t.name.startswith(names)}

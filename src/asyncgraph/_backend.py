@@ -13,6 +13,7 @@ import asyncio
 import contextlib
 import itertools
 import numbers
+import sys
 import warnings
 from collections import deque
 from collections.abc import Callable, Generator
@@ -40,6 +41,7 @@ from ._exceptions import (
     BackendClosedError,
     DeviceFaultError,
     DeviceUnavailableError,
+    QueueFullError,
     UnsupportedError,
 )
 from ._kernel import Kernel
@@ -116,6 +118,8 @@ class Backend(abc.ABC):
         self._in_flight: dict[int, Job] = {}
         self._queue: deque[Job] = deque()
         self._max_in_flight = options.max_in_flight
+        self._max_queued = options.max_queued or sys.maxsize
+        self._room = _loop.WaitQueue()  # submit() calls waiting for room in the queue
         self._transfers = 0  # uploads and downloads in progress (closing waits for them)
         self._drained: asyncio.Future[None] | None = None  # set once nothing is in flight
         self._close_task: asyncio.Task[None] | None = None
@@ -220,12 +224,20 @@ class Backend(abc.ABC):
         Raises:
             DispatchError: an argument or the launch shape is invalid; nothing was started.
             StaleBufferError: a resident buffer is closed or from another backend.
+            QueueFullError: ``BackendOptions.max_queued`` dispatches are queued already; nothing
+                was started (:meth:`submit` waits for room instead).
             UnsupportedError: the backend cannot run this (e.g. no ``host=`` on the host
                 backend), or the call is not on the backend's event loop.
             BackendClosedError: the backend is closed.
             DeviceFaultError: the backend failed earlier with a device fault.
         """
         loop = self._loop_for_use()
+        if len(self._queue) >= self._max_queued:
+            raise QueueFullError(
+                f"backend {self.name} has {len(self._queue)} dispatches queued already "
+                f"(BackendOptions.max_queued={self._max_queued}); nothing was started — use "
+                "'await backend.submit(...)' to wait for room instead"
+            )
         if not isinstance(timing, bool):
             raise ArgumentTypeError(f"timing={timing!r}; pass True or False")
         if graph not in _GRAPH_CHOICES:
@@ -325,8 +337,48 @@ class Backend(abc.ABC):
         queue = self._queue
         while queue and len(self._in_flight) < self._max_in_flight:
             self._submit(queue.popleft())
+            if self._room:
+                self._room.wake()  # one place left the queue: one submit() may go
         if self._drained is not None:
             self._check_drained()
+
+    async def submit(
+        self,
+        kernel: Kernel,
+        *args: object,
+        grid: int | tuple[int, ...],
+        block: int | tuple[int, ...],
+        shared_mem: int = 0,
+        timing: bool = False,
+        graph: str = "never",
+    ) -> PendingDispatch:
+        """Like :meth:`dispatch`, but first wait while ``max_queued`` dispatches are queued.
+
+        The backpressure of a server: callers wait their turn (first come, first served)
+        instead of piling up work. Cancelling the wait leaves the line and starts nothing.
+        With ``BackendOptions.max_queued=None`` (the default) it never waits.
+
+        Returns:
+            The :class:`PendingDispatch`; ``await`` it for the results.
+
+        Raises:
+            BackendClosedError: the backend was closed (also while waiting).
+            Exception: whatever :meth:`dispatch` raises for these arguments.
+        """
+        loop = self._loop_for_use()
+        await _loop.sleep(0)  # a checkpoint before anything starts
+        if self._room or len(self._queue) >= self._max_queued:
+            await self._room.wait(loop)
+            while len(self._queue) >= self._max_queued:  # a dispatch() took the place first
+                await self._room.wait(loop, first=True)
+        try:
+            return self.dispatch(
+                kernel, *args, grid=grid, block=block, shared_mem=shared_mem, timing=timing,
+                graph=graph,
+            )  # fmt: skip
+        finally:
+            if self._room and len(self._queue) < self._max_queued:
+                self._room.wake()  # room for the next one too (or this one was refused)
 
     async def compile(self, kernel: Kernel) -> None:
         """Prepare *kernel* now, so its first dispatch does not wait (CUDA: NVRTC and loading).
@@ -636,6 +688,11 @@ class Backend(abc.ABC):
 
     def _begin_closing(self) -> None:
         self._state = _CLOSING
+        self._room.fail(
+            lambda: BackendClosedError(
+                f"backend {self.name} was closed while submit() waited for room in its queue"
+            )
+        )
 
     def _drop_queued(self, why: Callable[[str], str]) -> None:
         """Fail every dispatch still queued with BackendClosedError (closing)."""
@@ -666,6 +723,7 @@ class Backend(abc.ABC):
         """The backend's loop has ended: belong to *loop*; the close settles what it left."""
         ended = self._event_loop
         with _inbox.off_loop_lock:  # completions may be handled on worker threads meanwhile
+            self._room = _loop.WaitQueue()  # its waiters were on the ended loop
             self._begin_closing()
             self._close_task = None  # a close begun there never goes on
             self._drained = None

@@ -9,7 +9,8 @@ calls on trio's primitives: ``TrioToken.run_sync_soon`` for callbacks (from any 
 
 Module functions stand in for asyncio's where the loop matters (:func:`sleep`, :func:`shield`,
 :func:`wait_for`, :func:`wait_done`, :func:`wrap_future`, :func:`create_lasting_task`,
-:func:`through_run_end`), so one code path serves both.
+:func:`through_run_end`), so one code path serves both; :class:`WaitQueue` parks tasks in FIFO
+order on either.
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ from __future__ import annotations
 import asyncio
 import concurrent.futures
 import sys
+from collections import deque
 from collections.abc import Awaitable, Callable, Coroutine, Generator
 from typing import Any, TypeVar, cast
 
@@ -25,6 +27,7 @@ import structlog
 __all__ = (
     "TrioFuture",
     "TrioLoop",
+    "WaitQueue",
     "create_lasting_task",
     "current_loop",
     "running_loop",
@@ -165,6 +168,62 @@ async def through_run_end(step: Callable[[], Awaitable[object]]) -> None:
             continue
         return
     await step()
+
+
+class WaitQueue:
+    """Tasks parked in FIFO order until woken, on asyncio or trio.
+
+    Cancellation-safe in the manner of trio's ``CapacityLimiter``: a waiter cancelled while
+    parked leaves the queue, and one cancelled after it was woken, before it ran, passes the
+    wake-up on to the next.
+    """
+
+    __slots__ = ("_waiters",)
+
+    def __init__(self) -> None:
+        self._waiters: deque[asyncio.Future[None]] = deque()
+
+    def __len__(self) -> int:
+        return len(self._waiters)
+
+    async def wait(self, loop: asyncio.AbstractEventLoop, first: bool = False) -> None:
+        """Park until :meth:`wake` (at the back, or at the front with *first*).
+
+        Raises:
+            BaseException: what :meth:`fail` was given, or the cancellation of the caller.
+        """
+        waiter: asyncio.Future[None] = loop.create_future()
+        if first:
+            self._waiters.appendleft(waiter)
+        else:
+            self._waiters.append(waiter)
+        try:
+            await waiter
+        except BaseException:
+            if waiter.done() and not waiter.cancelled() and waiter.exception() is None:
+                self.wake()  # woken, then cancelled before it could use the turn
+            else:
+                if waiter in self._waiters:
+                    self._waiters.remove(waiter)
+                waiter.cancel()
+            raise
+
+    def wake(self) -> None:
+        """Wake the first waiter, if any."""
+        waiters = self._waiters
+        while waiters:
+            waiter = waiters.popleft()
+            if not waiter.done():
+                waiter.set_result(None)
+                return
+
+    def fail(self, error: Callable[[], BaseException]) -> None:
+        """Wake every waiter with a new ``error()`` raised from its :meth:`wait`."""
+        waiters = self._waiters
+        while waiters:
+            waiter = waiters.popleft()
+            if not waiter.done():
+                waiter.set_exception(error())
 
 
 def wrap_future(future: concurrent.futures.Future[T]) -> asyncio.Future[T]:
