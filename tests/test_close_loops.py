@@ -138,7 +138,7 @@ def test_a_close_the_loop_ends_during_still_finishes(how: str) -> None:
         backend = kept["backend"] = ag.open_backend("host")
         kept["buffer"] = await backend.upload(np.ones(4, np.float32))
         kept["pending"] = _probe(backend, rec)
-        threading.Timer(0.05, rec.release.set).start()
+        threading.Timer(0.2, rec.release.set).start()  # after the checks below
         if how == "left running":
             kept["task"] = asyncio.create_task(backend.aclose())
             await asyncio.sleep(0)
