@@ -30,11 +30,9 @@ from ._args import (
     RESIDENT_OUT,
     BoundCall,
     LaunchLimits,
-    _check_array,
-    _numeric_dtype,
-    _shape_tuple,
     bind,
 )
+from ._checks import check_array, numeric_dtype, shape_tuple
 from ._dlpack import KDL_CPU
 from ._exceptions import (
     ArgumentTypeError,
@@ -411,7 +409,7 @@ class Backend(abc.ABC):
             raise ArgumentTypeError(
                 f"upload() takes a numpy array, got {type(array).__name__}; pass np.asarray(x)"
             )
-        _check_array(array, "upload()")
+        check_array(array, "upload()")
         self._transfers += 1
         try:
             storage = await self._upload_storage(array)
@@ -438,8 +436,8 @@ class Backend(abc.ABC):
             BackendClosedError: the backend is closed.
         """
         self._loop_for_use()
-        shape_t = _shape_tuple(shape, "empty()")
-        dt = _numeric_dtype(dtype, "empty()")
+        shape_t = shape_tuple(shape, "empty()")
+        dt = numeric_dtype(dtype, "empty()")
         return self._new_resident(shape_t, dt)
 
     def _new_resident(self, shape: tuple[int, ...], dtype: np.dtype[Any]) -> ResidentBuffer:
@@ -461,8 +459,8 @@ class Backend(abc.ABC):
             BackendClosedError: the backend is closed.
         """
         self._loop_for_use()
-        shape_t = _shape_tuple(shape, "pinned_empty()")
-        dt = _numeric_dtype(dtype, "pinned_empty()")
+        shape_t = shape_tuple(shape, "pinned_empty()")
+        dt = numeric_dtype(dtype, "pinned_empty()")
         return self._host_array(shape_t, dt)
 
     def _host_array(self, shape: tuple[int, ...], dtype: np.dtype[Any]) -> np.ndarray[Any, Any]:

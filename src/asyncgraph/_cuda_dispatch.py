@@ -43,9 +43,9 @@ from ._args import (
     RESIDENT_OUT,
     SCALAR,
     BoundCall,
-    _check_pointer_dtype,
 )
 from ._backend import Backend, Job
+from ._checks import check_pointer_dtype
 from ._cudadrv import SUCCESS, check, error_for, translate
 from ._exceptions import ArgumentTypeError, BackendClosedError, CudaError, DispatchError
 from ._kernel import Kernel, Param
@@ -258,7 +258,7 @@ def _foreign_array(value: Any, where: str, param: Any) -> tuple[int, int | None]
             )
     if int(np.prod(shape, dtype=np.int64)) == 0:
         raise DispatchError(f"{where} is an empty device array; skip the dispatch")
-    _check_pointer_dtype(dtype, where, param)
+    check_pointer_dtype(dtype, where, param)
     stream = cai.get("stream")
     return pointer, (int(stream) if stream else None)
 

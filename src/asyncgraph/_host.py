@@ -31,10 +31,9 @@ from ._args import (
     SCALAR,
     BoundCall,
     LaunchLimits,
-    _describe,
-    _describe_value,
 )
 from ._backend import Backend, Job
+from ._checks import describe, describe_value
 from ._exceptions import AllocationError, HostFunctionError, UnsupportedError
 from ._inbox import Inbox
 from ._kernel import Kernel
@@ -84,7 +83,7 @@ def host_return_error(
         result.close()  # never awaited, on purpose: no warning about it
     return HostFunctionError(
         f"the host= function of kernel {kernel_name!r} returned "
-        f"{_describe_value(result)}, which the dispatch cannot use; write the results into the "
+        f"{describe_value(result)}, which the dispatch cannot use; write the results into the "
         "output arguments (e.g. out[:] = 2 * x) and return None"
     )
 
@@ -101,7 +100,7 @@ def _no_memory_for_arg(job: _HostJob, index: int) -> AllocationError:
     """The worker could not allocate the array of argument *index* (an Out, or an InOut copy)."""
     kind, value, param = job.call.args[index]
     what = f"InOut(<{value.dtype} array {value.shape}>)" if kind == INOUT else repr(value)
-    return _no_memory(f"{_describe(index, job.call.kernel, param)}, {what},", value.nbytes)
+    return _no_memory(f"{describe(index, job.call.kernel, param)}, {what},", value.nbytes)
 
 
 def _shaped(what: str, shape: tuple[int, ...], dtype: np.dtype[Any]) -> AllocationError:
@@ -247,7 +246,7 @@ class HostBackend(Backend):
             # waiting for this very copy to finish.
             return await self._event_loop.run_in_executor(None, _copy, array)
         except MemoryError as exc:
-            raise _no_memory(f"a resident copy of {_describe_value(array)}", array.nbytes) from exc
+            raise _no_memory(f"a resident copy of {describe_value(array)}", array.nbytes) from exc
 
     def _alloc_storage(self, shape: tuple[int, ...], dtype: np.dtype[Any]) -> Any:
         try:
