@@ -82,3 +82,79 @@ def test_a_close_the_loop_ends_during_finishes_with_a_compile_in_flight() -> Non
             str(error),
         )
     _assert_closed(kept["gpu"], before)
+
+
+def _run_in_thread(main: Any) -> threading.Thread:
+    thread = threading.Thread(target=asyncio.run, args=(main,), name="owner-loop")
+    thread.start()
+    return thread
+
+
+@pytest.mark.parametrize(
+    ("seconds", "wait_first"),
+    [
+        (0.2, True),  # result() blocks while the loop ends; a waiter thread most likely holds it
+        (0.2, False),
+        (0.0, False),  # the loop most likely closes while it still polls: no hand-off at all
+        (0.0, True),
+    ],
+    ids=["long-waiting", "long-after", "short-after", "short-waiting"],
+)
+def test_a_cuda_dispatch_in_flight_when_its_loop_ends_still_resolves(
+    seconds: float, wait_first: bool
+) -> None:
+    before = _waiters()
+    kept: dict[str, Any] = {}
+    launched = threading.Event()
+
+    async def main() -> None:
+        gpu = kept["gpu"] = ag.open_backend("cuda")
+        await gpu.compile(SPIN)
+        kept["pending"] = gpu.dispatch(
+            SPIN, np.int64(seconds * HOST_CLOCK_HZ), ag.Out(1, np.int32), grid=1, block=1
+        )
+        launched.set()  # returns without awaiting it: the loop ends with the dispatch in flight
+
+    owner = _run_in_thread(main())
+    assert launched.wait(30)
+    if not wait_first:
+        owner.join(30)
+        assert not owner.is_alive()
+    (out,) = kept["pending"].result(timeout=10)  # before the backend is closed
+    assert out[0] == 1
+    owner.join(30)
+    gpu = kept["gpu"]
+    assert gpu.telemetry.snapshot().dispatches_completed == 1
+    asyncio.run(gpu.aclose())
+    _assert_closed(gpu, before)
+
+
+def test_cuda_dispatches_on_several_lanes_resolve_after_their_loop_ends() -> None:
+    before = _waiters()
+    n = 4 << 20  # 16 MiB of results: copied out off the loop's thread
+    x = np.random.default_rng().random(n, dtype=np.float32)
+    kept: dict[str, Any] = {}
+
+    async def main() -> None:
+        gpu = kept["gpu"] = ag.open_backend("cuda")
+        await gpu.compile(SPIN)
+        await gpu.compile(SCALE)
+        kept["big"] = gpu.dispatch(
+            SCALE, x, ag.Out(n, np.float32), np.float32(2), np.int32(n), grid=n // 256, block=256
+        )
+        await asyncio.sleep(0.05)  # its inputs staged in a thread, and launched
+        kept["spins"] = [
+            gpu.dispatch(SPIN, np.int64(cycles), ag.Out(1, np.int32), grid=1, block=1)
+            for cycles in (0.1 * HOST_CLOCK_HZ, 0.2 * HOST_CLOCK_HZ, 0.05 * HOST_CLOCK_HZ, 0)
+        ]
+
+    owner = _run_in_thread(main())
+    owner.join(30)
+    assert not owner.is_alive()
+    for spin in kept["spins"]:
+        assert spin.result(timeout=10)[0][0] == 1
+    np.testing.assert_array_equal(kept["big"].result(timeout=10)[0], 2 * x)
+    gpu = kept["gpu"]
+    assert gpu.telemetry.snapshot().dispatches_completed == 5
+    asyncio.run(gpu.aclose())
+    _assert_closed(gpu, before)

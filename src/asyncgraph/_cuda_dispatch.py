@@ -26,7 +26,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import math
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any
 
 import numpy as np
@@ -940,4 +940,13 @@ class CudaDispatch(Backend):
             if self._parked:
                 self._unpark()
 
-        self._event_loop.run_in_executor(None, self._results, job).add_done_callback(finished)
+        future: Any
+        try:
+            future = self._event_loop.run_in_executor(None, self._results, job)
+        except RuntimeError:  # the loop is closed (Reactor._settle_off_loop): copy right here
+            future = Future()
+            try:
+                future.set_result(self._results(job))
+            except Exception as exc:
+                future.set_exception(exc)
+        future.add_done_callback(finished)

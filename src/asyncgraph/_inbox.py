@@ -22,7 +22,7 @@ from typing import Any, Generic, TypeVar
 
 import structlog
 
-__all__ = ("Inbox", "off_loop_lock", "settle")
+__all__ = ("Inbox", "kick", "off_loop_lock", "settle")
 
 T = TypeVar("T")
 
@@ -40,13 +40,33 @@ class Inbox(Generic[T]):
         loop: the loop whose thread runs *handle*.
         handle: called on the loop's thread with each item, in posting order; once the loop
             is closed, on the posting thread under :data:`off_loop_lock`.
+        off_loop: called instead of *handle* once the loop is closed, if given.
+        on_closed: called by :func:`kick` (under :data:`off_loop_lock`) once the loop is
+            closed, for posters that would otherwise never post again.
     """
 
-    __slots__ = ("__weakref__", "_handle", "_items", "_loop", "_scheduled", "wakeups")
+    __slots__ = (
+        "__weakref__",
+        "_handle",
+        "_items",
+        "_loop",
+        "_off_loop",
+        "_on_closed",
+        "_scheduled",
+        "wakeups",
+    )
 
-    def __init__(self, loop: asyncio.AbstractEventLoop, handle: Callable[[T], None]) -> None:
+    def __init__(
+        self,
+        loop: asyncio.AbstractEventLoop,
+        handle: Callable[[T], None],
+        off_loop: Callable[[T], None] | None = None,
+        on_closed: Callable[[], None] | None = None,
+    ) -> None:
         self._loop = loop
         self._handle = handle
+        self._off_loop = off_loop if off_loop is not None else handle
+        self._on_closed = on_closed
         self._items: deque[T] = deque()
         self._scheduled = False
         self.wakeups = 0
@@ -84,7 +104,7 @@ class Inbox(Generic[T]):
             while items:
                 item = items.popleft()
                 try:
-                    self._handle(item)
+                    self._off_loop(item)
                 except Exception as exc:  # a worker thread must not die of it
                     _log.error("inbox.handler_failed", error=repr(exc), exc_info=exc)
 
@@ -98,3 +118,23 @@ def settle(loop: asyncio.AbstractEventLoop) -> None:
         inboxes = [inbox for inbox in _inboxes if inbox._loop is loop]
         for inbox in inboxes:
             inbox._drain_off_loop()
+
+
+def kick(loop: asyncio.AbstractEventLoop) -> None:
+    """*loop* is closed and a thread waits for one of its dispatches: ask every inbox's
+    poster to finish what it watches (a CUDA reactor hands each busy lane to its waiter)."""
+    if not loop.is_closed():
+        return
+    with off_loop_lock:
+        inboxes = [inbox for inbox in _inboxes if inbox._loop is loop]
+        for inbox in inboxes:
+            # Posts the loop took but never ran (it closed first): later posts would only
+            # queue behind them.
+            inbox._drain_off_loop()
+        for inbox in inboxes:
+            if inbox._on_closed is None:
+                continue
+            try:
+                inbox._on_closed()
+            except Exception as exc:  # the waiting thread must not fail of it
+                _log.error("inbox.kick_failed", error=repr(exc), exc_info=exc)

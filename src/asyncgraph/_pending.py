@@ -5,10 +5,11 @@ from __future__ import annotations
 import asyncio
 import threading
 from collections.abc import Callable, Generator
+from time import monotonic
 from types import TracebackType
 from typing import Any
 
-from . import _loop
+from . import _inbox, _loop
 from ._exceptions import UnsupportedError
 
 __all__ = ("PendingDispatch",)
@@ -19,6 +20,23 @@ _FAILED = 2
 
 # Guards the lazy creation of a threading.Event for result()/exception() from other threads.
 _event_lock = threading.Lock()
+# How often a thread blocked in result() looks whether the dispatch's loop closed meanwhile.
+_CLOSED_CHECK = 0.1
+
+
+def _wait_for(event: threading.Event, timeout: float | None, loop: Any) -> bool:
+    """``event.wait(timeout)``; once *loop* is closed, first kick what completes its work (a
+    CUDA reactor whose loop closed while it polled would otherwise never settle it)."""
+    deadline = None if timeout is None else monotonic() + timeout
+    while True:
+        if loop.is_closed():
+            _inbox.kick(loop)
+            return event.wait(None if deadline is None else max(0.0, deadline - monotonic()))
+        step = _CLOSED_CHECK if deadline is None else min(_CLOSED_CHECK, deadline - monotonic())
+        if event.wait(max(0.0, step)):
+            return True
+        if deadline is not None and monotonic() >= deadline:
+            return False
 
 
 class PendingDispatch:
@@ -180,7 +198,7 @@ class PendingDispatch:
             if self._event is None:
                 self._event = threading.Event()
             event = self._event
-        if not event.wait(timeout):
+        if not _wait_for(event, timeout, self._loop):
             raise TimeoutError(
                 f"dispatch #{self.dispatch_id} of {self.kernel_name!r} did not complete "
                 f"within {timeout} s"

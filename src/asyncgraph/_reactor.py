@@ -18,6 +18,7 @@ waiter returned it, even if a poll saw it complete first.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import queue
 import threading
 from collections import deque
@@ -30,7 +31,7 @@ from cuda.bindings import driver as drv
 from . import _loop
 from ._cudadrv import NOT_READY, SUCCESS, check, error_for, is_sticky
 from ._exceptions import CudaError
-from ._inbox import Inbox
+from ._inbox import Inbox, off_loop_lock
 from ._telemetry import Telemetry, logger
 
 __all__ = ("HOLD_LIMIT", "EventPool", "Reactor")
@@ -126,7 +127,9 @@ class Reactor:
         self._held_since = 0.0  # first inline completion since the loop last polled
         self._on_fault = on_fault
         self._telemetry = telemetry
-        self._inbox: Inbox[_Lane] = Inbox(loop, self._woken)
+        self._inbox: Inbox[_Lane] = Inbox(
+            loop, self._woken, self._woken_off_loop, self._closed_loop
+        )
         self._poll_scheduled = False
         self._window_start = 0.0
         self._pending = 0
@@ -139,6 +142,7 @@ class Reactor:
         self.batch = 4  # completions resolved per loop iteration at most
         self._paused = False  # a capture runs: no event queries on the loop's thread
         self._pause_waiters = False  # ... and no hand-offs either (a "global" capture)
+        self._stopped = False  # close() stopped the waiter threads (until adopt())
 
     def __repr__(self) -> str:
         waiting = sum(1 for lane in self._lanes if lane.handed is not None)
@@ -354,6 +358,59 @@ class Reactor:
                 # backend's close settles the watches on its next loop (adopt()).
                 self._poll_scheduled = False
 
+    def _woken_off_loop(self, lane: _Lane) -> None:
+        """A waiter posted *lane* after the loop closed (on its thread, or the thread of
+        :func:`~asyncgraph._inbox.kick` or ``settle``; under off_loop_lock).
+
+        No poll will ever run again: settle every watch here, in lane order, sleeping in
+        ``cuEventSynchronize`` on each event (this thread has the context current), so the
+        dispatches complete and threads blocked in ``pending.result()`` return.
+        """
+        with contextlib.suppress(RuntimeError):  # a paused reactor's failure asked for a poll
+            self._woken(lane)
+        self._settle_off_loop()
+
+    def _closed_loop(self) -> None:
+        """The loop is closed and a thread waits on a dispatch (any thread, under
+        off_loop_lock): hand every busy lane to its waiter thread, which settles them all
+        (:meth:`_woken_off_loop`). Covers a loop that closed while it still polled."""
+        if self._stopped or not self._loop.is_closed():
+            return
+        for lane in self._lanes:
+            if lane.pending and lane.handed is None:
+                self._hand_off(lane)
+
+    def _settle_off_loop(self) -> None:
+        # Marked scheduled meanwhile, so a watch() of a job launched by a completion here (a
+        # queued or parked one) does not call the closed loop: the loop below settles it too.
+        if not self._pending:
+            return
+        # Usually a waiter thread, whose context is current; settle() or kick() may run this on
+        # another thread: make the context current there, and leave that thread as it was.
+        check(drv.cuCtxPushCurrent(self._context), "cuCtxPushCurrent")
+        self._poll_scheduled = True
+        try:
+            while self._pending:
+                for lane in self._lanes:
+                    pending = lane.pending
+                    while pending:
+                        watch = pending[0]
+                        code = drv.cuEventSynchronize(watch.event)[0]
+                        pending.popleft()
+                        lane.ready = 0
+                        self._pending -= 1
+                        if code == SUCCESS:
+                            self._finish(watch, None)  # a held event stays with its waiter
+                            continue
+                        error = error_for(code, "cuEventSynchronize")
+                        if is_sticky(code):
+                            self.fail_all(error, first=watch)
+                            return
+                        self._finish(watch, error)
+        finally:
+            self._poll_scheduled = False
+            drv.cuCtxPopCurrent()
+
     def _finish(self, watch: _Watch, error: CudaError | None) -> None:
         watch.finished = True
         if not watch.held:
@@ -411,9 +468,13 @@ class Reactor:
         The context was synchronized and the waiter threads joined first, so every watched
         event has completed; callbacks run here, on *loop*'s thread.
         """
+        with off_loop_lock:  # serialised with a settle on a thread outside any loop
+            self._adopt(loop)
+
+    def _adopt(self, loop: asyncio.AbstractEventLoop) -> None:
         self._loop = loop
-        self._inbox = Inbox(loop, self._woken)
-        self._poll_scheduled = self._paused = self._pause_waiters = False
+        self._inbox = Inbox(loop, self._woken, self._woken_off_loop, self._closed_loop)
+        self._poll_scheduled = self._paused = self._pause_waiters = self._stopped = False
         watches: list[_Watch] = []
         for lane in self._lanes:
             lane.handed = None
@@ -433,9 +494,11 @@ class Reactor:
     def close(self) -> list[threading.Thread]:
         """Stop the waiter threads; return them to join (nothing may be pending)."""
         threads = []
-        for lane in self._lanes:
-            if lane.thread is not None:
-                lane.queue.put(None)
-                threads.append(lane.thread)
-                lane.thread = None
+        with off_loop_lock:  # a kick (_closed_loop) must not start them again
+            self._stopped = True
+            for lane in self._lanes:
+                if lane.thread is not None:
+                    lane.queue.put(None)
+                    threads.append(lane.thread)
+                    lane.thread = None
         return threads
