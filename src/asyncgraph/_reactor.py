@@ -441,14 +441,20 @@ class Reactor:
             self._fault = error
             self._on_fault(error)
         watches = [first] if first is not None else []
+        watches.extend(self._take_watches())
+        for watch in watches:
+            watch.finished = True
+            self._call(watch, error)
+
+    def _take_watches(self) -> list[_Watch]:
+        """Every watch of every lane, in lane order; the lanes are left empty."""
+        watches: list[_Watch] = []
         for lane in self._lanes:
             watches.extend(lane.pending)
             lane.pending.clear()
             lane.ready = 0
         self._pending = 0
-        for watch in watches:
-            watch.finished = True
-            self._call(watch, error)
+        return watches
 
     # -- waiter threads --------------------------------------------------------------------
 
@@ -475,14 +481,9 @@ class Reactor:
         self._loop = loop
         self._inbox = Inbox(loop, self._woken, self._woken_off_loop, self._closed_loop)
         self._poll_scheduled = self._paused = self._pause_waiters = self._stopped = False
-        watches: list[_Watch] = []
         for lane in self._lanes:
             lane.handed = None
-            watches.extend(lane.pending)
-            lane.pending.clear()
-            lane.ready = 0
-        self._pending = 0
-        for watch in watches:
+        for watch in self._take_watches():
             watch.held = False
             code = drv.cuEventQuery(watch.event)[0]
             error = None if code == SUCCESS else error_for(code, "cuEventQuery")
