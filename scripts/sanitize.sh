@@ -3,7 +3,7 @@
 #   memcheck  over the CUDA tests (out-of-bounds and misaligned device accesses),
 #   racecheck over the kernels asyncgraph ships (the demo's saxpy, block_sum, laplace2d).
 # Exits non-zero on any sanitizer error. Left out of memcheck: the test that faults on purpose,
-# the timing-based heartbeat and pool steady state (the sanitizer slows the GPU so much that the
+# the timing-based pool steady state (the sanitizer slows the GPU so much that the
 # mix of work in flight, and so the pools' peak, keeps changing), the 10^8-element sizes and the
 # device-filling out-of-memory test (slow or meaningless under instrumentation).
 # API errors are not reported: when cuda.core closes a memory pool it calls cuMemPoolSetAccess

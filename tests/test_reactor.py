@@ -26,6 +26,7 @@ async def test_a_busy_stream_cannot_starve_another(monkeypatch: pytest.MonkeyPat
     loop = asyncio.get_running_loop()
     reactor = _reactor.Reactor(loop, None, 2, _reactor.EventPool(0), 1.0, lambda _e: None)
     finished: list[int] = []
+    lane1_poll: list[int] = []
 
     def on_lane0(_error: object) -> None:
         finished.append(0)
@@ -33,43 +34,75 @@ async def test_a_busy_stream_cannot_starve_another(monkeypatch: pytest.MonkeyPat
         if len(finished) < 400:
             reactor.watch(0, FakeEvent(done=True), on_lane0)
 
-    for _ in range(2 * reactor.batch):
+    def on_lane1(_error: object) -> None:
+        finished.append(1)
+        lane1_poll.append(reactor.polls)
+
+    for _ in range(2 * _reactor.MIN_COMPLETIONS):
         reactor.watch(0, FakeEvent(done=True), on_lane0)
-    reactor.watch(1, FakeEvent(done=True), lambda _error: finished.append(1))
+    reactor.watch(1, FakeEvent(done=True), on_lane1)
     for _ in range(10):
         await asyncio.sleep(0)
-    # Stream 1's completed event is seen within a couple of polls, not after stream 0 is idle.
-    assert 1 in finished
-    assert finished.index(1) <= 2 * reactor.batch
+    # Stream 1's completed event is seen by the second poll, not after stream 0 is idle.
+    assert lane1_poll
+    assert lane1_poll[0] <= 2
     for _ in range(200):
         await asyncio.sleep(0)
     assert reactor.pending == 0
 
 
-async def test_after_a_long_loop_iteration_a_poll_wakes_one_task(
-    monkeypatch: pytest.MonkeyPatch,
-) -> None:
-    monkeypatch.setattr(_reactor, "drv", types.SimpleNamespace(cuEventQuery=_query))
+def _fake_clock(monkeypatch: pytest.MonkeyPatch) -> list[float]:
     clock = [1.0]  # a stand-in for perf_counter that the callbacks advance
     monkeypatch.setattr(_reactor, "perf_counter", lambda: clock[0])
+    monkeypatch.setattr(_reactor, "drv", types.SimpleNamespace(cuEventQuery=_query))
+    return clock
+
+
+async def test_a_poll_wakes_what_fits_the_iteration_by_the_tasks_measured_cost(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    clock = _fake_clock(monkeypatch)
     loop = asyncio.get_running_loop()
     reactor = _reactor.Reactor(loop, None, 1, _reactor.EventPool(0), 1.0, lambda _e: None)
     polls: list[int] = []
 
-    def callback(cost: float) -> Any:
-        def done(_error: object) -> None:
-            polls.append(reactor.polls)
-            clock[0] += cost
+    def task_runs(_error: object) -> None:
+        polls.append(reactor.polls)
+        # The task this completion wakes runs in the next loop iteration, for 500 us.
+        loop.call_soon(lambda: clock.__setitem__(0, clock[0] + 500e-6))
 
-        return done
-
-    reactor.watch(0, FakeEvent(done=True), callback(2e-3))  # a task that runs 2 ms
-    for _ in range(8):
-        reactor.watch(0, FakeEvent(done=True), callback(1e-6))
-    for _ in range(10):
+    for _ in range(100):
+        reactor.watch(0, FakeEvent(done=True), task_runs)
+    for _ in range(40):
         await asyncio.sleep(0)
     per_poll = [polls.count(p) for p in sorted(set(polls))]
-    # The first poll follows a long idle stretch and the second a 2 ms iteration: one each.
-    # Then iterations are short again, and polls resolve full batches.
-    assert per_poll == [1, 1, reactor.batch, 8 - 1 - reactor.batch]
+    assert sum(per_poll) == 100
+    assert reactor.pending == 0
+    # The first poll knows no cost yet (its estimate, 50 us, lets it wake 40); then each poll
+    # wakes fewer as the measured cost nears 500 us, but never fewer than MIN_COMPLETIONS.
+    first = int(_reactor.ITERATION_BUDGET / 50e-6)
+    assert per_poll[:3] == [first, 12, _reactor.MIN_COMPLETIONS]
+    assert all(n == _reactor.MIN_COMPLETIONS for n in per_poll[2:-1])
+    assert 400e-6 < reactor.task_cost <= 500e-6  # the moving average, closing in
+
+
+async def test_a_poll_stops_its_own_work_after_its_time_budget(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    clock = _fake_clock(monkeypatch)
+    loop = asyncio.get_running_loop()
+    reactor = _reactor.Reactor(loop, None, 1, _reactor.EventPool(0), 1.0, lambda _e: None)
+    polls: list[int] = []
+
+    def slow_completion(_error: object) -> None:
+        polls.append(reactor.polls)
+        clock[0] += 40e-6  # completing this dispatch takes 40 us of the poll itself
+
+    for _ in range(30):
+        reactor.watch(0, FakeEvent(done=True), slow_completion)
+    for _ in range(20):
+        await asyncio.sleep(0)
+    per_poll = [polls.count(p) for p in sorted(set(polls))]
+    # 8 completions (320 us) pass POLL_BUDGET (150 us) only once MIN_COMPLETIONS are done.
+    assert per_poll == [8, 8, 8, 6]
     assert reactor.pending == 0

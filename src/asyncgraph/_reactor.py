@@ -3,9 +3,11 @@
 For each stream (a *lane*) the reactor keeps the watched events in submission order; only the
 oldest can complete first. While any is pending, the loop polls the oldest event of each lane
 with ``cuEventQuery`` (about 2 µs) from a ``call_soon`` callback, so other tasks run between
-polls; one poll resolves at most ``batch`` (4) completions, or one after a loop iteration that
-took over ``SLOW_ITERATION``, so the tasks it wakes fit in one short loop iteration and a timer
-or a request handler never waits behind hundreds of them.
+polls. A poll completes what it finds completed, bounded by time, never by a fixed count: its
+own work stops after ``POLL_BUDGET`` (once ``MIN_COMPLETIONS`` are done), and the tasks it
+wakes are limited to what fits in ``ITERATION_BUDGET`` by the measured cost of the tasks the
+previous poll woke, so a timer or a request handler never waits behind hundreds of them. What
+is left completes in the next poll, one loop iteration later.
 When no event completed for ``poll_window`` seconds, each busy lane hands its oldest event to
 that lane's waiter thread, which blocks in ``cuEventSynchronize`` on a blocking-sync event
 (the GIL released, the thread asleep) and then posts the lane to an :class:`Inbox`; the loop
@@ -38,8 +40,12 @@ __all__ = ("HOLD_LIMIT", "EventPool", "Reactor")
 
 # Inline completions (Reactor.spin) may keep a task from yielding for this long at most.
 HOLD_LIMIT = 500e-6
-# After a loop iteration longer than this, a poll resolves one completion instead of a batch.
-SLOW_ITERATION = 500e-6
+# A poll's own work (completing dispatches) stops after this long, once MIN_COMPLETIONS are done.
+POLL_BUDGET = 150e-6
+# The loop time the tasks one poll wakes may take, judged by what woken tasks cost lately.
+ITERATION_BUDGET = 2e-3
+# A poll completes at least this many (of those completed), however slow the tasks are.
+MIN_COMPLETIONS = 8
 
 Callback = Callable[[CudaError | None], None]
 
@@ -134,12 +140,13 @@ class Reactor:
         self._window_start = 0.0
         self._pending = 0
         self._start = 0  # the lane the next poll starts with
-        self._last_poll = 0.0
+        self._poll_end = 0.0  # when the last poll returned
+        self._woke = 0  # dispatches the last poll completed, if it scheduled the next poll
+        self.task_cost = 50e-6  # loop time a woken task takes, measured (moving average)
         self._fault: CudaError | None = None
         self.polls = 0
         self.handoffs = 0
         self.spins = 0  # dispatches completed by spin() before their task yielded
-        self.batch = 4  # completions resolved per loop iteration at most
         self._paused = False  # a capture runs: no event queries on the loop's thread
         self._pause_waiters = False  # ... and no hand-offs either (a "global" capture)
         self._stopped = False  # close() stopped the waiter threads (until adopt())
@@ -206,19 +213,23 @@ class Reactor:
             return
         self._held_since = 0.0  # the loop is running callbacks: nothing holds it
         self.polls += 1
-        progress = False
         busy = False
-        # The time since the last poll is about one loop iteration. After a long one (slow tasks,
-        # or a machine running slowly for a while) wake one task, not a batch: each woken task
-        # lengthens the next iteration, and a timer or a request handler waits for two of them.
+        # The loop iteration since the last poll ran the tasks that poll woke: learn from it
+        # what a woken task costs, and wake as many as fit in ITERATION_BUDGET (at least
+        # MIN_COMPLETIONS, so slow tasks never bring it down to one a loop iteration).
         now = perf_counter()
-        budget = self.batch if now - self._last_poll < SLOW_ITERATION else 1
-        self._last_poll = now
+        if self._woke:
+            sample = min((now - self._poll_end) / self._woke, ITERATION_BUDGET)
+            self.task_cost += 0.25 * (sample - self.task_cost)
+            self._woke = 0
+        limit = max(MIN_COMPLETIONS, int(ITERATION_BUDGET / max(self.task_cost, 1e-6)))
+        deadline = now + POLL_BUDGET
+        done = 0
         query = drv.cuEventQuery
         lanes = self._lanes
         n = len(lanes)
-        # Start each poll at the next lane: with a bounded batch, always starting at lane 0
-        # would let busy low-numbered lanes use up every batch while a higher lane's completed
+        # Start each poll at the next lane: with a bounded poll, always starting at lane 0
+        # would let busy low-numbered lanes use up every poll while a higher lane's completed
         # dispatch waits (seen in a soak: one await took the whole 60 s run).
         start = self._start
         self._start = start + 1 if start + 1 < n else 0
@@ -230,12 +241,11 @@ class Reactor:
             if lane.ready == 0 and len(pending) > 1 and query(pending[-1].event)[0] == SUCCESS:
                 lane.ready = len(pending)
             while pending:
-                if budget == 0:
-                    # Enough completions for one loop iteration: the tasks they wake run before
-                    # the next batch, so the loop's other work never waits behind all of them.
-                    self._poll_scheduled = True
+                if done >= limit or (done >= MIN_COMPLETIONS and perf_counter() > deadline):
+                    # Enough for one loop iteration: the tasks these woke run before the next
+                    # poll, so the loop's other work never waits behind all of them.
                     self._window_start = perf_counter()
-                    self._loop.call_soon(self._poll)
+                    self._again(done)
                     return
                 watch = pending[0]
                 if lane.ready:
@@ -248,8 +258,7 @@ class Reactor:
                         break
                 pending.popleft()
                 self._pending -= 1
-                progress = True
-                budget -= 1
+                done += 1
                 if code == SUCCESS:
                     self._finish(watch, None)
                 else:
@@ -258,16 +267,22 @@ class Reactor:
         if not busy:
             return
         now = perf_counter()
-        if progress:
+        if done:
             self._window_start = now
         if now - self._window_start < self._window:
-            self._poll_scheduled = True
-            self._loop.call_soon(self._poll)
+            self._again(done)
             return
         # Nothing completed for a whole window: let the waiter threads sleep on the events.
         for lane in self._lanes:
             if lane.pending and lane.handed is None:
                 self._hand_off(lane)
+
+    def _again(self, done: int) -> None:
+        """Poll again in the next loop iteration, after the *done* dispatches' tasks ran."""
+        self._poll_scheduled = True
+        self._woke = done
+        self._poll_end = perf_counter()
+        self._loop.call_soon(self._poll)
 
     def spin(self) -> None:
         """Poll the only watched event right here for up to ``spin_window`` seconds.
