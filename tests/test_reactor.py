@@ -10,6 +10,7 @@ import pytest
 
 from asyncgraph import _reactor
 from asyncgraph._cudadrv import NOT_READY, SUCCESS
+from asyncgraph._events import EventPool
 
 
 class FakeEvent:
@@ -24,7 +25,7 @@ def _query(event: FakeEvent) -> tuple[Any]:
 async def test_a_busy_stream_cannot_starve_another(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(_reactor, "drv", types.SimpleNamespace(cuEventQuery=_query))
     loop = asyncio.get_running_loop()
-    reactor = _reactor.Reactor(loop, None, 2, _reactor.EventPool(0), 1.0, lambda _e: None)
+    reactor = _reactor.Reactor(loop, None, 2, EventPool(0), 1.0, lambda _e: None)
     finished: list[int] = []
     lane1_poll: list[int] = []
 
@@ -63,7 +64,7 @@ async def test_a_poll_wakes_what_fits_the_iteration_by_the_tasks_measured_cost(
 ) -> None:
     clock = _fake_clock(monkeypatch)
     loop = asyncio.get_running_loop()
-    reactor = _reactor.Reactor(loop, None, 1, _reactor.EventPool(0), 1.0, lambda _e: None)
+    reactor = _reactor.Reactor(loop, None, 1, EventPool(0), 1.0, lambda _e: None)
     polls: list[int] = []
 
     def task_runs(_error: object) -> None:
@@ -91,7 +92,7 @@ async def test_a_poll_stops_its_own_work_after_its_time_budget(
 ) -> None:
     clock = _fake_clock(monkeypatch)
     loop = asyncio.get_running_loop()
-    reactor = _reactor.Reactor(loop, None, 1, _reactor.EventPool(0), 1.0, lambda _e: None)
+    reactor = _reactor.Reactor(loop, None, 1, EventPool(0), 1.0, lambda _e: None)
     polls: list[int] = []
 
     def slow_completion(_error: object) -> None:

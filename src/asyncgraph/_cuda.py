@@ -24,6 +24,7 @@ from ._compile import KernelCompiler, load_kernel
 from ._cuda_dispatch import CudaDispatch, CudaJob, Launcher, _copy_into, dep_event, layout
 from ._cudadrv import SUCCESS, check, error_for, translate
 from ._dlpack import KDL_CUDA
+from ._events import EventPool
 from ._exceptions import (
     AllocationError,
     BackendClosedError,
@@ -36,7 +37,7 @@ from ._exceptions import (
 from ._kernel import Kernel
 from ._lease import StreamLease
 from ._options import BackendOptions
-from ._reactor import EventPool, Reactor
+from ._reactor import Reactor
 from ._resident import ResidentBuffer, Use
 from ._telemetry import PoolCounters
 from ._transfer import CHUNKED_ABOVE, TRANSFER_CHUNK, ChunkedTransfer

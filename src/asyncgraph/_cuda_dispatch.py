@@ -47,9 +47,10 @@ from ._args import (
 from ._backend import Backend, Job
 from ._checks import check_pointer_dtype
 from ._cudadrv import SUCCESS, check, error_for, translate
+from ._events import EventPool
 from ._exceptions import ArgumentTypeError, BackendClosedError, CudaError, DispatchError
 from ._kernel import Kernel, Param
-from ._reactor import EventPool, Reactor
+from ._reactor import Reactor
 from ._transfer import ChunkedTransfer
 from .pool import HostPool, PinnedBlock, PinnedMemory, StreamOrderedDeviceMemory, StreamPool
 from .pool._pinned import pinned_memory_of

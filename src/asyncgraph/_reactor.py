@@ -32,11 +32,12 @@ from cuda.bindings import driver as drv
 
 from . import _loop
 from ._cudadrv import NOT_READY, SUCCESS, check, error_for, is_sticky
+from ._events import EventPool
 from ._exceptions import CudaError
 from ._inbox import Inbox, off_loop_lock
 from ._telemetry import Telemetry, logger
 
-__all__ = ("HOLD_LIMIT", "EventPool", "Reactor")
+__all__ = ("HOLD_LIMIT", "Reactor")
 
 # Inline completions (Reactor.spin) may keep a task from yielding for this long at most.
 HOLD_LIMIT = 500e-6
@@ -48,32 +49,6 @@ ITERATION_BUDGET = 2e-3
 MIN_COMPLETIONS = 8
 
 Callback = Callable[[CudaError | None], None]
-
-
-class EventPool:
-    """Recycled CUDA events of one kind (loop thread only)."""
-
-    def __init__(self, flags: Any) -> None:
-        self._flags = flags
-        self._free: list[Any] = []
-        self.created = 0
-
-    def take(self) -> Any:
-        """An event, reused or new."""
-        if self._free:
-            return self._free.pop()
-        self.created += 1
-        return check(drv.cuEventCreate(self._flags), "cuEventCreate")
-
-    def give(self, event: Any) -> None:
-        """Return an event no one waits on any more."""
-        self._free.append(event)
-
-    def close(self) -> None:
-        """Destroy the idle events."""
-        for event in self._free:
-            drv.cuEventDestroy(event)
-        self._free.clear()
 
 
 class _Watch:
