@@ -32,7 +32,7 @@ from ._args import (
     LaunchLimits,
     bind,
 )
-from ._checks import check_array, numeric_dtype, shape_tuple
+from ._checks import check_array, check_kernel, numeric_dtype, shape_tuple
 from ._dlpack import KDL_CPU
 from ._exceptions import (
     ArgumentTypeError,
@@ -387,7 +387,7 @@ class Backend(abc.ABC):
             UnsupportedError: the host backend got a kernel without ``host=``.
         """
         self._loop_for_use()
-        _check_kernel(kernel, "compile()")
+        check_kernel(kernel, "compile()")
         self._prepare_kernel(kernel)
         await _loop.sleep(0)
 
@@ -855,14 +855,6 @@ class Backend(abc.ABC):
 
     def _release_unclosed(self) -> None:  # noqa: B027  # optional hook, empty by default
         """Best-effort release of a backend dropped without closing (from ``__del__``)."""
-
-
-def _check_kernel(kernel: object, where: str) -> None:
-    if not isinstance(kernel, Kernel):
-        raise ArgumentTypeError(
-            f"{where} takes an asyncgraph.Kernel, got {type(kernel).__name__}; declare it with "
-            "asyncgraph.Kernel(source, name, host=...)"
-        )
 
 
 def _check_timeout(timeout: object) -> None:

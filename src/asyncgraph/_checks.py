@@ -26,6 +26,7 @@ __all__ = (
     "array_ok",
     "article",
     "check_array",
+    "check_kernel",
     "check_pointer_dtype",
     "check_scalar",
     "describe",
@@ -231,3 +232,12 @@ def launch_shape(value: object, name: str, limit: tuple[int, int, int]) -> tuple
                 "on this device"
             )
     return out[0], out[1], out[2]
+
+
+def check_kernel(kernel: object, where: str) -> None:
+    """Refuse anything but a :class:`Kernel` given to *where* (``compile()``)."""
+    if not isinstance(kernel, Kernel):
+        raise ArgumentTypeError(
+            f"{where} takes an asyncgraph.Kernel, got {type(kernel).__name__}; declare it with "
+            "asyncgraph.Kernel(source, name, host=...)"
+        )

@@ -19,7 +19,8 @@ from cuda.bindings import driver as drv
 
 from . import _loop
 from ._args import DEVICE, IN, INOUT, OUT, RESIDENT, RESIDENT_OUT, BoundCall, LaunchLimits
-from ._backend import Job, _check_kernel
+from ._backend import Job
+from ._checks import check_kernel
 from ._compile import KernelCompiler, load_kernel
 from ._cuda_dispatch import CudaDispatch, CudaJob, Launcher, _copy_into, dep_event, layout
 from ._cudadrv import SUCCESS, check, error_for, translate
@@ -242,7 +243,7 @@ class CudaBackend(CudaDispatch):
             CompileError: NVRTC failed; the error carries its log.
         """
         self._loop_for_use()
-        _check_kernel(kernel, "compile()")
+        check_kernel(kernel, "compile()")
         if kernel in self._loaded:
             await _loop.sleep(0)
             return

@@ -115,9 +115,13 @@ def settle(loop: asyncio.AbstractEventLoop) -> None:
     Later posts to them are handled on their posting threads.
     """
     with off_loop_lock:
-        inboxes = [inbox for inbox in _inboxes if inbox._loop is loop]
-        for inbox in inboxes:
+        for inbox in _of(loop):
             inbox._drain_off_loop()
+
+
+def _of(loop: asyncio.AbstractEventLoop) -> list[Inbox[Any]]:
+    """The inboxes of *loop* (under :data:`off_loop_lock`)."""
+    return [inbox for inbox in _inboxes if inbox._loop is loop]
 
 
 def kick(loop: asyncio.AbstractEventLoop) -> None:
@@ -126,12 +130,10 @@ def kick(loop: asyncio.AbstractEventLoop) -> None:
     if not loop.is_closed():
         return
     with off_loop_lock:
-        inboxes = [inbox for inbox in _inboxes if inbox._loop is loop]
-        for inbox in inboxes:
-            # Posts the loop took but never ran (it closed first): later posts would only
-            # queue behind them.
-            inbox._drain_off_loop()
-        for inbox in inboxes:
+        # Posts the loop took but never ran (it closed first): later posts would only queue
+        # behind them.
+        settle(loop)
+        for inbox in _of(loop):
             if inbox._on_closed is None:
                 continue
             try:
