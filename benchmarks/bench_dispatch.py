@@ -263,7 +263,7 @@ async def placement_rows() -> dict[str, float]:
             gpu.stream_pool._placement = placement  # type: ignore[attr-defined]
             await gpu.compile(SPIN)
             await gpu.compile(SCALE)
-            clock_khz = gpu._device.properties.clock_rate  # type: ignore[attr-defined]
+            clock_khz = gpu._cuda.device.device.properties.clock_rate  # type: ignore[attr-defined]
             x = np.ones(N4K, np.float32)
             long = gpu.dispatch(
                 SPIN, np.int64(clock_khz * 200), ag.Out(1, np.int32), grid=1, block=1

@@ -49,7 +49,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import asyncgraph as ag
 from asyncgraph._inbox import Inbox
-from asyncgraph._reactor import Reactor
+from asyncgraph.cuda._reactor import Reactor
 from benchmarks import bench_dispatch, harness
 
 Array = np.ndarray[Any, Any]

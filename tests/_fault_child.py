@@ -81,7 +81,7 @@ async def main() -> dict[str, Any]:
     for kernel in (POKE, SPIN, SCALE):
         await backend.compile(kernel)
     report["before_ok"] = await _scale_ok(backend)
-    clock_khz = backend._device.properties.clock_rate  # type: ignore[attr-defined]
+    clock_khz = backend._cuda.device.device.properties.clock_rate  # type: ignore[attr-defined]
     # Three long kernels in flight (on other streams), then the faulting one.
     spins = [
         backend.dispatch(SPIN, np.int64(clock_khz * 200), ag.Out(1, np.int32), grid=1, block=1)

@@ -12,7 +12,7 @@ from benchmarks import bench_load
 
 import asyncgraph as ag
 from asyncgraph._inbox import Inbox
-from asyncgraph._reactor import Reactor
+from asyncgraph.cuda._reactor import Reactor
 
 
 class Ticker:

@@ -15,9 +15,10 @@ async def _upload_racing_close(backend: ag.Backend, array: np.ndarray[Any, Any])
     """Hold an upload after its copy finished, close the backend, then let the upload end."""
     copied = asyncio.Event()
     go_on = asyncio.Event()
-    upload_storage = backend._upload_storage
+    engine: Any = backend._engine  # the test stands between the front and its engine
+    upload_storage = engine.upload_storage
     freed: list[Any] = []
-    free_storage = backend._free_storage
+    free_storage = engine.free_storage
 
     async def held(array: np.ndarray[Any, Any]) -> Any:
         storage = await upload_storage(array)  # the backend's own copy
@@ -29,8 +30,8 @@ async def _upload_racing_close(backend: ag.Backend, array: np.ndarray[Any, Any])
         freed.append(storage)
         free_storage(storage)
 
-    backend._upload_storage = held  # type: ignore[method-assign]  # the race, made certain
-    backend._free_storage = free  # type: ignore[method-assign]  # to see the copy freed
+    engine.upload_storage = held  # the race, made certain
+    engine.free_storage = free  # to see the copy freed
     upload = asyncio.create_task(backend.upload(array))
     await copied.wait()
     closing = asyncio.create_task(backend.aclose())
@@ -64,16 +65,18 @@ async def test_a_download_in_progress_completes_before_the_close() -> None:
     backend = ag.open_backend("host")
     data = np.arange(1 << 20, dtype=np.float32)
     buffer = await backend.upload(data)
-    download_storage = backend._download_storage
+    engine: Any = backend._engine  # the test stands between the front and its engine
+    download_storage = engine.download_storage
     go_on = asyncio.Event()
 
     async def held(
         buffer: ag.ResidentBuffer, use: Any, deps: list[Any], out: np.ndarray[Any, Any] | None
     ) -> np.ndarray[Any, Any]:
         await go_on.wait()
-        return await download_storage(buffer, use, deps, out)
+        array: np.ndarray[Any, Any] = await download_storage(buffer, use, deps, out)
+        return array
 
-    backend._download_storage = held  # type: ignore[method-assign]  # hold it in progress
+    engine.download_storage = held  # hold it in progress
     download = asyncio.create_task(backend.download(buffer))
     await asyncio.sleep(0)
     closing = asyncio.create_task(backend.aclose())

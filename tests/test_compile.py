@@ -10,8 +10,8 @@ import pytest
 import structlog
 
 import asyncgraph as ag
-from asyncgraph._compile import KernelCompiler, default_cache_dir
 from asyncgraph._demo import BLOCK_SUM, SAXPY
+from asyncgraph.cuda._compile import KernelCompiler, default_cache_dir
 
 
 def _nvrtc_missing() -> str | None:

@@ -207,7 +207,7 @@ def _baseline(gpu: Any) -> tuple[int, int, int, tuple[int, ...], int]:
         pinned.bytes_in_use,
         device.bytes_in_use,
         streams.outstanding,
-        gpu._reactor.pending,
+        gpu._cuda.device.reactor.pending,
     )
 
 
@@ -243,7 +243,7 @@ async def test_cancelled_awaiters_return_pools_to_baseline() -> None:
         )
         baseline = _baseline(gpu)
         assert baseline == (0, 0, 0, (0,), 0)
-        clock_khz = cast(Any, gpu)._device.properties.clock_rate
+        clock_khz = cast(Any, gpu)._cuda.device.device.properties.clock_rate
         gate = gpu.dispatch(SPIN, np.int64(clock_khz * 1000), ag.Out(1, np.int32), grid=1, block=1)
         pendings = []
         tasks = []
@@ -302,7 +302,7 @@ async def test_pools_reach_a_steady_state(gpu: Any, rng: np.random.Generator) ->
 
     for _ in range(3):  # warm-up
         await burst(2000)
-    events0 = gpu._events.created
+    events0 = gpu._cuda.device.events.created
     misses = []
     for _ in range(5):  # 10,000 dispatches
         before = gpu.pinned_pool.statistics()
@@ -322,12 +322,12 @@ async def test_pools_reach_a_steady_state(gpu: Any, rng: np.random.Generator) ->
     # add blocks by the thousand. The growth must stay a few blocks in all.
     assert sum(misses) <= 16, misses
     assert pinned1.bytes_idle == pinned1.allocated_bytes_total  # everything back in the pool
-    assert gpu._events.created <= events0 + 8
+    assert gpu._cuda.device.events.created <= events0 + 8
     assert gpu.device_memory.statistics().bytes_in_use == 0
 
 
 async def test_small_dispatches_use_their_streams_scratch(rng: np.random.Generator) -> None:
-    from asyncgraph._cuda_dispatch import SCRATCH_BYTES
+    from asyncgraph.cuda._lanes import SCRATCH_BYTES
 
     backend = ag.open_backend("cuda", options=ag.BackendOptions(streams=3))
     gpu = cast(Any, backend)
@@ -359,7 +359,7 @@ async def test_a_long_kernel_does_not_hold_up_short_dispatches(gpu: Any) -> None
     # Load the kernels first: loading a module while a kernel runs may wait for it.
     await gpu.compile(SCALE)
     await gpu.compile(SPIN)
-    clock_khz = gpu._device.properties.clock_rate
+    clock_khz = gpu._cuda.device.device.properties.clock_rate
     long = gpu.dispatch(SPIN, np.int64(clock_khz * 300), ag.Out(1, np.int32), grid=1, block=1)
     x = np.arange(1000, dtype=np.float32)
     for _ in range(20):
@@ -373,7 +373,7 @@ async def test_a_long_kernel_does_not_hold_up_short_dispatches(gpu: Any) -> None
 
 
 async def test_timing_measures_the_kernel(gpu: Any) -> None:
-    clock_khz = gpu._device.properties.clock_rate
+    clock_khz = gpu._cuda.device.device.properties.clock_rate
     pending = gpu.dispatch(
         SPIN, np.int64(clock_khz * 20), ag.Out(1, np.int32), grid=1, block=1, timing=True
     )
@@ -458,7 +458,7 @@ async def test_launch_limits_come_from_the_device(gpu: Any) -> None:
             grid=1,
             block=2048,
         )
-    assert gpu._limits.max_shared_mem > 48 * 1024
+    assert gpu._engine.limits.max_shared_mem > 48 * 1024
 
 
 def test_demo_and_info_on_the_gpu(capsys: pytest.CaptureFixture[str]) -> None:
@@ -524,7 +524,7 @@ async def test_pinned_inputs_go_up_directly_and_big_results_live_in_pinned_memor
         await asyncio.sleep(0.01)
     final = gpu.pinned_pool.statistics()
     assert final.bytes_in_use == before.bytes_in_use, final
-    assert gpu._lent == 0
+    assert gpu._cuda.small.lent == 0
 
 
 async def test_a_lone_awaited_dispatch_completes_without_yielding(
@@ -532,13 +532,13 @@ async def test_a_lone_awaited_dispatch_completes_without_yielding(
 ) -> None:
     await gpu.compile(SCALE)
     x = rng.standard_normal(1024, dtype=np.float32)
-    spins = gpu._reactor.spins
+    spins = gpu._cuda.device.reactor.spins
     for _ in range(50):
         (y,) = await gpu.dispatch(
             SCALE, x, ag.Out(1024, np.float32), np.float32(3), np.int32(1024), grid=4, block=256
         )
         np.testing.assert_allclose(y, 3 * x, rtol=1e-6)
-    assert gpu._reactor.spins > spins
+    assert gpu._cuda.device.reactor.spins > spins
 
 
 async def test_inline_completions_do_not_starve_the_loop(gpu: Any) -> None:
@@ -581,4 +581,4 @@ async def test_spin_window_zero_turns_inline_completion_off(rng: np.random.Gener
                 block=256,
             )
             np.testing.assert_allclose(y, 3 * x, rtol=1e-6)
-        assert gpu._reactor.spins == 0
+        assert gpu._cuda.device.reactor.spins == 0

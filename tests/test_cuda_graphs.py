@@ -35,7 +35,7 @@ def _clean(gpu: Any) -> None:
     assert gpu.pinned_pool.statistics().bytes_in_use == 0
     assert not gpu.capture_lock.locked()
     assert gpu.stream_pool.statistics().leased == 0
-    assert capture_status(gpu._capture_handle) is CaptureStatus.NONE
+    assert capture_status(gpu._cuda.graphs.capture_handle) is CaptureStatus.NONE
 
 
 async def test_a_recorded_dispatch_replays_new_inputs(gpu: Any) -> None:
@@ -120,7 +120,7 @@ async def test_a_graph_keeps_its_resident_buffers(gpu: Any) -> None:
 
 
 async def _spinning(gpu: Any, count: int, ms: float) -> list[Any]:
-    cycles = np.int64(gpu._device.properties.clock_rate * ms)
+    cycles = np.int64(gpu._cuda.device.device.properties.clock_rate * ms)
     flags = [gpu.empty(1, np.int32) for _ in range(count)]
     return [gpu.dispatch(SPIN, cycles, ag.Out(into=f), grid=1, block=1) for f in flags]
 

@@ -30,7 +30,7 @@ def _pointer(buffer: ag.ResidentBuffer) -> int:
 
 
 def _slow_write(gpu: Any, flag: ag.ResidentBuffer, ms: float) -> ag.PendingDispatch:
-    cycles = np.int64(gpu._device.properties.clock_rate * ms)
+    cycles = np.int64(gpu._cuda.device.device.properties.clock_rate * ms)
     return gpu.dispatch(SPIN, cycles, ag.Out(into=flag), grid=1, block=1)  # type: ignore[no-any-return]
 
 

@@ -115,14 +115,14 @@ async def test_pinned_cap_reached_allocates_beyond_it_and_frees_down_to_it() -> 
         assert stats.bytes_in_use == 0
         assert stats.bytes_idle <= cap
         assert stats.allocated_bytes_total > cap  # it allocated beyond the cap
-        assert gpu._lent == 0  # results over the cap were copied out, not lent
+        assert gpu._cuda.small.lent == 0  # results over the cap were copied out, not lent
         snap = gpu.telemetry.snapshot()
         assert snap.dispatches_completed == 32
         assert snap.dispatches_failed == 0
 
 
 def _spin(gpu: Any, ms: float) -> Any:
-    cycles = np.int64(gpu._device.properties.clock_rate * ms)
+    cycles = np.int64(gpu._cuda.device.device.properties.clock_rate * ms)
     return gpu.dispatch(SPIN, cycles, ag.Out(1, np.int32), grid=1, block=1)
 
 

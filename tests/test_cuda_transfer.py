@@ -10,8 +10,8 @@ import numpy as np
 import pytest
 
 import asyncgraph as ag
-from asyncgraph import _cuda, _cuda_dispatch
-from asyncgraph._transfer import CHUNKED_ABOVE
+from asyncgraph.cuda import _graphs, _streamed
+from asyncgraph.cuda._transfer import CHUNKED_ABOVE
 
 from .kernels import INC, SCALE
 
@@ -20,7 +20,7 @@ pytestmark = pytest.mark.cuda
 
 @pytest.fixture
 async def gpu(monkeypatch: pytest.MonkeyPatch) -> AsyncIterator[Any]:
-    monkeypatch.setattr(_cuda, "TRANSFER_CHUNK", 1 << 20)  # many chunks from a few MiB
+    monkeypatch.setattr(_streamed, "TRANSFER_CHUNK", 1 << 20)  # many chunks from a few MiB
     async with ag.open_backend("cuda") as backend:
         yield backend
 
@@ -88,8 +88,8 @@ _N = (3 << 20) // 4 + 5  # float32 elements: a little over 3 MiB per array
 async def streaming(monkeypatch: pytest.MonkeyPatch) -> AsyncIterator[Any]:
     """A backend that streams dispatches moving more than 2 MiB, in 1 MiB chunks, and records
     the size of every pinned block it takes."""
-    monkeypatch.setattr(_cuda, "TRANSFER_CHUNK", 1 << 20)
-    monkeypatch.setattr(_cuda_dispatch, "STREAM_MIN", 2 << 20)
+    monkeypatch.setattr(_streamed, "TRANSFER_CHUNK", 1 << 20)
+    monkeypatch.setattr(_graphs, "STREAM_MIN", 2 << 20)
     options = ag.BackendOptions(pinned_pool_bytes=1 << 20)
     async with ag.open_backend("cuda", options=options) as opened:
         backend: Any = opened
@@ -185,10 +185,13 @@ async def test_a_cancelled_streamed_dispatch_leaks_nothing(streaming: Any) -> No
     with pytest.raises(asyncio.CancelledError):
         await task
     for _ in range(400):  # the dispatch runs on to its end, then gives everything back
-        if not streaming._tasks and streaming.pinned_pool.statistics().bytes_in_use == 0:
+        if (
+            not streaming._cuda.streamed.tasks
+            and streaming.pinned_pool.statistics().bytes_in_use == 0
+        ):
             break
         await asyncio.sleep(0.01)
-    assert not streaming._tasks
+    assert not streaming._cuda.streamed.tasks
     assert streaming.pinned_pool.statistics().bytes_in_use == 0
     assert streaming.device_memory.statistics().bytes_in_use == memory
     (y,) = await streaming.dispatch(

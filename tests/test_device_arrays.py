@@ -8,8 +8,8 @@ import numpy as np
 import pytest
 
 import asyncgraph as ag
-from asyncgraph._cuda_dispatch import _foreign_array
 from asyncgraph._kernel import parse_signature
+from asyncgraph.cuda._plan import _foreign_array
 
 PARAMS = parse_signature('extern "C" __global__ void k(const float* x, int n) {}', "k")
 assert PARAMS is not None

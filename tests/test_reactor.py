@@ -8,9 +8,9 @@ from typing import Any
 
 import pytest
 
-from asyncgraph import _reactor
-from asyncgraph._cudadrv import NOT_READY, SUCCESS
-from asyncgraph._events import EventPool
+from asyncgraph.cuda import _reactor
+from asyncgraph.cuda._driver import NOT_READY, SUCCESS
+from asyncgraph.cuda._events import EventPool
 
 
 class FakeEvent:

@@ -103,8 +103,8 @@ async def _storm(device: str) -> None:
             assert gpu.pinned_pool.statistics().bytes_in_use == 0
             assert gpu.device_memory.statistics().bytes_in_use == 0
             assert gpu.stream_pool.statistics().outstanding == (0, 0, 0, 0)
-            assert gpu._reactor.pending == 0
-            assert gpu._lent == 0
+            assert gpu._cuda.device.reactor.pending == 0
+            assert gpu._cuda.small.lent == 0
 
 
 async def _await(pending: ag.PendingDispatch) -> tuple[Any, ...]:

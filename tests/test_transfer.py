@@ -14,9 +14,9 @@ from typing import Any
 import numpy as np
 import pytest
 
-from asyncgraph import _transfer
-from asyncgraph._cudadrv import SUCCESS
-from asyncgraph._transfer import ChunkedTransfer
+from asyncgraph.cuda import _transfer
+from asyncgraph.cuda._driver import SUCCESS
+from asyncgraph.cuda._transfer import ChunkedTransfer
 
 BASE = 1 << 40  # fake device addresses start here
 

@@ -11,7 +11,6 @@ from ._args import InOut as InOut
 from ._args import LaunchLimits as LaunchLimits
 from ._args import Out as Out
 from ._backend import Backend as Backend
-from ._backend import open_backend as open_backend
 from ._exceptions import AllocationError as AllocationError
 from ._exceptions import ArgumentTypeError as ArgumentTypeError
 from ._exceptions import AsyncGraphError as AsyncGraphError
@@ -30,6 +29,7 @@ from ._exceptions import UnsupportedError as UnsupportedError
 from ._kernel import Kernel as Kernel
 from ._kernel import Param as Param
 from ._lease import StreamLease as StreamLease
+from ._open import open_backend as open_backend
 from ._options import BackendOptions as BackendOptions
 from ._pending import PendingDispatch as PendingDispatch
 from ._recover import reset_device as reset_device

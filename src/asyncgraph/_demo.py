@@ -16,8 +16,9 @@ import attrs
 import numpy as np
 
 from ._args import Out
-from ._backend import Backend, open_backend
+from ._backend import Backend
 from ._kernel import Kernel
+from ._open import open_backend
 
 __all__ = ("BLOCK_SUM", "DEMO_KERNELS", "LAPLACE2D", "SAXPY", "DemoReport", "run_demo")
 

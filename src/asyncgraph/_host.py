@@ -17,11 +17,13 @@ import os
 import threading
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
+from contextlib import AbstractAsyncContextManager
 from time import perf_counter
 from typing import Any, cast
 
 import numpy as np
 
+from . import _inbox, _loop
 from ._args import (
     IN,
     INOUT,
@@ -32,15 +34,21 @@ from ._args import (
     BoundCall,
     LaunchLimits,
 )
-from ._backend import Backend, Job
+from ._backend import Backend
 from ._checks import describe, describe_value
+from ._dlpack import KDL_CPU
+from ._engine import Sink
 from ._exceptions import AllocationError, HostFunctionError, UnsupportedError
 from ._inbox import Inbox
 from ._kernel import Kernel
+from ._lease import StreamLease
 from ._options import BackendOptions
-from ._resident import ResidentBuffer, Use
+from ._pending import PendingDispatch
+from ._resident import ResidentBuffer, Use, in_use, storage_of
+from ._scheduler import Job, wait_finished
+from ._telemetry import PoolCounters, Telemetry
 
-__all__ = ("HostBackend",)
+__all__ = ("HostBackend", "HostEngine")
 
 # Copies larger than this run in a worker thread rather than on the loop's thread.
 _INLINE_COPY_BYTES = 1 << 20
@@ -130,43 +138,96 @@ class HostBackend(Backend):
     loop's latency matters.
     """
 
+    def __init__(self, options: BackendOptions) -> None:
+        super().__init__("host", options, lambda: HostEngine(options))
+
+
+class HostEngine:
+    """The host backend's engine: host functions in a pool of worker threads."""
+
     kind = "host"
-    _limits = LaunchLimits()
+    limits = LaunchLimits()
+    takes_device_arrays = False
+    failure = None  # host functions cannot fault a device
 
     def __init__(self, options: BackendOptions) -> None:
-        super().__init__("host", options)
         workers = options.host_workers
         if workers is None:
             workers = os.cpu_count() or 1
         self._executor = ThreadPoolExecutor(
             max_workers=workers, thread_name_prefix="asyncgraph-host"
         )
+        self._workers = workers
         self._inbox: Inbox[tuple[_HostJob, Any, float | None]] | None = None
-        self._log.debug("backend.opened", kind=self.kind, workers=workers)
+        self._sink: Sink = None  # type: ignore[assignment]  # set by attach()
 
-    # -- dispatch ------------------------------------------------------------------------------
+    def attach(self, sink: Sink, telemetry: Telemetry, log: Any) -> None:
+        """Report to *sink* from now on."""
+        self._sink = sink
+        log.debug("backend.opened", kind=self.kind, workers=self._workers)
 
-    def _prepare_kernel(self, kernel: Kernel) -> None:
+    # -- the scheduler's predicates (kernels are checked at dispatch; workers order uses) -----
+
+    def needs_compile(self, job: Job) -> bool:
+        """Never: host functions need no compiling."""
+        return False
+
+    def needs_staging(self, job: Job) -> bool:
+        """Never: workers read the caller's arrays."""
+        return False
+
+    def is_ready(self, job: Job) -> bool:
+        """Always: a worker waits for the uses a job depends on before it runs it."""
+        return True
+
+    # -- jobs ----------------------------------------------------------------------------------
+
+    def check_kernel(self, kernel: Kernel) -> None:
+        """Refuse kernels without a ``host=`` implementation.
+
+        Raises:
+            UnsupportedError: *kernel* has no ``host=``.
+        """
         if kernel.host is None:
             raise UnsupportedError(
                 f"kernel {kernel.name!r} has no host= implementation, so the host backend "
                 "cannot run it; declare Kernel(..., host=fn) or open a CUDA backend"
             )
 
-    def _prepare(self, call: BoundCall, timing: bool) -> Job:
-        self._prepare_kernel(call.kernel)
+    def prepare(self, call: BoundCall, timing: bool) -> Job:
+        """The job for *call*."""
+        self.check_kernel(call.kernel)
         return _HostJob(call, timing)
 
-    def _start(self, job: Job) -> None:
+    def graph_job(self, call: BoundCall, always: bool) -> Job | None:
+        """None: the host backend runs every dispatch."""
+        return None
+
+    async def compile(self, kernel: Kernel) -> None:
+        """Nothing to compile (a checkpoint)."""
+        await _loop.sleep(0)
+
+    def start_compile(self, job: Job) -> None:
+        """Never called: nothing needs compiling."""
+        self._sink.compiled(job.call.kernel, None)
+
+    def stage(self, job: Job) -> None:
+        """Never called: nothing is staged."""
+        self._sink.staged(job, None)
+
+    def launch(self, job: Job) -> None:
+        """Hand *job* to a worker thread."""
         inbox = self._inbox
         if inbox is None:
-            # _loop_for_use() bound the loop before any dispatch reaches here.
-            inbox = self._inbox = Inbox(cast(asyncio.AbstractEventLoop, self._loop), self._on_done)
+            inbox = self._inbox = Inbox(self._sink.loop, self._on_done)
         self._executor.submit(self._run, cast(_HostJob, job), inbox)
+
+    def release(self, job: Job) -> None:
+        """A host job holds nothing before it runs."""
 
     def _on_done(self, item: tuple[_HostJob, Any, float | None]) -> None:
         job, outcome, seconds = item
-        self._complete(job, outcome, seconds)
+        self._sink.done(job, outcome, seconds)
 
     @staticmethod
     def _run(job: _HostJob, inbox: Inbox[tuple[_HostJob, Any, float | None]]) -> None:
@@ -238,48 +299,134 @@ class HostBackend(Backend):
 
     # -- resident storage ----------------------------------------------------------------------
 
-    async def _upload_storage(self, array: np.ndarray[Any, Any]) -> Any:
+    async def upload_storage(self, array: np.ndarray[Any, Any]) -> Any:
         try:
             if array.nbytes <= _INLINE_COPY_BYTES:
                 return _copy(array)
             # Copies use the loop's default executor, never the workers: a worker may be blocked
             # waiting for this very copy to finish.
-            return await self._event_loop.run_in_executor(None, _copy, array)
+            return await self._sink.loop.run_in_executor(None, _copy, array)
         except MemoryError as exc:
             raise _no_memory(f"a resident copy of {describe_value(array)}", array.nbytes) from exc
 
-    def _alloc_storage(self, shape: tuple[int, ...], dtype: np.dtype[Any]) -> Any:
+    def alloc_storage(self, shape: tuple[int, ...], dtype: np.dtype[Any]) -> Any:
         try:
             return np.empty(shape, dtype)
         except (MemoryError, ValueError) as exc:  # ValueError: beyond numpy's size limit
             raise _shaped("a resident buffer", shape, dtype) from exc
 
-    def _host_array(self, shape: tuple[int, ...], dtype: np.dtype[Any]) -> np.ndarray[Any, Any]:
+    def host_array(self, shape: tuple[int, ...], dtype: np.dtype[Any]) -> np.ndarray[Any, Any]:
         try:
             return np.empty(shape, dtype)
         except (MemoryError, ValueError) as exc:  # ValueError: beyond numpy's size limit
             raise _shaped("a host array", shape, dtype) from exc
 
-    async def _download_storage(
+    async def download_storage(
         self,
         buffer: ResidentBuffer,
         use: Use,
         deps: list[Use],
         out: np.ndarray[Any, Any] | None,
     ) -> np.ndarray[Any, Any]:
-        await self._wait_jobs(deps)
-        storage = buffer._storage
+        await wait_finished(deps)
+        storage = storage_of(buffer)
         copy = _copy if out is None else functools.partial(_copy_to, out)
         if buffer.nbytes <= _INLINE_COPY_BYTES:
             return copy(storage)
-        return await self._event_loop.run_in_executor(None, copy, storage)
+        return await self._sink.loop.run_in_executor(None, copy, storage)
 
-    def _free_storage(self, storage: Any) -> None:
+    def free_storage(self, storage: Any) -> None:
         """Host storage is a numpy array: dropping the reference frees it."""
 
-    async def _shutdown(self) -> None:
-        executor = self._executor
-        await self._event_loop.run_in_executor(None, executor.shutdown)
+    def storage_pointer(self, storage: Any) -> int:
+        """The address of a host array."""
+        return int(storage.ctypes.data)
 
-    def _release_unclosed(self) -> None:
+    # -- interop -------------------------------------------------------------------------------
+
+    def export_device(self) -> tuple[int, int]:
+        """DLPack: host memory."""
+        return (KDL_CPU, 0)
+
+    def export_wait(self, buffer: ResidentBuffer, stream: int | None) -> None:
+        """DLPack: host memory has no stream to order on.
+
+        Raises:
+            BufferError: a stream was given, or a dispatch in flight uses the buffer.
+        """
+        if stream not in (None, -1):
+            raise BufferError(f"__dlpack__(stream={stream}): host memory has no streams")
+        if in_use(buffer):
+            raise BufferError(
+                f"{buffer!r} is used by a dispatch in flight; await it before sharing the memory"
+            )
+
+    def export_stream(self, buffer: ResidentBuffer) -> int | None:
+        """No stream: host memory."""
+        return None
+
+    def stream(self) -> AbstractAsyncContextManager[StreamLease]:
+        """No streams here.
+
+        Raises:
+            UnsupportedError: always.
+        """
+        raise UnsupportedError("backend host has no CUDA streams; stream() needs the CUDA backend")
+
+    async def record(
+        self,
+        kernel: Kernel,
+        args: tuple[object, ...],
+        grid: object,
+        block: object,
+        shared_mem: object,
+    ) -> Any:
+        """No graphs here.
+
+        Raises:
+            UnsupportedError: always.
+        """
+        raise UnsupportedError("record(): the host backend has no CUDA graphs")
+
+    def capture(self, mode: object) -> AbstractAsyncContextManager[Any]:
+        """No graphs here.
+
+        Raises:
+            UnsupportedError: always.
+        """
+        raise UnsupportedError("capture(): the host backend has no CUDA graphs")
+
+    def pool_counters(self) -> PoolCounters:
+        """No pinned pool: zeros."""
+        return PoolCounters()
+
+    # -- closing -------------------------------------------------------------------------------
+
+    async def settle_after(self, ended: asyncio.AbstractEventLoop, jobs: list[Job]) -> None:
+        """Wait for the jobs the ended loop left in flight.
+
+        Host workers post their completions to inboxes, which handle them on the workers'
+        threads once the loop is closed: wait for those in a thread of the new loop.
+        """
+        _inbox.settle(ended)
+        left = [job.pending for job in jobs]
+        if left:
+            await self._sink.loop.run_in_executor(None, _wait_all, left)
+
+    async def shutdown(self) -> None:
+        """Stop the workers (nothing runs on them any more)."""
+        await self._sink.loop.run_in_executor(None, self._executor.shutdown)
+
+    def shutdown_now(self) -> None:
+        """Stop the workers without a loop."""
         self._executor.shutdown(wait=False)
+
+    def release_unclosed(self) -> None:
+        """Stop the workers of a backend dropped without closing."""
+        self._executor.shutdown(wait=False)
+
+
+def _wait_all(pendings: list[PendingDispatch]) -> None:
+    """Block until every dispatch in *pendings* completed (in a worker thread)."""
+    for pending in pendings:
+        pending.exception()

@@ -6,13 +6,13 @@ from typing import Any, Protocol
 
 from ._exceptions import UnsupportedError
 
-__all__ = ("StreamLease",)
+__all__ = ("StreamLease", "end_lease")
 
 
 class _Owner(Protocol):
     name: str
 
-    async def _synchronize_lane(self, lane: Any) -> None: ...
+    async def synchronize_lane(self, lane: Any) -> None: ...
 
 
 class StreamLease:
@@ -68,8 +68,13 @@ class StreamLease:
             UnsupportedError: the lease ended.
         """
         self._check("synchronize()")
-        await self._owner._synchronize_lane(self._lane)
+        await self._owner.synchronize_lane(self._lane)
 
     def __repr__(self) -> str:
         state = "active" if self._active else "ended"
         return f"<StreamLease stream {self.index} of {self._owner.name} {state}>"
+
+
+def end_lease(lease: StreamLease) -> None:
+    """The ``async with backend.stream()`` block ended: the lease refuses use from now on."""
+    lease._active = False

@@ -237,3 +237,18 @@ class PendingDispatch:
     def _set_exception(self, exc: BaseException) -> None:
         self._traceback = exc.__traceback__
         self._resolve(_FAILED, exc)
+
+
+def set_outcome(
+    pending: PendingDispatch, outcome: tuple[Any, ...] | BaseException, device_time: float | None
+) -> None:
+    """Resolve *pending* with results (and the device time) or an error (the dispatcher)."""
+    if isinstance(outcome, BaseException):
+        pending._set_exception(outcome)
+    else:
+        pending._set_result(outcome, device_time)
+
+
+def set_spin(pending: PendingDispatch, spin: Callable[[], None] | None) -> None:
+    """Let a lone ``await`` of *pending* spin with *spin* before it sleeps (CUDA reactor)."""
+    pending._spin = spin

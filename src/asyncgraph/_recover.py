@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-from ._cudadrv import check, is_sticky
 from ._exceptions import DeviceFaultError, DeviceUnavailableError
+from .cuda._driver import check, is_sticky
 
 __all__ = ("reset_device",)
 

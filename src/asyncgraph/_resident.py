@@ -24,7 +24,22 @@ from . import _loop
 from ._dlpack import make_capsule
 from ._exceptions import ArgumentTypeError, ShapeMismatchError, StaleBufferError
 
-__all__ = ("Download", "Exporter", "ResidentBuffer", "ResidentStore", "check_out")
+__all__ = (
+    "Download",
+    "Exporter",
+    "ResidentBuffer",
+    "ResidentStore",
+    "check_out",
+    "hold",
+    "identity",
+    "in_use",
+    "let_go",
+    "storage_of",
+    "track",
+    "untrack",
+    "uses_of",
+    "writer_of",
+)
 
 
 class Use(Protocol):
@@ -366,6 +381,56 @@ class ResidentStore:
         self.bytes_live -= buffer.nbytes
         if storage is not None:
             self._free_storage(storage)
+
+
+# -- what backends ask of a buffer (they never touch its private fields) ------------------------
+
+
+def track(buffer: ResidentBuffer, use: Use, write: bool) -> list[Use]:
+    """Record *use* of *buffer*; return the earlier uses it must be ordered after."""
+    return buffer._track(use, write)
+
+
+def untrack(buffer: ResidentBuffer, use: Use) -> None:
+    """Forget a finished *use*; frees the memory of a closed buffer left idle."""
+    buffer._untrack(use)
+
+
+def storage_of(buffer: ResidentBuffer) -> Any:
+    """The backend storage behind *buffer* (a device allocation, a numpy array)."""
+    return buffer._storage
+
+
+def identity(buffer: ResidentBuffer) -> tuple[int, int]:
+    """What tells *buffer* apart from any other, even one reusing its memory later."""
+    return (id(buffer), buffer._generation)
+
+
+def in_use(buffer: ResidentBuffer) -> bool:
+    """Whether a dispatch or a download in flight uses *buffer*."""
+    return buffer._in_use > 0
+
+
+def writer_of(buffer: ResidentBuffer) -> Use | None:
+    """The use in flight that writes *buffer*, if any."""
+    return buffer._writer
+
+
+def uses_of(buffer: ResidentBuffer) -> list[Use]:
+    """Every use of *buffer* in flight: the writer first, then the readers."""
+    writer = buffer._writer
+    return [writer, *buffer._readers] if writer is not None else list(buffer._readers)
+
+
+def hold(buffer: ResidentBuffer) -> None:
+    """Keep *buffer*'s memory while something outside the store uses it (a recorded graph),
+    even after the buffer is closed; :func:`let_go` ends it."""
+    buffer._exports += 1
+
+
+def let_go(buffer: ResidentBuffer) -> None:
+    """End a :func:`hold`; frees the memory of a closed buffer nothing else uses."""
+    buffer._store._unexport(buffer)
 
 
 def check_out(out: object, buffer: ResidentBuffer) -> None:

@@ -26,10 +26,11 @@ import numpy as np
 import pytest
 
 from ._args import InOut, Out
-from ._backend import Backend, open_backend
+from ._backend import Backend
 from ._exceptions import ArgumentTypeError, UnsupportedError
 from ._host import host_return_error
 from ._kernel import Kernel
+from ._open import open_backend
 from ._resident import ResidentBuffer
 
 __all__ = ("assert_matches_host", "reference")

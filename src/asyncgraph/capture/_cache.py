@@ -8,7 +8,9 @@ from typing import Any
 import attrs
 
 from .._args import DEVICE, IN, INOUT, OUT, RESIDENT, RESIDENT_OUT, SCALAR, BoundCall
-from ._graphs import CachedGraph
+from .._resident import identity
+from ._graphs import CachedGraph, prepare_replay
+from ._host import GraphHost
 
 __all__ = ("GraphCache", "GraphCacheStatistics")
 
@@ -66,7 +68,7 @@ class GraphCache:
         instances: graphs per signature at most.
     """
 
-    def __init__(self, backend: Any, max_bytes: int, repeats: int, instances: int) -> None:
+    def __init__(self, backend: GraphHost, max_bytes: int, repeats: int, instances: int) -> None:
         self._backend = backend
         self.max_bytes = max_bytes
         self.repeats = repeats
@@ -104,7 +106,7 @@ class GraphCache:
             elif kind == SCALAR:
                 parts.append((kind, value.dtype.str))
             elif kind in (RESIDENT, RESIDENT_OUT):
-                parts.append((kind, id(value), value._generation))
+                parts.append((kind, *identity(value)))
             else:  # DEVICE: foreign arrays are not recorded
                 return None
         return tuple(parts)
@@ -128,14 +130,14 @@ class GraphCache:
             self._seen.pop(key, None)
             entry = self._entries[key] = _Entry()
         self._entries.move_to_end(key)
-        graph = next((g for g in entry.instances if not g._busy), None)
+        graph = next((g for g in entry.instances if not g.is_busy), None)
         if graph is not None:
             self._hits += 1
             backend.telemetry.graph_cache_hits += 1
         elif len(entry.instances) >= self.max_instances:
             return self._miss()
         else:
-            graph = backend._record_now(call)
+            graph = backend.record_now(call)
             if graph is None:  # the kernel is not loaded yet, or another capture runs
                 if not entry.instances:
                     del self._entries[key]
@@ -145,7 +147,7 @@ class GraphCache:
             self._bytes += graph.nbytes
             self._evict(keep=graph)
         updates = backend.telemetry.graph_updates
-        job = graph._prepare(call)
+        job = prepare_replay(graph, call)
         self._updates += backend.telemetry.graph_updates > updates
         return job
 

@@ -23,13 +23,26 @@ from cuda.core import LaunchConfig
 
 from .. import _loop
 from .._args import IN, INOUT, OUT, RESIDENT, RESIDENT_OUT, SCALAR, BoundCall
-from .._cuda_dispatch import _as_bytes
-from .._cudadrv import check
 from .._exceptions import BackendClosedError, DispatchError, ShapeMismatchError
 from .._kernel import Kernel
-from .._resident import ResidentBuffer
+from .._resident import ResidentBuffer, hold, let_go, storage_of
+from ..cuda._driver import check
+from ._host import GraphHost
 
-__all__ = ("CachedGraph", "CapturedGraph", "RecordedDispatch")
+__all__ = (
+    "CachedGraph",
+    "CapturedGraph",
+    "RecordedDispatch",
+    "collect_replay",
+    "enqueue_replay",
+    "prepare_replay",
+    "replay_finished",
+)
+
+
+def _as_bytes(array: np.ndarray[Any, Any]) -> np.ndarray[Any, Any]:
+    return array.reshape(-1).view(np.uint8)
+
 
 # The name a replay of a capture holding foreign work only goes by (never compiled).
 _FOREIGN_ONLY = Kernel('extern "C" __global__ void captured() { }', "captured")
@@ -42,7 +55,7 @@ def _launch_values(call: BoundCall, offsets: list[int], base: int) -> tuple[Any,
         if kind == SCALAR:
             values.append(value)
         elif kind in (RESIDENT, RESIDENT_OUT):
-            values.append(np.uint64(int(value._storage.handle)))
+            values.append(np.uint64(int(storage_of(value).handle)))
         else:
             values.append(np.uint64(base + offsets[i]))
     return tuple(values)
@@ -51,12 +64,12 @@ def _launch_values(call: BoundCall, offsets: list[int], base: int) -> tuple[Any,
 def _hold(buffers: list[ResidentBuffer]) -> None:
     """Keep the memory of *buffers* while a graph uses it, even if they are closed."""
     for buffer in buffers:
-        buffer._exports += 1
+        hold(buffer)
 
 
 def _let_go(buffers: list[ResidentBuffer]) -> None:
     for buffer in buffers:
-        buffer._store._unexport(buffer)
+        let_go(buffer)
 
 
 class CachedGraph:
@@ -77,7 +90,7 @@ class CachedGraph:
 
     def __init__(
         self,
-        backend: Any,
+        backend: GraphHost,
         call: BoundCall,
         offsets: list[int],
         layout: tuple[int, int, int],
@@ -118,14 +131,14 @@ class CachedGraph:
 
     def _allocate(self) -> None:
         backend = self._backend
-        pool = backend._pinned
+        pool = backend.pinned
         try:
             if self._up_end:
                 self._in_block = pool.acquire(self._up_end)
             if self._total > self._in_end:
                 self._out_block = pool.acquire(self._total - self._in_end)
             if self._total:
-                self._device = backend._alloc_bytes(self._total)
+                self._device = backend.alloc_bytes(self._total)
         except BaseException:
             self._free()
             raise
@@ -140,7 +153,7 @@ class CachedGraph:
         backend = self._backend
         call = self._call
         base = int(self._device.handle) if self._device is not None else 0
-        handle = backend._capture_handle
+        handle = backend.capture_handle
 
         def body(guard: Any) -> int:
             if upload and self._up_end:
@@ -153,7 +166,7 @@ class CachedGraph:
                     drv.cuMemsetD8Async(base + self._up_end, 0, self._total - self._up_end, handle),
                     "cuMemsetD8Async",
                 )
-            node: int = backend._capture_launch(call, self._offsets, base, guard)
+            node: int = backend.capture_launch(call, self._offsets, base, guard)
             if self._total > self._in_end:
                 check(
                     drv.cuMemcpyDtoHAsync(
@@ -163,7 +176,7 @@ class CachedGraph:
                 )
             return node
 
-        graph, nodes, node = backend._run_capture(body)
+        graph, nodes, node = backend.run_capture(body)
         return graph, graph[nodes[node]]
 
     def _record(self) -> None:
@@ -192,7 +205,7 @@ class CachedGraph:
     def upload(self) -> None:
         """Upload the executable graphs to the device now, so the first replay does not."""
         self._check_open()
-        stream = self._backend._capture_stream
+        stream = self._backend.capture_stream
         self._full.upload(stream)
         if self._resident is not None:
             self._resident.upload(stream)
@@ -207,7 +220,7 @@ class CachedGraph:
         """
         self._check_open()
         backend = self._backend
-        call = backend._bind_call(self.kernel, args, self._call)
+        call = backend.bind_like(self.kernel, args, self._call)
         while self._busy:
             waiter: asyncio.Future[None] = _loop.current_loop().create_future()
             self._waiters.append(waiter)
@@ -221,7 +234,7 @@ class CachedGraph:
                 raise
             self._check_open()
         job = self._prepare(call)
-        result: tuple[Any, ...] = await backend._submit_prepared(job)
+        result: tuple[Any, ...] = await backend.run_replay(job)
         return result
 
     def _check_open(self) -> None:
@@ -283,7 +296,12 @@ class CachedGraph:
                 telemetry.copies_up += 1
         self._busy = True
         self._call = call
-        return backend._replay_job(call, self)
+        return backend.replay_job(call, self)
+
+    @property
+    def is_busy(self) -> bool:
+        """Whether a replay of this graph is in flight (replays of one graph take turns)."""
+        return self._busy
 
     def _set_scalars(self, call: BoundCall) -> None:
         scalars = [value for kind, value, _p in call.args if kind == SCALAR]
@@ -291,7 +309,7 @@ class CachedGraph:
             return
         base = int(self._device.handle) if self._device is not None else 0
         values = _launch_values(call, self._offsets, base)
-        self._backend._update_nodes(self._nodes, call, values)
+        self._backend.update_nodes(self._nodes, call, values)
         self._scalars = scalars
 
     # -- the backend's replay hooks -----------------------------------------------------------
@@ -360,14 +378,14 @@ class CachedGraph:
         self._nodes = []
         for block in (self._in_block, self._out_block):
             if block is not None:
-                backend._pinned.release(block)
+                backend.pinned.release(block)
         self._in_block = self._out_block = None
         if self._device is not None:
-            backend._free_storage(self._device)
+            backend.free_storage(self._device)
             self._device = None
         _let_go(self._buffers)
         self._buffers = []
-        backend._graphs.discard(self)
+        backend.forget(self)
         for waiter in self._waiters:
             if not waiter.done():
                 waiter.set_result(None)  # they see the graph closed
@@ -409,7 +427,7 @@ class CapturedGraph:
 
     def __init__(
         self,
-        backend: Any,
+        backend: GraphHost,
         graph: Any,
         dispatches: list[RecordedDispatch],
         buffers: list[ResidentBuffer],
@@ -445,7 +463,7 @@ class CapturedGraph:
     def upload(self) -> None:
         """Upload the executable graph to the device now, so the first replay does not."""
         self._check_open()
-        self._graph.upload(self._backend._capture_stream)
+        self._graph.upload(self._backend.capture_stream)
 
     async def replay(self) -> None:
         """Run the captured work once more; returns when it completed on the device.
@@ -456,10 +474,10 @@ class CapturedGraph:
         self._check_open()
         backend = self._backend
         for buffer in self._buffers:
-            if buffer._storage is None:  # pragma: no cover - held memory is never freed
+            if storage_of(buffer) is None:  # pragma: no cover - held memory is never freed
                 raise BackendClosedError("a buffer of this graph was freed")
-        job = backend._replay_job(self._replay_call, self)
-        await backend._submit_prepared(job)
+        job = backend.replay_job(self._replay_call, self)
+        await backend.run_replay(job)
 
     def update(self, dispatch: RecordedDispatch, *args: object) -> None:
         """Change the scalar arguments of a recorded *dispatch* for the following replays.
@@ -479,7 +497,7 @@ class CapturedGraph:
             )
         backend = self._backend
         recorded = dispatch._call
-        call = backend._bind_call(dispatch.kernel, args, recorded)
+        call = backend.bind_like(dispatch.kernel, args, recorded)
         for i, ((kind, value, _p), (rkind, rvalue, _rp)) in enumerate(
             zip(call.args, recorded.args, strict=True)
         ):
@@ -489,7 +507,7 @@ class CapturedGraph:
                     "update() changes scalar arguments only (capture again for other buffers)"
                 )
         values = _launch_values(call, [], 0)
-        backend._update_nodes([dispatch._exec_node], call, values)
+        backend.update_nodes([dispatch._exec_node], call, values)
         dispatch._call = call
         self.updates += 1
 
@@ -521,8 +539,46 @@ class CapturedGraph:
         self._graph = None
         _let_go(self._buffers)
         self._buffers = []
-        self._backend._graphs.discard(self)
+        self._backend.forget(self)
 
 
-def _kernel_config(call: BoundCall) -> LaunchConfig:
+def kernel_config(call: BoundCall) -> LaunchConfig:
+    """The ``cuda.core`` LaunchConfig of *call*'s launch shape."""
     return LaunchConfig(grid=call.grid, block=call.block, shmem_size=call.shared_mem)
+
+
+def captured_graph(
+    backend: GraphHost,
+    graph: Any,
+    nodes: dict[int, Any],
+    dispatches: list[RecordedDispatch],
+    buffers: list[ResidentBuffer],
+) -> CapturedGraph:
+    """The :class:`CapturedGraph` of a finished capture: *graph* (instantiated), whose kernel
+    nodes *nodes* maps from their capture-time handles, holding *dispatches* on *buffers*."""
+    for recorded in dispatches:
+        recorded._exec_node = graph[nodes[recorded._node]]
+    return CapturedGraph(backend, graph, dispatches, buffers)
+
+
+# -- what the backend does with a graph a job replays -------------------------------------------
+
+
+def prepare_replay(graph: CachedGraph, call: BoundCall) -> Any:
+    """Take *graph* for one replay of *call* (the graph cache): the job that replays it."""
+    return graph._prepare(call)
+
+
+def enqueue_replay(graph: CachedGraph | CapturedGraph, handle: Any) -> None:
+    """Launch *graph* on the stream *handle*."""
+    graph._enqueue(handle)
+
+
+def collect_replay(graph: CachedGraph | CapturedGraph, call: BoundCall) -> tuple[Any, ...]:
+    """The outputs of the replay of *graph* for *call* that just completed."""
+    return graph._collect(call)
+
+
+def replay_finished(graph: CachedGraph | CapturedGraph) -> None:
+    """The replay of *graph* ended (completed or failed): the next may go."""
+    graph._finished()

@@ -133,6 +133,16 @@ class CaptureGuard:
         self.nodes: dict[int, Any] = {}  # node handle -> cuda.core GraphNode, after the exit
 
     @property
+    def stream(self) -> Any:
+        """The ``cuda.core`` stream it captures on."""
+        return self._stream
+
+    @property
+    def handle(self) -> Any:
+        """The ``CUstream`` it captures on."""
+        return self._handle
+
+    @property
     def status(self) -> CaptureStatus:
         """The stream's capture status now."""
         return capture_status(self._handle)

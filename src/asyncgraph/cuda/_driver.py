@@ -12,7 +12,7 @@ from typing import Any, Final
 
 from cuda.bindings import driver as drv
 
-from ._exceptions import AllocationError, CudaError, DeviceFaultError
+from .._exceptions import AllocationError, CudaError, DeviceFaultError
 
 __all__ = ("NOT_READY", "SUCCESS", "check", "error_for", "translate")
 

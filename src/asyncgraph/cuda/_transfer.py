@@ -18,10 +18,10 @@ from typing import Any
 import numpy as np
 from cuda.bindings import driver as drv
 
-from . import _loop
-from ._cudadrv import check
-from ._exceptions import CudaError
-from .pool import HostPool, PinnedBlock
+from .. import _loop
+from .._exceptions import CudaError
+from ..pool import HostPool, PinnedBlock
+from ._driver import check
 
 __all__ = ("CHUNKED_ABOVE", "TRANSFER_CHUNK", "ChunkedTransfer")
 

@@ -6,7 +6,7 @@ from typing import Any
 
 from cuda.bindings import driver as drv
 
-from ._cudadrv import check
+from ._driver import check
 
 __all__ = ("EventPool",)
 

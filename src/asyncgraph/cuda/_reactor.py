@@ -30,12 +30,12 @@ from typing import Any
 
 from cuda.bindings import driver as drv
 
-from . import _loop
-from ._cudadrv import NOT_READY, SUCCESS, check, error_for, is_sticky
+from .. import _loop
+from .._exceptions import CudaError
+from .._inbox import Inbox, off_loop_lock
+from .._telemetry import Telemetry, logger
+from ._driver import NOT_READY, SUCCESS, check, error_for, is_sticky
 from ._events import EventPool
-from ._exceptions import CudaError
-from ._inbox import Inbox, off_loop_lock
-from ._telemetry import Telemetry, logger
 
 __all__ = ("HOLD_LIMIT", "Reactor")
 

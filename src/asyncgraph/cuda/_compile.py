@@ -23,9 +23,9 @@ import threading
 from pathlib import Path
 from typing import Any
 
-from ._exceptions import CompileError
-from ._kernel import Kernel
-from ._telemetry import logger
+from .._exceptions import CompileError
+from .._kernel import Kernel
+from .._telemetry import logger
 
 __all__ = ("KernelCompiler", "default_cache_dir")
 

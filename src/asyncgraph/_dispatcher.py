@@ -1,0 +1,221 @@
+"""The dispatcher: runs the scheduler's effects, and hands outcomes to awaiters.
+
+It sits between the front and the engine. The front numbers a job and calls :meth:`add`; the
+engine reports events through the :class:`~asyncgraph._engine.Sink` methods (``compiled``,
+``staged``, ``done``...). Each event goes to the :class:`~asyncgraph._scheduler.Scheduler`,
+whose transition function returns the effects to perform; the dispatcher performs them in
+order: the engine compiles, stages, launches or releases, and a resolved job's buffers are
+untracked, its telemetry recorded and its :class:`PendingDispatch` resolved. Effects that an
+effect itself causes (a launch that fails at once, a compile that fails from the cache) are
+queued behind the batch in progress, so the order of events is the order of their effects.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections import deque
+from collections.abc import Awaitable, Callable
+from time import perf_counter
+from typing import TYPE_CHECKING, Any, cast
+
+from ._pending import set_outcome
+from ._resident import untrack
+from ._scheduler import Effect, Job, Scheduler, Step
+
+if TYPE_CHECKING:
+    from ._args import BoundCall
+    from ._engine import Engine
+    from ._kernel import Kernel
+    from ._nvtx import NvtxRanges
+    from ._telemetry import Telemetry
+
+__all__ = ("Dispatcher",)
+
+
+class Dispatcher:
+    """The scheduler of one backend, its effects, and the resolution of its jobs.
+
+    Args:
+        engine: what runs the jobs.
+        max_in_flight: the scheduler's in-flight bound.
+        telemetry: the backend's counters.
+        log: the backend's bound logger.
+        nvtx: NVTX ranges, when enabled.
+        dispatch_events: whether to log each completion at debug level.
+        after: called after each batch of effects (the front wakes waiters, checks drained).
+        bind_like: the front's validation, for the engine's graphs and captures.
+        run_prepared: the front's submission of a prepared job (a graph replay).
+    """
+
+    def __init__(
+        self,
+        engine: Engine,
+        max_in_flight: int,
+        telemetry: Telemetry,
+        log: Any,
+        nvtx: NvtxRanges | None,
+        dispatch_events: bool,
+        after: Callable[[], None],
+        bind_like: Callable[..., BoundCall],
+        run_prepared: Callable[[Job], Awaitable[Any]],
+    ) -> None:
+        self.scheduler = Scheduler(engine, max_in_flight)
+        self._engine = engine
+        self._telemetry = telemetry
+        self._log = log
+        self._nvtx = nvtx
+        self._dispatch_events = dispatch_events
+        self._after = after
+        self.bind_call = bind_like
+        self.run_prepared = run_prepared
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._running = False
+        self._backlog: deque[Effect] = deque()
+
+    # -- the loop ------------------------------------------------------------------------------
+
+    @property
+    def loop(self) -> asyncio.AbstractEventLoop:
+        """The event loop the backend belongs to (bound before any work starts)."""
+        return cast("asyncio.AbstractEventLoop", self._loop)  # bound before any job exists
+
+    def bind(self, loop: asyncio.AbstractEventLoop | None) -> None:
+        """Belong to *loop* from now on."""
+        self._loop = loop
+
+    # -- events from the front -----------------------------------------------------------------
+
+    def add(self, job: Job) -> None:
+        """A numbered job with its pending result: schedule it."""
+        self._run(self.scheduler.add(job))
+
+    def drop_queued(self, error: Callable[[Job], BaseException]) -> None:
+        """Fail every job still queued (closing)."""
+        self._run(self.scheduler.drop_queued(error))
+
+    def abandon_waiting(self, error: Callable[[Job], BaseException]) -> None:
+        """Fail every admitted job that has not launched (its loop ended)."""
+        self._run(self.scheduler.abandon_waiting(error))
+
+    # -- events from the engine (the Sink protocol) ------------------------------------------
+
+    def compiled(self, kernel: Kernel, error: Callable[[Job], BaseException] | None) -> None:
+        """*kernel* is loaded, or failed."""
+        self._run(self.scheduler.compiled(kernel, error))
+
+    def staged(self, job: Job, error: BaseException | None) -> None:
+        """*job*'s inputs are staged, or staging failed."""
+        self._run(self.scheduler.staged(job, error))
+
+    def collecting(self, job: Job) -> None:
+        """The device finished *job*; its results are being copied out."""
+        self.scheduler.collecting(job)
+
+    def done(
+        self, job: Job, outcome: tuple[Any, ...] | BaseException, device_time: float | None
+    ) -> None:
+        """*job* finished."""
+        self._run(self.scheduler.done(job, outcome, device_time))
+
+    def poke(self) -> None:
+        """A use parked jobs may depend on reached the device."""
+        if self.scheduler.has_parked():
+            self._run(self.scheduler.poke())
+
+    # -- effects -------------------------------------------------------------------------------
+
+    def _run(self, effects: list[Effect]) -> None:
+        if not effects:
+            return
+        if self._running:  # an effect caused an event: its effects follow this batch
+            self._backlog.extend(effects)
+            return
+        self._running = True
+        backlog = self._backlog
+        try:
+            while True:
+                launched = False
+                for step, job in effects:
+                    if step is Step.LAUNCH:
+                        self._launch(job)
+                        launched = True
+                    elif step is Step.RESOLVE:
+                        self._resolve(job)
+                    elif step is Step.COMPILE:
+                        self._engine.start_compile(job)
+                    elif step is Step.STAGE:
+                        self._engine.stage(job)
+                    else:
+                        self._engine.release(job)
+                if backlog:
+                    effects = list(backlog)
+                    backlog.clear()
+                elif launched and self.scheduler.has_parked():
+                    # Launches give later jobs events to be ordered after.
+                    effects = self.scheduler.poke()
+                    if not effects:
+                        break
+                else:
+                    break
+        finally:
+            self._running = False
+            if backlog:  # a BaseException interrupted the batch: keep the rest going
+                rest = list(backlog)
+                backlog.clear()
+                self._run(rest)
+        self._after()
+
+    def _launch(self, job: Job) -> None:
+        t0 = perf_counter()
+        telemetry = self._telemetry
+        telemetry.queue_wait.record(job.t_submit - job.t_dispatch)
+        nvtx = self._nvtx
+        name = job.call.kernel.name
+        if nvtx is not None:
+            job.nvtx_range = nvtx.start_dispatch(name)
+            nvtx.push_submit(name)
+        try:
+            self._engine.launch(job)
+        except BaseException as exc:
+            self._backlog.extend(self.scheduler.launch_failed(job, exc))
+            if not isinstance(exc, Exception):
+                raise
+        finally:
+            if nvtx is not None:
+                nvtx.pop_submit()
+        telemetry.submit_time.record(perf_counter() - t0)
+
+    def _resolve(self, job: Job) -> None:
+        """Hand *job*'s outcome to its awaiters: untrack its buffers, count it."""
+        for buffer in job.buffers:
+            untrack(buffer, job)
+        if job.nvtx_range is not None and self._nvtx is not None:
+            self._nvtx.end_dispatch(job.nvtx_range)
+        telemetry = self._telemetry
+        latency = perf_counter() - job.t_dispatch
+        telemetry.completion_latency.record(latency)
+        outcome = job.outcome
+        device_time = job.device_time
+        if isinstance(outcome, BaseException):
+            telemetry.dispatches_failed += 1
+            if self._dispatch_events:
+                self._log.debug(
+                    "dispatch.failed",
+                    kernel=job.call.kernel.name,
+                    dispatch_id=job.id,
+                    error=repr(outcome),
+                )
+            set_outcome(job.pending, outcome, None)
+        else:
+            telemetry.dispatches_completed += 1
+            if device_time is not None:
+                telemetry.device_time.record(device_time)
+            if self._dispatch_events:
+                self._log.debug(
+                    "dispatch.completed",
+                    kernel=job.call.kernel.name,
+                    dispatch_id=job.id,
+                    latency=latency,
+                    device_time=device_time,
+                )
+            set_outcome(job.pending, outcome or (), device_time)

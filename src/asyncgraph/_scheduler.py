@@ -1,0 +1,312 @@
+"""The job scheduler: one state machine for every dispatch, and one place that changes it.
+
+A dispatch is a :class:`Job` that moves through explicit states::
+
+    QUEUED ──▶ COMPILING ──▶ STAGING ──▶ PARKED ──▶ LAUNCHED ──▶ COLLECTING ──▶ DONE
+       │           │            │          │            │              │
+       └───────────┴────────────┴──────────┴────────────┴──────────────┴──▶ DONE (failed)
+
+(each of COMPILING, STAGING and PARKED is skipped when it is not needed). The scheduler owns the
+queue, the in-flight bound, the parked jobs and the jobs waiting for their kernel to compile.
+Its event methods (:meth:`Scheduler.add`, :meth:`~Scheduler.compiled`, :meth:`~Scheduler.done`
+and the others) only record what happened; each then runs :meth:`Scheduler._advance`, the one
+transition function, which decides every move and returns the effects to perform, in order
+(the way httpcore's connection pool assigns requests in one place). The caller performs them:
+the engine compiles, stages, launches and releases; the front resolves. Engines never complete
+or unpark jobs themselves; they report events back.
+
+Whether a job needs compiling or staging, and whether its dependencies are far enough along to
+be ordered after on the device, are questions for the engine (:class:`Runner`); the scheduler
+only asks.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import enum
+from collections import deque
+from collections.abc import Callable
+from time import perf_counter
+from typing import TYPE_CHECKING, Any, Protocol
+
+if TYPE_CHECKING:
+    from ._args import BoundCall
+    from ._kernel import Kernel
+    from ._pending import PendingDispatch
+    from ._resident import ResidentBuffer, Use
+
+__all__ = ("Effect", "Job", "JobState", "Runner", "Scheduler", "Step", "wait_finished")
+
+
+class JobState(enum.Enum):
+    """Where a dispatch is on its way."""
+
+    QUEUED = "queued"  # waiting for an in-flight slot
+    COMPILING = "compiling"  # its kernel compiles
+    STAGING = "staging"  # its inputs are copied into pinned memory off the loop
+    PARKED = "parked"  # a use it depends on has not reached the device yet
+    LAUNCHED = "launched"  # handed to the engine, which runs it
+    COLLECTING = "collecting"  # the device finished; its results are being copied out
+    DONE = "done"  # its outcome is known
+
+
+class Step(enum.Enum):
+    """What to do for a job (an effect of a transition)."""
+
+    COMPILE = "compile"  # compile the job's kernel; report compiled()
+    STAGE = "stage"  # stage the job's inputs; report staged()
+    LAUNCH = "launch"  # launch the job; report done() (or raise: launch_failed())
+    RELEASE = "release"  # the job failed before it ran: give back what it holds
+    RESOLVE = "resolve"  # hand the job's outcome to its awaiters
+
+
+Effect = tuple[Step, "Job"]
+
+
+class Job:
+    """One dispatch from ``dispatch()`` to its outcome. Engines subclass it for their data."""
+
+    __slots__ = (
+        "buffers",
+        "call",
+        "deps",
+        "device_time",
+        "id",
+        "nvtx_range",
+        "outcome",
+        "pending",
+        "state",
+        "t_dispatch",
+        "t_submit",
+        "timing",
+    )
+
+    def __init__(self, call: BoundCall, timing: bool) -> None:
+        self.call = call
+        self.timing = timing
+        self.id = 0
+        self.state = JobState.QUEUED
+        self.pending: PendingDispatch = None  # type: ignore[assignment]  # set when numbered
+        self.t_dispatch = 0.0
+        self.t_submit = 0.0
+        self.deps: list[Use] = []  # uses of its resident buffers it is ordered after
+        self.buffers: list[ResidentBuffer] = []  # buffers it uses (untracked when done)
+        self.nvtx_range: Any = None  # the NVTX range of its life, with nvtx_enabled
+        self.outcome: tuple[Any, ...] | BaseException | None = None
+        self.device_time: float | None = None
+
+    @property
+    def is_finished(self) -> bool:
+        """Whether its outcome is known (it may not be handed to its awaiters yet)."""
+        return self.state is JobState.DONE
+
+    def __repr__(self) -> str:
+        return f"<Job #{self.id} {self.call.kernel.name!r} {self.state.value}>"
+
+
+class Runner(Protocol):
+    """What the scheduler asks the engine (predicates only; they change nothing)."""
+
+    def needs_compile(self, job: Job) -> bool:
+        """Whether *job*'s kernel must be compiled before it can launch."""
+        ...
+
+    def needs_staging(self, job: Job) -> bool:
+        """Whether *job*'s inputs must be staged off the loop before it can launch."""
+        ...
+
+    def is_ready(self, job: Job) -> bool:
+        """Whether every use *job* depends on is far enough along to be ordered after."""
+        ...
+
+
+class Scheduler:
+    """The queue, the in-flight bound, parked and compiling jobs of one backend.
+
+    Args:
+        runner: the engine's predicates.
+        max_in_flight: jobs admitted (compiling to collecting) at most; more wait queued.
+    """
+
+    __slots__ = ("_compiling", "_in_flight", "_max", "_out", "_parked", "_queue", "_runner")
+
+    def __init__(self, runner: Runner, max_in_flight: int) -> None:
+        self._runner = runner
+        self._max = max_in_flight
+        self._queue: deque[Job] = deque()
+        self._in_flight: dict[int, Job] = {}
+        self._parked: list[Job] = []
+        self._compiling: dict[Kernel, list[Job]] = {}
+        self._out: list[Effect] = []  # effects decided since the last _advance() returned
+
+    def __repr__(self) -> str:
+        return (
+            f"<Scheduler in_flight={len(self._in_flight)} queued={len(self._queue)} "
+            f"parked={len(self._parked)} compiling={sum(map(len, self._compiling.values()))}>"
+        )
+
+    # -- predicates ----------------------------------------------------------------------------
+
+    @property
+    def in_flight(self) -> int:
+        """Jobs admitted and not done."""
+        return len(self._in_flight)
+
+    @property
+    def queued(self) -> int:
+        """Jobs waiting for an in-flight slot."""
+        return len(self._queue)
+
+    def is_idle(self) -> bool:
+        """Whether no job is queued or in flight."""
+        return not self._in_flight and not self._queue
+
+    def has_parked(self) -> bool:
+        """Whether some job waits for a use it depends on."""
+        return bool(self._parked)
+
+    def jobs_in_flight(self) -> list[Job]:
+        """The admitted jobs, oldest first (a copy)."""
+        return list(self._in_flight.values())
+
+    # -- events --------------------------------------------------------------------------------
+
+    def add(self, job: Job) -> list[Effect]:
+        """A new dispatch (numbered, with its pending result)."""
+        job.state = JobState.QUEUED
+        if not self._queue and len(self._in_flight) < self._max:
+            self._admit(job)  # the common case, without the general pass
+            out, self._out = self._out, []
+            return out
+        self._queue.append(job)
+        return self._advance()
+
+    def compiled(
+        self, kernel: Kernel, error: Callable[[Job], BaseException] | None
+    ) -> list[Effect]:
+        """*kernel* compiled (``error is None``), or failed: *error* makes each job's error."""
+        for job in self._compiling.pop(kernel, ()):
+            if error is not None:
+                self._finish(job, error(job), release=True)
+            else:
+                self._route(job)
+        return self._advance()
+
+    def staged(self, job: Job, error: BaseException | None) -> list[Effect]:
+        """*job*'s inputs are staged, or staging failed (the engine released what it took)."""
+        if job.state is JobState.STAGING:
+            if error is not None:
+                self._finish(job, error, release=False)
+            else:
+                self._route(job, staged=True)
+        return self._advance()
+
+    def launch_failed(self, job: Job, error: BaseException) -> list[Effect]:
+        """Launching *job* raised (the engine released what it took)."""
+        self._finish(job, error, release=False)
+        return self._advance()
+
+    def collecting(self, job: Job) -> None:
+        """The device finished *job*; its results are being copied out."""
+        if job.state is JobState.LAUNCHED:
+            job.state = JobState.COLLECTING
+
+    def done(
+        self, job: Job, outcome: tuple[Any, ...] | BaseException, device_time: float | None
+    ) -> list[Effect]:
+        """The engine finished *job* (results or error) and released what it held."""
+        if job.state is not JobState.DONE:
+            job.device_time = device_time
+        self._finish(job, outcome, release=False)
+        return self._advance()
+
+    def poke(self) -> list[Effect]:
+        """A use some parked job may depend on reached the device (or finished)."""
+        return self._advance() if self._parked else []
+
+    def drop_queued(self, error: Callable[[Job], BaseException]) -> list[Effect]:
+        """Fail every job still queued (closing): none of them started."""
+        queue = self._queue
+        while queue:
+            job = queue.popleft()
+            self._finish(job, error(job), release=True)
+        return self._advance()
+
+    def abandon_waiting(self, error: Callable[[Job], BaseException]) -> list[Effect]:
+        """Fail every admitted job that has not launched (its loop ended: nothing resumes it)."""
+        for job in list(self._in_flight.values()):
+            if job.state in _WAITING:
+                self._finish(job, error(job), release=True)
+        return self._advance()
+
+    # -- the transition function ---------------------------------------------------------------
+
+    def _advance(self) -> list[Effect]:
+        """Decide every move the last event allows; return the effects, in order."""
+        queue = self._queue
+        while queue and len(self._in_flight) < self._max:
+            self._admit(queue.popleft())
+        if self._parked:
+            ready = self._runner.is_ready
+            for job in [job for job in self._parked if ready(job)]:
+                self._parked.remove(job)
+                job.state = JobState.LAUNCHED
+                self._out.append((Step.LAUNCH, job))
+        out, self._out = self._out, []
+        return out
+
+    def _admit(self, job: Job) -> None:
+        job.t_submit = perf_counter()
+        self._in_flight[job.id] = job
+        self._route(job)
+
+    def _route(self, job: Job, staged: bool = False) -> None:
+        """Move an admitted job on as far as it can go now."""
+        runner = self._runner
+        if runner.needs_compile(job):
+            job.state = JobState.COMPILING
+            waiting = self._compiling.get(job.call.kernel)
+            if waiting is None:
+                self._compiling[job.call.kernel] = [job]
+                self._out.append((Step.COMPILE, job))
+            else:
+                waiting.append(job)
+        elif not staged and runner.needs_staging(job):
+            job.state = JobState.STAGING
+            self._out.append((Step.STAGE, job))
+        elif runner.is_ready(job):
+            job.state = JobState.LAUNCHED
+            self._out.append((Step.LAUNCH, job))
+        else:
+            job.state = JobState.PARKED
+            self._parked.append(job)
+
+    def _finish(self, job: Job, outcome: tuple[Any, ...] | BaseException, *, release: bool) -> None:
+        state = job.state
+        if state is JobState.DONE:
+            return  # already finished (a failure raced with a normal completion)
+        self._in_flight.pop(job.id, None)
+        if state is JobState.PARKED:
+            self._parked.remove(job)
+        elif state is JobState.COMPILING:
+            waiting = self._compiling.get(job.call.kernel)
+            if waiting is not None and job in waiting:
+                waiting.remove(job)
+                if not waiting:
+                    del self._compiling[job.call.kernel]
+        job.state = JobState.DONE
+        job.outcome = outcome
+        if release:
+            self._out.append((Step.RELEASE, job))
+        self._out.append((Step.RESOLVE, job))
+
+
+_WAITING = frozenset((JobState.COMPILING, JobState.STAGING, JobState.PARKED))
+
+
+async def wait_finished(deps: list[Use]) -> None:
+    """Wait until each job in *deps* finished, whatever its outcome (other uses are skipped)."""
+    for dep in deps:
+        if isinstance(dep, Job) and not dep.pending.done():
+            with contextlib.suppress(Exception):
+                await dep.pending

@@ -1,0 +1,69 @@
+"""What the graphs of this package need from the backend that records and replays them.
+
+The CUDA engine implements :class:`GraphHost`; the graphs use nothing else of it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Awaitable, Callable
+from typing import TYPE_CHECKING, Any, Protocol
+
+if TYPE_CHECKING:
+    from .._args import BoundCall
+    from .._kernel import Kernel
+    from .._telemetry import Telemetry
+    from ..pool import HostPool
+    from ._guard import CaptureGuard
+
+__all__ = ("GraphHost",)
+
+
+class GraphHost(Protocol):
+    """A backend's side of recorded and captured graphs (on the loop's thread)."""
+
+    telemetry: Telemetry  # graph counters, bytes moved
+    pinned: HostPool  # pinned blocks a recorded graph copies through
+    capture_stream: Any  # the stream graphs are captured and uploaded on (cuda.core)
+    capture_handle: Any  # its CUstream
+
+    def alloc_bytes(self, nbytes: int) -> Any:
+        """Device storage of *nbytes* bytes, usable from every stream."""
+        ...
+
+    def free_storage(self, storage: Any) -> None:
+        """Free storage from :meth:`alloc_bytes`."""
+        ...
+
+    def run_capture(self, body: Callable[[CaptureGuard], int]) -> tuple[Any, dict[int, Any], int]:
+        """Capture what *body* enqueues on the capture stream: (graph, nodes, body's result)."""
+        ...
+
+    def capture_launch(
+        self, call: BoundCall, offsets: list[int], base: int, guard: CaptureGuard
+    ) -> int:
+        """Enqueue *call*'s kernel on the capturing stream; the handle of its kernel node."""
+        ...
+
+    def update_nodes(self, nodes: list[Any], call: BoundCall, values: tuple[Any, ...]) -> None:
+        """Set the arguments of executable kernel *nodes* to *values* (for *call*'s kernel)."""
+        ...
+
+    def bind_like(self, kernel: Kernel, args: tuple[object, ...], like: BoundCall) -> BoundCall:
+        """Validate *args* as ``dispatch()`` does, with the launch shape of *like*."""
+        ...
+
+    def replay_job(self, call: BoundCall, graph: Any) -> Any:
+        """A job that replays *graph* for *call*."""
+        ...
+
+    def run_replay(self, job: Any) -> Awaitable[Any]:
+        """Schedule a replay job like a dispatch; the awaitable gives its results."""
+        ...
+
+    def forget(self, graph: Any) -> None:
+        """*graph* closed: the backend need not close it any more."""
+        ...
+
+    def record_now(self, call: BoundCall) -> Any:
+        """A :class:`CachedGraph` of *call* recorded now, or ``None`` if it cannot be now."""
+        ...

@@ -1,0 +1,242 @@
+"""One CUDA device as the engine uses it: context, lanes, memory, pinned pool, events, reactor.
+
+:class:`Device` sets everything up when the backend opens and tears it down when it closes.
+Its collaborators (the small and streamed paths, resident storage, graphs) share it and read
+its resources as plain attributes; none of them sets anything up or frees anything itself.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+from typing import TYPE_CHECKING, Any
+
+from cuda.bindings import driver as drv
+
+from .._args import LaunchLimits
+from .._exceptions import CudaError, DeviceFaultError
+from .._options import BackendOptions
+from .._telemetry import PoolCounters, Telemetry
+from ..pool import HostPool, PinnedPool, StreamOrderedDeviceMemory, StreamPool
+from ._driver import check
+from ._events import EventPool
+from ._lanes import SCRATCH_BYTES, Lane
+from ._reactor import Reactor
+
+if TYPE_CHECKING:
+    from .._engine import Sink
+
+__all__ = ("Device", "join")
+
+_POOL_RESERVE = 64 << 20
+
+
+class Device:
+    """The resources of one CUDA backend, shared by its collaborators.
+
+    Attributes:
+        device: the ``cuda.core`` Device.
+        limits: the launch limits dispatches are checked against.
+        arch: e.g. ``"sm_90"``; name: e.g. ``"NVIDIA H100 80GB HBM3"``.
+        lanes: one :class:`Lane` per stream of ``stream_pool``, by index.
+        stream_pool: placement and leases of the lanes' streams.
+        pinned: the pinned host pool; memory: stream-ordered device memory.
+        events / timing_events: event pools (blocking-sync without timing / with timing).
+        alloc_stream: a stream that holds allocations only.
+        telemetry: the backend's counters (set when the engine is attached).
+    """
+
+    def __init__(self, ordinal: int, options: BackendOptions) -> None:
+        from cuda.core import Device as CoreDevice
+        from cuda.core import StreamOptions
+
+        device = self.device = CoreDevice(ordinal)
+        device.set_current()
+        props = device.properties
+        self.limits = LaunchLimits(
+            max_threads_per_block=props.max_threads_per_block,
+            max_block=(props.max_block_dim_x, props.max_block_dim_y, props.max_block_dim_z),
+            max_grid=(props.max_grid_dim_x, props.max_grid_dim_y, props.max_grid_dim_z),
+            max_shared_mem=props.max_shared_memory_per_block_optin,
+        )
+        major, minor = device.compute_capability
+        self.arch = f"sm_{major}{minor}"
+        self.name = device.name
+        self.options = options
+        self.context = drv.CUcontext(int(device.context.handle))
+        stream_options = StreamOptions(nonblocking=True)
+        streams = [device.create_stream(options=stream_options) for _ in range(options.streams)]
+        self.stream_pool: StreamPool[Any] = StreamPool(streams)
+        self.alloc_stream = device.create_stream(options=stream_options)
+        self.owns_memory = options.device_memory is None
+        self.memory_resource = (
+            _own_memory_pool(device) if options.device_memory is None else options.device_memory
+        )
+        self.memory = StreamOrderedDeviceMemory(self.memory_resource, trim=self.trim)
+        self.pinned: HostPool = (
+            options.host_pool
+            if options.host_pool is not None
+            else PinnedPool(options.pinned_pool_bytes)
+        )
+        flags = drv.CUevent_flags
+        self.events = EventPool(flags.CU_EVENT_BLOCKING_SYNC | flags.CU_EVENT_DISABLE_TIMING)
+        self.timing_events = EventPool(flags.CU_EVENT_DEFAULT)
+        self.telemetry: Telemetry = None  # type: ignore[assignment]  # set by the engine
+        self.log: Any = None  # the backend's bound logger, set by the engine
+        self.sink: Sink = None  # type: ignore[assignment]  # set by the engine's attach()
+        self.failure: DeviceFaultError | None = None
+        self.closed = False
+        self.leases = 0  # stream leases (and captures) not yet ended
+        self._no_leases: asyncio.Future[None] | None = None  # closing waits for the last
+        self.reactor_: Reactor | None = None
+        # One scratch buffer per lane, kept until close. Allocated now, before any kernel
+        # runs: growing the memory pool later may wait for kernels in flight (a short dispatch
+        # was seen waiting for a 300 ms kernel on another stream).
+        self.lanes = [
+            Lane(self, slot, self.memory.reserve(SCRATCH_BYTES, slot.stream))
+            for slot in self.stream_pool.lanes
+        ]
+
+    @property
+    def loop(self) -> asyncio.AbstractEventLoop:
+        """The loop the backend belongs to now."""
+        return self.sink.loop
+
+    # -- the reactor ---------------------------------------------------------------------------
+
+    @property
+    def reactor(self) -> Reactor:
+        """The completion reactor, made on first use (it needs the backend's loop)."""
+        reactor = self.reactor_
+        if reactor is None:
+            reactor = self.reactor_ = Reactor(
+                self.loop,
+                self.context,
+                len(self.lanes),
+                self.events,
+                self.options.poll_window,
+                self.on_fault,
+                self.telemetry,
+                self.options.spin_window,
+            )
+        return reactor
+
+    def on_fault(self, error: CudaError) -> None:
+        """The reactor saw a sticky error: the device failed, and takes no more work."""
+        if isinstance(error, DeviceFaultError) and self.failure is None:
+            self.failure = error
+            self.log.error("backend.failed", error=str(error), code=error.name)
+
+    def check_healthy(self) -> None:
+        """Raise the device fault, if the device failed."""
+        if self.failure is not None:
+            raise self.failure
+
+    # -- leases ------------------------------------------------------------------------------------
+
+    def lease_started(self) -> None:
+        """A stream was leased (to a user, or to a capture)."""
+        self.leases += 1
+
+    def lease_ended(self) -> None:
+        """A lease ended; the last one lets a waiting close go on."""
+        self.leases -= 1
+        waiter = self._no_leases
+        if not self.leases and waiter is not None and not waiter.done():
+            waiter.set_result(None)
+
+    async def wait_leases(self) -> None:
+        """Wait until no stream is leased (closing: foreign work may still be enqueued)."""
+        if self.leases:
+            self._no_leases = self.loop.create_future()
+            await self._no_leases
+
+    # -- memory --------------------------------------------------------------------------------
+
+    def trim(self) -> None:
+        """Free what caches hold before an allocation is retried (device out of memory)."""
+        self.pinned.trim(0)
+        pool = getattr(self.memory_resource, "handle", None)
+        if pool is not None:
+            drv.cuMemPoolTrimTo(drv.CUmemoryPool(int(pool)), 0)
+
+    def pool_counters(self) -> PoolCounters:
+        """The pinned pool's counters."""
+        stats = self.pinned.statistics()
+        return PoolCounters(
+            hits=stats.hits,
+            misses=stats.misses,
+            bytes_cached=stats.bytes_idle,
+            bytes_in_use=stats.bytes_in_use,
+        )
+
+    # -- closing -------------------------------------------------------------------------------
+
+    def close_reactor(self) -> list[threading.Thread]:
+        """Stop the reactor's waiter threads; the threads to join."""
+        return self.reactor_.close() if self.reactor_ is not None else []
+
+    def synchronize(self, threads: list[threading.Thread]) -> None:
+        """Wait for the whole device, then for *threads* (a worker thread of a later loop)."""
+        drv.cuCtxSetCurrent(self.context)
+        drv.cuCtxSynchronize()  # a fault's error surfaces in the events' queries
+        join(threads)
+
+    def release_all(self, extra_streams: list[Any]) -> None:
+        """Free everything (closing; nothing is in flight). Safe to call twice."""
+        if self.closed:
+            return
+        self.pinned.close()
+        self.events.close()
+        self.timing_events.close()
+        for lane in self.lanes:
+            try:
+                lane.free_scratch(self.memory)
+            except Exception:
+                if self.failure is None:
+                    raise  # after a device fault the context is lost and frees fail
+        self.closed = True
+        for stream in [*self.stream_pool.streams, self.alloc_stream, *extra_streams]:
+            stream.close()
+        if self.owns_memory:
+            self.memory_resource.close()
+
+
+def join(threads: list[threading.Thread]) -> None:
+    """Join every thread of *threads*."""
+    for thread in threads:
+        thread.join()
+
+
+def _own_memory_pool(device: Any) -> Any:
+    """A stream-ordered memory pool owned by this backend, set up for many streams.
+
+    - Cross-stream reuse with hidden dependencies is off: with it, an allocation on one
+      stream may reuse memory freed on another and silently wait for that stream's work
+      (seen on an H100: short dispatches waited 200 ms behind a long kernel elsewhere).
+    - The release threshold is unlimited: by default a pool hands its free memory back at
+      every synchronisation (the reactor's waiter threads synchronise), and re-mapping it
+      stalls the loop for milliseconds. On out of memory the backend trims it.
+    """
+    from cuda.core import DeviceMemoryResource, DeviceMemoryResourceOptions, StreamOptions
+
+    resource = DeviceMemoryResource(device, DeviceMemoryResourceOptions())
+    pool = drv.CUmemoryPool(int(resource.handle))
+    attr = drv.CUmemPool_attribute
+    check(
+        drv.cuMemPoolSetAttribute(pool, attr.CU_MEMPOOL_ATTR_REUSE_ALLOW_INTERNAL_DEPENDENCIES, 0),
+        "cuMemPoolSetAttribute",
+    )
+    check(
+        drv.cuMemPoolSetAttribute(
+            pool, attr.CU_MEMPOOL_ATTR_RELEASE_THRESHOLD, drv.cuuint64_t(2**64 - 1)
+        ),
+        "cuMemPoolSetAttribute",
+    )
+    # Reserve some memory now: growing a fresh pool maps memory (15 ms for the first
+    # allocation, measured), which would otherwise happen inside early dispatches.
+    stream = device.create_stream(options=StreamOptions(nonblocking=True))
+    resource.allocate(_POOL_RESERVE, stream=stream).close(stream)
+    stream.sync()
+    stream.close()
+    return resource

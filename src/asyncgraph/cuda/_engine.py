@@ -1,0 +1,324 @@
+"""The CUDA engine: the collaborators of one device, composed behind the front's protocol.
+
+It answers the scheduler's questions and routes each job to the path that runs it: small
+(``_small``), streamed (``_streamed``) or a graph replay. It completes nothing itself: the paths
+report to the front's :class:`~asyncgraph._engine.Sink`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from collections.abc import AsyncIterator
+from contextlib import AbstractAsyncContextManager
+from typing import Any
+
+import numpy as np
+
+from .. import _loop
+from .._args import BoundCall
+from .._exceptions import BackendClosedError, DeviceFaultError
+from .._kernel import Kernel
+from .._lease import StreamLease, end_lease
+from .._options import BackendOptions
+from .._resident import ResidentBuffer, Use
+from .._scheduler import Job, JobState
+from .._telemetry import PoolCounters, Telemetry
+from ..pool import PinnedPool
+from ._device import Device, join
+from ._graphs import Graphs
+from ._kernels import Kernels
+from ._launch import Launches
+from ._plan import CudaJob, dep_event, plan
+from ._small import SmallPath
+from ._storage import Storage
+from ._streamed import StreamedPath
+
+__all__ = ("CudaEngine",)
+
+
+class CudaEngine:
+    """Runs dispatches on one CUDA device (``open_backend("cuda:N")``)."""
+
+    kind = "cuda"
+    takes_device_arrays = True
+
+    def __init__(self, ordinal: int, options: BackendOptions) -> None:
+        self.name = f"cuda:{ordinal}"
+        device = self.device = Device(ordinal, options)
+        self.limits = device.limits
+        self.launches = Launches(device)
+        self.kernels = Kernels(device, self.launches)
+        self.small = SmallPath(device, self.launches)
+        self.streamed = StreamedPath(device, self.launches, self.small)
+        self.storage = Storage(device)
+        self.graphs = Graphs(device, self.launches, self.kernels, self.storage)
+        self._sink: Any = None
+
+    @property
+    def failure(self) -> DeviceFaultError | None:
+        """The device fault that failed the engine, or ``None``."""
+        return self.device.failure
+
+    def attach(self, sink: Any, telemetry: Telemetry, log: Any) -> None:
+        """Report to *sink* and count into *telemetry* from now on."""
+        self._sink = sink
+        device = self.device
+        device.sink = sink
+        device.telemetry = telemetry
+        device.log = log
+        self.small.attach(sink)
+        self.streamed.attach(sink)
+        self.storage.attach(sink)
+        self.graphs.attach(sink, telemetry)
+        log.debug(
+            "backend.opened",
+            kind=self.kind,
+            name=device.name,
+            arch=device.arch,
+            streams=device.options.streams,
+        )
+
+    # -- the scheduler's predicates ----------------------------------------------------------------
+
+    def needs_compile(self, job: Job) -> bool:
+        """Whether *job*'s kernel is not loaded yet (graph replays never compile)."""
+        cuda_job: CudaJob = job  # type: ignore[assignment]  # every job here is a CudaJob
+        return cuda_job.replay is None and not self.launches.is_loaded(job.call.kernel)
+
+    def needs_staging(self, job: Job) -> bool:
+        """Whether *job*'s inputs are copied into pinned memory in threads first."""
+        cuda_job: CudaJob = job  # type: ignore[assignment]  # every job here is a CudaJob
+        return (
+            not cuda_job.streamed and cuda_job.replay is None and SmallPath.needs_staging(cuda_job)
+        )
+
+    def is_ready(self, job: Job) -> bool:
+        """Whether each use *job* depends on has an event to wait on, or finished (a streamed
+        job waits for its dependencies in its own task)."""
+        if not job.deps or getattr(job, "streamed", False):
+            return True
+        return all(dep_event(dep) is not False for dep in job.deps)
+
+    # -- jobs --------------------------------------------------------------------------------------
+
+    def check_kernel(self, kernel: Kernel) -> None:
+        """Any kernel with source can run here."""
+
+    def prepare(self, call: BoundCall, timing: bool) -> Job:
+        """Plan *call*: layout, streaming, direct inputs, foreign arrays."""
+        return plan(call, timing, self.device.pinned, self.graphs.stream_above)
+
+    def graph_job(self, call: BoundCall, always: bool) -> Job | None:
+        """A replay from the graph cache, or ``None``."""
+        job: Job | None = self.graphs.cache.job_for(call, always)
+        return job
+
+    async def compile(self, kernel: Kernel) -> None:
+        """Compile and load *kernel* now.
+
+        Raises:
+            CompileError: NVRTC failed; the error carries its log.
+        """
+        if self.launches.is_loaded(kernel):
+            await _loop.sleep(0)
+            return
+        await self.kernels.load(kernel)
+
+    def start_compile(self, job: Job) -> None:
+        """Compile *job*'s kernel in a task; the sink hears when it is loaded."""
+        self.kernels.start(job.call.kernel, self._sink)
+
+    def stage(self, job: Job) -> None:
+        """Stage *job*'s big inputs in threads."""
+        self.small.stage(job)  # type: ignore[arg-type]  # every job here is a CudaJob
+
+    def launch(self, job: Job) -> None:
+        """Launch *job* on the least busy lane (a streamed job: in a task of its own).
+
+        Raises:
+            DeviceFaultError: the device failed earlier. CudaError: a driver call failed.
+        """
+        cuda_job: CudaJob = job  # type: ignore[assignment]  # every job here is a CudaJob
+        device = self.device
+        if device.failure is not None:
+            self.small.release(cuda_job)
+            raise device.failure
+        if cuda_job.streamed:
+            self.streamed.launch(cuda_job)
+            return
+        lane = device.lanes[device.stream_pool.pick().index]
+        if cuda_job.replay is not None:
+            self.small.launch_replay(cuda_job, lane)
+        else:
+            self.small.launch(cuda_job, lane)
+
+    def release(self, job: Job) -> None:
+        """Give back what *job* holds (it failed before it ran)."""
+        self.small.release(job)  # type: ignore[arg-type]  # every job here is a CudaJob
+
+    # -- resident storage --------------------------------------------------------------------------
+
+    async def upload_storage(self, array: np.ndarray[Any, Any]) -> Any:
+        """Device storage holding a copy of *array*."""
+        return await self.storage.upload(array)
+
+    def alloc_storage(self, shape: tuple[int, ...], dtype: np.dtype[Any]) -> Any:
+        """Uninitialised device storage."""
+        return self.storage.alloc(shape, dtype)
+
+    async def download_storage(
+        self,
+        buffer: ResidentBuffer,
+        use: Use,
+        deps: list[Use],
+        out: np.ndarray[Any, Any] | None,
+    ) -> np.ndarray[Any, Any]:
+        """Copy *buffer* out after the writers in *deps*."""
+        return await self.storage.download(buffer, use, deps, out)
+
+    def free_storage(self, storage: Any) -> None:
+        """Free device storage."""
+        self.storage.free(storage)
+
+    def storage_pointer(self, storage: Any) -> int:
+        """The device address of resident storage."""
+        return int(storage.handle)
+
+    def host_array(self, shape: tuple[int, ...], dtype: np.dtype[Any]) -> np.ndarray[Any, Any]:
+        """A numpy array in pinned memory."""
+        return self.small.host_array(shape, dtype)
+
+    # -- interop, streams, graphs ------------------------------------------------------------------
+
+    def export_device(self) -> tuple[int, int]:
+        """DLPack device of resident buffers."""
+        return self.storage.export_device()
+
+    def export_wait(self, buffer: ResidentBuffer, stream: int | None) -> None:
+        """DLPack: order the consumer's stream after the uses in flight."""
+        self.storage.export_wait(buffer, stream)
+
+    def export_stream(self, buffer: ResidentBuffer) -> int | None:
+        """``__cuda_array_interface__``: the stream of the write in flight."""
+        return self.storage.export_stream(buffer)
+
+    def stream(self) -> AbstractAsyncContextManager[StreamLease]:
+        """Lease a stream for foreign work."""
+        return self._lease()
+
+    @contextlib.asynccontextmanager
+    async def _lease(self) -> AsyncIterator[StreamLease]:
+        device = self.device
+        slot = await device.stream_pool.lease()
+        lease = StreamLease(self, slot)
+        device.lease_started()
+        try:
+            yield lease
+        finally:
+            end_lease(lease)
+            device.stream_pool.give_back(slot)
+            device.lease_ended()
+
+    async def synchronize_lane(self, slot: Any) -> None:
+        """Wait for the work enqueued on a leased stream so far (``lease.synchronize()``).
+
+        Raises:
+            DeviceFaultError: the work faulted, or the device failed earlier.
+        """
+        device = self.device
+        device.check_healthy()
+        lane = device.lanes[slot.index]
+        event = lane.record()
+        await lane.future(event, lambda _error, _cancelled: None)
+
+    async def record(
+        self,
+        kernel: Kernel,
+        args: tuple[object, ...],
+        grid: object,
+        block: object,
+        shared_mem: object,
+    ) -> Any:
+        """Record one dispatch as graphs."""
+        return await self.graphs.record(kernel, args, grid, block, shared_mem)
+
+    def capture(self, mode: object) -> AbstractAsyncContextManager[Any]:
+        """Capture dispatches into a graph."""
+        return self.graphs.capture(mode)
+
+    def pool_counters(self) -> PoolCounters:
+        """The pinned pool's counters."""
+        return self.device.pool_counters()
+
+    # -- closing -----------------------------------------------------------------------------------
+
+    async def settle_after(self, ended: asyncio.AbstractEventLoop, jobs: list[Job]) -> None:
+        """The loop ended with *jobs* in flight: wait for the device, settle the watched events
+        on this loop, and fail the jobs the ended loop's callbacks carried (streamed transfers,
+        result copies); the front fails those that had not launched."""
+        device = self.device
+        # Tasks, leases and compilations of the ended loop never go on.
+        self.streamed.tasks.clear()
+        self.kernels.tasks.clear()
+        device.leases = 0
+        carried = [
+            job
+            for job in jobs
+            if getattr(job, "streamed", False) or job.state is JobState.COLLECTING
+        ]
+        threads = device.close_reactor()
+        await device.loop.run_in_executor(None, device.synchronize, threads)
+        if device.reactor_ is not None:
+            device.reactor_.adopt(device.loop)
+        for job in carried:
+            cuda_job: CudaJob = job  # type: ignore[assignment]  # every job here is a CudaJob
+            if job.state is JobState.DONE:
+                continue  # completed meanwhile
+            if cuda_job.device_buffer is not None:
+                with contextlib.suppress(Exception):
+                    device.memory.free(cuda_job.device_buffer, device.alloc_stream)
+                cuda_job.device_buffer = None
+            self.small.release(cuda_job)
+            self._sink.done(
+                job,
+                BackendClosedError(
+                    f"backend {self.name} was left open when its event loop ended, before "
+                    f"dispatch #{job.id} of {job.call.kernel.name!r} completed"
+                ),
+                None,
+            )
+
+    async def shutdown(self) -> None:
+        """Release everything; nothing is in flight. Each step is safe to repeat."""
+        device = self.device
+        self.graphs.close_all()
+        await device.wait_leases()  # foreign work may still be enqueued on leased streams
+        for task in [*self.streamed.tasks, *self.kernels.tasks]:
+            await _loop.wait_done(task)
+        threads = device.close_reactor()
+        if threads:
+            await device.loop.run_in_executor(None, join, threads)
+        self._release_all()
+        if isinstance(device.pinned, PinnedPool):
+            # Return with the pinned memory released: a free still running in the background
+            # would wait for kernels of other backends and hold up their driver calls.
+            await _loop.wrap_future(device.pinned.wait_freed())
+
+    def shutdown_now(self) -> None:
+        """Release everything without a loop; nothing was ever used."""
+        device = self.device
+        self.graphs.close_all()
+        join(device.close_reactor())
+        self._release_all()
+        if isinstance(device.pinned, PinnedPool):
+            device.pinned.wait_freed().result()
+
+    def _release_all(self) -> None:
+        self.device.release_all([self.graphs.capture_stream])
+        self.launches.clear()
+
+    def release_unclosed(self) -> None:
+        """Best-effort release of a backend dropped without closing."""
+        self.device.close_reactor()
+        self.device.pinned.close()

@@ -1,0 +1,332 @@
+"""The CUDA engine's graphs: ``record``, ``capture``, the graph cache, and their host.
+
+:class:`Graphs` is the :class:`~asyncgraph.capture._host.GraphHost` the graphs of
+``asyncgraph.capture`` talk to; it owns the capture stream, the capture lock, the graph cache
+and the open graphs (closed with the backend).
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import AsyncIterator, Awaitable, Callable
+from contextlib import AbstractAsyncContextManager
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+from cuda.bindings import driver as drv
+
+from .. import _loop
+from .._args import DEVICE, IN, INOUT, OUT, RESIDENT, RESIDENT_OUT, BoundCall
+from .._exceptions import CaptureError, DispatchError
+from .._kernel import Kernel
+from .._resident import ResidentBuffer
+from ..capture._cache import GraphCache
+from ..capture._graphs import CachedGraph, RecordedDispatch, captured_graph, kernel_config
+from ..capture._guard import CaptureGuard, CaptureLock, CaptureMode
+from ._driver import translate
+from ._launch import Launches
+from ._plan import STREAM_MIN, CudaJob, layout
+from ._storage import Storage
+
+if TYPE_CHECKING:
+    from .._engine import Sink
+    from .._telemetry import Telemetry
+    from ..capture._graphs import CapturedGraph
+    from ..pool import HostPool
+    from ._device import Device
+    from ._kernels import Kernels
+
+__all__ = ("Graphs",)
+
+
+class Graphs:
+    """Recorded and captured graphs of one device (the capture package's host)."""
+
+    def __init__(
+        self, device: Device, launches: Launches, kernels: Kernels, storage: Storage
+    ) -> None:
+        from cuda.core import StreamOptions
+
+        self._device = device
+        self._launches = launches
+        self._kernels = kernels
+        self._storage = storage
+        self._sink: Sink = None  # type: ignore[assignment]  # set by attach()
+        self.pinned: HostPool = device.pinned
+        self.telemetry: Telemetry = None  # type: ignore[assignment]  # set by attach()
+        # Graphs are captured on a stream of their own, which nothing else uses.
+        self.capture_stream = device.device.create_stream(options=StreamOptions(nonblocking=True))
+        self.capture_handle = drv.CUstream(int(self.capture_stream.handle))
+        self.lock = CaptureLock()
+        self._open: set[Any] = set()  # open CachedGraph / CapturedGraph, closed at aclose
+        options = device.options
+        self.cache = GraphCache(
+            self, options.graph_cache_bytes, options.graph_repeats, options.streams
+        )
+        # Dispatches moving more bytes stream, and are never recorded.
+        self.stream_above = max(options.pinned_pool_bytes, STREAM_MIN)
+
+    def attach(self, sink: Sink, telemetry: Telemetry) -> None:
+        """Report to *sink*, count into *telemetry*."""
+        self._sink = sink
+        self.telemetry = telemetry
+
+    # -- recording -------------------------------------------------------------------------------
+
+    async def record(
+        self,
+        kernel: Kernel,
+        args: tuple[object, ...],
+        grid: object,
+        block: object,
+        shared_mem: object,
+    ) -> CachedGraph:
+        """Record one dispatch as graphs (``backend.record``); see the CUDA backend."""
+        call = self._sink.bind_call(kernel, args, grid, block, shared_mem)
+        for i, (kind, _value, _param) in enumerate(call.args):
+            if kind == DEVICE:
+                raise DispatchError(
+                    f"args[{i}] of {kernel.name!r} is a device array of another library; a "
+                    "recorded graph takes numpy arrays, scalars and resident buffers (wrap it "
+                    "in a resident buffer with backend.upload, or capture with backend.capture)"
+                )
+        if not self._launches.is_loaded(kernel):
+            await self._kernels.load(kernel)
+        async with self.lock:
+            return self._record_locked(call)
+
+    def record_now(self, call: BoundCall) -> CachedGraph | None:
+        """Record *call* now if the kernel is loaded and no other capture runs (graph cache)."""
+        device = self._device
+        if not self._launches.is_loaded(call.kernel) or device.failure is not None:
+            return None
+        if call.bytes_in + call.bytes_out > self.stream_above:
+            return None  # streamed dispatches are not recorded
+        if not self.lock.try_acquire():
+            return None
+        try:
+            return self._record_locked(call)
+        except Exception as exc:
+            device.log.warning("graph.record_failed", kernel=call.kernel.name, error=repr(exc))
+            return None
+        finally:
+            self.lock.release()
+
+    def _record_locked(self, call: BoundCall) -> CachedGraph:
+        self._device.check_healthy()
+        offsets, bounds = layout(call.args)
+        graph = CachedGraph(self, call, offsets, bounds)
+        graph._record()
+        self._open.add(graph)
+        return graph
+
+    # -- capturing ---------------------------------------------------------------------------------
+
+    def capture(self, mode: object) -> AbstractAsyncContextManager[Capture]:
+        """``async with backend.capture() as cap``; see the CUDA backend."""
+        return self._capture(CaptureMode.parse(mode))
+
+    @contextlib.asynccontextmanager
+    async def _capture(self, mode: CaptureMode) -> AsyncIterator[Capture]:
+        device = self._device
+        device.check_healthy()
+        async with self.lock:
+            slot = await device.stream_pool.lease()
+            device.lease_started()
+            reactor = device.reactor
+            try:
+                if mode is not CaptureMode.RELAXED:
+                    reactor.pause(waiters=mode is CaptureMode.GLOBAL)
+                    if mode is CaptureMode.GLOBAL:
+                        await reactor.waiters_idle()
+                lane = device.lanes[slot.index]
+                cap = Capture(self, lane.stream, lane.handle, mode)
+                with cap.guard:
+                    yield cap
+                    cap.closed = True
+                cap.finish()
+            finally:
+                if mode is not CaptureMode.RELAXED:
+                    reactor.resume()
+                device.stream_pool.give_back(slot)
+                device.lease_ended()
+
+    # -- the GraphHost protocol ------------------------------------------------------------------
+
+    def alloc_bytes(self, nbytes: int) -> Any:
+        """Device storage of *nbytes* bytes (through the engine's resident storage)."""
+        return self._storage.alloc((nbytes,), np.dtype(np.uint8))
+
+    def free_storage(self, storage: Any) -> None:
+        """Free storage from :meth:`alloc_bytes`."""
+        self._storage.free(storage)
+
+    def run_capture(self, body: Callable[[CaptureGuard], int]) -> tuple[Any, dict[int, Any], int]:
+        """Capture what *body* enqueues on the capture stream."""
+        with CaptureGuard(
+            self.capture_stream, self.capture_handle, CaptureMode.THREAD_LOCAL
+        ) as guard:
+            result = body(guard)
+        return guard.graph, guard.nodes, result
+
+    def capture_launch(
+        self, call: BoundCall, offsets: list[int], base: int, guard: CaptureGuard
+    ) -> int:
+        """Enqueue *call*'s kernel on the capturing stream; the handle of its kernel node."""
+        job = CudaJob(call, False)
+        job.offsets = offsets
+        self._launches.enqueue(job, base, guard.handle, guard.stream)
+        return guard.last_node()
+
+    def update_nodes(self, nodes: list[Any], call: BoundCall, values: tuple[Any, ...]) -> None:
+        """Set the arguments of executable kernel *nodes*."""
+        config = kernel_config(call)
+        kernel = self._launches.loaded[call.kernel]
+        for node in nodes:
+            try:
+                node.update(config=config, kernel=kernel, args=values)
+            except Exception as exc:
+                raise translate(exc, "cuGraphExecKernelNodeSetParams") from exc
+            self.telemetry.graph_updates += 1
+
+    def bind_like(self, kernel: Kernel, args: tuple[object, ...], like: BoundCall) -> BoundCall:
+        """Validate *args* with the launch shape of *like*."""
+        return self._sink.bind_call(kernel, args, like.grid, like.block, like.shared_mem)
+
+    def bind(
+        self, kernel: Kernel, args: tuple[object, ...], grid: object, block: object, smem: object
+    ) -> BoundCall:
+        """Validate a captured dispatch's arguments as ``dispatch()`` does."""
+        return self._sink.bind_call(kernel, args, grid, block, smem)
+
+    def is_loaded(self, kernel: Kernel) -> bool:
+        """Whether *kernel* is loaded (a capture cannot load code)."""
+        return self._launches.is_loaded(kernel)
+
+    def replay_job(self, call: BoundCall, graph: Any) -> CudaJob:
+        """A job that replays *graph*."""
+        job = CudaJob(call, False)
+        job.replay = graph
+        return job
+
+    def run_replay(self, job: Any) -> Awaitable[Any]:
+        """Schedule a replay job like a dispatch."""
+        return self._sink.run_prepared(job)
+
+    def forget(self, graph: Any) -> None:
+        """*graph* closed."""
+        self._open.discard(graph)
+
+    def keep(self, graph: Any) -> None:
+        """Close *graph* with the backend."""
+        self._open.add(graph)
+
+    # -- closing -------------------------------------------------------------------------------
+
+    def close_all(self) -> None:
+        """Close the cache and every open graph."""
+        self.cache.clear()
+        for graph in list(self._open):
+            graph.close()
+
+
+class _CaptureStream:
+    """The capturing stream, for work of other libraries (``cap.stream``)."""
+
+    __slots__ = ("handle",)
+
+    def __init__(self, handle: int) -> None:
+        self.handle = handle
+
+    def __cuda_stream__(self) -> tuple[int, int]:
+        return (0, self.handle)
+
+    def __repr__(self) -> str:
+        return f"<capture stream {self.handle:#x}>"
+
+
+class Capture:
+    """What ``async with backend.capture() as cap`` gives: record dispatches, then ``graph``."""
+
+    def __init__(self, graphs: Graphs, stream: Any, handle: Any, mode: CaptureMode) -> None:
+        self._graphs = graphs
+        self.guard = CaptureGuard(stream, handle, mode)
+        self.mode = mode
+        self.stream = _CaptureStream(int(handle))
+        self._dispatches: list[RecordedDispatch] = []
+        self._buffers: list[ResidentBuffer] = []
+        self.closed = False
+        self._graph: CapturedGraph | None = None
+
+    @property
+    def status(self) -> Any:
+        """The capture's :class:`CaptureStatus` now."""
+        return self.guard.status
+
+    @property
+    def graph(self) -> CapturedGraph:
+        """The captured graph, once the ``async with`` block ended.
+
+        Raises:
+            CaptureError: the block has not ended yet.
+        """
+        if self._graph is None:
+            raise CaptureError("cap.graph is there once the 'async with backend.capture()' ended")
+        return self._graph
+
+    async def dispatch(
+        self,
+        kernel: Kernel,
+        *args: object,
+        grid: int | tuple[int, ...],
+        block: int | tuple[int, ...],
+        shared_mem: int = 0,
+    ) -> RecordedDispatch:
+        """Record a dispatch of *kernel* on resident buffers and numpy scalars.
+
+        ``Out(into=buffer)`` outputs are zero-filled first, as in ``dispatch``. The kernel must
+        be compiled before the capture began (``await backend.compile(kernel)``): loading code
+        during a capture is not allowed.
+
+        Raises:
+            DispatchError: an argument is not a resident buffer, ``Out(into=)`` or a scalar.
+            CaptureError: the capture ended, or the kernel was not compiled before it.
+        """
+        graphs = self._graphs
+        if self.closed:
+            raise CaptureError("the capture ended; start another with backend.capture()")
+        call = graphs.bind(kernel, args, grid, block, shared_mem)
+        for i, (kind, _value, _param) in enumerate(call.args):
+            if kind in (IN, INOUT, OUT, DEVICE):
+                raise DispatchError(
+                    f"args[{i}] of {kernel.name!r}: a capture records dispatches on resident "
+                    "buffers, Out(into=buffer) and scalars only; upload arrays with "
+                    "backend.upload() first"
+                )
+        if not graphs.is_loaded(kernel):
+            raise CaptureError(
+                f"{kernel.name!r} is not compiled; await backend.compile(kernel) before the "
+                "capture (code cannot be loaded while a stream captures)"
+            )
+        node = graphs.capture_launch(call, [], 0, self.guard)
+        recorded = RecordedDispatch(len(self._dispatches), call, node)
+        self._dispatches.append(recorded)
+        for kind, value, _param in call.args:
+            if kind in (RESIDENT, RESIDENT_OUT) and all(value is not b for b in self._buffers):
+                self._buffers.append(value)
+        await _loop.sleep(0)
+        return recorded
+
+    def finish(self) -> None:
+        """The block ended: make the :class:`CapturedGraph`."""
+        guard = self.guard
+        graph = captured_graph(
+            self._graphs, guard.graph, guard.nodes, self._dispatches, self._buffers
+        )
+        # Only the graph refers to the captured objects from now on: they are destroyed when
+        # it closes, not whenever this object goes (which may be during another capture, where
+        # destroying a graph on the capturing thread would invalidate it).
+        guard.graph = None
+        guard.nodes = {}
+        self._graphs.keep(graph)
+        self._graph = graph

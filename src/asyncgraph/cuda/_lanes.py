@@ -1,0 +1,121 @@
+"""Lanes: a stream with its handle and scratch buffer, and the one way to record and watch.
+
+Every event the engine waits for is recorded on a lane and watched by the reactor through
+:meth:`Lane.record_and_watch`: it takes an event from the pool, records it, gives it back if the
+record fails (so no error path leaks an event), and hands it to the reactor, which returns it to
+the pool after the callback ran.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
+
+from cuda.bindings import driver as drv
+
+from .._exceptions import CudaError
+from ._driver import SUCCESS, error_for
+
+if TYPE_CHECKING:
+    from ..pool import StreamLane, StreamOrderedDeviceMemory
+    from ._device import Device
+
+__all__ = ("SCRATCH_BYTES", "Lane")
+
+# Dispatches needing at most this much device memory use their lane's scratch buffer.
+SCRATCH_BYTES = 1 << 20
+
+
+class Lane:
+    """One stream of the backend: its ``cuda.core`` stream, ``CUstream`` handle and scratch.
+
+    Attributes:
+        index: its index in the stream pool (and the reactor's lane).
+        slot: its place in the stream pool (``outstanding``, ``leased``).
+        stream: the ``cuda.core`` Stream; handle: the ``CUstream``.
+        scratch: device memory every small dispatch on this lane uses, ordered by the stream.
+    """
+
+    __slots__ = ("_device", "handle", "index", "scratch", "scratch_ptr", "slot", "stream")
+
+    def __init__(self, device: Device, slot: StreamLane[Any], scratch: Any) -> None:
+        self._device = device
+        self.slot = slot
+        self.index = slot.index
+        self.stream = slot.stream
+        self.handle = drv.CUstream(int(slot.stream.handle))
+        self.scratch = scratch
+        self.scratch_ptr = int(scratch.handle)
+
+    def __repr__(self) -> str:
+        return f"<Lane {self.index} outstanding={self.slot.outstanding}>"
+
+    def take(self) -> None:
+        """Count one more piece of work placed here."""
+        self.slot.outstanding += 1
+
+    def give(self) -> None:
+        """Count one piece of work done."""
+        self.slot.outstanding -= 1
+
+    def record(self) -> Any:
+        """Take an event and record it on this stream.
+
+        Raises:
+            CudaError: the record failed (the event went back to its pool).
+        """
+        events = self._device.events
+        event = events.take()
+        code = drv.cuEventRecord(event, self.handle)[0]
+        if code != SUCCESS:
+            events.give(event)
+            raise error_for(code, "cuEventRecord")
+        return event
+
+    def watch(self, event: Any, callback: Callable[[CudaError | None], None]) -> None:
+        """Call ``callback(error)`` on the loop once *event* completed; the event is then
+        recycled (nothing may wait on it after the callback)."""
+        self._device.reactor.watch(self.index, event, callback)
+
+    def record_and_watch(self, callback: Callable[[CudaError | None], None]) -> Any:
+        """Record an event after the work enqueued so far and watch it; returns the event."""
+        event = self.record()
+        self.watch(event, callback)
+        return event
+
+    def future(
+        self, event: Any, on_done: Callable[[CudaError | None, bool], Any]
+    ) -> asyncio.Future[Any]:
+        """A future for *event*: ``on_done(error, cancelled)`` runs first, on the loop, even if
+        the awaiting task was cancelled (so resources are released after the work, never
+        before); its return value is the future's result."""
+        loop = self._device.loop
+        future: asyncio.Future[Any] = loop.create_future()
+
+        def done(error: CudaError | None) -> None:
+            outcome: BaseException | None = error
+            value = None
+            try:
+                value = on_done(error, future.cancelled())
+            except BaseException as exc:
+                outcome = exc
+            # After the loop closed (Reactor.adopt settles this) no task is left to wake.
+            with contextlib.suppress(RuntimeError):
+                if future.done():
+                    return
+                if outcome is not None:
+                    future.set_exception(outcome)
+                else:
+                    future.set_result(value)
+
+        self.watch(event, done)
+        return future
+
+    def free_scratch(self, memory: StreamOrderedDeviceMemory) -> None:
+        """Give the scratch buffer back (closing; every dispatch completed)."""
+        scratch, self.scratch = self.scratch, None
+        self.scratch_ptr = 0
+        if scratch is not None:
+            memory.unreserve(scratch, self.stream)

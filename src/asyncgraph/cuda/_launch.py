@@ -1,0 +1,219 @@
+"""Launching a kernel: packed parameter blocks, ``cuLaunchKernel``, and ordering on a stream."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+from cuda.bindings import driver as drv
+from cuda.core import LaunchConfig, launch
+
+from .._args import DEVICE, RESIDENT, RESIDENT_OUT, SCALAR, BoundCall
+from .._kernel import Kernel, Param
+from .._resident import storage_of
+from ._driver import SUCCESS, check, error_for, translate
+from ._plan import CudaJob, dep_event
+
+if TYPE_CHECKING:
+    from ._device import Device
+
+__all__ = ("Launcher", "Launches", "wait_deps")
+
+_DEFAULT_SHARED = 48 * 1024
+_POINTER = np.dtype(np.uint64)
+
+
+class Launcher:
+    """A loaded kernel's ``CUfunction`` and a reusable parameter block for ``cuLaunchKernel``.
+
+    Each parameter has a 16-byte slot; ``kernel_params`` is the address of the array of slot
+    addresses the driver reads. A dispatch writes its values into the slots and launches: the
+    driver copies the parameters during the call, and only the event loop's thread launches,
+    so one block per kernel serves every dispatch. Measured on an NVIDIA H100 80GB HBM3, this
+    is what takes the launch from about 5 µs (``cuda.core.launch``) to the bare driver call.
+    """
+
+    __slots__ = ("_keep", "function", "kernel_params", "slot_views", "slots")
+
+    def __init__(self, function: Any, params: tuple[Param, ...]) -> None:
+        self.function = function
+        n = len(params)
+        self.slots = np.zeros(2 * max(n, 1), np.uint64)
+        base = self.slots.ctypes.data
+        raw = self.slots.view(np.uint8)
+        addresses = np.array([base + 16 * i for i in range(n)] or [0], np.uint64)
+        self._keep = addresses
+        self.kernel_params = int(addresses.ctypes.data) if n else 0
+        views = []
+        for i, param in enumerate(params):
+            # for_kernel takes only kernels whose value parameters all have a dtype.
+            dtype = param.dtype if not param.pointer and param.dtype is not None else _POINTER
+            views.append(raw[16 * i : 16 * i + dtype.itemsize].view(dtype))
+        self.slot_views: list[np.ndarray[Any, Any]] = views
+
+    @staticmethod
+    def for_kernel(kernel: Kernel, loaded: Any) -> Launcher | None:
+        """A launcher for *kernel*, or ``None`` when a parameter's type is unknown (then the
+        dispatch goes through ``cuda.core.launch``, which packs any argument)."""
+        params = kernel.params
+        if params is None or any(not p.pointer and p.dtype is None for p in params):
+            return None
+        if any(p.dtype is not None and p.dtype.itemsize > 16 for p in params):
+            return None
+        function = check(
+            drv.cuKernelGetFunction(drv.CUkernel(int(loaded.handle))), "cuKernelGetFunction"
+        )
+        return Launcher(function, params)
+
+
+def wait_deps(deps: list[Any], handle: Any) -> None:
+    """Make the stream *handle* wait for the launched uses in *deps* (finished ones need no
+    wait; unlaunched ones were waited for before)."""
+    for dep in deps:
+        event = dep_event(dep)
+        if event is not None and event is not False:
+            check(drv.cuStreamWaitEvent(handle, event, 0), "cuStreamWaitEvent")
+
+
+class Launches:
+    """Kernel launches of one device: loaded kernels, launchers, configs, shared memory."""
+
+    def __init__(self, device: Device) -> None:
+        self._device = device
+        self.loaded: dict[Kernel, Any] = {}
+        self.launchers: dict[Kernel, Launcher | None] = {}
+        self._configs: dict[tuple[Any, ...], Any] = {}
+        self._smem_set: dict[Any, int] = {}
+
+    def add(self, kernel: Kernel, loaded: Any) -> None:
+        """*kernel* is loaded as *loaded* (a ``cuda.core`` Kernel)."""
+        self.loaded[kernel] = loaded
+        self.launchers[kernel] = Launcher.for_kernel(kernel, loaded)
+
+    def is_loaded(self, kernel: Kernel) -> bool:
+        """Whether *kernel* is loaded on this device."""
+        return kernel in self.loaded
+
+    def clear(self) -> None:
+        """Forget every kernel (closing)."""
+        self.loaded.clear()
+        self.launchers.clear()
+
+    def config(self, call: BoundCall) -> Any:
+        """The ``cuda.core`` LaunchConfig of *call*'s launch shape (cached)."""
+        key = (call.grid, call.block, call.shared_mem)
+        config = self._configs.get(key)
+        if config is None:
+            config = self._configs[key] = LaunchConfig(
+                grid=call.grid, block=call.block, shmem_size=call.shared_mem
+            )
+        return config
+
+    def _allow_shared(self, loaded: Any, nbytes: int) -> None:
+        if nbytes <= self._smem_set.get(loaded, _DEFAULT_SHARED):
+            return
+        attribute = drv.CUfunction_attribute.CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES
+        check(
+            drv.cuKernelSetAttribute(
+                attribute, nbytes, drv.CUkernel(int(loaded.handle)), self._device.device.device_id
+            ),
+            "cuKernelSetAttribute",
+        )
+        self._smem_set[loaded] = nbytes
+
+    def enqueue(self, job: CudaJob, base: int, handle: Any, stream: Any) -> None:
+        """Enqueue *job*'s kernel (between its timing events) on *handle*; its staged arrays
+        start at device address *base*."""
+        call = job.call
+        if call.shared_mem > _DEFAULT_SHARED:
+            self._allow_shared(self.loaded[call.kernel], call.shared_mem)
+        timing_events = self._device.timing_events
+        if job.timing:
+            job.start_event = timing_events.take()
+            check(drv.cuEventRecord(job.start_event, handle), "cuEventRecord")
+        launcher = self.launchers.get(call.kernel)
+        if launcher is not None:
+            self._pack(job, launcher, base, handle)
+            grid = call.grid
+            block_dim = call.block
+            code = drv.cuLaunchKernel(
+                launcher.function,
+                grid[0],
+                grid[1],
+                grid[2],
+                block_dim[0],
+                block_dim[1],
+                block_dim[2],
+                call.shared_mem,
+                handle,
+                launcher.kernel_params,
+                0,
+            )[0]
+            if code != SUCCESS:
+                raise error_for(code, "cuLaunchKernel")
+        else:
+            args = self._arguments(job, base, handle)
+            try:
+                launch(stream, self.config(call), self.loaded[call.kernel], *args)
+            except Exception as exc:
+                raise translate(exc, "cuLaunchKernel") from exc
+        if job.timing:
+            job.end_event = timing_events.take()
+            check(drv.cuEventRecord(job.end_event, handle), "cuEventRecord")
+
+    def _values(self, job: CudaJob, base: int, handle: Any) -> list[Any]:
+        """Each argument's launch value: the scalar, or the device pointer as an int.
+
+        Zeroes resident outputs and orders the stream after foreign producers on the way.
+        """
+        values: list[Any] = []
+        foreign = iter(job.foreign)
+        offsets = job.offsets
+        for i, (kind, value, _param) in enumerate(job.call.args):
+            if kind == SCALAR:
+                values.append(value)
+            elif kind == RESIDENT:
+                values.append(int(storage_of(value).handle))
+            elif kind == RESIDENT_OUT:
+                ptr = int(storage_of(value).handle)
+                check(drv.cuMemsetD8Async(ptr, 0, value.nbytes, handle), "cuMemsetD8Async")
+                values.append(ptr)
+            elif kind == DEVICE:
+                ptr, producer = next(foreign)
+                if producer is not None:
+                    self._wait_foreign(producer, handle)
+                values.append(ptr)
+            else:
+                values.append(base + offsets[i])
+        return values
+
+    def _pack(self, job: CudaJob, launcher: Launcher, base: int, handle: Any) -> None:
+        """Write *job*'s arguments into the launcher's parameter slots."""
+        views = launcher.slot_views
+        if job.call.resident or job.foreign:
+            for view, value in zip(views, self._values(job, base, handle), strict=True):
+                view[0] = value
+            return
+        # The common case (arrays staged by this dispatch, and scalars), without a list.
+        offsets = job.offsets
+        for i, (kind, value, _param) in enumerate(job.call.args):
+            views[i][0] = value if kind == SCALAR else base + offsets[i]
+
+    def _arguments(self, job: CudaJob, base: int, handle: Any) -> list[Any]:
+        """Launch arguments for ``cuda.core.launch`` (kernels without a launcher)."""
+        return [
+            value if kind == SCALAR else np.uint64(value)
+            for (kind, _v, _p), value in zip(
+                job.call.args, self._values(job, base, handle), strict=True
+            )
+        ]
+
+    def _wait_foreign(self, producer: int, handle: Any) -> None:
+        """Order our stream after the work a foreign producer stream enqueued so far."""
+        events = self._device.events
+        event = events.take()
+        try:
+            check(drv.cuEventRecord(event, drv.CUstream(producer)), "cuEventRecord")
+            check(drv.cuStreamWaitEvent(handle, event, 0), "cuStreamWaitEvent")
+        finally:
+            events.give(event)

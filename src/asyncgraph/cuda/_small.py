@@ -1,0 +1,361 @@
+"""Dispatches staged through one pinned block: launch, results, and releasing a job.
+
+A small dispatch copies its inputs into a pinned block (or goes up straight from pinned
+inputs), then enqueues on one lane: the upload, the outputs' memset, the kernel, the download,
+and an event. Small ones (at most ``SCRATCH_BYTES`` of device memory) use their lane's scratch
+buffer instead of a fresh allocation: every use of it is ordered on that one stream. That saves
+the stream-ordered allocation and free (about 10 µs of host time per dispatch through
+``cuda.core``, measured on an NVIDIA H100 80GB HBM3).
+
+The pinned block goes back to its pool only once the event that follows the last copy
+completed. Outputs of at least ``PINNED_RESULTS`` bytes are downloaded into pinned memory that
+the result arrays then own (no copy out of staging), while less than the pinned budget is lent.
+"""
+
+from __future__ import annotations
+
+import math
+from concurrent.futures import Future
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+from cuda.bindings import driver as drv
+
+from .._args import IN, INOUT, OUT, RESIDENT_OUT
+from .._exceptions import CudaError
+from .._pending import set_spin
+from ..capture._graphs import collect_replay, enqueue_replay, replay_finished
+from ..pool import PinnedBlock, PinnedMemory
+from ._driver import check
+from ._lanes import SCRATCH_BYTES, Lane
+from ._launch import Launches, wait_deps
+from ._plan import BIG_COPY, CudaJob, as_bytes, copy_into
+
+if TYPE_CHECKING:
+    from .._engine import Sink
+    from ._device import Device
+
+__all__ = ("PINNED_RESULTS", "SmallPath")
+
+PINNED_RESULTS = 1 << 20
+
+
+class SmallPath:
+    """Launch and collect dispatches staged in one pinned block, and graph replays."""
+
+    def __init__(self, device: Device, launches: Launches) -> None:
+        self._device = device
+        self._launches = launches
+        self._sink: Sink = None  # type: ignore[assignment]  # set by attach()
+        self.lent = 0  # bytes of pinned blocks lent to numpy arrays
+        self._lend_limit = device.options.pinned_pool_bytes
+
+    def attach(self, sink: Sink) -> None:
+        """Report job events to *sink*."""
+        self._sink = sink
+
+    # -- before the launch -----------------------------------------------------------------------
+
+    @staticmethod
+    def needs_staging(job: CudaJob) -> bool:
+        """Whether *job*'s inputs are big enough to be staged off the loop first."""
+        return job.up_end >= BIG_COPY and not job.staged and job.direct is None
+
+    def _claim_result_memory(self, job: CudaJob) -> None:
+        """Give big outputs pinned memory of their own, which the result arrays will own."""
+        if not job.total or job.staged or job.out_block is not None:
+            return
+        out_bytes = job.total - job.in_end
+        if out_bytes < PINNED_RESULTS or self.lent + out_bytes > self._lend_limit:
+            return
+        job.out_block = self._device.pinned.acquire(out_bytes)
+        self.lent += job.out_block.size
+        # Staging then holds the inputs only, or nothing when they go up straight from pinned.
+        job.stage_hi = job.stage_lo if job.direct is not None else job.up_end
+
+    def stage(self, job: CudaJob) -> None:
+        """Copy large inputs into pinned memory in threads; report ``staged``."""
+        sink = self._sink
+        try:
+            self._claim_result_memory(job)
+            block = job.block = self._device.pinned.acquire(job.stage_hi)
+        except Exception as exc:
+            self.release(job)
+            sink.staged(job, exc)
+            return
+
+        def stage() -> None:
+            view = block.array
+            for i, (kind, value, _param) in enumerate(job.call.args):
+                if kind in (IN, INOUT):
+                    off = job.offsets[i]
+                    copy_into(view[off : off + value.nbytes], as_bytes(value))
+
+        def staged(future: Any) -> None:
+            error = future.exception()
+            if error is not None:
+                self.release(job)
+            else:
+                job.staged = True
+            sink.staged(job, error)
+
+        sink.loop.run_in_executor(None, stage).add_done_callback(staged)
+
+    # -- the launch --------------------------------------------------------------------------------
+
+    def launch(self, job: CudaJob, lane: Lane) -> None:
+        """Enqueue *job* on *lane* and watch its event.
+
+        Raises:
+            CudaError: a driver call failed; what the job took is released (after the copies
+                already enqueued, if any).
+        """
+        device = self._device
+        call = job.call
+        lane.take()
+        job.lane = lane
+        stream = lane.stream
+        handle = lane.handle
+        telemetry = device.telemetry
+        enqueued = False
+        block = None
+        try:
+            self._claim_result_memory(job)
+            if job.deps:
+                wait_deps(job.deps, handle)
+            base = 0
+            if job.total:
+                if job.stage_hi > job.stage_lo:
+                    if job.block is None:
+                        job.block = device.pinned.acquire(job.stage_hi - job.stage_lo)
+                    block = job.block
+                if not job.staged and job.direct is None and block is not None:
+                    view = block.array
+                    offsets = job.offsets
+                    for i, (kind, value, _param) in enumerate(call.args):
+                        if kind in (IN, INOUT):
+                            off = offsets[i]
+                            view[off : off + value.nbytes] = as_bytes(value)
+                if job.total <= SCRATCH_BYTES:
+                    base = lane.scratch_ptr
+                else:
+                    job.device_buffer = device.memory.allocate(job.total, stream)
+                    base = int(job.device_buffer.handle)
+                enqueued = True
+                if job.up_end:
+                    self._upload(job, block, base, handle)
+                if job.total > job.up_end:
+                    check(
+                        drv.cuMemsetD8Async(base + job.up_end, 0, job.total - job.up_end, handle),
+                        "cuMemsetD8Async",
+                    )
+            self._launches.enqueue(job, base, handle, stream)
+            enqueued = True
+            if job.total > job.in_end:
+                down = job.total - job.in_end
+                if job.out_block is not None:
+                    target = job.out_block.ptr
+                else:
+                    target = block.ptr + job.in_end - job.stage_lo  # type: ignore[union-attr]  # outputs are staged
+                check(
+                    drv.cuMemcpyDtoHAsync(target, base + job.in_end, down, handle),
+                    "cuMemcpyDtoHAsync",
+                )
+                telemetry.bytes_down += down
+                telemetry.copies_down += 1
+        except Exception as exc:
+            failure: Exception | None = exc
+        else:
+            failure = None
+        finally:
+            if job.device_buffer is not None:
+                device.memory.free(job.device_buffer, stream)
+                job.device_buffer = None
+        if failure is not None:
+            if enqueued:
+                # Copies may be in flight: release the staging only once they are done.
+                try:
+                    lane.record_and_watch(lambda _error: self.release(job))
+                except CudaError:
+                    self.release(job)
+            else:
+                self.release(job)
+            raise failure
+        self._watch(job, lane)
+
+    def _upload(self, job: CudaJob, block: PinnedBlock | None, base: int, handle: Any) -> None:
+        telemetry = self._device.telemetry
+        if job.direct is not None:
+            for ptr, off, nbytes in job.direct:
+                check(
+                    drv.cuMemcpyHtoDAsync(base + off, ptr, nbytes, handle),
+                    "cuMemcpyHtoDAsync",
+                )
+            telemetry.copies_up += len(job.direct)
+        else:
+            check(
+                drv.cuMemcpyHtoDAsync(base, block.ptr, job.up_end, handle),  # type: ignore[union-attr]  # inputs are staged
+                "cuMemcpyHtoDAsync",
+            )
+            telemetry.copies_up += 1
+        telemetry.bytes_up += job.up_end
+
+    def launch_replay(self, job: CudaJob, lane: Lane) -> None:
+        """Launch the graph *job* replays (its inputs are in place) and watch its event."""
+        lane.take()
+        job.lane = lane
+        try:
+            if job.deps:
+                wait_deps(job.deps, lane.handle)
+            enqueue_replay(job.replay, lane.handle)
+        except Exception:
+            self.release(job)
+            raise
+        self._watch(job, lane)
+
+    def _watch(self, job: CudaJob, lane: Lane) -> None:
+        try:
+            job.event = lane.record()
+        except CudaError:
+            self.release(job)
+            raise
+        lane.watch(job.event, lambda error: self._done(job, error))
+        set_spin(job.pending, self._device.reactor.spin)
+
+    # -- completion --------------------------------------------------------------------------------
+
+    def _done(self, job: CudaJob, error: CudaError | None) -> None:
+        # The reactor recycled the event: nothing may wait on it any more.
+        job.gpu_done = True
+        job.event = None
+        try:
+            self._finish(job, error)
+        except Exception as exc:
+            # Whatever went wrong while collecting results fails this dispatch, visibly.
+            self.release(job)
+            self._sink.done(job, exc, None)
+
+    def _finish(self, job: CudaJob, error: CudaError | None) -> None:
+        outcome: Any
+        device_time = None
+        if error is not None:
+            outcome = error
+        elif job.replay is not None:
+            outcome = collect_replay(job.replay, job.call)
+        elif not job.call.n_results:
+            outcome = ()
+        elif job.total - job.in_end >= BIG_COPY and job.out_block is None:
+            self._results_off_loop(job)
+            return
+        else:
+            outcome = self._results(job)
+        if error is None and job.timing:
+            ms = check(drv.cuEventElapsedTime(job.start_event, job.end_event), "cuEventElapsedTime")
+            device_time = ms / 1e3
+        self.release(job)
+        self._sink.done(job, outcome, device_time)
+
+    def _results(self, job: CudaJob) -> tuple[Any, ...]:
+        """The job's outputs: views of the pinned memory they were downloaded into, or new
+        arrays copied out of the staging block (in a worker thread for big copies)."""
+        results: list[Any] = []
+        lent = None
+        view = None
+        if job.out_block is not None:
+            lent = self._lend(job.out_block, job.total - job.in_end).as_array()
+            job.out_block = None
+        elif job.block is not None:  # Out(into=buffer) has a result but nothing staged
+            view = job.block.array
+        offsets = job.offsets
+        for i, (kind, value, _param) in enumerate(job.call.args):
+            if kind in (OUT, INOUT):
+                nbytes = value.nbytes
+                if lent is not None:
+                    off = offsets[i] - job.in_end
+                    results.append(lent[off : off + nbytes].view(value.dtype).reshape(value.shape))
+                    continue
+                out = np.empty(value.shape, value.dtype)
+                off = offsets[i] - job.stage_lo
+                copy_into(as_bytes(out), view[off : off + nbytes])  # type: ignore[index]  # staged kinds have a block
+                results.append(out)
+            elif kind == RESIDENT_OUT:
+                results.append(value)
+        return tuple(results)
+
+    def _results_off_loop(self, job: CudaJob) -> None:
+        """Copy large outputs out of pinned memory in threads, then report the job done."""
+        sink = self._sink
+        sink.collecting(job)
+
+        def finished(future: Any) -> None:
+            error = future.exception()
+            device_time = None
+            if error is None and job.timing:
+                ms = drv.cuEventElapsedTime(job.start_event, job.end_event)[1]
+                device_time = ms / 1e3
+            self.release(job)
+            sink.done(job, error if error is not None else future.result(), device_time)
+
+        future: Any
+        try:
+            future = sink.loop.run_in_executor(None, self._results, job)
+        except RuntimeError:  # the loop is closed (Reactor._settle_off_loop): copy right here
+            future = Future()
+            try:
+                future.set_result(self._results(job))
+            except Exception as exc:
+                future.set_exception(exc)
+        future.add_done_callback(finished)
+
+    # -- pinned memory lent to result arrays ---------------------------------------------------
+
+    def host_array(self, shape: tuple[int, ...], dtype: np.dtype[Any]) -> np.ndarray[Any, Any]:
+        """A numpy array in pinned memory lent from the pool (``pinned_empty``)."""
+        nbytes = math.prod(shape) * dtype.itemsize
+        block = self._device.pinned.acquire(nbytes)
+        self.lent += block.size
+        memory = self._lend(block, nbytes)
+        return memory.as_array().view(dtype).reshape(shape)
+
+    def _lend(self, block: PinnedBlock, nbytes: int) -> PinnedMemory:
+        """Wrap *block* for numpy arrays; it comes back to the pool, on the loop's thread,
+        once the last of them is garbage-collected. (``lent`` already counts it.)"""
+        loop = self._sink.loop
+        pool = self._device.pinned
+
+        def give_back(block: PinnedBlock) -> None:
+            self.lent -= block.size
+            pool.release(block)
+
+        def release(block: PinnedBlock) -> None:
+            try:
+                loop.call_soon_threadsafe(give_back, block)
+            except RuntimeError:  # the loop is closed: nothing else uses the pool any more
+                pool.release(block)
+
+        return PinnedMemory(block, nbytes, release, owner=pool)
+
+    # -- releasing -----------------------------------------------------------------------------
+
+    def release(self, job: CudaJob) -> None:
+        """Give back what *job* holds: pinned blocks, timing events, its lane, its graph."""
+        device = self._device
+        if job.block is not None:
+            device.pinned.release(job.block)
+            job.block = None
+        if job.out_block is not None:
+            self.lent -= job.out_block.size
+            device.pinned.release(job.out_block)
+            job.out_block = None
+        if job.start_event is not None:
+            device.timing_events.give(job.start_event)
+            job.start_event = None
+        if job.end_event is not None:
+            device.timing_events.give(job.end_event)
+            job.end_event = None
+        if job.lane is not None:
+            job.lane.give()
+            job.lane = None
+        replay, job.replay = job.replay, None
+        if replay is not None:
+            replay_finished(replay)

@@ -1,0 +1,213 @@
+"""Resident storage on the device: upload, allocate, download, free, and sharing it.
+
+Uploads and downloads of at most ``CHUNKED_ABOVE`` bytes go through one pinned block and one
+copy; larger ones stream in chunks. A download waits for the dispatches in flight that write the
+buffer; dispatches that write it later are parked until the download's copy has its event.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+from cuda.bindings import driver as drv
+
+from .._dlpack import KDL_CUDA
+from .._exceptions import AllocationError, CudaError
+from .._resident import Download, ResidentBuffer, Use, storage_of, uses_of, writer_of
+from .._scheduler import wait_finished
+from ._driver import check, translate
+from ._launch import wait_deps
+from ._plan import dep_event
+from ._streamed import chunked
+from ._transfer import CHUNKED_ABOVE
+
+if TYPE_CHECKING:
+    from .._engine import Sink
+    from ._device import Device
+
+__all__ = ("Storage",)
+
+
+class Storage:
+    """Resident storage of one device."""
+
+    def __init__(self, device: Device) -> None:
+        self._device = device
+        self._sink: Sink = None  # type: ignore[assignment]  # set by attach()
+
+    def attach(self, sink: Sink) -> None:
+        """Report to *sink* (downloads let parked dispatches go)."""
+        self._sink = sink
+
+    async def upload(self, array: np.ndarray[Any, Any]) -> Any:
+        """New device storage holding a copy of *array*."""
+        device = self._device
+        device.check_healthy()
+        lane = device.lanes[device.stream_pool.pick().index]
+        nbytes = array.nbytes
+        storage = self._allocate(nbytes, lane.stream)
+        if nbytes > CHUNKED_ABOVE:
+            try:
+                await chunked(device, lane).upload(
+                    array.reshape(-1).view(np.uint8), int(storage.handle)
+                )
+            except BaseException:
+                with contextlib.suppress(Exception):  # after a device fault the free fails too
+                    storage.close(lane.stream)  # ordered after the copies in flight
+                raise
+            return storage
+        block = device.pinned.acquire(nbytes)
+        block.array[:nbytes] = array.reshape(-1).view(np.uint8)
+        try:
+            check(
+                drv.cuMemcpyHtoDAsync(int(storage.handle), block.ptr, nbytes, lane.handle),
+                "cuMemcpyHtoDAsync",
+            )
+            event = lane.record()
+        except CudaError:
+            device.pinned.release(block)
+            with contextlib.suppress(Exception):
+                storage.close(lane.stream)
+            raise
+
+        def on_done(error: CudaError | None, cancelled: bool) -> Any:
+            device.pinned.release(block)
+            if error is not None or cancelled:
+                storage.close(device.alloc_stream)
+            return storage
+
+        return await lane.future(event, on_done)
+
+    def _allocate(self, nbytes: int, stream: Any) -> Any:
+        device = self._device
+        try:
+            return device.memory_resource.allocate(nbytes, stream=stream)
+        except Exception as exc:
+            device.trim()
+            try:
+                return device.memory_resource.allocate(nbytes, stream=stream)
+            except Exception as retry_exc:
+                error = translate(retry_exc, "allocate")
+                if isinstance(error, AllocationError):
+                    raise AllocationError(
+                        f"device out of memory allocating {nbytes} bytes for a resident "
+                        "buffer; caches were trimmed first — free other resident buffers or "
+                        "allocate less"
+                    ) from retry_exc
+                raise error from exc
+
+    def alloc(self, shape: tuple[int, ...], dtype: np.dtype[Any]) -> Any:
+        """New uninitialised device storage, usable from every stream at once."""
+        device = self._device
+        nbytes = int(np.prod(shape, dtype=np.int64)) * dtype.itemsize
+        storage = self._allocate(nbytes, device.alloc_stream)
+        # The allocation stream holds only allocations: this returns at once, and makes the
+        # memory usable from every stream.
+        device.alloc_stream.sync()
+        device.telemetry.sync_points += 1
+        return storage
+
+    def free(self, storage: Any) -> None:
+        """Free device storage (every use completed)."""
+        # After close (a DLPack consumer let go of a buffer late) the streams are gone; the
+        # memory resource then frees without one.
+        device = self._device
+        storage.close(None if device.closed else device.alloc_stream)
+
+    async def download(
+        self,
+        buffer: ResidentBuffer,
+        use: Use,
+        deps: list[Use],
+        out: np.ndarray[Any, Any] | None,
+    ) -> np.ndarray[Any, Any]:
+        """Copy *buffer* into a new array (or *out*) after the writers in *deps*."""
+        device = self._device
+        device.check_healthy()
+        if any(dep_event(dep) is False for dep in deps):
+            # A writer is not launched yet (queued or compiling): wait for it to finish.
+            await wait_finished(deps)
+        lane = device.lanes[device.stream_pool.pick().index]
+        wait_deps(deps, lane.handle)
+        nbytes = buffer.nbytes
+        source = int(storage_of(buffer).handle)
+        if nbytes > CHUNKED_ABOVE:
+            # Later writers stay parked until the whole download finished (no event set).
+            target = np.empty(buffer.shape, buffer.dtype) if out is None else out
+            await chunked(device, lane).download(source, target.reshape(-1).view(np.uint8))
+            return target
+        download: Download = use  # type: ignore[assignment]  # the front tracks a Download
+        block = device.pinned.acquire(nbytes)
+        try:
+            check(
+                drv.cuMemcpyDtoHAsync(block.ptr, source, nbytes, lane.handle),
+                "cuMemcpyDtoHAsync",
+            )
+            event = lane.record()
+        except CudaError:
+            device.pinned.release(block)
+            raise
+        download.event = event
+        self._sink.poke()
+        shape, dtype = buffer.shape, buffer.dtype
+
+        def on_done(error: CudaError | None, cancelled: bool) -> Any:
+            # The reactor recycled the event: later writers must not wait on it.
+            download.event = None
+            download.finished.set()
+            try:
+                if error is not None or cancelled:
+                    return None
+                target = np.empty(shape, dtype) if out is None else out
+                target.reshape(-1).view(np.uint8)[:] = block.array[:nbytes]
+                return target
+            finally:
+                device.pinned.release(block)
+
+        array: np.ndarray[Any, Any] = await lane.future(event, on_done)
+        return array
+
+    # -- sharing with other libraries ------------------------------------------------------------
+
+    def export_device(self) -> tuple[int, int]:
+        """DLPack device of resident buffers: (``kDLCUDA``, ordinal)."""
+        return (KDL_CUDA, self._device.device.device_id)
+
+    def export_wait(self, buffer: ResidentBuffer, stream: int | None) -> None:
+        """DLPack: make the consumer's *stream* (``None``: the legacy default stream; ``-1``:
+        none) wait for every dispatch in flight that uses the buffer.
+
+        Raises:
+            BufferError: a use has not started, so there is nothing to order after yet.
+        """
+        events = _events_of(uses_of(buffer))
+        if stream == -1 or not events:
+            return
+        target = drv.CUstream(1 if stream is None else int(stream))
+        for event in events:
+            check(drv.cuStreamWaitEvent(target, event, 0), "cuStreamWaitEvent")
+
+    def export_stream(self, buffer: ResidentBuffer) -> int | None:
+        """``__cuda_array_interface__``: the stream of the dispatch in flight that writes the
+        buffer, or ``None``."""
+        writer = writer_of(buffer)
+        if writer is None or not _events_of([writer]):
+            return None
+        lane = getattr(writer, "lane", None)
+        return int(lane.stream.handle) if lane is not None else None
+
+
+def _events_of(uses: list[Any]) -> list[Any]:
+    events = []
+    for use in uses:
+        event = dep_event(use)
+        if event is False:
+            raise BufferError(
+                "a dispatch that uses this buffer is queued and has not started, so there "
+                "is nothing to order after yet; await it first"
+            )
+        if event is not None:
+            events.append(event)
+    return events
