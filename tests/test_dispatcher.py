@@ -324,11 +324,6 @@ async def test_base_exception_from_launch_admits_the_next_job(
     assert j2.state is JobState.LAUNCHED
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="Dispatcher._run: a BaseException from engine.launch drops the rest of the batch in "
-    "progress (only the backlog is kept), so a job after it stays LAUNCHED, never launched",
-)
 async def test_base_exception_from_launch_keeps_the_rest_of_the_batch(
     make: Callable[[int], Harness],
 ) -> None:
@@ -368,11 +363,6 @@ async def test_parked_jobs_launch_after_a_launch_in_the_same_run(
     assert h.afters == [h.log]  # one run, one after()
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="Dispatcher._run: 'launched' is reset when the loop turns to the backlog, so parked "
-    "jobs made ready by a launch of a batch whose effects raised events are not poked",
-)
 async def test_parked_jobs_poked_after_a_launch_even_with_a_backlog(
     make: Callable[[int], Harness],
 ) -> None:

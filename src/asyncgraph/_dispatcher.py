@@ -31,6 +31,12 @@ if TYPE_CHECKING:
 
 __all__ = ("Dispatcher",)
 
+# Enum members as module constants: the effect loop runs for every dispatch.
+_LAUNCH = Step.LAUNCH
+_RESOLVE = Step.RESOLVE
+_COMPILE = Step.COMPILE
+_STAGE = Step.STAGE
+
 
 class Dispatcher:
     """The scheduler of one backend, its effects, and the resolution of its jobs.
@@ -127,43 +133,40 @@ class Dispatcher:
     def _run(self, effects: list[Effect]) -> None:
         if not effects:
             return
-        if self._running:  # an effect caused an event: its effects follow this batch
-            self._backlog.extend(effects)
+        todo = self._backlog
+        todo.extend(effects)
+        if self._running:  # an effect caused an event: its effects follow the batch in progress
             return
         self._running = True
-        backlog = self._backlog
+        launched = False
         try:
             while True:
-                launched = False
-                for step, job in effects:
-                    if step is Step.LAUNCH:
-                        self._launch(job)
+                while todo:
+                    step, job = todo.popleft()
+                    if step is _LAUNCH:
                         launched = True
-                    elif step is Step.RESOLVE:
+                        self._launch(job)
+                    elif step is _RESOLVE:
                         self._resolve(job)
-                    elif step is Step.COMPILE:
+                    elif step is _COMPILE:
                         self._engine.start_compile(job)
-                    elif step is Step.STAGE:
+                    elif step is _STAGE:
                         self._engine.stage(job)
                     else:
                         self._engine.release(job)
-                if backlog:
-                    effects = list(backlog)
-                    backlog.clear()
-                elif launched and self.scheduler.has_parked():
-                    # Launches give later jobs events to be ordered after.
-                    effects = self.scheduler.poke()
-                    if not effects:
-                        break
-                else:
+                if not (launched and self.scheduler.has_parked()):
                     break
+                # Launches give later jobs events to be ordered after.
+                launched = False
+                todo.extend(self.scheduler.poke())
         finally:
             self._running = False
-            if backlog:  # a BaseException interrupted the batch: keep the rest going
-                rest = list(backlog)
-                backlog.clear()
-                self._run(rest)
-        self._after()
+            if todo:  # a BaseException interrupted the batch: what is decided still happens
+                rest = list(todo)
+                todo.clear()
+                self._run(rest)  # and calls after()
+            else:
+                self._after()
 
     def _launch(self, job: Job) -> None:
         t0 = perf_counter()

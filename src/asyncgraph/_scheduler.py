@@ -29,13 +29,25 @@ from collections.abc import Callable
 from time import perf_counter
 from typing import TYPE_CHECKING, Any, Protocol
 
+from ._args import RESIDENT, RESIDENT_OUT
+from ._resident import track
+
 if TYPE_CHECKING:
     from ._args import BoundCall
     from ._kernel import Kernel
     from ._pending import PendingDispatch
     from ._resident import ResidentBuffer, Use
 
-__all__ = ("Effect", "Job", "JobState", "Runner", "Scheduler", "Step", "wait_finished")
+__all__ = (
+    "Effect",
+    "Job",
+    "JobState",
+    "Runner",
+    "Scheduler",
+    "Step",
+    "track_buffers",
+    "wait_finished",
+)
 
 
 class JobState(enum.Enum):
@@ -120,6 +132,21 @@ class Runner(Protocol):
         ...
 
 
+# Enum members as module constants: the transitions run for every dispatch.
+_QUEUED = JobState.QUEUED
+_COMPILING = JobState.COMPILING
+_STAGING = JobState.STAGING
+_PARKED = JobState.PARKED
+_LAUNCHED = JobState.LAUNCHED
+_COLLECTING = JobState.COLLECTING
+_DONE = JobState.DONE
+_COMPILE_STEP = Step.COMPILE
+_STAGE_STEP = Step.STAGE
+_LAUNCH_STEP = Step.LAUNCH
+_RELEASE_STEP = Step.RELEASE
+_RESOLVE_STEP = Step.RESOLVE
+
+
 class Scheduler:
     """The queue, the in-flight bound, parked and compiling jobs of one backend.
 
@@ -173,7 +200,7 @@ class Scheduler:
 
     def add(self, job: Job) -> list[Effect]:
         """A new dispatch (numbered, with its pending result)."""
-        job.state = JobState.QUEUED
+        job.state = _QUEUED
         if not self._queue and len(self._in_flight) < self._max:
             self._admit(job)  # the common case, without the general pass
             out, self._out = self._out, []
@@ -194,7 +221,7 @@ class Scheduler:
 
     def staged(self, job: Job, error: BaseException | None) -> list[Effect]:
         """*job*'s inputs are staged, or staging failed (the engine released what it took)."""
-        if job.state is JobState.STAGING:
+        if job.state is _STAGING:
             if error is not None:
                 self._finish(job, error, release=False)
             else:
@@ -208,14 +235,14 @@ class Scheduler:
 
     def collecting(self, job: Job) -> None:
         """The device finished *job*; its results are being copied out."""
-        if job.state is JobState.LAUNCHED:
-            job.state = JobState.COLLECTING
+        if job.state is _LAUNCHED:
+            job.state = _COLLECTING
 
     def done(
         self, job: Job, outcome: tuple[Any, ...] | BaseException, device_time: float | None
     ) -> list[Effect]:
         """The engine finished *job* (results or error) and released what it held."""
-        if job.state is not JobState.DONE:
+        if job.state is not _DONE:
             job.device_time = device_time
         self._finish(job, outcome, release=False)
         return self._advance()
@@ -250,8 +277,8 @@ class Scheduler:
             ready = self._runner.is_ready
             for job in [job for job in self._parked if ready(job)]:
                 self._parked.remove(job)
-                job.state = JobState.LAUNCHED
-                self._out.append((Step.LAUNCH, job))
+                job.state = _LAUNCHED
+                self._out.append((_LAUNCH_STEP, job))
         out, self._out = self._out, []
         return out
 
@@ -264,44 +291,59 @@ class Scheduler:
         """Move an admitted job on as far as it can go now."""
         runner = self._runner
         if runner.needs_compile(job):
-            job.state = JobState.COMPILING
+            job.state = _COMPILING
             waiting = self._compiling.get(job.call.kernel)
             if waiting is None:
                 self._compiling[job.call.kernel] = [job]
-                self._out.append((Step.COMPILE, job))
+                self._out.append((_COMPILE_STEP, job))
             else:
                 waiting.append(job)
         elif not staged and runner.needs_staging(job):
-            job.state = JobState.STAGING
-            self._out.append((Step.STAGE, job))
+            job.state = _STAGING
+            self._out.append((_STAGE_STEP, job))
         elif runner.is_ready(job):
-            job.state = JobState.LAUNCHED
-            self._out.append((Step.LAUNCH, job))
+            job.state = _LAUNCHED
+            self._out.append((_LAUNCH_STEP, job))
         else:
-            job.state = JobState.PARKED
+            job.state = _PARKED
             self._parked.append(job)
 
     def _finish(self, job: Job, outcome: tuple[Any, ...] | BaseException, *, release: bool) -> None:
         state = job.state
-        if state is JobState.DONE:
+        if state is _DONE:
             return  # already finished (a failure raced with a normal completion)
         self._in_flight.pop(job.id, None)
-        if state is JobState.PARKED:
+        if state is _PARKED:
             self._parked.remove(job)
-        elif state is JobState.COMPILING:
+        elif state is _COMPILING:
             waiting = self._compiling.get(job.call.kernel)
             if waiting is not None and job in waiting:
                 waiting.remove(job)
                 if not waiting:
                     del self._compiling[job.call.kernel]
-        job.state = JobState.DONE
+        job.state = _DONE
         job.outcome = outcome
         if release:
-            self._out.append((Step.RELEASE, job))
-        self._out.append((Step.RESOLVE, job))
+            self._out.append((_RELEASE_STEP, job))
+        self._out.append((_RESOLVE_STEP, job))
 
 
-_WAITING = frozenset((JobState.COMPILING, JobState.STAGING, JobState.PARKED))
+_WAITING = frozenset((_COMPILING, _STAGING, _PARKED))
+
+
+def track_buffers(job: Job) -> None:
+    """Record *job*'s uses of its resident buffers, and the earlier uses it is ordered after."""
+    writes: dict[ResidentBuffer, bool] = {}
+    for kind, value, param in job.call.args:
+        if kind == RESIDENT:
+            # Without a const qualifier the kernel may write through the pointer.
+            write = param is None or not param.const
+            writes[value] = writes.get(value, False) or write
+        elif kind == RESIDENT_OUT:
+            writes[value] = True
+    for buffer, write in writes.items():
+        job.deps.extend(dep for dep in track(buffer, job, write) if dep is not job)
+        job.buffers.append(buffer)
 
 
 async def wait_finished(deps: list[Use]) -> None:
