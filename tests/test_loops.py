@@ -66,7 +66,7 @@ def test_dispatch_results_match_numpy(loop: Any, open_gpu: Opener) -> None:
     async def body() -> None:
         async with open_gpu() as gpu:
             # Under trio the backend runs on the trio adapter of the loop interface.
-            assert (type(gpu._loop).__name__ == "TrioLoop") == (loop == "trio")
+            assert (type(gpu._lifecycle.loop).__name__ == "TrioLoop") == (loop == "trio")
             rng = np.random.default_rng()
             results: dict[int, Array] = {}
             inputs = [rng.random(4096, dtype=np.float32) for _ in range(64)]

@@ -4,9 +4,6 @@
 host implementation in worker threads) while the event loop keeps serving.
 """
 
-from importlib.metadata import PackageNotFoundError as _PackageNotFoundError
-from importlib.metadata import version as _version
-
 from ._args import InOut as InOut
 from ._args import LaunchLimits as LaunchLimits
 from ._args import Out as Out
@@ -36,11 +33,9 @@ from ._recover import reset_device as reset_device
 from ._resident import ResidentBuffer as ResidentBuffer
 from ._telemetry import HistogramSnapshot as HistogramSnapshot
 from ._telemetry import TelemetrySnapshot as TelemetrySnapshot
+from ._version import package_version as _package_version
 
-try:
-    __version__: str = _version("asyncgraph")
-except _PackageNotFoundError:  # running from a source tree that was never installed
-    __version__ = "0+unknown"
+__version__: str = _package_version()
 
 __all__ = (
     "AllocationError",

@@ -34,9 +34,9 @@ def _nvrtc_version() -> str:
 
 def info() -> int:
     """Print versions, what CUDA the machine has, and the backend 'auto' picks."""
-    from . import __version__
+    from ._version import package_version
 
-    print(f"asyncgraph     {__version__}")
+    print(f"asyncgraph     {package_version()}")
     print(f"python         {platform.python_version()} ({sys.executable})")
     for package in ("numpy", "cuda-core", "cuda-bindings", "anyio", "attrs", "structlog"):
         print(f"{package:<14} {_version_of(package)}")

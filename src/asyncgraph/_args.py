@@ -343,7 +343,7 @@ def bind(
                 )
     except BaseException:
         for buffer in made:  # nothing was started: give them back
-            store._close(buffer)
+            store.discard(buffer)
         raise
     return BoundCall(
         kernel=kernel,

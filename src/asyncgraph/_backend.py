@@ -13,7 +13,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import itertools
-import numbers
 import sys
 import warnings
 from collections.abc import Callable, Generator
@@ -24,40 +23,35 @@ from typing import Any, Final, NoReturn, cast
 
 import numpy as np
 
-from . import _inbox, _loop
-from ._args import RESIDENT, RESIDENT_OUT, BoundCall, bind
-from ._checks import check_array, check_kernel, numeric_dtype, shape_tuple
+from . import _loop
+from ._args import BoundCall, bind
+from ._checks import check_kernel, numeric_dtype, shape_tuple
 from ._dispatcher import Dispatcher
 from ._engine import Engine
 from ._exceptions import (
     ArgumentTypeError,
-    BackendClosedError,
     DeviceFaultError,
     QueueFullError,
     UnsupportedError,
 )
+from ._export import EngineExporter
 from ._kernel import Kernel
 from ._lease import StreamLease
+from ._lifecycle import CLOSED, OPEN, Lifecycle
 from ._nvtx import NvtxRanges
 from ._options import BackendOptions
 from ._pending import PendingDispatch
 from ._resident import (
-    Download,
     ResidentBuffer,
     ResidentStore,
-    check_out,
-    track,
-    untrack,
 )
-from ._scheduler import Job
+from ._scheduler import Job, track_buffers
 from ._telemetry import Telemetry, logger
+from ._transfers import Transfers
 
 __all__ = ("Backend",)
 
-_OPEN: Final = 0
 _GRAPH_CHOICES: Final = ("never", "auto", "always")
-_CLOSING: Final = 1
-_CLOSED: Final = 2
 
 
 class Backend:
@@ -80,20 +74,16 @@ class Backend:
         nvtx = NvtxRanges() if options.nvtx_enabled else None
         self.name = name
         self.options = options
-        self._state = _CLOSED  # until the engine exists: nothing to close or warn about
+        self._life: Lifecycle | None = None  # until the engine exists: nothing to close
         engine = self._engine = make_engine()
         self.kind = engine.kind
-        self._store = ResidentStore(name, engine.free_storage, self)
+        self._store = ResidentStore(
+            name, engine.free_storage, EngineExporter(engine, lambda: self._lifecycle.loop)
+        )
         self.telemetry = Telemetry(self._counts, engine.pool_counters)
         self._log = logger.bind(device=name)
-        self._state = _OPEN
         self._ids = itertools.count(1)
         self._max_queued = options.max_queued or sys.maxsize
-        self._room = _loop.WaitQueue()  # submit() calls waiting for room in the queue
-        self._transfers = 0  # uploads and downloads in progress (closing waits for them)
-        self._drained: asyncio.Future[None] | None = None  # set once nothing is in flight
-        self._close_task: asyncio.Task[None] | None = None
-        self._loop: asyncio.AbstractEventLoop | None = _loop.running_loop()
         self._dispatcher = Dispatcher(
             engine,
             options.max_in_flight,
@@ -105,8 +95,14 @@ class Backend:
             self._bind_like,
             self._run_prepared,
         )
-        self._dispatcher.bind(self._loop)
         self._scheduler = self._dispatcher.scheduler
+        self._life = Lifecycle(
+            name, engine, self._dispatcher, self._store, self.telemetry, self._log,
+            _loop.running_loop(),
+        )  # fmt: skip
+        self._transfers = Transfers(
+            name, engine, self._store, self._life, self._dispatcher, self.telemetry
+        )
         engine.attach(self._dispatcher, self.telemetry, self._log)
 
     # -- state ---------------------------------------------------------------------------------
@@ -114,7 +110,7 @@ class Backend:
     @property
     def is_closed(self) -> bool:
         """Whether ``aclose()`` was called (the backend may still be finishing work)."""
-        return self._state != _OPEN
+        return self._lifecycle.state != OPEN
 
     @property
     def failure(self) -> DeviceFaultError | None:
@@ -122,7 +118,7 @@ class Backend:
         return self._engine.failure
 
     def __repr__(self) -> str:
-        state = ("open", "closing", "closed")[self._state]
+        state = ("open", "closing", "closed")[self._lifecycle.state]
         if self._engine.failure is not None:
             state = "failed"
         return (
@@ -132,42 +128,14 @@ class Backend:
         )
 
     @property
-    def _event_loop(self) -> asyncio.AbstractEventLoop:
-        """The loop this backend belongs to; bound by ``_loop_for_use()`` before any work."""
-        return cast(asyncio.AbstractEventLoop, self._loop)
+    def _lifecycle(self) -> Lifecycle:
+        return cast(Lifecycle, self._life)  # made in __init__ once the engine exists
 
     def _counts(self) -> tuple[int, int]:
         return self._scheduler.in_flight, self._scheduler.queued
 
     def _loop_for_use(self) -> asyncio.AbstractEventLoop:
-        if self._state != _OPEN:
-            raise BackendClosedError(
-                f"backend {self.name} is closed; open a new one with asyncgraph.open_backend()"
-            )
-        failure = self._engine.failure
-        if failure is not None:
-            raise DeviceFaultError(
-                failure.code,
-                failure.name,
-                failure.call,
-                f"backend {self.name} failed earlier and takes no new work; close it and open "
-                "a new backend (see docs/errors.md)",
-            )
-        loop = _loop.running_loop()
-        if loop is None:
-            raise UnsupportedError(
-                f"backend {self.name} is used from a thread with no running event loop; "
-                "call it from async code on the loop it belongs to"
-            ) from None
-        if self._loop is None:
-            self._loop = loop
-            self._dispatcher.bind(loop)
-        elif loop is not self._loop:
-            raise UnsupportedError(
-                f"backend {self.name} belongs to another event loop; open one backend per "
-                "event loop"
-            )
-        return loop
+        return self._lifecycle.loop_for_use(self._engine.failure)
 
     # -- dispatch ------------------------------------------------------------------------------
 
@@ -237,30 +205,17 @@ class Backend:
         pending = job.pending = PendingDispatch(loop, dispatch_id, job.call.kernel.name)
         job.t_dispatch = perf_counter()
         if job.call.resident:
-            self._track_buffers(job)
+            track_buffers(job)
         self.telemetry.dispatches += 1
         self._dispatcher.add(job)
         return pending
 
-    def _track_buffers(self, job: Job) -> None:
-        writes: dict[ResidentBuffer, bool] = {}
-        for kind, value, param in job.call.args:
-            if kind == RESIDENT:
-                # Without a const qualifier the kernel may write through the pointer.
-                write = param is None or not param.const
-                writes[value] = writes.get(value, False) or write
-            elif kind == RESIDENT_OUT:
-                writes[value] = True
-        for buffer, write in writes.items():
-            job.deps.extend(dep for dep in track(buffer, job, write) if dep is not job)
-            job.buffers.append(buffer)
-
     def _after_batch(self) -> None:
         """After the scheduler's effects ran: let a waiting submit() in, see if drained."""
-        if self._room and self._scheduler.queued < self._max_queued:
-            self._room.wake()  # room in the queue: one submit() may go (and wakes the next)
-        if self._drained is not None:
-            self._check_drained()
+        life = self._lifecycle
+        if life.room and self._scheduler.queued < self._max_queued:
+            life.room.wake()  # room in the queue: one submit() may go (and wakes the next)
+        life.check_drained()
 
     async def submit(
         self,
@@ -287,18 +242,19 @@ class Backend:
         """
         loop = self._loop_for_use()
         await _loop.sleep(0)  # a checkpoint before anything starts
-        if self._room or self._scheduler.queued >= self._max_queued:
-            await self._room.wait(loop)
+        room = self._lifecycle.room
+        if room or self._scheduler.queued >= self._max_queued:
+            await room.wait(loop)
             while self._scheduler.queued >= self._max_queued:  # a dispatch() took it first
-                await self._room.wait(loop, first=True)
+                await room.wait(loop, first=True)
         try:
             return self.dispatch(
                 kernel, *args, grid=grid, block=block, shared_mem=shared_mem, timing=timing,
                 graph=graph,
             )  # fmt: skip
         finally:
-            if self._room and self._scheduler.queued < self._max_queued:
-                self._room.wake()  # room for the next one too (or this one was refused)
+            if room and self._scheduler.queued < self._max_queued:
+                room.wake()  # room for the next one too (or this one was refused)
 
     async def compile(self, kernel: Kernel) -> None:
         """Prepare *kernel* now, so its first dispatch does not wait (CUDA: NVRTC and loading).
@@ -324,26 +280,7 @@ class Backend:
                 (the copy is freed).
         """
         self._loop_for_use()
-        if not isinstance(array, np.ndarray):
-            raise ArgumentTypeError(
-                f"upload() takes a numpy array, got {type(array).__name__}; pass np.asarray(x)"
-            )
-        check_array(array, "upload()")
-        self._transfers += 1
-        try:
-            storage = await self._engine.upload_storage(array)
-        finally:
-            self._transfer_ended()
-        if self._state != _OPEN:
-            # aclose() waited for this copy; the store is about to close, so keep nothing.
-            self._engine.free_storage(storage)
-            raise BackendClosedError(
-                f"backend {self.name} was closed while upload() copied the array; the copy "
-                "was freed"
-            )
-        self.telemetry.bytes_up += array.nbytes
-        self.telemetry.copies_up += 1
-        return self._store.add(storage, array.shape, array.dtype)
+        return await self._transfers.upload(array)
 
     def empty(self, shape: int | tuple[int, ...], dtype: object) -> ResidentBuffer:
         """Allocate a resident buffer; its contents are undefined until written.
@@ -398,26 +335,7 @@ class Backend:
             BackendClosedError: the backend is closed.
         """
         self._loop_for_use()
-        if not isinstance(buffer, ResidentBuffer):
-            raise ArgumentTypeError(
-                f"download() takes a resident buffer, got {type(buffer).__name__}"
-            )
-        self._store.check(buffer, "download()")
-        if out is not None:
-            check_out(out, buffer)
-        use = Download()
-        deps = track(buffer, use, write=False)
-        self._transfers += 1
-        try:
-            array = await self._engine.download_storage(buffer, use, deps, out)
-        finally:
-            use.finished.set()
-            untrack(buffer, use)
-            self._transfer_ended()
-            self._dispatcher.poke()  # jobs parked behind the download may go
-        self.telemetry.bytes_down += array.nbytes
-        self.telemetry.copies_down += 1
-        return array
+        return await self._transfers.download(buffer, out)
 
     # -- graphs and streams (what the engine has) ------------------------------------------------
 
@@ -512,39 +430,6 @@ class Backend:
             raise
         return await pending
 
-    # -- interop (the resident store's Exporter) --------------------------------------------------
-
-    def export_device(self) -> tuple[int, int]:
-        """DLPack device of resident buffers: (device type, ordinal). Used by the buffers."""
-        return self._engine.export_device()
-
-    def export_pointer(self, storage: Any) -> int:
-        """The address of a resident buffer's memory. Used by the buffers."""
-        return self._engine.storage_pointer(storage)
-
-    def export_wait(self, buffer: ResidentBuffer, stream: int | None) -> None:
-        """DLPack: order the consumer after the uses in flight. Used by the buffers.
-
-        Raises:
-            BufferError: there is nothing to order after yet, or no stream to order on.
-        """
-        self._engine.export_wait(buffer, stream)
-
-    def export_stream(self, buffer: ResidentBuffer) -> int | None:
-        """``__cuda_array_interface__`` stream of the write in flight. Used by the buffers."""
-        return self._engine.export_stream(buffer)
-
-    def call_threadsafe(self, fn: Callable[[], None]) -> None:
-        """Run *fn* on the loop's thread soon; at once if the loop is gone."""
-        loop = self._loop
-        if loop is None or loop.is_closed():
-            fn()
-            return
-        try:
-            loop.call_soon_threadsafe(fn)
-        except RuntimeError:  # closed meanwhile: nothing else uses the store any more
-            fn()
-
     # -- closing -------------------------------------------------------------------------------
 
     async def aclose(self, timeout: float | None = None) -> None:  # noqa: ASYNC109  # the timeout fails queued work; cancelling a shielded close cannot
@@ -567,124 +452,7 @@ class Backend:
             ValueError: *timeout* is negative.
             UnsupportedError: the backend's event loop is another one, and still open.
         """
-        if timeout is not None:
-            _check_timeout(timeout)
-        loop = _loop.current_loop()
-        ended = None
-        if self._loop is not None and self._loop is not loop:
-            if self._state == _CLOSED:
-                await _loop.sleep(0)
-                return
-            if not self._loop.is_closed():
-                raise UnsupportedError(
-                    f"backend {self.name} belongs to another event loop, which is still open; "
-                    "close it on that loop (from another thread: "
-                    "asyncio.run_coroutine_threadsafe(backend.aclose(), loop))"
-                )
-            ended = self._adopt(loop)
-        if self._close_task is None:
-            self._loop = loop
-            self._begin_closing()
-            self._close_task = _loop.create_lasting_task(loop, self._close(ended))
-        if timeout is None:
-            await _loop.shield(self._close_task)
-            return
-        try:
-            await _loop.wait_for(self._close_task, timeout)
-        except TimeoutError:
-            self._drop_queued(lambda job: f"was closed before {job} started (aclose timeout)")
-            await _loop.shield(self._close_task)
-
-    def _begin_closing(self) -> None:
-        self._state = _CLOSING
-        self._room.fail(
-            lambda: BackendClosedError(
-                f"backend {self.name} was closed while submit() waited for room in its queue"
-            )
-        )
-
-    def _drop_queued(self, why: Callable[[str], str]) -> None:
-        """Fail every dispatch still queued with BackendClosedError (closing)."""
-
-        def error(job: Job) -> BaseException:
-            dispatch = f"dispatch #{job.id} of {job.call.kernel.name!r}"
-            return BackendClosedError(f"backend {self.name} {why(dispatch)}")
-
-        self._dispatcher.drop_queued(error)
-        if self._drained is not None:
-            self._check_drained()
-
-    def _transfer_ended(self) -> None:
-        self._transfers -= 1
-        if self._drained is not None:
-            self._check_drained()
-
-    def _check_drained(self) -> None:
-        drained = self._drained
-        if drained is None or not self._scheduler.is_idle() or self._transfers:
-            return
-        if not drained.done():
-            drained.set_result(None)
-
-    def _adopt(self, loop: asyncio.AbstractEventLoop) -> asyncio.AbstractEventLoop:
-        """The backend's loop has ended: belong to *loop*; the close settles what it left."""
-        ended = self._event_loop
-        with _inbox.off_loop_lock:  # completions may be handled on worker threads meanwhile
-            self._room = _loop.WaitQueue()  # its waiters were on the ended loop
-            self._begin_closing()
-            self._close_task = None  # a close begun there never goes on
-            self._drained = None
-            self._transfers = 0  # uploads and downloads of that loop never resume
-            self._drop_queued(
-                lambda job: f"was left open when its event loop ended, before {job} started"
-            )
-        self._loop = loop
-        self._dispatcher.bind(loop)
-        return ended
-
-    async def _settle_after(self, ended: asyncio.AbstractEventLoop) -> None:
-        """Settle what the ended loop left in flight (runs on the new loop).
-
-        The engine settles what it runs (completions handled off the ended loop, work carried
-        by its callbacks); jobs that were still waiting to launch fail, since nothing resumes
-        them.
-        """
-        with _inbox.off_loop_lock:
-            jobs = self._scheduler.jobs_in_flight()
-        await self._engine.settle_after(ended, jobs)
-        self._dispatcher.abandon_waiting(
-            lambda job: BackendClosedError(
-                f"backend {self.name} was left open when its event loop ended, before "
-                f"dispatch #{job.id} of {job.call.kernel.name!r} completed"
-            )
-        )
-
-    async def _close(self, ended: asyncio.AbstractEventLoop | None) -> None:
-        # Every step may be interrupted by the end of the loop, and is then started again.
-        try:
-            if ended is not None:
-                await _loop.through_run_end(lambda: self._settle_after(ended))
-            if not self._scheduler.is_idle() or self._transfers:
-                drained = self._drained = self._event_loop.create_future()
-                await _loop.through_run_end(lambda: _loop.shield(drained))
-            self._store.close_all()
-            await _loop.through_run_end(self._engine.shutdown)
-        except GeneratorExit:
-            raise  # collected with the ended loop it ran on; a close on another loop goes on
-        except BaseException:
-            self._closed()
-            raise
-        self._closed()
-
-    def _closed(self) -> None:
-        self._state = _CLOSED
-        snap = self.telemetry
-        self._log.info(
-            "backend.closed",
-            dispatches=snap.dispatches,
-            completed=snap.dispatches_completed,
-            failed=snap.dispatches_failed,
-        )
+        await self._lifecycle.aclose(timeout)
 
     def __await__(self) -> Generator[Any, None, NoReturn]:
         """``await open_backend()`` is a mistake: it raises, and closes a backend not yet used.
@@ -692,11 +460,9 @@ class Backend:
         Raises:
             UnsupportedError: always.
         """
-        if self._state == _OPEN and not self.telemetry.dispatches and not len(self._store):
-            self._state = _CLOSING  # the caller cannot reach it: leave nothing open
-            self._store.close_all()
-            self._engine.shutdown_now()
-            self._closed()
+        life = self._lifecycle
+        if life.state == OPEN and not self.telemetry.dispatches and not len(self._store):
+            life.close_unused()  # the caller cannot reach it: leave nothing open
         raise UnsupportedError(
             "open_backend() is not awaitable; use 'async with asyncgraph.open_backend(...) as "
             "backend:'"
@@ -714,7 +480,8 @@ class Backend:
         await self.aclose()
 
     def __del__(self) -> None:
-        if getattr(self, "_state", _CLOSED) != _CLOSED:
+        life = getattr(self, "_life", None)
+        if life is not None and life.state != CLOSED:
             warnings.warn(
                 f"backend {self.name} was not closed; use 'async with' or 'await aclose()'",
                 ResourceWarning,
@@ -723,10 +490,3 @@ class Backend:
             )
             with contextlib.suppress(Exception):
                 self._engine.release_unclosed()
-
-
-def _check_timeout(timeout: object) -> None:
-    if isinstance(timeout, bool) or not isinstance(timeout, numbers.Real):
-        raise TypeError(f"aclose(timeout={timeout!r}): pass a number of seconds, or None")
-    if not float(timeout) >= 0:  # NaN too
-        raise ValueError(f"aclose(timeout={timeout!r}): pass a number of seconds >= 0, or None")

@@ -261,10 +261,11 @@ class HostEngine:
                         args.append(copy)
                         results.append(copy)
                     elif kind == RESIDENT:
-                        args.append(value._storage)
+                        args.append(storage_of(value))
                     elif kind == RESIDENT_OUT:
-                        value._storage.fill(0)
-                        args.append(value._storage)
+                        storage = storage_of(value)
+                        storage.fill(0)
+                        args.append(storage)
                         results.append(value)
             except MemoryError as exc:  # the array of args[len(args)]: Out, or InOut's copy
                 raise _no_memory_for_arg(job, len(args)) from exc

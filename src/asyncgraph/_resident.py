@@ -338,6 +338,10 @@ class ResidentStore:
                 f"generation {buffer._generation}); upload the data again"
             )
 
+    def discard(self, buffer: ResidentBuffer) -> None:
+        """Close *buffer* (made for a dispatch that was refused before it started)."""
+        self._close(buffer)
+
     def close_all(self) -> None:
         """Close every buffer (at backend close, after all work completed) and free them."""
         self.closed = True

@@ -5,9 +5,9 @@ See ``docs/graphs.md``.
 
 from ._cache import GraphCache as GraphCache
 from ._cache import GraphCacheStatistics as GraphCacheStatistics
+from ._captured import CapturedGraph as CapturedGraph
+from ._captured import RecordedDispatch as RecordedDispatch
 from ._graphs import CachedGraph as CachedGraph
-from ._graphs import CapturedGraph as CapturedGraph
-from ._graphs import RecordedDispatch as RecordedDispatch
 from ._guard import CaptureGuard as CaptureGuard
 from ._guard import CaptureLock as CaptureLock
 from ._guard import CaptureMode as CaptureMode

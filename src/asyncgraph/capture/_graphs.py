@@ -31,12 +31,12 @@ from ._host import GraphHost
 
 __all__ = (
     "CachedGraph",
-    "CapturedGraph",
-    "RecordedDispatch",
-    "collect_replay",
-    "enqueue_replay",
+    "keep_alive",
+    "kernel_config",
+    "launch_values",
+    "let_go_of",
     "prepare_replay",
-    "replay_finished",
+    "record_graph",
 )
 
 
@@ -44,11 +44,7 @@ def _as_bytes(array: np.ndarray[Any, Any]) -> np.ndarray[Any, Any]:
     return array.reshape(-1).view(np.uint8)
 
 
-# The name a replay of a capture holding foreign work only goes by (never compiled).
-_FOREIGN_ONLY = Kernel('extern "C" __global__ void captured() { }', "captured")
-
-
-def _launch_values(call: BoundCall, offsets: list[int], base: int) -> tuple[Any, ...]:
+def launch_values(call: BoundCall, offsets: list[int], base: int) -> tuple[Any, ...]:
     """The kernel arguments ``cuda.core`` takes for a kernel node: pointers and scalars."""
     values: list[Any] = []
     for i, (kind, value, _param) in enumerate(call.args):
@@ -61,13 +57,13 @@ def _launch_values(call: BoundCall, offsets: list[int], base: int) -> tuple[Any,
     return tuple(values)
 
 
-def _hold(buffers: list[ResidentBuffer]) -> None:
+def keep_alive(buffers: list[ResidentBuffer]) -> None:
     """Keep the memory of *buffers* while a graph uses it, even if they are closed."""
     for buffer in buffers:
         hold(buffer)
 
 
-def _let_go(buffers: list[ResidentBuffer]) -> None:
+def let_go_of(buffers: list[ResidentBuffer]) -> None:
     for buffer in buffers:
         let_go(buffer)
 
@@ -196,7 +192,7 @@ class CachedGraph:
         self._full_exec = drv.CUgraphExec(int(self._full.handle))
         if self._resident is not None:
             self._resident_exec = drv.CUgraphExec(int(self._resident.handle))
-        _hold(self._buffers)
+        keep_alive(self._buffers)
         telemetry = self._backend.telemetry
         telemetry.graph_captures += 1 + (self._resident is not None)
 
@@ -308,19 +304,21 @@ class CachedGraph:
         if all(a == b and a.dtype == b.dtype for a, b in zip(scalars, self._scalars, strict=True)):
             return
         base = int(self._device.handle) if self._device is not None else 0
-        values = _launch_values(call, self._offsets, base)
+        values = launch_values(call, self._offsets, base)
         self._backend.update_nodes(self._nodes, call, values)
         self._scalars = scalars
 
     # -- the backend's replay hooks -----------------------------------------------------------
 
-    def _enqueue(self, handle: Any) -> None:
+    def launch_on(self, handle: Any) -> None:
+        """Launch the graph chosen for this replay on the stream *handle* (used by the backend)."""
         check(drv.cuGraphLaunch(self._chosen, handle), "cuGraphLaunch")
         self.replays += 1
         self._backend.telemetry.graph_replays += 1
 
-    def _collect(self, call: BoundCall) -> tuple[Any, ...]:
-        """The outputs of the replay that just completed (new arrays, and resident outputs)."""
+    def results(self, call: BoundCall) -> tuple[Any, ...]:
+        """The outputs of the replay that just completed: new arrays, and resident outputs
+        (used by the backend)."""
         results: list[Any] = []
         view = self._out_block.array if self._out_block is not None else None
         telemetry = self._backend.telemetry
@@ -337,7 +335,8 @@ class CachedGraph:
             telemetry.copies_down += 1
         return tuple(results)
 
-    def _finished(self) -> None:
+    def replay_done(self) -> None:
+        """The replay in flight ended: the next may go (used by the backend)."""
         self._busy = False
         if self._close_when_idle:
             self._free()
@@ -383,7 +382,7 @@ class CachedGraph:
         if self._device is not None:
             backend.free_storage(self._device)
             self._device = None
-        _let_go(self._buffers)
+        let_go_of(self._buffers)
         self._buffers = []
         backend.forget(self)
         for waiter in self._waiters:
@@ -392,193 +391,20 @@ class CachedGraph:
         self._waiters = []
 
 
-class RecordedDispatch:
-    """A dispatch recorded into a :class:`CapturedGraph` (``await cap.dispatch(...)``).
-
-    Pass it to :meth:`CapturedGraph.update` to change its scalar arguments.
-
-    Attributes:
-        kernel: its kernel.
-        index: its position among the capture's dispatches.
-    """
-
-    def __init__(self, index: int, call: BoundCall, node: int) -> None:
-        self.index = index
-        self.kernel = call.kernel
-        self._call = call
-        self._node = node  # its kernel node's handle in the captured graph
-        self._exec_node: Any = None
-
-    def __repr__(self) -> str:
-        return f"<RecordedDispatch #{self.index} {self.kernel.name!r}>"
-
-
-class CapturedGraph:
-    """Dispatches on resident buffers, and foreign work, captured as one CUDA graph.
-
-    Made by ``async with backend.capture() as cap:`` (``cap.graph`` after the block). Replays may
-    overlap; CUDA runs them one after another.
-
-    Attributes:
-        dispatches: the recorded dispatches, in capture order.
-        replays: replays so far.
-        updates: in-place updates so far.
-    """
-
-    def __init__(
-        self,
-        backend: GraphHost,
-        graph: Any,
-        dispatches: list[RecordedDispatch],
-        buffers: list[ResidentBuffer],
-    ) -> None:
-        self._backend = backend
-        self._graph = graph
-        self._exec = drv.CUgraphExec(int(graph.handle))
-        self.dispatches = dispatches
-        self._buffers = buffers
-        _hold(buffers)
-        kernel = dispatches[0].kernel if dispatches else _FOREIGN_ONLY
-        grid = dispatches[0]._call.grid if dispatches else (1, 1, 1)
-        self._replay_call = BoundCall(
-            kernel=kernel,
-            args=[(RESIDENT, buffer, None) for buffer in buffers],
-            grid=grid,
-            block=(1, 1, 1),
-            shared_mem=0,
-            n_results=0,
-            bytes_in=0,
-            bytes_out=0,
-            resident=bool(buffers),
-        )
-        self.replays = 0
-        self.updates = 0
-        self._closed = False
-        backend.telemetry.graph_captures += 1
-
-    def __repr__(self) -> str:
-        state = "closed" if self._closed else "open"
-        return f"<CapturedGraph dispatches={len(self.dispatches)} replays={self.replays} {state}>"
-
-    def upload(self) -> None:
-        """Upload the executable graph to the device now, so the first replay does not."""
-        self._check_open()
-        self._graph.upload(self._backend.capture_stream)
-
-    async def replay(self) -> None:
-        """Run the captured work once more; returns when it completed on the device.
-
-        Raises:
-            BackendClosedError: the graph (or its backend) is closed.
-        """
-        self._check_open()
-        backend = self._backend
-        for buffer in self._buffers:
-            if storage_of(buffer) is None:  # pragma: no cover - held memory is never freed
-                raise BackendClosedError("a buffer of this graph was freed")
-        job = backend.replay_job(self._replay_call, self)
-        await backend.run_replay(job)
-
-    def update(self, dispatch: RecordedDispatch, *args: object) -> None:
-        """Change the scalar arguments of a recorded *dispatch* for the following replays.
-
-        *args* are all its arguments again: the same resident buffers, and numpy scalars of the
-        same dtypes with new values. The executable graph is updated in place (no new capture
-        or instantiation).
-
-        Raises:
-            DispatchError: *dispatch* is not of this graph, or an argument is not a scalar and
-                differs from the recorded one.
-        """
-        self._check_open()
-        if not isinstance(dispatch, RecordedDispatch) or dispatch not in self.dispatches:
-            raise DispatchError(
-                "update() takes a RecordedDispatch of this graph (from cap.dispatch)"
-            )
-        backend = self._backend
-        recorded = dispatch._call
-        call = backend.bind_like(dispatch.kernel, args, recorded)
-        for i, ((kind, value, _p), (rkind, rvalue, _rp)) in enumerate(
-            zip(call.args, recorded.args, strict=True)
-        ):
-            if kind != rkind or (kind != SCALAR and value is not rvalue):
-                raise DispatchError(
-                    f"args[{i}] of {dispatch.kernel.name!r} differs from the recorded argument; "
-                    "update() changes scalar arguments only (capture again for other buffers)"
-                )
-        values = _launch_values(call, [], 0)
-        backend.update_nodes([dispatch._exec_node], call, values)
-        dispatch._call = call
-        self.updates += 1
-
-    def _check_open(self) -> None:
-        if self._closed:
-            raise BackendClosedError("this graph is closed; capture it again")
-
-    # -- the backend's replay hooks -----------------------------------------------------------
-
-    def _enqueue(self, handle: Any) -> None:
-        check(drv.cuGraphLaunch(self._exec, handle), "cuGraphLaunch")
-        self.replays += 1
-        self._backend.telemetry.graph_replays += 1
-
-    def _collect(self, call: BoundCall) -> tuple[Any, ...]:
-        return ()
-
-    def _finished(self) -> None:
-        pass
-
-    def close(self) -> None:
-        """Free the executable graph and let go of the buffers it kept."""
-        if self._closed:
-            return
-        self._closed = True
-        self._graph.close()
-        for recorded in self.dispatches:
-            recorded._exec_node = None
-        self._graph = None
-        _let_go(self._buffers)
-        self._buffers = []
-        self._backend.forget(self)
-
-
 def kernel_config(call: BoundCall) -> LaunchConfig:
     """The ``cuda.core`` LaunchConfig of *call*'s launch shape."""
     return LaunchConfig(grid=call.grid, block=call.block, shmem_size=call.shared_mem)
 
 
-def captured_graph(
-    backend: GraphHost,
-    graph: Any,
-    nodes: dict[int, Any],
-    dispatches: list[RecordedDispatch],
-    buffers: list[ResidentBuffer],
-) -> CapturedGraph:
-    """The :class:`CapturedGraph` of a finished capture: *graph* (instantiated), whose kernel
-    nodes *nodes* maps from their capture-time handles, holding *dispatches* on *buffers*."""
-    for recorded in dispatches:
-        recorded._exec_node = graph[nodes[recorded._node]]
-    return CapturedGraph(backend, graph, dispatches, buffers)
-
-
-# -- what the backend does with a graph a job replays -------------------------------------------
+def record_graph(
+    backend: GraphHost, call: BoundCall, offsets: list[int], layout: tuple[int, int, int]
+) -> CachedGraph:
+    """Allocate and capture a :class:`CachedGraph` of *call* (under the capture lock)."""
+    graph = CachedGraph(backend, call, offsets, layout)
+    graph._record()
+    return graph
 
 
 def prepare_replay(graph: CachedGraph, call: BoundCall) -> Any:
     """Take *graph* for one replay of *call* (the graph cache): the job that replays it."""
     return graph._prepare(call)
-
-
-def enqueue_replay(graph: CachedGraph | CapturedGraph, handle: Any) -> None:
-    """Launch *graph* on the stream *handle*."""
-    graph._enqueue(handle)
-
-
-def collect_replay(graph: CachedGraph | CapturedGraph, call: BoundCall) -> tuple[Any, ...]:
-    """The outputs of the replay of *graph* for *call* that just completed."""
-    return graph._collect(call)
-
-
-def replay_finished(graph: CachedGraph | CapturedGraph) -> None:
-    """The replay of *graph* ended (completed or failed): the next may go."""
-    graph._finished()

@@ -21,7 +21,8 @@ from .._exceptions import CaptureError, DispatchError
 from .._kernel import Kernel
 from .._resident import ResidentBuffer
 from ..capture._cache import GraphCache
-from ..capture._graphs import CachedGraph, RecordedDispatch, captured_graph, kernel_config
+from ..capture._captured import RecordedDispatch, captured_graph
+from ..capture._graphs import CachedGraph, kernel_config, record_graph
 from ..capture._guard import CaptureGuard, CaptureLock, CaptureMode
 from ._driver import translate
 from ._launch import Launches
@@ -31,7 +32,7 @@ from ._storage import Storage
 if TYPE_CHECKING:
     from .._engine import Sink
     from .._telemetry import Telemetry
-    from ..capture._graphs import CapturedGraph
+    from ..capture._captured import CapturedGraph
     from ..pool import HostPool
     from ._device import Device
     from ._kernels import Kernels
@@ -115,8 +116,7 @@ class Graphs:
     def _record_locked(self, call: BoundCall) -> CachedGraph:
         self._device.check_healthy()
         offsets, bounds = layout(call.args)
-        graph = CachedGraph(self, call, offsets, bounds)
-        graph._record()
+        graph = record_graph(self, call, offsets, bounds)
         self._open.add(graph)
         return graph
 

@@ -24,7 +24,6 @@ from cuda.bindings import driver as drv
 from .._args import IN, INOUT, OUT, RESIDENT_OUT
 from .._exceptions import CudaError
 from .._pending import set_spin
-from ..capture._graphs import collect_replay, enqueue_replay, replay_finished
 from ..pool import PinnedBlock, PinnedMemory
 from ._driver import check
 from ._lanes import SCRATCH_BYTES, Lane
@@ -207,7 +206,7 @@ class SmallPath:
         try:
             if job.deps:
                 wait_deps(job.deps, lane.handle)
-            enqueue_replay(job.replay, lane.handle)
+            job.replay.launch_on(lane.handle)
         except Exception:
             self.release(job)
             raise
@@ -241,7 +240,7 @@ class SmallPath:
         if error is not None:
             outcome = error
         elif job.replay is not None:
-            outcome = collect_replay(job.replay, job.call)
+            outcome = job.replay.results(job.call)
         elif not job.call.n_results:
             outcome = ()
         elif job.total - job.in_end >= BIG_COPY and job.out_block is None:
@@ -358,4 +357,4 @@ class SmallPath:
             job.lane = None
         replay, job.replay = job.replay, None
         if replay is not None:
-            replay_finished(replay)
+            replay.replay_done()

@@ -1,0 +1,253 @@
+"""A backend's life: the loop it belongs to, open → closing → closed, and what closing waits for.
+
+:class:`Lifecycle` holds the front's state that closing changes (the loop, the state, the
+queue's waiting room, transfers in progress) and runs the close: refuse new work, fail what is
+queued after the timeout, wait for what is in flight, close the resident buffers, shut the
+engine down. A close from a later loop, once the backend's own loop ended, adopts the backend
+and settles what the ended loop left first.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import numbers
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any, Final
+
+from . import _inbox, _loop
+from ._exceptions import BackendClosedError, DeviceFaultError, UnsupportedError
+
+if TYPE_CHECKING:
+    from ._dispatcher import Dispatcher
+    from ._engine import Engine
+    from ._resident import ResidentStore
+    from ._scheduler import Job
+    from ._telemetry import Telemetry
+
+__all__ = ("CLOSED", "CLOSING", "OPEN", "Lifecycle")
+
+OPEN: Final = 0
+CLOSING: Final = 1
+CLOSED: Final = 2
+
+
+class Lifecycle:
+    """The loop, state and closing of one backend (the front's collaborator).
+
+    Attributes:
+        state: ``OPEN``, ``CLOSING`` or ``CLOSED``.
+        loop: the event loop the backend belongs to (``None`` until first used).
+        room: ``submit()`` calls waiting for room in the queue.
+        transfers: uploads and downloads in progress (closing waits for them).
+    """
+
+    def __init__(
+        self,
+        name: str,
+        engine: Engine,
+        dispatcher: Dispatcher,
+        store: ResidentStore,
+        telemetry: Telemetry,
+        log: Any,
+        loop: asyncio.AbstractEventLoop | None,
+    ) -> None:
+        self._name = name
+        self._engine = engine
+        self._dispatcher = dispatcher
+        self._scheduler = dispatcher.scheduler
+        self._store = store
+        self._telemetry = telemetry
+        self._log = log
+        self.state = OPEN
+        self.loop = loop
+        self.room = _loop.WaitQueue()
+        self.transfers = 0
+        self._drained: asyncio.Future[None] | None = None  # set once nothing is in flight
+        self._close_task: asyncio.Task[None] | None = None
+        dispatcher.bind(loop)
+
+    def bind(self, loop: asyncio.AbstractEventLoop) -> None:
+        """Belong to *loop* (the first loop that uses the backend)."""
+        self.loop = loop
+        self._dispatcher.bind(loop)
+
+    def loop_for_use(self, failure: DeviceFaultError | None) -> asyncio.AbstractEventLoop:
+        """The loop to use the backend on now: the running one, checked.
+
+        Raises:
+            BackendClosedError: the backend is closed.
+            DeviceFaultError: it failed earlier with *failure*.
+            UnsupportedError: no loop runs, or another loop owns the backend.
+        """
+        life = self
+        if life.state != OPEN:
+            raise BackendClosedError(
+                f"backend {self._name} is closed; open a new one with asyncgraph.open_backend()"
+            )
+        if failure is not None:
+            raise DeviceFaultError(
+                failure.code,
+                failure.name,
+                failure.call,
+                f"backend {self._name} failed earlier and takes no new work; close it and open "
+                "a new backend (see docs/errors.md)",
+            )
+        loop = _loop.running_loop()
+        if loop is None:
+            raise UnsupportedError(
+                f"backend {self._name} is used from a thread with no running event loop; "
+                "call it from async code on the loop it belongs to"
+            ) from None
+        if life.loop is None:
+            self.bind(loop)
+        elif loop is not life.loop:
+            raise UnsupportedError(
+                f"backend {self._name} belongs to another event loop; open one backend per "
+                "event loop"
+            )
+        return loop
+
+    # -- what closing waits for ------------------------------------------------------------------
+
+    def transfer_started(self) -> None:
+        """An upload or a download began."""
+        self.transfers += 1
+
+    def transfer_ended(self) -> None:
+        """An upload or a download ended."""
+        self.transfers -= 1
+        if self._drained is not None:
+            self.check_drained()
+
+    def check_drained(self) -> None:
+        """Let the close go on once nothing is queued, in flight or transferring."""
+        drained = self._drained
+        if drained is None or not self._scheduler.is_idle() or self.transfers:
+            return
+        if not drained.done():
+            drained.set_result(None)
+
+    # -- closing -------------------------------------------------------------------------------
+
+    async def aclose(self, timeout: float | None = None) -> None:  # noqa: ASYNC109  # the timeout fails queued work; cancelling a shielded close cannot
+        """``Backend.aclose``: see there."""
+        if timeout is not None:
+            _check_timeout(timeout)
+        loop = _loop.current_loop()
+        ended = None
+        if self.loop is not None and self.loop is not loop:
+            if self.state == CLOSED:
+                await _loop.sleep(0)
+                return
+            if not self.loop.is_closed():
+                raise UnsupportedError(
+                    f"backend {self._name} belongs to another event loop, which is still open; "
+                    "close it on that loop (from another thread: "
+                    "asyncio.run_coroutine_threadsafe(backend.aclose(), loop))"
+                )
+            ended = self._adopt(loop)
+        if self._close_task is None:
+            self.loop = loop
+            self._begin_closing()
+            self._close_task = _loop.create_lasting_task(loop, self._close(ended))
+        if timeout is None:
+            await _loop.shield(self._close_task)
+            return
+        try:
+            await _loop.wait_for(self._close_task, timeout)
+        except TimeoutError:
+            self.drop_queued(lambda job: f"was closed before {job} started (aclose timeout)")
+            await _loop.shield(self._close_task)
+
+    def _begin_closing(self) -> None:
+        self.state = CLOSING
+        self.room.fail(
+            lambda: BackendClosedError(
+                f"backend {self._name} was closed while submit() waited for room in its queue"
+            )
+        )
+
+    def drop_queued(self, why: Callable[[str], str]) -> None:
+        """Fail every dispatch still queued with BackendClosedError (closing)."""
+
+        def error(job: Job) -> BaseException:
+            dispatch = f"dispatch #{job.id} of {job.call.kernel.name!r}"
+            return BackendClosedError(f"backend {self._name} {why(dispatch)}")
+
+        self._dispatcher.drop_queued(error)
+        if self._drained is not None:
+            self.check_drained()
+
+    def _adopt(self, loop: asyncio.AbstractEventLoop) -> asyncio.AbstractEventLoop:
+        """The backend's loop has ended: belong to *loop*; the close settles what it left."""
+        ended: asyncio.AbstractEventLoop = self.loop  # type: ignore[assignment]  # bound
+        with _inbox.off_loop_lock:  # completions may be handled on worker threads meanwhile
+            self.room = _loop.WaitQueue()  # its waiters were on the ended loop
+            self._begin_closing()
+            self._close_task = None  # a close begun there never goes on
+            self._drained = None
+            self.transfers = 0  # uploads and downloads of that loop never resume
+            self.drop_queued(
+                lambda job: f"was left open when its event loop ended, before {job} started"
+            )
+        self.loop = loop
+        self._dispatcher.bind(loop)
+        return ended
+
+    async def _settle_after(self, ended: asyncio.AbstractEventLoop) -> None:
+        """Settle what the ended loop left in flight (runs on the new loop).
+
+        The engine settles what it runs (completions handled off the ended loop, work carried
+        by its callbacks); jobs that were still waiting to launch fail, since nothing resumes
+        them.
+        """
+        with _inbox.off_loop_lock:
+            jobs = self._scheduler.jobs_in_flight()
+        await self._engine.settle_after(ended, jobs)
+        self._dispatcher.abandon_waiting(
+            lambda job: BackendClosedError(
+                f"backend {self._name} was left open when its event loop ended, before "
+                f"dispatch #{job.id} of {job.call.kernel.name!r} completed"
+            )
+        )
+
+    async def _close(self, ended: asyncio.AbstractEventLoop | None) -> None:
+        # Every step may be interrupted by the end of the loop, and is then started again.
+        try:
+            if ended is not None:
+                await _loop.through_run_end(lambda: self._settle_after(ended))
+            if not self._scheduler.is_idle() or self.transfers:
+                drained = self._drained = self.loop.create_future()  # type: ignore[union-attr]  # bound
+                await _loop.through_run_end(lambda: _loop.shield(drained))
+            self._store.close_all()
+            await _loop.through_run_end(self._engine.shutdown)
+        except GeneratorExit:
+            raise  # collected with the ended loop it ran on; a close on another loop goes on
+        except BaseException:
+            self.closed()
+            raise
+        self.closed()
+
+    def closed(self) -> None:
+        self.state = CLOSED
+        snap = self._telemetry
+        self._log.info(
+            "backend.closed",
+            dispatches=snap.dispatches,
+            completed=snap.dispatches_completed,
+            failed=snap.dispatches_failed,
+        )
+
+    def close_unused(self) -> None:
+        """Close a backend nothing used, without a loop (``await open_backend()``)."""
+        self.state = CLOSING
+        self._store.close_all()
+        self._engine.shutdown_now()
+        self.closed()
+
+
+def _check_timeout(timeout: object) -> None:
+    if isinstance(timeout, bool) or not isinstance(timeout, numbers.Real):
+        raise TypeError(f"aclose(timeout={timeout!r}): pass a number of seconds, or None")
+    if not float(timeout) >= 0:  # NaN too
+        raise ValueError(f"aclose(timeout={timeout!r}): pass a number of seconds >= 0, or None")

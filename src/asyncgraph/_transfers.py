@@ -1,0 +1,90 @@
+"""Uploads and downloads of resident buffers: checked, counted, and waited for by closing."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+
+from ._checks import check_array
+from ._exceptions import ArgumentTypeError, BackendClosedError
+from ._lifecycle import OPEN
+from ._resident import Download, ResidentBuffer, check_out, track, untrack
+
+if TYPE_CHECKING:
+    from ._dispatcher import Dispatcher
+    from ._engine import Engine
+    from ._lifecycle import Lifecycle
+    from ._resident import ResidentStore
+    from ._telemetry import Telemetry
+
+__all__ = ("Transfers",)
+
+
+class Transfers:
+    """``upload`` and ``download`` of one backend (the front's collaborator)."""
+
+    def __init__(
+        self,
+        name: str,
+        engine: Engine,
+        store: ResidentStore,
+        lifecycle: Lifecycle,
+        dispatcher: Dispatcher,
+        telemetry: Telemetry,
+    ) -> None:
+        self._name = name
+        self._engine = engine
+        self._store = store
+        self._life = lifecycle
+        self._dispatcher = dispatcher
+        self._telemetry = telemetry
+
+    async def upload(self, array: np.ndarray[Any, Any]) -> ResidentBuffer:
+        """A new resident buffer holding a copy of *array* (``Backend.upload``)."""
+        if not isinstance(array, np.ndarray):
+            raise ArgumentTypeError(
+                f"upload() takes a numpy array, got {type(array).__name__}; pass np.asarray(x)"
+            )
+        check_array(array, "upload()")
+        life = self._life
+        life.transfer_started()
+        try:
+            storage = await self._engine.upload_storage(array)
+        finally:
+            life.transfer_ended()
+        if life.state != OPEN:
+            # aclose() waited for this copy; the store is about to close, so keep nothing.
+            self._engine.free_storage(storage)
+            raise BackendClosedError(
+                f"backend {self._name} was closed while upload() copied the array; the copy "
+                "was freed"
+            )
+        self._telemetry.bytes_up += array.nbytes
+        self._telemetry.copies_up += 1
+        return self._store.add(storage, array.shape, array.dtype)
+
+    async def download(
+        self, buffer: ResidentBuffer, out: np.ndarray[Any, Any] | None
+    ) -> np.ndarray[Any, Any]:
+        """*buffer*'s contents in a new array or *out* (``Backend.download``)."""
+        if not isinstance(buffer, ResidentBuffer):
+            raise ArgumentTypeError(
+                f"download() takes a resident buffer, got {type(buffer).__name__}"
+            )
+        self._store.check(buffer, "download()")
+        if out is not None:
+            check_out(out, buffer)
+        use = Download()
+        deps = track(buffer, use, write=False)
+        self._life.transfer_started()
+        try:
+            array = await self._engine.download_storage(buffer, use, deps, out)
+        finally:
+            use.finished.set()
+            untrack(buffer, use)
+            self._life.transfer_ended()
+            self._dispatcher.poke()  # jobs parked behind the download may go
+        self._telemetry.bytes_down += array.nbytes
+        self._telemetry.copies_down += 1
+        return array

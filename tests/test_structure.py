@@ -1,0 +1,369 @@
+"""Structural rules of asyncgraph's source, read with ``ast``: nothing here imports the package.
+
+Each checker takes a source root (the folder that holds the package) and the package's name and
+returns one line per violation. The tests run them on ``src/``, and on small synthetic trees to
+prove that each can fail.
+"""
+
+from __future__ import annotations
+
+import ast
+from collections import defaultdict, deque
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+SRC = Path(__file__).resolve().parents[1] / "src"
+PACKAGE = "asyncgraph"
+MAX_LINES = 500
+
+# Private attributes of standard-library or third-party objects that the heuristic cannot tell
+# apart from ours. Add only one met in the source, with a comment saying whose it is. Empty
+# today: the one met, asyncio._get_running_loop, is on a name bound by ``import asyncio``, and
+# attributes of names imported from outside the package are never checked.
+FOREIGN_PRIVATE_ATTRS: frozenset[str] = frozenset()
+
+_SCOPES = (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef, ast.Lambda)
+
+
+@dataclass(frozen=True)
+class Module:
+    name: str  # dotted: asyncgraph._loop, asyncgraph.pool (for pool/__init__.py)
+    is_package: bool
+    lines: int
+    tree: ast.Module
+
+
+def load_modules(root: Path, package: str) -> dict[str, Module]:
+    modules: dict[str, Module] = {}
+    for path in sorted((root / package).rglob("*.py")):
+        parts = list(path.relative_to(root).with_suffix("").parts)
+        is_package = parts[-1] == "__init__"
+        if is_package:
+            parts.pop()
+        source = path.read_text(encoding="utf-8")
+        name = ".".join(parts)
+        modules[name] = Module(name, is_package, len(source.splitlines()), ast.parse(source))
+    return modules
+
+
+def is_private(name: str) -> bool:
+    return name.startswith("_") and not (name.startswith("__") and name.endswith("__"))
+
+
+def _is_type_checking(test: ast.expr) -> bool:
+    if isinstance(test, ast.Name):
+        return test.id == "TYPE_CHECKING"
+    return isinstance(test, ast.Attribute) and test.attr == "TYPE_CHECKING"
+
+
+def iter_imports(tree: ast.AST) -> Iterator[tuple[ast.Import | ast.ImportFrom, bool]]:
+    """Every import statement, anywhere, with whether it sits under ``if TYPE_CHECKING:``."""
+    stack: list[tuple[ast.AST, bool]] = [(tree, False)]
+    while stack:
+        node, typing_only = stack.pop()
+        if isinstance(node, ast.Import | ast.ImportFrom):
+            yield node, typing_only
+        elif isinstance(node, ast.If) and _is_type_checking(node.test):
+            stack.extend((child, True) for child in node.body)
+            stack.extend((child, typing_only) for child in node.orelse)
+        else:
+            stack.extend((child, typing_only) for child in ast.iter_child_nodes(node))
+
+
+def _from_base(module: Module, node: ast.ImportFrom) -> str:
+    if node.level == 0:
+        return node.module or ""
+    parts = (module.name if module.is_package else module.name.rpartition(".")[0]).split(".")
+    parts = parts[: len(parts) - (node.level - 1)]
+    return ".".join([*parts, node.module] if node.module else parts)
+
+
+def resolve(
+    module: Module, node: ast.Import | ast.ImportFrom, modules: dict[str, Module]
+) -> Iterator[tuple[str, str | None, str]]:
+    """(target module, imported symbol or None for a module, local name) per imported name.
+
+    Names outside the package are skipped; no edge is added to a target's parent packages.
+    """
+    if isinstance(node, ast.Import):
+        for alias in node.names:
+            target = alias.name
+            while target and target not in modules:
+                target = target.rpartition(".")[0]
+            if target:
+                yield target, None, alias.asname or alias.name.partition(".")[0]
+        return
+    base = _from_base(module, node)
+    for alias in node.names:
+        local = alias.asname or alias.name
+        if f"{base}.{alias.name}" in modules:
+            yield f"{base}.{alias.name}", None, local
+        elif base in modules:
+            yield base, alias.name, local
+
+
+def _strongly_connected(graph: dict[str, set[str]]) -> list[list[str]]:
+    """Tarjan's algorithm: the graph's strongly connected components."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    components: list[list[str]] = []
+
+    def visit(v: str) -> None:
+        index[v] = low[v] = len(index)
+        stack.append(v)
+        for w in sorted(graph.get(v, ())):
+            if w not in index:
+                visit(w)
+                low[v] = min(low[v], low[w])
+            elif w in stack:
+                low[v] = min(low[v], index[w])
+        if low[v] == index[v]:
+            component: list[str] = []
+            while not component or component[-1] != v:
+                component.append(stack.pop())
+            components.append(sorted(component))
+
+    for v in sorted(graph):
+        if v not in index:
+            visit(v)
+    return components
+
+
+def _shortest_cycle(graph: dict[str, set[str]], start: str, members: set[str]) -> list[str]:
+    parents: dict[str, str] = {}
+    queue = deque([start])
+    while queue:
+        v = queue.popleft()
+        for w in sorted(graph.get(v, set()) & members):
+            if w == start:
+                path = [v]
+                while path[-1] != start:
+                    path.append(parents[path[-1]])
+                return [*reversed(path), start]
+            if w not in parents:
+                parents[w] = v
+                queue.append(w)
+    return [start]
+
+
+def check_import_cycles(root: Path, package: str) -> list[str]:
+    """Cycles among the package's runtime imports, and imports from the package's ``__init__``.
+
+    Imports under ``if TYPE_CHECKING:`` make no edge. Imports of the top-level ``__init__``
+    (typing-only ones too) are reported on their own and kept out of the graph:
+    it imports nearly every module, so any edge into it would merge them all into one cycle.
+    """
+    modules = load_modules(root, package)
+    graph: dict[str, set[str]] = defaultdict(set)
+    lines: dict[tuple[str, str], list[str]] = defaultdict(list)
+    problems: list[str] = []
+    from_init: list[str] = []
+    for module in modules.values():
+        for node, typing_only in iter_imports(module.tree):
+            where = f"{module.name}:{node.lineno}: {ast.unparse(node)}"
+            for target, symbol, _ in resolve(module, node, modules):
+                if target == package and module.name != package:
+                    from_init.append(
+                        f"{where}  (takes {symbol or 'the package'} from {package}/__init__.py;"
+                        " import from the defining module)"
+                    )
+                elif not typing_only and target not in (module.name, package):
+                    graph[module.name].add(target)
+                    if where not in lines[module.name, target]:
+                        lines[module.name, target].append(where)
+    for component in _strongly_connected(graph):
+        if len(component) < 2:
+            continue
+        members = set(component)
+        cycle = " -> ".join(_shortest_cycle(graph, component[0], members))
+        problems.append(f"import cycle among {len(component)} modules, e.g. {cycle}; made by:")
+        for source in component:
+            for target in sorted(graph[source] & members):
+                made = sorted(lines[source, target], key=lambda w: int(w.split(":")[1]))
+                problems.extend(f"    {where}  (-> {target})" for where in made)
+    return problems + from_init
+
+
+def check_module_lengths(root: Path, package: str, limit: int = MAX_LINES) -> list[str]:
+    return [
+        f"{module.name}: {module.lines} lines (limit: fewer than {limit})"
+        for module in load_modules(root, package).values()
+        if module.lines >= limit
+    ]
+
+
+def _walk_scope(nodes: list[ast.stmt]) -> Iterator[ast.AST]:
+    """Nodes of one scope: a def or class is yielded, its body is not entered."""
+    stack: list[ast.AST] = list(nodes)
+    while stack:
+        node = stack.pop()
+        yield node
+        if not isinstance(node, _SCOPES):
+            stack.extend(ast.iter_child_nodes(node))
+
+
+def _scope_names(nodes: list[ast.stmt]) -> set[str]:
+    names: set[str] = set()
+    for node in _walk_scope(nodes):
+        if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef | ast.ClassDef):
+            names.add(node.name)
+        elif isinstance(node, ast.Name) and isinstance(node.ctx, ast.Store):
+            names.add(node.id)
+    return names
+
+
+def _class_names(cls: ast.ClassDef) -> set[str]:
+    """Class-level names and methods, ``__slots__`` entries, ``self.x = ...`` in its methods."""
+    names = _scope_names(cls.body)
+    for stmt in cls.body:
+        if isinstance(stmt, ast.Assign) and any(
+            isinstance(t, ast.Name) and t.id == "__slots__" for t in stmt.targets
+        ):
+            names.update(
+                n.value
+                for n in ast.walk(stmt.value)
+                if isinstance(n, ast.Constant) and isinstance(n.value, str)
+            )
+        elif isinstance(stmt, ast.FunctionDef | ast.AsyncFunctionDef) and stmt.args.args:
+            first = stmt.args.args[0].arg
+            names.update(
+                n.attr
+                for n in ast.walk(stmt)
+                if isinstance(n, ast.Attribute)
+                and isinstance(n.ctx, ast.Store)
+                and isinstance(n.value, ast.Name)
+                and n.value.id == first
+            )
+    return names
+
+
+def defined_private_names(module: Module) -> set[str]:
+    names = _scope_names(module.tree.body)
+    for node in ast.walk(module.tree):
+        if isinstance(node, ast.ClassDef):
+            names |= _class_names(node)
+    return {name for name in names if is_private(name)}
+
+
+def check_private_access(root: Path, package: str) -> list[str]:
+    """Heuristic: uses of private names (``_x``) that another module of the package defines.
+
+    Flags ``from X import _name`` and ``X._name`` for X a module of the package (unless
+    ``_name`` is a submodule of X), and ``expr._name`` (``self``/``cls`` included) where the
+    module itself defines no ``_name``: not at module level, nor in one of its classes.
+    """
+    modules = load_modules(root, package)
+    defined = {name: defined_private_names(module) for name, module in modules.items()}
+
+    def owners(attr: str) -> str:
+        return ", ".join(sorted(m for m, names in defined.items() if attr in names)) or "none"
+
+    problems: list[str] = []
+    for module in modules.values():
+        aliases: dict[str, str] = {}  # local name -> module of the package it is bound to
+        foreign: set[str] = set()  # local names bound to imports from outside the package
+        for node, _ in iter_imports(module.tree):
+            resolved = list(resolve(module, node, modules))
+            for target, symbol, local in resolved:
+                if symbol is None:
+                    aliases[local] = target
+                elif is_private(symbol):
+                    problems.append(
+                        f"{module.name}:{node.lineno}: from {target} import {symbol}"
+                        f" (defined in: {owners(symbol)})"
+                    )
+            if not resolved and (isinstance(node, ast.Import) or node.level == 0):
+                foreign.update(a.asname or a.name.partition(".")[0] for a in node.names)
+        for access in ast.walk(module.tree):
+            if not isinstance(access, ast.Attribute) or not is_private(access.attr):
+                continue
+            value = access.value
+            if isinstance(value, ast.Name) and value.id in aliases:
+                target = aliases[value.id]
+                if target == module.name or f"{target}.{access.attr}" in modules:
+                    continue
+            elif (
+                (isinstance(value, ast.Name) and value.id in foreign)
+                or access.attr in FOREIGN_PRIVATE_ATTRS
+                or access.attr in defined[module.name]
+            ):
+                continue
+            expr = ast.unparse(value)
+            expr = expr if len(expr) <= 40 else expr[:37] + "..."
+            where = f"{module.name}:{access.lineno}"
+            problems.append(f"{where}: {expr}.{access.attr} (defined in: {owners(access.attr)})")
+    return sorted(problems, key=lambda p: (p.split(":")[0], int(p.split(":")[1])))
+
+
+def _report(title: str, problems: list[str]) -> None:
+    if problems:
+        pytest.fail(f"{title} ({len(problems)}):\n" + "\n".join(problems), pytrace=False)
+
+
+def test_no_import_cycle() -> None:
+    _report(
+        "import cycles and imports from the package __init__", check_import_cycles(SRC, PACKAGE)
+    )
+
+
+def test_modules_stay_under_500_lines() -> None:
+    _report("modules of 500 lines or more", check_module_lengths(SRC, PACKAGE))
+
+
+def test_no_private_member_used_outside_its_module() -> None:
+    _report("private members used outside their module", check_private_access(SRC, PACKAGE))
+
+
+SYNTHETIC = {
+    "__init__.py": "from ._a import A as A\n",
+    # A cycle made by an import inside a function.
+    "_a.py": (
+        "class A:\n    def __init__(self) -> None:\n        self._x = 1\n\n"
+        "    def f(self) -> int:\n        from ._b import g\n\n        return g() + self._x\n"
+    ),
+    "_b.py": "from . import _a\n\n\ndef g() -> int:\n    return _a.A()._x\n",
+    # A cycle through a subpackage's __init__, reached with `from .. import`.
+    "_p.py": "from .sub import S\n",
+    "sub/__init__.py": "from ._s import S as S\n",
+    "sub/_s.py": "from .. import _p\n\n\nclass S:\n    pass\n",
+    # Typing-only: not a cycle.
+    "_t1.py": "from typing import TYPE_CHECKING\n\nif TYPE_CHECKING:\n    from ._t2 import T2\n",
+    "_t2.py": "from . import _t1\n\n\nclass T2:\n    pass\n",
+    # Private reach-ins, and a symbol taken from the package's __init__.
+    "_c.py": (
+        "import sys\n\nfrom . import A, _d\nfrom ._d import _y\n\n\n"
+        "def peek(a: A) -> int:\n    sys._getframe()\n    return a._x + _d._z + _y\n"
+    ),
+    "_d.py": "_y = 1\n_z = 2\n",
+    "_big.py": "x = 1\n" * MAX_LINES,
+}
+
+
+def test_structure_checks_catch_what_they_claim(tmp_path: Path) -> None:
+    for relative, source in SYNTHETIC.items():
+        path = tmp_path / "pkg" / relative
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(source, encoding="utf-8")
+
+    cycles = "\n".join(check_import_cycles(tmp_path, "pkg"))
+    assert "import cycle among 2 modules, e.g. pkg._a -> pkg._b -> pkg._a" in cycles, cycles
+    assert "pkg._a:6: from ._b import g  (-> pkg._b)" in cycles, cycles
+    assert "import cycle among 3 modules, e.g. pkg._p -> pkg.sub -> pkg.sub._s -> pkg._p" in cycles
+    assert "pkg._c:3: from . import A, _d  (takes A from pkg/__init__.py" in cycles, cycles
+    assert "_t1" not in cycles, cycles
+
+    assert check_module_lengths(tmp_path, "pkg") == [
+        f"pkg._big: {MAX_LINES} lines (limit: fewer than {MAX_LINES})"
+    ]
+
+    private = check_private_access(tmp_path, "pkg")
+    assert sorted(private) == [
+        "pkg._b:5: _a.A()._x (defined in: pkg._a)",
+        "pkg._c:4: from pkg._d import _y (defined in: pkg._d)",
+        "pkg._c:9: _d._z (defined in: pkg._d)",
+        "pkg._c:9: a._x (defined in: pkg._a)",
+    ], private
