@@ -91,7 +91,7 @@ class Backend:
             self._log,
             nvtx,
             options.dispatch_events_enabled,
-            self._after_batch,
+            lambda: None,  # replaced by the lifecycle's check below
             self._bind_like,
             self._run_prepared,
         )
@@ -100,6 +100,8 @@ class Backend:
             name, engine, self._dispatcher, self._store, self.telemetry, self._log,
             _loop.running_loop(),
         )  # fmt: skip
+        self._life.max_queued = self._max_queued
+        self._dispatcher.after = self._life.after_batch  # the front's own check, direct
         self._transfers = Transfers(
             name, engine, self._store, self._life, self._dispatcher, self.telemetry
         )
@@ -209,13 +211,6 @@ class Backend:
         self.telemetry.dispatches += 1
         self._dispatcher.add(job)
         return pending
-
-    def _after_batch(self) -> None:
-        """After the scheduler's effects ran: let a waiting submit() in, see if drained."""
-        life = self._lifecycle
-        if life.room and self._scheduler.queued < self._max_queued:
-            life.room.wake()  # room in the queue: one submit() may go (and wakes the next)
-        life.check_drained()
 
     async def submit(
         self,

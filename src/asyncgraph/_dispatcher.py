@@ -71,7 +71,7 @@ class Dispatcher:
         self._log = log
         self._nvtx = nvtx
         self._dispatch_events = dispatch_events
-        self._after = after
+        self.after = after  # the front may set a cheaper one once it exists
         self.bind_call = bind_like
         self.run_prepared = run_prepared
         self._loop: asyncio.AbstractEventLoop | None = None
@@ -93,7 +93,21 @@ class Dispatcher:
 
     def add(self, job: Job) -> None:
         """A numbered job with its pending result: schedule it."""
-        self._run(self.scheduler.add(job))
+        effects = self.scheduler.add(job)
+        if len(effects) == 1 and not self._running and effects[0][0] is _LAUNCH:
+            # The common case, without the general loop: launch it. What its launch caused
+            # (a failure's effects, parked jobs now ready) then runs the general way.
+            self._running = True
+            try:
+                self._launch(job)
+            finally:
+                self._running = False
+                if self._backlog or self.scheduler.has_parked():
+                    self._run(self.scheduler.poke())
+                else:
+                    self.after()
+            return
+        self._run(effects)
 
     def drop_queued(self, error: Callable[[Job], BaseException]) -> None:
         """Fail every job still queued (closing)."""
@@ -121,7 +135,18 @@ class Dispatcher:
         self, job: Job, outcome: tuple[Any, ...] | BaseException, device_time: float | None
     ) -> None:
         """*job* finished."""
-        self._run(self.scheduler.done(job, outcome, device_time))
+        effects = self.scheduler.done(job, outcome, device_time)
+        if (
+            len(effects) == 1
+            and effects[0][0] is _RESOLVE
+            and not self._running
+            and not self._backlog
+        ):
+            # The common case, without the general loop: hand the outcome over.
+            self._resolve(effects[0][1])
+            self.after()
+            return
+        self._run(effects)
 
     def poke(self) -> None:
         """A use parked jobs may depend on reached the device."""
@@ -131,9 +156,9 @@ class Dispatcher:
     # -- effects -------------------------------------------------------------------------------
 
     def _run(self, effects: list[Effect]) -> None:
-        if not effects:
-            return
         todo = self._backlog
+        if not effects and not todo:
+            return
         todo.extend(effects)
         if self._running:  # an effect caused an event: its effects follow the batch in progress
             return
@@ -166,7 +191,7 @@ class Dispatcher:
                 todo.clear()
                 self._run(rest)  # and calls after()
             else:
-                self._after()
+                self.after()
 
     def _launch(self, job: Job) -> None:
         t0 = perf_counter()

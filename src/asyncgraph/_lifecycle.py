@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import numbers
+import sys
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, Final
 
@@ -62,6 +63,7 @@ class Lifecycle:
         self.loop = loop
         self.room = _loop.WaitQueue()
         self.transfers = 0
+        self.max_queued = sys.maxsize  # the front sets BackendOptions.max_queued
         self._drained: asyncio.Future[None] | None = None  # set once nothing is in flight
         self._close_task: asyncio.Task[None] | None = None
         dispatcher.bind(loop)
@@ -116,6 +118,14 @@ class Lifecycle:
     def transfer_ended(self) -> None:
         """An upload or a download ended."""
         self.transfers -= 1
+        if self._drained is not None:
+            self.check_drained()
+
+    def after_batch(self) -> None:
+        """After the scheduler's effects ran: let a waiting ``submit()`` in, see if drained."""
+        room = self.room
+        if room and self._scheduler.queued < self.max_queued:
+            room.wake()  # room in the queue: one submit() may go (and wakes the next)
         if self._drained is not None:
             self.check_drained()
 

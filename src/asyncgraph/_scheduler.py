@@ -202,7 +202,10 @@ class Scheduler:
         """A new dispatch (numbered, with its pending result)."""
         job.state = _QUEUED
         if not self._queue and len(self._in_flight) < self._max:
-            self._admit(job)  # the common case, without the general pass
+            # The common case, without the general pass: admit and route it.
+            job.t_submit = perf_counter()
+            self._in_flight[job.id] = job
+            self._route(job)
             out, self._out = self._out, []
             return out
         self._queue.append(job)
@@ -242,7 +245,18 @@ class Scheduler:
         self, job: Job, outcome: tuple[Any, ...] | BaseException, device_time: float | None
     ) -> list[Effect]:
         """The engine finished *job* (results or error) and released what it held."""
-        if job.state is not _DONE:
+        state = job.state
+        if state is _LAUNCHED or state is _COLLECTING:
+            # The common case (a launched job completed), without the general finish.
+            self._in_flight.pop(job.id, None)
+            job.state = _DONE
+            job.outcome = outcome
+            job.device_time = device_time
+            if not self._queue and not self._parked and not self._out:
+                return [(_RESOLVE_STEP, job)]
+            self._out.append((_RESOLVE_STEP, job))
+            return self._advance()
+        if state is not _DONE:
             job.device_time = device_time
         self._finish(job, outcome, release=False)
         return self._advance()

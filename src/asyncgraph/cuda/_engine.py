@@ -29,7 +29,7 @@ from ._device import Device, join
 from ._graphs import Graphs
 from ._kernels import Kernels
 from ._launch import Launches
-from ._plan import CudaJob, dep_event, plan
+from ._plan import BIG_COPY, CudaJob, dep_event, plan
 from ._small import SmallPath
 from ._storage import Storage
 from ._streamed import StreamedPath
@@ -48,6 +48,7 @@ class CudaEngine:
         device = self.device = Device(ordinal, options)
         self.limits = device.limits
         self.launches = Launches(device)
+        self._loaded = self.launches.loaded  # the scheduler's hot question reads it directly
         self.kernels = Kernels(device, self.launches)
         self.small = SmallPath(device, self.launches)
         self.streamed = StreamedPath(device, self.launches, self.small)
@@ -84,13 +85,18 @@ class CudaEngine:
     def needs_compile(self, job: Job) -> bool:
         """Whether *job*'s kernel is not loaded yet (graph replays never compile)."""
         cuda_job: CudaJob = job  # type: ignore[assignment]  # every job here is a CudaJob
-        return cuda_job.replay is None and not self.launches.is_loaded(job.call.kernel)
+        return cuda_job.replay is None and job.call.kernel not in self._loaded
 
     def needs_staging(self, job: Job) -> bool:
         """Whether *job*'s inputs are copied into pinned memory in threads first."""
         cuda_job: CudaJob = job  # type: ignore[assignment]  # every job here is a CudaJob
+        # Inputs of BIG_COPY bytes or more are copied in threads (SmallPath.stage).
         return (
-            not cuda_job.streamed and cuda_job.replay is None and SmallPath.needs_staging(cuda_job)
+            cuda_job.up_end >= BIG_COPY
+            and not cuda_job.staged
+            and cuda_job.direct is None
+            and not cuda_job.streamed
+            and cuda_job.replay is None
         )
 
     def is_ready(self, job: Job) -> bool:

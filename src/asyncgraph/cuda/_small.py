@@ -55,11 +55,6 @@ class SmallPath:
 
     # -- before the launch -----------------------------------------------------------------------
 
-    @staticmethod
-    def needs_staging(job: CudaJob) -> bool:
-        """Whether *job*'s inputs are big enough to be staged off the loop first."""
-        return job.up_end >= BIG_COPY and not job.staged and job.direct is None
-
     def _claim_result_memory(self, job: CudaJob) -> None:
         """Give big outputs pinned memory of their own, which the result arrays will own."""
         if not job.total or job.staged or job.out_block is not None:
@@ -218,8 +213,10 @@ class SmallPath:
         except CudaError:
             self.release(job)
             raise
-        lane.watch(job.event, lambda error: self._done(job, error))
-        set_spin(job.pending, self._device.reactor.spin)
+        device = self._device
+        reactor = device.reactor_ or device.reactor
+        reactor.watch(lane.index, job.event, lambda error: self._done(job, error))
+        set_spin(job.pending, reactor.spin)
 
     # -- completion --------------------------------------------------------------------------------
 
