@@ -107,11 +107,6 @@ class Job:
         self.outcome: tuple[Any, ...] | BaseException | None = None
         self.device_time: float | None = None
 
-    @property
-    def is_finished(self) -> bool:
-        """Whether its outcome is known (it may not be handed to its awaiters yet)."""
-        return self.state is JobState.DONE
-
     def __repr__(self) -> str:
         return f"<Job #{self.id} {self.call.kernel.name!r} {self.state.value}>"
 
