@@ -8,8 +8,8 @@ import numpy as np
 import pytest
 
 import asyncgraph as ag
+from asyncgraph._bound import foreign_array
 from asyncgraph._kernel import parse_signature
-from asyncgraph.cuda._plan import _foreign_array
 
 PARAMS = parse_signature('extern "C" __global__ void k(const float* x, int n) {}', "k")
 assert PARAMS is not None
@@ -27,10 +27,10 @@ GOOD: dict[str, Any] = {"shape": (4, 3), "typestr": "<f4", "data": (0x7000, Fals
 
 
 def test_a_contiguous_array_gives_its_pointer_and_stream() -> None:
-    assert _foreign_array(Device(**GOOD), "x", PTR) == (0x7000, None)
-    assert _foreign_array(Device(**GOOD, stream=5), "x", PTR) == (0x7000, 5)
+    assert foreign_array(Device(**GOOD), "x", PTR) == (0x7000, None)
+    assert foreign_array(Device(**GOOD, stream=5), "x", PTR) == (0x7000, 5)
     strided = Device(**GOOD, strides=(12, 4))  # explicit C-contiguous strides
-    assert _foreign_array(strided, "x", None) == (0x7000, None)
+    assert foreign_array(strided, "x", None) == (0x7000, None)
 
 
 @pytest.mark.parametrize(
@@ -75,14 +75,14 @@ def test_bad_device_arrays_are_refused(
     cai: dict[str, Any], error: type[Exception], message: str
 ) -> None:
     with pytest.raises(error, match=message):
-        _foreign_array(Device(**cai), "x", PTR)
+        foreign_array(Device(**cai), "x", PTR)
 
 
 def test_a_device_array_for_a_value_parameter_is_refused() -> None:
     with pytest.raises(ag.ArgumentTypeError, match=r"^n is an array; that parameter is a value"):
-        _foreign_array(Device(**GOOD), "n", VALUE)
+        foreign_array(Device(**GOOD), "n", VALUE)
 
 
 def test_an_object_without_the_interface_is_refused() -> None:
     with pytest.raises(ag.ArgumentTypeError, match=r"without __cuda_array_interface__"):
-        _foreign_array(np.ones(3), "x", PTR)
+        foreign_array(np.ones(3), "x", PTR)

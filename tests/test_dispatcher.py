@@ -20,7 +20,7 @@ from structlog.testing import capture_logs
 
 import asyncgraph as ag
 from asyncgraph import _dispatcher
-from asyncgraph._args import BoundCall
+from asyncgraph._bound import BoundCall
 from asyncgraph._dispatcher import Dispatcher
 from asyncgraph._engine import Engine
 from asyncgraph._exceptions import BackendClosedError, DeviceFaultError
@@ -88,6 +88,7 @@ class Harness:
         self.log: Log = []
         self.engine = FakeEngine(self.log)
         self.afters: list[Log] = []  # the log as each after() call found it
+        self.discarded: list[Any] = []  # buffers the dispatcher closed
         self.telemetry = Telemetry(lambda: (0, 0))
         self.loop = loop
         self._ids = itertools.count(1)
@@ -101,6 +102,7 @@ class Harness:
             lambda: self.afters.append(list(self.log)),
             self._bind_like,
             self._run_prepared,
+            self.discarded.append,
         )
         self.dispatcher.bind(loop)
 
@@ -114,7 +116,7 @@ class Harness:
 
     def job(self, k: ag.Kernel = K) -> Job:
         """A job numbered and given its PendingDispatch, as ``Backend._enqueue_job`` does."""
-        job = Job(BoundCall(k, [], (1, 1, 1), (1, 1, 1), 0, 0, 0, 0), timing=False)
+        job = Job(BoundCall(k, [], (1, 1, 1), (1, 1, 1), 0), timing=False)
         job.id = next(self._ids)
         job.pending = PendingDispatch(self.loop, job.id, k.name)
         return job

@@ -16,6 +16,7 @@ import numpy as np
 import pytest
 
 import asyncgraph as ag
+import asyncgraph._bound
 import asyncgraph._host
 
 from .kernels import SCALE
@@ -159,7 +160,7 @@ async def test_an_output_too_large_fails_its_dispatch(host: ag.Backend) -> None:
 async def test_an_in_out_copy_that_fails_fails_its_dispatch(
     host: ag.Backend, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setattr(asyncgraph._host, "_copy", _copy_too_much)
+    monkeypatch.setattr(asyncgraph._bound, "host_copy", _copy_too_much)
     pending = host.dispatch(
         SCALE, X, ag.InOut(np.zeros(8, np.float32)), np.float32(2), np.int32(8), grid=1, block=8
     )

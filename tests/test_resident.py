@@ -224,7 +224,7 @@ async def test_a_refused_dispatch_gives_its_resident_results_back(host: ag.Backe
             np.ones(6, np.float32),
             ag.Out(6, np.float32, resident=True),
             np.float32(2),
-            6,  # a bare int: refused after the resident result was made
+            6,  # a bare int: refused before the resident result is made
             grid=1,
             block=6,
         )

@@ -12,7 +12,7 @@ import itertools
 import pytest
 
 import asyncgraph as ag
-from asyncgraph._args import BoundCall
+from asyncgraph._bound import BoundCall
 from asyncgraph._exceptions import BackendClosedError, CompileError, DeviceFaultError
 from asyncgraph._scheduler import Job, JobState, Scheduler, Step
 
@@ -62,7 +62,7 @@ class Jobs:
         self._ids = itertools.count(1)
 
     def __call__(self, k: ag.Kernel = K) -> Job:
-        call = BoundCall(k, [], (1, 1, 1), (1, 1, 1), 0, 0, 0, 0)
+        call = BoundCall(k, [], (1, 1, 1), (1, 1, 1), 0)
         job = Job(call, timing=False)
         job.id = next(self._ids)
         return job

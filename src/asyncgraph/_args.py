@@ -1,8 +1,8 @@
 """Argument kinds of a dispatch and their validation.
 
-``bind()`` turns the positional arguments of ``dispatch()`` into a :class:`BoundCall`: a list of
-``(kind, value, param)`` entries every backend reads the same way. It checks everything that can
-be checked before any work starts — kinds, dtypes against the kernel's parameters, contiguity,
+``bind()`` turns the positional arguments of ``dispatch()`` into a ``BoundCall`` of bound
+arguments (``_bound``), which every backend reads the same way. It checks everything that can be
+checked before any work starts — kinds, dtypes against the kernel's parameters, contiguity,
 sizes, launch shape — and raises a :class:`DispatchError` whose message names the argument and
 says what to pass instead.
 """
@@ -11,12 +11,25 @@ from __future__ import annotations
 
 import math
 import operator
-from collections.abc import Callable, Sequence
-from typing import TYPE_CHECKING, Any, Final, NoReturn
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Any, NoReturn
 
 import attrs
 import numpy as np
 
+from ._bound import (
+    Arg,
+    BoundCall,
+    DeviceArg,
+    InArg,
+    InOutArg,
+    OutArg,
+    ResidentArg,
+    ResidentOutArg,
+    ScalarArg,
+    StagedArg,
+    lay_out,
+)
 from ._checks import (
     CONST,
     MAX_BYTES,
@@ -41,15 +54,6 @@ if TYPE_CHECKING:
     from ._resident import ResidentStore
 
 __all__ = ("InOut", "LaunchLimits", "Out")
-
-# Kinds of bound argument.
-IN: Final = 0  # numpy array, uploaded
-OUT: Final = 1  # Out(shape, dtype): zero-filled, returned
-INOUT: Final = 2  # InOut(array): uploaded, returned as a new array
-SCALAR: Final = 3  # numpy scalar, by value
-RESIDENT: Final = 4  # ResidentBuffer: its device pointer, no copy
-RESIDENT_OUT: Final = 5  # Out(into=buffer): zero-filled in place
-DEVICE: Final = 6  # foreign device array (__cuda_array_interface__ / __dlpack__)
 
 
 class Out:
@@ -148,21 +152,6 @@ class LaunchLimits:
     max_shared_mem: int = 48 * 1024
 
 
-@attrs.define(slots=True)
-class BoundCall:
-    """A validated dispatch: what each backend needs to run it."""
-
-    kernel: Kernel
-    args: list[tuple[int, Any, Param | None]]
-    grid: tuple[int, int, int]
-    block: tuple[int, int, int]
-    shared_mem: int
-    n_results: int
-    bytes_in: int  # bytes the dispatch copies into the backend's memory
-    bytes_out: int  # bytes it copies back out
-    resident: bool = False  # some argument is a resident buffer (RESIDENT or RESIDENT_OUT)
-
-
 def _refuse_out(out: Out, where: str, param: Param) -> NoReturn:
     """Raise the error for an ``Out`` that *param* cannot take: a value, a dtype, a const."""
     if not param.pointer:
@@ -194,9 +183,12 @@ def bind(
     limits: LaunchLimits,
     store: ResidentStore,
     device_arrays: bool,
-    new_resident: Callable[[tuple[int, ...], np.dtype[Any]], ResidentBuffer] | None = None,
+    resident_results: bool = True,
 ) -> BoundCall:
     """Validate a dispatch's arguments against *kernel* and the backend's *limits*.
+
+    It allocates nothing: the buffers of ``Out(..., resident=True)`` are made afterwards by
+    :meth:`BoundCall.make_buffers`.
 
     Args:
         kernel: the kernel to launch.
@@ -207,10 +199,10 @@ def bind(
         limits: the backend's launch limits.
         store: the backend's resident store, which checks resident buffers.
         device_arrays: whether the backend takes foreign device arrays.
-        new_resident: allocates the resident buffer of an ``Out(..., resident=True)``.
+        resident_results: whether ``Out(..., resident=True)`` may be passed (not to a graph).
 
     Returns:
-        The bound call.
+        The bound call, its staged arguments laid out.
 
     Raises:
         DispatchError: an argument or the launch shape is invalid (the message says which).
@@ -243,116 +235,120 @@ def bind(
             f"{limits.max_shared_mem} bytes of dynamic shared memory per block"
         )
 
-    bound: list[tuple[int, Any, Param | None]] = []
-    n_results = bytes_in = bytes_out = 0
-    resident = False
-    made: list[ResidentBuffer] = []  # resident results made for Out(..., resident=True)
-    try:
-        for index, value in enumerate(args):
-            param = params[index] if params is not None else None
-            kind = type(value)
-            if kind is np.ndarray:
-                if not array_ok(value, param):  # type: ignore[arg-type]  # checked by type
-                    refuse_array(value, describe(index, kernel, param), param)  # type: ignore[arg-type]  # likewise
-                bound.append((IN, value, param))
-                bytes_in += value.nbytes  # type: ignore[attr-defined]  # an ndarray
-            elif isinstance(value, np.generic):
-                if param is None or value.dtype != param.dtype or param.pointer:
-                    check_scalar(value, describe(index, kernel, param), param)
-                bound.append((SCALAR, value, param))
-            elif kind is Out:
-                out: Out = value  # type: ignore[assignment]  # checked by type
-                if param is not None and (
-                    param.const
-                    or not param.pointer
-                    or (param.dtype is not None and out.dtype != param.dtype)
-                ):
-                    _refuse_out(out, describe(index, kernel, param), param)
-                if out.into is not None:
-                    store.check(out.into, describe(index, kernel, param))
-                    bound.append((RESIDENT_OUT, out.into, param))
-                    resident = True
-                elif out.resident:
-                    if new_resident is None:
-                        raise UnsupportedError("this backend cannot make resident results")
-                    # Made here, so it is closed again below if a later argument is refused.
-                    made.append(new_resident(out.shape, out.dtype))
-                    bound.append((RESIDENT_OUT, made[-1], param))
-                    resident = True
-                else:
-                    bound.append((OUT, out, param))
-                    bytes_out += out.nbytes
-                n_results += 1
-            elif isinstance(value, np.ndarray):  # an ndarray subclass
-                if not array_ok(value, param) or is_masked(value):
-                    refuse_array(value, describe(index, kernel, param), param)
-                bound.append((IN, value, param))
-                bytes_in += value.nbytes
-            elif isinstance(value, InOut):
-                array = value.array
-                if not isinstance(array, np.ndarray):
-                    raise ArgumentTypeError(
-                        f"{describe(index, kernel, param)} is an InOut of "
-                        f"{describe_value(array)}; InOut takes a numpy array"
-                    )
-                if not array_ok(array, param) or is_masked(array):
-                    refuse_array(array, describe(index, kernel, param), param)
-                if param is not None and param.const:
-                    raise DispatchError(
-                        CONST.format(
-                            describe(index, kernel, param),
-                            "an InOut",
-                            "pass the array itself, or drop const from the parameter",
-                        )
-                    )
-                bound.append((INOUT, array, param))
-                bytes_in += array.nbytes
-                bytes_out += array.nbytes
-                n_results += 1
-            elif store.owns_type(value):
-                where = describe(index, kernel, param)
-                buffer: ResidentBuffer = value  # type: ignore[assignment]  # owns_type checked it
-                store.check(buffer, where)
-                check_pointer_dtype(buffer.dtype, where, param)
-                bound.append((RESIDENT, buffer, param))
-                resident = True
-            elif isinstance(value, bool | int | float | complex):
-                where = describe(index, kernel, param)
-                if param is not None and param.dtype is not None and not param.pointer:
-                    hint = f"pass np.{param.dtype}({value!r})"
-                else:
-                    hint = f"pass a numpy scalar of the parameter's width, e.g. np.int32({value!r})"
-                raise ArgumentTypeError(
-                    f"{where} is a Python {type(value).__name__}; its width on the GPU would be a "
-                    f"guess — {hint}"
-                )
-            elif hasattr(value, "__cuda_array_interface__") or hasattr(value, "__dlpack__"):
-                where = describe(index, kernel, param)
-                if not device_arrays:
+    call = BoundCall(kernel, [], g, b, smem)
+    bound = call.args
+    returned = call.returned
+    inputs: list[StagedArg] = []
+    in_outs: list[StagedArg] = []
+    outputs: list[StagedArg] = []
+    bytes_in = bytes_out = 0
+    for index, value in enumerate(args):
+        param = params[index] if params is not None else None
+        kind = type(value)
+        arg: Arg
+        if kind is np.ndarray:
+            if not array_ok(value, param):  # type: ignore[arg-type]  # checked by type
+                refuse_array(value, describe(index, kernel, param), param)  # type: ignore[arg-type]  # likewise
+            arg = InArg(index, value, param)
+            inputs.append(arg)
+            bytes_in += value.nbytes  # type: ignore[attr-defined]  # an ndarray
+        elif isinstance(value, np.generic):
+            if param is None or value.dtype != param.dtype or param.pointer:
+                check_scalar(value, describe(index, kernel, param), param)
+            arg = ScalarArg(index, value, param)
+        elif kind is Out:
+            out: Out = value  # type: ignore[assignment]  # checked by type
+            if param is not None and (
+                param.const
+                or not param.pointer
+                or (param.dtype is not None and out.dtype != param.dtype)
+            ):
+                _refuse_out(out, describe(index, kernel, param), param)
+            if out.into is not None:
+                store.check(out.into, describe(index, kernel, param))
+                arg = ResidentOutArg(index, out, param)
+                call.resident = True
+            elif out.resident:
+                if not resident_results:
                     raise UnsupportedError(
-                        f"{where} is {describe_value(value)}, a device array; the host backend "
-                        "cannot read device memory — copy it to a numpy array first (for CuPy, "
-                        "x.get(); for PyTorch, x.cpu().numpy()) or open a CUDA backend"
+                        f"{describe(index, kernel, param)} is an Out(..., resident=True); a "
+                        "graph cannot make new buffers — pass Out(into=buffer) with a buffer "
+                        "from backend.empty()"
                     )
-                bound.append((DEVICE, value, param))
+                arg = ResidentOutArg(index, out, param)
+                if call.fresh is None:
+                    call.fresh = []
+                call.fresh.append(arg)
+                call.resident = True
             else:
-                where = describe(index, kernel, param)
+                arg = OutArg(index, out, param)
+                outputs.append(arg)
+                bytes_out += out.nbytes
+            returned.append(arg)
+        elif isinstance(value, np.ndarray):  # an ndarray subclass
+            if not array_ok(value, param) or is_masked(value):
+                refuse_array(value, describe(index, kernel, param), param)
+            arg = InArg(index, value, param)
+            inputs.append(arg)
+            bytes_in += value.nbytes
+        elif isinstance(value, InOut):
+            array = value.array
+            if not isinstance(array, np.ndarray):
                 raise ArgumentTypeError(
-                    f"{where} is {describe_value(value)}; pass a numpy array, a numpy scalar, "
-                    "Out, InOut, a resident buffer or a device array"
+                    f"{describe(index, kernel, param)} is an InOut of "
+                    f"{describe_value(array)}; InOut takes a numpy array"
                 )
-    except BaseException:
-        for buffer in made:  # nothing was started: give them back
-            store.discard(buffer)
-        raise
-    return BoundCall(
-        kernel=kernel,
-        args=bound,
-        grid=g,
-        block=b,
-        shared_mem=smem,
-        n_results=n_results,
-        bytes_in=bytes_in,
-        bytes_out=bytes_out,
-        resident=resident,
-    )
+            if not array_ok(array, param) or is_masked(array):
+                refuse_array(array, describe(index, kernel, param), param)
+            if param is not None and param.const:
+                raise DispatchError(
+                    CONST.format(
+                        describe(index, kernel, param),
+                        "an InOut",
+                        "pass the array itself, or drop const from the parameter",
+                    )
+                )
+            arg = InOutArg(index, array, param)
+            in_outs.append(arg)
+            returned.append(arg)
+            bytes_in += array.nbytes
+            bytes_out += array.nbytes
+        elif store.owns_type(value):
+            where = describe(index, kernel, param)
+            buffer: ResidentBuffer = value  # type: ignore[assignment]  # owns_type checked it
+            store.check(buffer, where)
+            check_pointer_dtype(buffer.dtype, where, param)
+            arg = ResidentArg(index, buffer, param)
+            call.resident = True
+        elif isinstance(value, bool | int | float | complex):
+            where = describe(index, kernel, param)
+            if param is not None and param.dtype is not None and not param.pointer:
+                hint = f"pass np.{param.dtype}({value!r})"
+            else:
+                hint = f"pass a numpy scalar of the parameter's width, e.g. np.int32({value!r})"
+            raise ArgumentTypeError(
+                f"{where} is a Python {type(value).__name__}; its width on the GPU would be a "
+                f"guess — {hint}"
+            )
+        elif hasattr(value, "__cuda_array_interface__") or hasattr(value, "__dlpack__"):
+            where = describe(index, kernel, param)
+            if not device_arrays:
+                raise UnsupportedError(
+                    f"{where} is {describe_value(value)}, a device array; the host backend "
+                    "cannot read device memory — copy it to a numpy array first (for CuPy, "
+                    "x.get(); for PyTorch, x.cpu().numpy()) or open a CUDA backend"
+                )
+            arg = DeviceArg(index, value, param, where)
+            call.foreign = True
+        else:
+            where = describe(index, kernel, param)
+            raise ArgumentTypeError(
+                f"{where} is {describe_value(value)}; pass a numpy array, a numpy scalar, "
+                "Out, InOut, a resident buffer or a device array"
+            )
+        bound.append(arg)
+    if bytes_in or bytes_out:
+        call.bytes_in = bytes_in
+        call.bytes_out = bytes_out
+        call.in_end, call.up_end, call.total = lay_out(inputs, in_outs, outputs)
+    return call

@@ -24,7 +24,8 @@ from typing import Any, Final, NoReturn, cast
 import numpy as np
 
 from . import _loop
-from ._args import BoundCall, bind
+from ._args import bind
+from ._bound import BoundCall
 from ._checks import check_kernel, numeric_dtype, shape_tuple
 from ._dispatcher import Dispatcher
 from ._engine import Engine
@@ -94,6 +95,7 @@ class Backend:
             lambda: None,  # replaced by the lifecycle's check below
             self._bind_like,
             self._run_prepared,
+            self._store.discard,
         )
         self._scheduler = self._dispatcher.scheduler
         self._life = Lifecycle(
@@ -193,12 +195,18 @@ class Backend:
             raise ArgumentTypeError(f"timing={timing!r}; pass True or False")
         if graph not in _GRAPH_CHOICES:
             raise ArgumentTypeError(f"graph={graph!r}; pass 'never', 'auto' or 'always'")
-        call = self._bind(kernel, args, grid, block, shared_mem, self._new_resident)
-        job: Job | None = None
-        if graph != "never" and not timing:
-            job = self._engine.graph_job(call, graph == "always")
-        if job is None:
-            job = self._engine.prepare(call, timing)
+        call = self._bind(kernel, args, grid, block, shared_mem, True)
+        if call.fresh is not None:  # Out(..., resident=True): make the buffers now
+            call.make_buffers(self._new_resident, self._store.discard)
+        try:
+            job: Job | None = None
+            if graph != "never" and not timing:
+                job = self._engine.graph_job(call, graph == "always")
+            if job is None:
+                job = self._engine.prepare(call, timing)
+        except BaseException:
+            call.discard_buffers(self._store.discard)  # nothing started: give them back
+            raise
         return self._enqueue_job(job, loop)
 
     def _enqueue_job(self, job: Job, loop: asyncio.AbstractEventLoop) -> PendingDispatch:
@@ -388,7 +396,7 @@ class Backend:
         grid: object,
         block: object,
         shared_mem: object,
-        new_resident: Callable[[tuple[int, ...], np.dtype[Any]], ResidentBuffer] | None = None,
+        resident_results: bool = False,
     ) -> BoundCall:
         """Validate a dispatch's arguments against *kernel* and this backend (``bind``)."""
         engine = self._engine
@@ -401,7 +409,7 @@ class Backend:
             limits=engine.limits,
             store=self._store,
             device_arrays=engine.takes_device_arrays,
-            new_resident=new_resident,
+            resident_results=resident_results,
         )
 
     def _bind_like(

@@ -23,10 +23,11 @@ from ._resident import untrack
 from ._scheduler import Effect, Job, Scheduler, Step
 
 if TYPE_CHECKING:
-    from ._args import BoundCall
+    from ._bound import BoundCall
     from ._engine import Engine
     from ._kernel import Kernel
     from ._nvtx import NvtxRanges
+    from ._resident import ResidentBuffer
     from ._telemetry import Telemetry
 
 __all__ = ("Dispatcher",)
@@ -51,6 +52,8 @@ class Dispatcher:
         after: called after each batch of effects (the front wakes waiters, checks drained).
         bind_like: the front's validation, for the engine's graphs and captures.
         run_prepared: the front's submission of a prepared job (a graph replay).
+        discard: closes a resident buffer a failed dispatch made for ``Out(resident=True)``
+            (nobody else can have it: it is returned only by a dispatch that succeeds).
     """
 
     def __init__(
@@ -64,6 +67,7 @@ class Dispatcher:
         after: Callable[[], None],
         bind_like: Callable[..., BoundCall],
         run_prepared: Callable[[Job], Awaitable[Any]],
+        discard: Callable[[ResidentBuffer], None],
     ) -> None:
         self.scheduler = Scheduler(engine, max_in_flight)
         self._engine = engine
@@ -74,6 +78,7 @@ class Dispatcher:
         self.after = after  # the front may set a cheaper one once it exists
         self.bind_call = bind_like
         self.run_prepared = run_prepared
+        self._discard = discard
         self._loop: asyncio.AbstractEventLoop | None = None
         self._running = False
         self._backlog: deque[Effect] = deque()
@@ -226,6 +231,7 @@ class Dispatcher:
         device_time = job.device_time
         if isinstance(outcome, BaseException):
             telemetry.dispatches_failed += 1
+            job.call.discard_buffers(self._discard)
             if self._dispatch_events:
                 self._log.debug(
                     "dispatch.failed",

@@ -22,7 +22,8 @@ from typing import TYPE_CHECKING, Any, Protocol
 import numpy as np
 
 if TYPE_CHECKING:
-    from ._args import BoundCall, LaunchLimits
+    from ._args import LaunchLimits
+    from ._bound import BoundCall
     from ._exceptions import DeviceFaultError
     from ._kernel import Kernel
     from ._lease import StreamLease

@@ -24,17 +24,9 @@ from typing import Any, cast
 import numpy as np
 
 from . import _inbox, _loop
-from ._args import (
-    IN,
-    INOUT,
-    OUT,
-    RESIDENT,
-    RESIDENT_OUT,
-    SCALAR,
-    BoundCall,
-    LaunchLimits,
-)
+from ._args import LaunchLimits
 from ._backend import Backend
+from ._bound import BoundCall, InOutArg
 from ._checks import describe, describe_value
 from ._dlpack import KDL_CPU
 from ._engine import Sink
@@ -52,8 +44,6 @@ __all__ = ("HostBackend", "HostEngine")
 
 # Copies larger than this run in a worker thread rather than on the loop's thread.
 _INLINE_COPY_BYTES = 1 << 20
-# Argument kinds a host function gets a writable array for; returning one of those is allowed.
-_WRITTEN = frozenset((OUT, INOUT, RESIDENT, RESIDENT_OUT))
 
 
 class _HostJob(Job):
@@ -71,9 +61,7 @@ def _copy(array: np.ndarray[Any, Any]) -> np.ndarray[Any, Any]:
 def _returned_error(job: _HostJob, args: list[Any], result: object) -> HostFunctionError | None:
     """The error for a host function that returned *result* (not None), or None when *result*
     is its own output arrays (``return out``, ``return out, out2``): harmless, so allowed."""
-    outputs = [
-        arg for (kind, _, _), arg in zip(job.call.args, args, strict=True) if kind in _WRITTEN
-    ]
+    outputs = [value for arg, value in zip(job.call.args, args, strict=True) if arg.output]
     return host_return_error(job.call.kernel.name, outputs, result)
 
 
@@ -106,9 +94,10 @@ def _no_memory(what: str, nbytes: int) -> AllocationError:
 
 def _no_memory_for_arg(job: _HostJob, index: int) -> AllocationError:
     """The worker could not allocate the array of argument *index* (an Out, or an InOut copy)."""
-    kind, value, param = job.call.args[index]
-    what = f"InOut(<{value.dtype} array {value.shape}>)" if kind == INOUT else repr(value)
-    return _no_memory(f"{describe(index, job.call.kernel, param)}, {what},", value.nbytes)
+    arg = job.call.args[index]
+    value = arg.value
+    what = f"InOut(<{value.dtype} array {value.shape}>)" if type(arg) is InOutArg else repr(value)
+    return _no_memory(f"{describe(index, job.call.kernel, arg.param)}, {what},", value.nbytes)
 
 
 def _shaped(what: str, shape: tuple[int, ...], dtype: np.dtype[Any]) -> AllocationError:
@@ -243,30 +232,9 @@ class HostEngine:
                 if finished is not None:
                     finished.wait()
             args: list[Any] = []
-            results: list[Any] = []
             try:
-                for kind, value, _param in job.call.args:
-                    if kind == IN:
-                        view = value.view()
-                        view.flags.writeable = False
-                        args.append(view)
-                    elif kind == SCALAR:
-                        args.append(value)
-                    elif kind == OUT:
-                        out = np.zeros(value.shape, value.dtype)
-                        args.append(out)
-                        results.append(out)
-                    elif kind == INOUT:
-                        copy = _copy(value)
-                        args.append(copy)
-                        results.append(copy)
-                    elif kind == RESIDENT:
-                        args.append(storage_of(value))
-                    elif kind == RESIDENT_OUT:
-                        storage = storage_of(value)
-                        storage.fill(0)
-                        args.append(storage)
-                        results.append(value)
+                for arg in job.call.args:
+                    args.append(arg.host_value())
             except MemoryError as exc:  # the array of args[len(args)]: Out, or InOut's copy
                 raise _no_memory_for_arg(job, len(args)) from exc
             # _prepare refused kernels without host=.
@@ -280,7 +248,7 @@ class HostEngine:
                     raise error
             item: tuple[_HostJob, Any, float | None] = (
                 job,
-                tuple(results),
+                job.call.results(lambda arg: args[arg.index]),
                 seconds if job.timing else None,
             )
         except StopIteration as exc:

@@ -339,7 +339,7 @@ class ResidentStore:
             )
 
     def discard(self, buffer: ResidentBuffer) -> None:
-        """Close *buffer* (made for a dispatch that was refused before it started)."""
+        """Close *buffer*, made for a dispatch that was refused or failed (nobody has it)."""
         self._close(buffer)
 
     def close_all(self) -> None:

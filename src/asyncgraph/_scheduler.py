@@ -29,11 +29,10 @@ from collections.abc import Callable
 from time import perf_counter
 from typing import TYPE_CHECKING, Any, Protocol
 
-from ._args import RESIDENT, RESIDENT_OUT
 from ._resident import track
 
 if TYPE_CHECKING:
-    from ._args import BoundCall
+    from ._bound import BoundCall
     from ._kernel import Kernel
     from ._pending import PendingDispatch
     from ._resident import ResidentBuffer, Use
@@ -343,13 +342,10 @@ _WAITING = frozenset((_COMPILING, _STAGING, _PARKED))
 def track_buffers(job: Job) -> None:
     """Record *job*'s uses of its resident buffers, and the earlier uses it is ordered after."""
     writes: dict[ResidentBuffer, bool] = {}
-    for kind, value, param in job.call.args:
-        if kind == RESIDENT:
-            # Without a const qualifier the kernel may write through the pointer.
-            write = param is None or not param.const
-            writes[value] = writes.get(value, False) or write
-        elif kind == RESIDENT_OUT:
-            writes[value] = True
+    for arg in job.call.args:
+        buffer = arg.buffer
+        if buffer is not None:
+            writes[buffer] = writes.get(buffer, False) or arg.writes
     for buffer, write in writes.items():
         job.deps.extend(dep for dep in track(buffer, job, write) if dep is not job)
         job.buffers.append(buffer)

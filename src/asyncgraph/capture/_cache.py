@@ -7,8 +7,7 @@ from typing import Any
 
 import attrs
 
-from .._args import DEVICE, IN, INOUT, OUT, RESIDENT, RESIDENT_OUT, SCALAR, BoundCall
-from .._resident import identity
+from .._bound import BoundCall
 from ._graphs import CachedGraph, prepare_replay
 from ._host import GraphHost
 
@@ -100,20 +99,16 @@ class GraphCache:
     @staticmethod
     def _key(call: BoundCall) -> tuple[Any, ...] | None:
         parts: list[Any] = [call.kernel, call.grid, call.block, call.shared_mem]
-        for kind, value, _param in call.args:
-            if kind in (IN, INOUT, OUT):
-                parts.append((kind, value.shape, value.dtype.str))
-            elif kind == SCALAR:
-                parts.append((kind, value.dtype.str))
-            elif kind in (RESIDENT, RESIDENT_OUT):
-                parts.append((kind, *identity(value)))
-            else:  # DEVICE: foreign arrays are not recorded
+        for arg in call.args:
+            signature = arg.signature()
+            if signature is None:  # a foreign device array: not recorded
                 return None
+            parts.append(signature)
         return tuple(parts)
 
     def job_for(self, call: BoundCall, always: bool) -> Any:
         """A replay job for *call*, or ``None`` to run it without a graph."""
-        if any(kind == DEVICE for kind, _v, _p in call.args):
+        if call.foreign:
             return None
         key = self._key(call)
         if key is None:

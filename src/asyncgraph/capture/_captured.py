@@ -10,7 +10,7 @@ from typing import Any
 
 from cuda.bindings import driver as drv
 
-from .._args import RESIDENT, SCALAR, BoundCall
+from .._bound import BoundCall, ResidentArg
 from .._exceptions import BackendClosedError, DispatchError
 from .._kernel import Kernel
 from .._resident import ResidentBuffer, storage_of
@@ -74,13 +74,10 @@ class CapturedGraph:
         grid = dispatches[0]._call.grid if dispatches else (1, 1, 1)
         self._replay_call = BoundCall(
             kernel=kernel,
-            args=[(RESIDENT, buffer, None) for buffer in buffers],
+            args=[ResidentArg(i, buffer, None) for i, buffer in enumerate(buffers)],
             grid=grid,
             block=(1, 1, 1),
             shared_mem=0,
-            n_results=0,
-            bytes_in=0,
-            bytes_out=0,
             resident=bool(buffers),
         )
         self.replays = 0
@@ -130,15 +127,14 @@ class CapturedGraph:
         backend = self._backend
         recorded = dispatch._call
         call = backend.bind_like(dispatch.kernel, args, recorded)
-        for i, ((kind, value, _p), (rkind, rvalue, _rp)) in enumerate(
-            zip(call.args, recorded.args, strict=True)
-        ):
-            if kind != rkind or (kind != SCALAR and value is not rvalue):
+        for arg, was in zip(call.args, recorded.args, strict=True):
+            if type(arg) is not type(was) or (not arg.by_value and arg.buffer is not was.buffer):
                 raise DispatchError(
-                    f"args[{i}] of {dispatch.kernel.name!r} differs from the recorded argument; "
-                    "update() changes scalar arguments only (capture again for other buffers)"
+                    f"args[{arg.index}] of {dispatch.kernel.name!r} differs from the recorded "
+                    "argument; update() changes scalar arguments only (capture again for other "
+                    "buffers)"
                 )
-        values = launch_values(call, [], 0)
+        values = launch_values(call, 0)
         backend.update_nodes([dispatch._exec_node], call, values)
         dispatch._call = call
         self.updates += 1

@@ -22,10 +22,10 @@ from cuda.bindings import driver as drv
 from cuda.core import LaunchConfig
 
 from .. import _loop
-from .._args import IN, INOUT, OUT, RESIDENT, RESIDENT_OUT, SCALAR, BoundCall
+from .._bound import IN_OUTS, INPUTS, NOT_STAGED, BoundCall, as_bytes
 from .._exceptions import BackendClosedError, DispatchError, ShapeMismatchError
 from .._kernel import Kernel
-from .._resident import ResidentBuffer, hold, let_go, storage_of
+from .._resident import ResidentBuffer, hold, let_go
 from ..cuda._driver import check
 from ._host import GraphHost
 
@@ -40,21 +40,12 @@ __all__ = (
 )
 
 
-def _as_bytes(array: np.ndarray[Any, Any]) -> np.ndarray[Any, Any]:
-    return array.reshape(-1).view(np.uint8)
-
-
-def launch_values(call: BoundCall, offsets: list[int], base: int) -> tuple[Any, ...]:
-    """The kernel arguments ``cuda.core`` takes for a kernel node: pointers and scalars."""
-    values: list[Any] = []
-    for i, (kind, value, _param) in enumerate(call.args):
-        if kind == SCALAR:
-            values.append(value)
-        elif kind in (RESIDENT, RESIDENT_OUT):
-            values.append(np.uint64(int(storage_of(value).handle)))
-        else:
-            values.append(np.uint64(base + offsets[i]))
-    return tuple(values)
+def launch_values(call: BoundCall, base: int) -> tuple[Any, ...]:
+    """The kernel arguments ``cuda.core`` takes for a kernel node (the staged arguments at
+    device address *base*): pointers and scalars."""
+    return tuple(
+        [arg.value if arg.by_value else np.uint64(arg.launch_value(base)) for arg in call.args]
+    )
 
 
 def keep_alive(buffers: list[ResidentBuffer]) -> None:
@@ -84,18 +75,12 @@ class CachedGraph:
         nbytes: pinned and device bytes the graph holds.
     """
 
-    def __init__(
-        self,
-        backend: GraphHost,
-        call: BoundCall,
-        offsets: list[int],
-        layout: tuple[int, int, int],
-    ) -> None:
+    def __init__(self, backend: GraphHost, call: BoundCall) -> None:
         self._backend = backend
         self._call = call
         self.kernel: Kernel = call.kernel
-        self._offsets = offsets
-        self._in_end, self._up_end, self._total = layout
+        # The call's staging layout (replays of the same shapes have the same one).
+        self._in_end, self._up_end, self._total = call.in_end, call.up_end, call.total
         self._in_block: Any = None
         self._out_block: Any = None
         self._device: Any = None
@@ -104,8 +89,8 @@ class CachedGraph:
         self._full_exec: Any = None  # their CUgraphExec handles
         self._resident_exec: Any = None
         self._nodes: list[Any] = []  # the kernel node of each graph, as executable nodes
-        self._scalars = [value for kind, value, _p in call.args if kind == SCALAR]
-        self._buffers = [value for kind, value, _p in call.args if kind in (RESIDENT, RESIDENT_OUT)]
+        self._scalars = [arg.value for arg in call.args if arg.by_value]
+        self._buffers = [arg.buffer for arg in call.args if arg.buffer is not None]
         self._chosen: Any = None
         self._busy = False
         self._waiters: list[asyncio.Future[None]] = []
@@ -162,7 +147,7 @@ class CachedGraph:
                     drv.cuMemsetD8Async(base + self._up_end, 0, self._total - self._up_end, handle),
                     "cuMemsetD8Async",
                 )
-            node: int = backend.capture_launch(call, self._offsets, base, guard)
+            node: int = backend.capture_launch(call, base, guard)
             if self._total > self._in_end:
                 check(
                     drv.cuMemcpyDtoHAsync(
@@ -181,8 +166,8 @@ class CachedGraph:
         try:
             self._full, full_node = self._capture(upload=True)
             self._nodes = [full_node]
-            has_inputs = any(kind == IN for kind, _v, _p in self._call.args)
-            has_inout = any(kind == INOUT for kind, _v, _p in self._call.args)
+            has_inputs = any(arg.region == INPUTS for arg in self._call.args)
+            has_inout = any(arg.region == IN_OUTS for arg in self._call.args)
             if has_inputs and not has_inout:
                 self._resident, resident_node = self._capture(upload=False)
                 self._nodes.append(resident_node)
@@ -239,21 +224,19 @@ class CachedGraph:
 
     def _matches(self, call: BoundCall) -> str | None:
         """Why *call* cannot replay this graph, or ``None``; raises on shape mismatches."""
-        recorded = self._call.args
-        for i, ((kind, value, _p), (rkind, rvalue, _rp)) in enumerate(
-            zip(call.args, recorded, strict=True)
-        ):
-            where = f"args[{i}] of {self.kernel.name!r}"
-            if kind != rkind:
+        for arg, was in zip(call.args, self._call.args, strict=True):
+            where = f"args[{arg.index}] of {self.kernel.name!r}"
+            if type(arg) is not type(was):
                 return f"{where} is of another kind than at record time"
-            if kind in (IN, INOUT, OUT):
-                if value.shape != rvalue.shape or value.dtype != rvalue.dtype:
+            if arg.region != NOT_STAGED:
+                value, recorded = arg.value, was.value
+                if value.shape != recorded.shape or value.dtype != recorded.dtype:
                     raise ShapeMismatchError(
                         f"{where} is {value.dtype} of shape {value.shape}; the graph was "
-                        f"recorded with {rvalue.dtype} of shape {rvalue.shape} (record another "
-                        "graph for other shapes)"
+                        f"recorded with {recorded.dtype} of shape {recorded.shape} (record "
+                        "another graph for other shapes)"
                     )
-            elif kind in (RESIDENT, RESIDENT_OUT) and value is not rvalue:
+            elif arg.buffer is not was.buffer:
                 return f"{where} is another resident buffer than at record time"
         return None
 
@@ -268,23 +251,24 @@ class CachedGraph:
         backend = self._backend
         telemetry = backend.telemetry
         view = self._in_block.array if self._in_block is not None else None
-        offsets = self._offsets
         same = self._primed and self._resident is not None
         if same:
-            for i, (kind, value, _p) in enumerate(call.args):
-                if kind == IN:
-                    off = offsets[i]
-                    if not np.array_equal(view[off : off + value.nbytes], _as_bytes(value)):  # type: ignore[index]
+            for arg in call.args:
+                if arg.region == INPUTS:
+                    off = arg.offset
+                    data = as_bytes(arg.value)
+                    if not np.array_equal(view[off : off + data.size], data):  # type: ignore[index]
                         same = False
                         break
         if same:
             self._chosen = self._resident_exec
             self.resident_replays += 1
         else:
-            for i, (kind, value, _p) in enumerate(call.args):
-                if kind in (IN, INOUT):
-                    off = offsets[i]
-                    view[off : off + value.nbytes] = _as_bytes(value)  # type: ignore[index]
+            for arg in call.args:
+                if arg.uploads:
+                    off = arg.offset
+                    data = as_bytes(arg.value)
+                    view[off : off + data.size] = data  # type: ignore[index]
             self._primed = True
             self._chosen = self._full_exec
             if self._up_end:
@@ -300,11 +284,11 @@ class CachedGraph:
         return self._busy
 
     def _set_scalars(self, call: BoundCall) -> None:
-        scalars = [value for kind, value, _p in call.args if kind == SCALAR]
+        scalars = [arg.value for arg in call.args if arg.by_value]
         if all(a == b and a.dtype == b.dtype for a, b in zip(scalars, self._scalars, strict=True)):
             return
         base = int(self._device.handle) if self._device is not None else 0
-        values = launch_values(call, self._offsets, base)
+        values = launch_values(call, base)
         self._backend.update_nodes(self._nodes, call, values)
         self._scalars = scalars
 
@@ -319,21 +303,21 @@ class CachedGraph:
     def results(self, call: BoundCall) -> tuple[Any, ...]:
         """The outputs of the replay that just completed: new arrays, and resident outputs
         (used by the backend)."""
-        results: list[Any] = []
         view = self._out_block.array if self._out_block is not None else None
-        telemetry = self._backend.telemetry
-        for i, (kind, value, _p) in enumerate(call.args):
-            if kind in (OUT, INOUT):
-                out = np.empty(value.shape, value.dtype)
-                off = self._offsets[i] - self._in_end
-                _as_bytes(out)[:] = view[off : off + out.nbytes]  # type: ignore[index]
-                results.append(out)
-            elif kind == RESIDENT_OUT:
-                results.append(value)
-        if self._total > self._in_end:
-            telemetry.bytes_down += self._total - self._in_end
+        in_end = self._in_end
+
+        def copied(arg: Any) -> Any:
+            out = arg.empty()
+            off = arg.offset - in_end
+            as_bytes(out)[:] = view[off : off + arg.nbytes]  # type: ignore[index]  # staged kinds have a block
+            return out
+
+        results = call.results(copied)
+        if self._total > in_end:
+            telemetry = self._backend.telemetry
+            telemetry.bytes_down += self._total - in_end
             telemetry.copies_down += 1
-        return tuple(results)
+        return results
 
     def replay_done(self) -> None:
         """The replay in flight ended: the next may go (used by the backend)."""
@@ -396,11 +380,9 @@ def kernel_config(call: BoundCall) -> LaunchConfig:
     return LaunchConfig(grid=call.grid, block=call.block, shmem_size=call.shared_mem)
 
 
-def record_graph(
-    backend: GraphHost, call: BoundCall, offsets: list[int], layout: tuple[int, int, int]
-) -> CachedGraph:
+def record_graph(backend: GraphHost, call: BoundCall) -> CachedGraph:
     """Allocate and capture a :class:`CachedGraph` of *call* (under the capture lock)."""
-    graph = CachedGraph(backend, call, offsets, layout)
+    graph = CachedGraph(backend, call)
     graph._record()
     return graph
 

@@ -9,7 +9,7 @@ from collections.abc import Awaitable, Callable
 from typing import TYPE_CHECKING, Any, Protocol
 
 if TYPE_CHECKING:
-    from .._args import BoundCall
+    from .._bound import BoundCall
     from .._kernel import Kernel
     from .._telemetry import Telemetry
     from ..pool import HostPool
@@ -38,10 +38,9 @@ class GraphHost(Protocol):
         """Capture what *body* enqueues on the capture stream: (graph, nodes, body's result)."""
         ...
 
-    def capture_launch(
-        self, call: BoundCall, offsets: list[int], base: int, guard: CaptureGuard
-    ) -> int:
-        """Enqueue *call*'s kernel on the capturing stream; the handle of its kernel node."""
+    def capture_launch(self, call: BoundCall, base: int, guard: CaptureGuard) -> int:
+        """Enqueue *call*'s kernel on the capturing stream (its staged arguments at device
+        address *base*); the handle of its kernel node."""
         ...
 
     def update_nodes(self, nodes: list[Any], call: BoundCall, values: tuple[Any, ...]) -> None:

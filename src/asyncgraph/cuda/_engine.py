@@ -16,7 +16,7 @@ from typing import Any
 import numpy as np
 
 from .. import _loop
-from .._args import BoundCall
+from .._bound import BoundCall
 from .._exceptions import BackendClosedError, DeviceFaultError
 from .._kernel import Kernel
 from .._lease import StreamLease, end_lease

@@ -16,7 +16,7 @@ import numpy as np
 from cuda.bindings import driver as drv
 
 from .. import _loop
-from .._args import DEVICE, IN, INOUT, OUT, RESIDENT, RESIDENT_OUT, BoundCall
+from .._bound import NOT_STAGED, BoundCall
 from .._exceptions import CaptureError, DispatchError
 from .._kernel import Kernel
 from .._resident import ResidentBuffer
@@ -26,7 +26,7 @@ from ..capture._graphs import CachedGraph, kernel_config, record_graph
 from ..capture._guard import CaptureGuard, CaptureLock, CaptureMode
 from ._driver import translate
 from ._launch import Launches
-from ._plan import STREAM_MIN, CudaJob, layout
+from ._plan import STREAM_MIN, CudaJob
 from ._storage import Storage
 
 if TYPE_CHECKING:
@@ -84,10 +84,10 @@ class Graphs:
     ) -> CachedGraph:
         """Record one dispatch as graphs (``backend.record``); see the CUDA backend."""
         call = self._sink.bind_call(kernel, args, grid, block, shared_mem)
-        for i, (kind, _value, _param) in enumerate(call.args):
-            if kind == DEVICE:
+        for arg in call.args:
+            if arg.foreign:
                 raise DispatchError(
-                    f"args[{i}] of {kernel.name!r} is a device array of another library; a "
+                    f"args[{arg.index}] of {kernel.name!r} is a device array of another library; a "
                     "recorded graph takes numpy arrays, scalars and resident buffers (wrap it "
                     "in a resident buffer with backend.upload, or capture with backend.capture)"
                 )
@@ -115,8 +115,7 @@ class Graphs:
 
     def _record_locked(self, call: BoundCall) -> CachedGraph:
         self._device.check_healthy()
-        offsets, bounds = layout(call.args)
-        graph = record_graph(self, call, offsets, bounds)
+        graph = record_graph(self, call)
         self._open.add(graph)
         return graph
 
@@ -169,12 +168,10 @@ class Graphs:
             result = body(guard)
         return guard.graph, guard.nodes, result
 
-    def capture_launch(
-        self, call: BoundCall, offsets: list[int], base: int, guard: CaptureGuard
-    ) -> int:
-        """Enqueue *call*'s kernel on the capturing stream; the handle of its kernel node."""
+    def capture_launch(self, call: BoundCall, base: int, guard: CaptureGuard) -> int:
+        """Enqueue *call*'s kernel on the capturing stream (its staged arguments at device
+        address *base*); the handle of its kernel node."""
         job = CudaJob(call, False)
-        job.offsets = offsets
         self._launches.enqueue(job, base, guard.handle, guard.stream)
         return guard.last_node()
 
@@ -296,11 +293,11 @@ class Capture:
         if self.closed:
             raise CaptureError("the capture ended; start another with backend.capture()")
         call = graphs.bind(kernel, args, grid, block, shared_mem)
-        for i, (kind, _value, _param) in enumerate(call.args):
-            if kind in (IN, INOUT, OUT, DEVICE):
+        for arg in call.args:
+            if arg.region != NOT_STAGED or arg.foreign:
                 raise DispatchError(
-                    f"args[{i}] of {kernel.name!r}: a capture records dispatches on resident "
-                    "buffers, Out(into=buffer) and scalars only; upload arrays with "
+                    f"args[{arg.index}] of {kernel.name!r}: a capture records dispatches on "
+                    "resident buffers, Out(into=buffer) and scalars only; upload arrays with "
                     "backend.upload() first"
                 )
         if not graphs.is_loaded(kernel):
@@ -308,12 +305,13 @@ class Capture:
                 f"{kernel.name!r} is not compiled; await backend.compile(kernel) before the "
                 "capture (code cannot be loaded while a stream captures)"
             )
-        node = graphs.capture_launch(call, [], 0, self.guard)
+        node = graphs.capture_launch(call, 0, self.guard)
         recorded = RecordedDispatch(len(self._dispatches), call, node)
         self._dispatches.append(recorded)
-        for kind, value, _param in call.args:
-            if kind in (RESIDENT, RESIDENT_OUT) and all(value is not b for b in self._buffers):
-                self._buffers.append(value)
+        for arg in call.args:
+            buffer = arg.buffer
+            if buffer is not None and all(buffer is not b for b in self._buffers):
+                self._buffers.append(buffer)
         await _loop.sleep(0)
         return recorded
 

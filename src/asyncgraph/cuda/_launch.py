@@ -8,9 +8,8 @@ import numpy as np
 from cuda.bindings import driver as drv
 from cuda.core import LaunchConfig, launch
 
-from .._args import DEVICE, RESIDENT, RESIDENT_OUT, SCALAR, BoundCall
+from .._bound import BoundCall
 from .._kernel import Kernel, Param
-from .._resident import storage_of
 from ._driver import SUCCESS, check, error_for, translate
 from ._plan import CudaJob, dep_event
 
@@ -167,45 +166,35 @@ class Launches:
         Zeroes resident outputs and orders the stream after foreign producers on the way.
         """
         values: list[Any] = []
-        foreign = iter(job.foreign)
-        offsets = job.offsets
-        for i, (kind, value, _param) in enumerate(job.call.args):
-            if kind == SCALAR:
-                values.append(value)
-            elif kind == RESIDENT:
-                values.append(int(storage_of(value).handle))
-            elif kind == RESIDENT_OUT:
-                ptr = int(storage_of(value).handle)
-                check(drv.cuMemsetD8Async(ptr, 0, value.nbytes, handle), "cuMemsetD8Async")
-                values.append(ptr)
-            elif kind == DEVICE:
-                ptr, producer = next(foreign)
-                if producer is not None:
-                    self._wait_foreign(producer, handle)
-                values.append(ptr)
-            else:
-                values.append(base + offsets[i])
+        for arg in job.call.args:
+            value = arg.launch_value(base)
+            if arg.zeroed:
+                check(
+                    drv.cuMemsetD8Async(value, 0, arg.buffer_bytes, handle),  # type: ignore[attr-defined]  # a resident output
+                    "cuMemsetD8Async",
+                )
+            elif arg.foreign and arg.producer is not None:  # type: ignore[attr-defined]  # a DeviceArg
+                self._wait_foreign(arg.producer, handle)  # type: ignore[attr-defined]  # likewise
+            values.append(value)
         return values
 
     def _pack(self, job: CudaJob, launcher: Launcher, base: int, handle: Any) -> None:
         """Write *job*'s arguments into the launcher's parameter slots."""
         views = launcher.slot_views
-        if job.call.resident or job.foreign:
+        call = job.call
+        if call.resident or call.foreign:
             for view, value in zip(views, self._values(job, base, handle), strict=True):
                 view[0] = value
             return
         # The common case (arrays staged by this dispatch, and scalars), without a list.
-        offsets = job.offsets
-        for i, (kind, value, _param) in enumerate(job.call.args):
-            views[i][0] = value if kind == SCALAR else base + offsets[i]
+        for view, arg in zip(views, call.args, strict=True):
+            view[0] = arg.value if arg.by_value else base + arg.offset
 
     def _arguments(self, job: CudaJob, base: int, handle: Any) -> list[Any]:
         """Launch arguments for ``cuda.core.launch`` (kernels without a launcher)."""
         return [
-            value if kind == SCALAR else np.uint64(value)
-            for (kind, _v, _p), value in zip(
-                job.call.args, self._values(job, base, handle), strict=True
-            )
+            value if arg.by_value else np.uint64(value)
+            for arg, value in zip(job.call.args, self._values(job, base, handle), strict=True)
         ]
 
     def _wait_foreign(self, producer: int, handle: Any) -> None:

@@ -21,14 +21,14 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 from cuda.bindings import driver as drv
 
-from .._args import IN, INOUT, OUT, RESIDENT_OUT
+from .._bound import as_bytes
 from .._exceptions import CudaError
 from .._pending import set_spin
 from ..pool import PinnedBlock, PinnedMemory
 from ._driver import check
 from ._lanes import SCRATCH_BYTES, Lane
 from ._launch import Launches, wait_deps
-from ._plan import BIG_COPY, CudaJob, as_bytes, copy_into
+from ._plan import BIG_COPY, CudaJob, copy_into
 
 if TYPE_CHECKING:
     from .._engine import Sink
@@ -80,10 +80,10 @@ class SmallPath:
 
         def stage() -> None:
             view = block.array
-            for i, (kind, value, _param) in enumerate(job.call.args):
-                if kind in (IN, INOUT):
-                    off = job.offsets[i]
-                    copy_into(view[off : off + value.nbytes], as_bytes(value))
+            for arg in job.call.args:
+                if arg.uploads:
+                    off = arg.offset
+                    copy_into(view[off : off + arg.nbytes], as_bytes(arg.value))
 
         def staged(future: Any) -> None:
             error = future.exception()
@@ -125,10 +125,10 @@ class SmallPath:
                     block = job.block
                 if not job.staged and job.direct is None and block is not None:
                     view = block.array
-                    offsets = job.offsets
-                    for i, (kind, value, _param) in enumerate(call.args):
-                        if kind in (IN, INOUT):
-                            off = offsets[i]
+                    for arg in call.args:
+                        if arg.uploads:
+                            value = arg.value
+                            off = arg.offset
                             view[off : off + value.nbytes] = as_bytes(value)
                 if job.total <= SCRATCH_BYTES:
                     base = lane.scratch_ptr
@@ -254,29 +254,27 @@ class SmallPath:
     def _results(self, job: CudaJob) -> tuple[Any, ...]:
         """The job's outputs: views of the pinned memory they were downloaded into, or new
         arrays copied out of the staging block (in a worker thread for big copies)."""
-        results: list[Any] = []
-        lent = None
-        view = None
+        in_end = job.in_end
         if job.out_block is not None:
-            lent = self._lend(job.out_block, job.total - job.in_end).as_array()
+            lent = self._lend(job.out_block, job.total - in_end).as_array()
             job.out_block = None
-        elif job.block is not None:  # Out(into=buffer) has a result but nothing staged
-            view = job.block.array
-        offsets = job.offsets
-        for i, (kind, value, _param) in enumerate(job.call.args):
-            if kind in (OUT, INOUT):
-                nbytes = value.nbytes
-                if lent is not None:
-                    off = offsets[i] - job.in_end
-                    results.append(lent[off : off + nbytes].view(value.dtype).reshape(value.shape))
-                    continue
-                out = np.empty(value.shape, value.dtype)
-                off = offsets[i] - job.stage_lo
-                copy_into(as_bytes(out), view[off : off + nbytes])  # type: ignore[index]  # staged kinds have a block
-                results.append(out)
-            elif kind == RESIDENT_OUT:
-                results.append(value)
-        return tuple(results)
+
+            def array_of(arg: Any) -> Any:
+                off = arg.offset - in_end
+                return arg.view_of(lent[off : off + arg.nbytes])
+
+            return job.call.results(array_of)
+        # Out(into=buffer) has a result but nothing staged, and then no block either.
+        view = job.block.array if job.block is not None else None
+        stage_lo = job.stage_lo
+
+        def copied(arg: Any) -> Any:
+            out = arg.empty()
+            off = arg.offset - stage_lo
+            copy_into(as_bytes(out), view[off : off + arg.nbytes])  # type: ignore[index]  # staged kinds have a block
+            return out
+
+        return job.call.results(copied)
 
     def _results_off_loop(self, job: CudaJob) -> None:
         """Copy large outputs out of pinned memory in threads, then report the job done."""

@@ -12,17 +12,16 @@ import asyncio
 import contextlib
 from typing import TYPE_CHECKING, Any
 
-import numpy as np
 from cuda.bindings import driver as drv
 
 from .. import _loop
-from .._args import IN, INOUT, OUT, RESIDENT_OUT
+from .._bound import as_bytes
 from .._exceptions import BackendClosedError, CudaError
 from .._scheduler import wait_finished
 from ._driver import check
 from ._lanes import Lane
 from ._launch import Launches, wait_deps
-from ._plan import CudaJob, as_bytes, copy_into, dep_event
+from ._plan import CudaJob, copy_into, dep_event
 from ._transfer import TRANSFER_CHUNK, ChunkedTransfer
 
 if TYPE_CHECKING:
@@ -91,11 +90,10 @@ class StreamedPath:
                 wait_deps(job.deps, handle)
             job.device_buffer = device.memory.allocate(job.total, stream)
             base = int(job.device_buffer.handle)
-            offsets = job.offsets
-            for i, (kind, value, _param) in enumerate(call.args):
-                if kind in (IN, INOUT):
-                    await chunked(device, lane).upload(as_bytes(value), base + offsets[i])
-                    telemetry.bytes_up += value.nbytes
+            for arg in call.args:
+                if arg.uploads:
+                    await chunked(device, lane).upload(as_bytes(arg.value), base + arg.offset)
+                    telemetry.bytes_up += arg.nbytes
                     telemetry.copies_up += 1
             if job.total > job.up_end:
                 check(
@@ -111,23 +109,20 @@ class StreamedPath:
 
             kernel_done = lane.future(event, kernel_finished)
             sink.poke()  # uses of its resident buffers that waited for its event
-            results: list[Any] = []
-            for i, (kind, value, _param) in enumerate(call.args):
-                if kind in (OUT, INOUT):
-                    out = np.empty(value.shape, value.dtype)
-                    await chunked(device, lane).download(base + offsets[i], as_bytes(out))
-                    telemetry.bytes_down += value.nbytes
+            arrays: dict[int, Any] = {}  # the downloaded result of each staged output
+            for arg in call.returned:
+                if arg.offset >= 0:
+                    out = arrays[arg.index] = arg.empty()  # type: ignore[attr-defined]  # staged
+                    await chunked(device, lane).download(base + arg.offset, as_bytes(out))
+                    telemetry.bytes_down += arg.nbytes
                     telemetry.copies_down += 1
-                    results.append(out)
-                elif kind == RESIDENT_OUT:
-                    results.append(value)
             await kernel_done
             if job.timing:
                 ms = check(
                     drv.cuEventElapsedTime(job.start_event, job.end_event), "cuEventElapsedTime"
                 )
                 device_time = ms / 1e3
-            outcome: tuple[Any, ...] | BaseException = tuple(results)
+            outcome: tuple[Any, ...] | BaseException = call.results(lambda arg: arrays[arg.index])
         except BaseException as exc:
             if kernel_done is not None:
                 # Its completion releases the event; its error (if any) is this one's cause.
