@@ -4,11 +4,12 @@ from __future__ import annotations
 
 import asyncio
 import types
+from collections.abc import Callable
 from typing import Any
 
 import pytest
 
-from asyncgraph.cuda import _reactor
+from asyncgraph.cuda import _reactor, _watches
 from asyncgraph.cuda._driver import NOT_READY, SUCCESS
 from asyncgraph.cuda._events import EventPool
 
@@ -23,7 +24,7 @@ def _query(event: FakeEvent) -> tuple[Any]:
 
 
 async def test_a_busy_stream_cannot_starve_another(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(_reactor, "drv", types.SimpleNamespace(cuEventQuery=_query))
+    _fake_driver(monkeypatch)
     loop = asyncio.get_running_loop()
     reactor = _reactor.Reactor(loop, None, 2, EventPool(0), 1.0, lambda _e: None)
     finished: list[int] = []
@@ -52,10 +53,16 @@ async def test_a_busy_stream_cannot_starve_another(monkeypatch: pytest.MonkeyPat
     assert reactor.pending == 0
 
 
+def _fake_driver(monkeypatch: pytest.MonkeyPatch) -> None:
+    fake = types.SimpleNamespace(cuEventQuery=_query)
+    monkeypatch.setattr(_reactor, "drv", fake)
+    monkeypatch.setattr(_watches, "drv", fake)
+
+
 def _fake_clock(monkeypatch: pytest.MonkeyPatch) -> list[float]:
     clock = [1.0]  # a stand-in for perf_counter that the callbacks advance
     monkeypatch.setattr(_reactor, "perf_counter", lambda: clock[0])
-    monkeypatch.setattr(_reactor, "drv", types.SimpleNamespace(cuEventQuery=_query))
+    _fake_driver(monkeypatch)
     return clock
 
 
@@ -107,3 +114,69 @@ async def test_a_poll_stops_its_own_work_after_its_time_budget(
     # 8 completions (320 us) pass POLL_BUDGET (150 us) only once MIN_COMPLETIONS are done.
     assert per_poll == [8, 8, 8, 6]
     assert reactor.pending == 0
+
+
+async def test_completions_are_delivered_oldest_first_across_lanes(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    clock = _fake_clock(monkeypatch)
+    loop = asyncio.get_running_loop()
+    reactor = _reactor.Reactor(loop, None, 3, EventPool(0), 1.0, lambda _e: None)
+    reactor.task_cost = 500e-6  # as measured already: each poll wakes MIN_COMPLETIONS
+    order: list[int] = []
+    polls: list[int] = []
+
+    def done(seq: int) -> Callable[[object], None]:
+        def callback(_error: object) -> None:
+            order.append(seq)
+            polls.append(reactor.polls)
+            # Its task takes 500 us of the next iteration: a poll then wakes only a few.
+            loop.call_soon(lambda: clock.__setitem__(0, clock[0] + 500e-6))
+
+        return callback
+
+    # Lane 0 is the busiest; lanes 1 and 2 each hold one watch among lane 0's.
+    lanes = [0] * 10 + [1] + [0] * 10 + [2] + [0] * 10
+    for seq, lane in enumerate(lanes):
+        reactor.watch(lane, FakeEvent(done=True), done(seq))
+    for _ in range(40):
+        await asyncio.sleep(0)
+    assert reactor.pending == 0
+    # Several polls, each waking a bounded batch, and together in watch order: the watches of
+    # the quiet lanes never wait behind newer ones of the busy lane.
+    assert len(set(polls)) > 2
+    assert order == list(range(len(lanes)))
+
+
+async def test_waiters_are_armed_only_when_the_loop_would_sleep(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    clock = _fake_clock(monkeypatch)
+    loop = asyncio.get_running_loop()
+    window = 200e-6
+    reactor = _reactor.Reactor(loop, None, 1, EventPool(0), window, lambda _e: None)
+    handed: list[int] = []
+    monkeypatch.setattr(reactor, "_hand_off", lambda lane: handed.append(lane.index))
+    event = FakeEvent(done=False)
+    reactor.watch(0, event, lambda _error: None)
+
+    # A busy loop: 100 us of other callbacks between polls, for far longer than the window.
+    for _ in range(50):
+        clock[0] += 100e-6
+        await asyncio.sleep(0)
+    assert handed == []
+    assert reactor.polls >= 40  # it kept polling, once an iteration
+
+    # An idle loop: polls follow each other with nothing between them; after the window the
+    # lane goes to its waiter thread and polling stops.
+    for _ in range(50):
+        clock[0] += 10e-6
+        await asyncio.sleep(0)
+        if handed:
+            break
+    assert handed == [0]
+    polls = reactor.polls
+    for _ in range(5):
+        await asyncio.sleep(0)
+    assert reactor.polls == polls
+    event.done = True

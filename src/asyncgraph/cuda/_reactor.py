@@ -3,13 +3,16 @@
 For each stream (a *lane*) the reactor keeps the watched events in submission order; only the
 oldest can complete first. While any is pending, the loop polls the oldest event of each lane
 with ``cuEventQuery`` (about 2 µs) from a ``call_soon`` callback, so other tasks run between
-polls. A poll completes what it finds completed, bounded by time, never by a fixed count: its
-own work stops after ``POLL_BUDGET`` (once ``MIN_COMPLETIONS`` are done), and the tasks it
-wakes are limited to what fits in ``ITERATION_BUDGET`` by the measured cost of the tasks the
-previous poll woke, so a timer or a request handler never waits behind hundreds of them. What
-is left completes in the next poll, one loop iteration later.
-When no event completed for ``poll_window`` seconds, each busy lane hands its oldest event to
-that lane's waiter thread, which blocks in ``cuEventSynchronize`` on a blocking-sync event
+polls. A poll completes what it finds completed, oldest first across all lanes, bounded by
+time, never by a fixed count: its own work stops after ``POLL_BUDGET`` (once
+``MIN_COMPLETIONS`` are done), and the tasks it wakes are limited to what fits in
+``ITERATION_BUDGET`` by the measured cost of the tasks the previous poll woke, so a timer or a
+request handler never waits behind hundreds of them. What is left completes in the next poll,
+one loop iteration later, before anything that completed after it.
+While other callbacks run between polls the loop is busy and keeps polling once an iteration.
+Only when polls followed each other with nothing else to run and nothing completing for
+``poll_window`` seconds (the loop would otherwise sleep) does each busy lane hand its oldest
+event to that lane's waiter thread, which blocks in ``cuEventSynchronize`` on a blocking-sync event
 (the GIL released, the thread asleep) and then posts the lane to an :class:`Inbox`; the loop
 wakes once per batch and polls again, so a fault surfaces as the query's error, not a hang.
 
@@ -21,9 +24,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import queue
 import threading
-from collections import deque
 from collections.abc import Callable
 from time import perf_counter
 from typing import Any
@@ -36,6 +37,7 @@ from .._inbox import Inbox, off_loop_lock
 from .._telemetry import Telemetry, logger
 from ._driver import NOT_READY, SUCCESS, check, error_for, is_sticky
 from ._events import EventPool
+from ._watches import Callback, Watch, WatchLane, count_completed, oldest_ready
 
 __all__ = ("HOLD_LIMIT", "Reactor")
 
@@ -47,31 +49,8 @@ POLL_BUDGET = 150e-6
 ITERATION_BUDGET = 2e-3
 # A poll completes at least this many (of those completed), however slow the tasks are.
 MIN_COMPLETIONS = 8
-
-Callback = Callable[[CudaError | None], None]
-
-
-class _Watch:
-    __slots__ = ("callback", "event", "finished", "held")
-
-    def __init__(self, event: Any, callback: Callback) -> None:
-        self.event = event
-        self.callback = callback
-        self.held = False  # handed to the lane's waiter thread
-        self.finished = False
-
-
-class _Lane:
-    __slots__ = ("handed", "index", "last_code", "pending", "queue", "ready", "thread")
-
-    def __init__(self, index: int) -> None:
-        self.index = index
-        self.pending: deque[_Watch] = deque()
-        self.ready = 0  # leading pending watches known complete (a newer event completed)
-        self.handed: _Watch | None = None
-        self.queue: queue.SimpleQueue[Any] = queue.SimpleQueue()
-        self.thread: threading.Thread | None = None
-        self.last_code: Any = SUCCESS  # what the waiter's last cuEventSynchronize returned
+# Polls further apart than this ran other callbacks between them: the loop is not idle.
+IDLE_GAP = 50e-6
 
 
 class Reactor:
@@ -101,22 +80,22 @@ class Reactor:
     ) -> None:
         self._loop = loop
         self._context = context
-        self._lanes = [_Lane(i) for i in range(lanes)]
+        self._lanes = [WatchLane(i) for i in range(lanes)]
         self._events = events
         self._window = poll_window
         self._spin_window = spin_window
         self._held_since = 0.0  # first inline completion since the loop last polled
         self._on_fault = on_fault
         self._telemetry = telemetry
-        self._inbox: Inbox[_Lane] = Inbox(
+        self._inbox: Inbox[WatchLane] = Inbox(
             loop, self._woken, self._woken_off_loop, self._closed_loop
         )
         self._poll_scheduled = False
         self._window_start = 0.0
         self._pending = 0
-        self._start = 0  # the lane the next poll starts with
         self._poll_end = 0.0  # when the last poll returned
         self._woke = 0  # dispatches the last poll completed, if it scheduled the next poll
+        self._seq = 0  # watches so far
         self.task_cost = 50e-6  # loop time a woken task takes, measured (moving average)
         self._fault: CudaError | None = None
         self.polls = 0
@@ -138,7 +117,8 @@ class Reactor:
     def watch(self, lane: int, event: Any, callback: Callback) -> None:
         """Call ``callback(None)`` once *event* (recorded on lane *lane*) completed, or
         ``callback(error)`` if the device failed. The event returns to the pool afterwards."""
-        watch = _Watch(event, callback)
+        self._seq = seq = self._seq + 1
+        watch = Watch(seq, event, callback)
         if self._fault is not None:
             self._finish(watch, self._fault)
             return
@@ -188,7 +168,6 @@ class Reactor:
             return
         self._held_since = 0.0  # the loop is running callbacks: nothing holds it
         self.polls += 1
-        busy = False
         # The loop iteration since the last poll ran the tasks that poll woke: learn from it
         # what a woken task costs, and wake as many as fit in ITERATION_BUDGET (at least
         # MIN_COMPLETIONS, so slow tasks never bring it down to one a loop iteration).
@@ -197,67 +176,65 @@ class Reactor:
             sample = min((now - self._poll_end) / self._woke, ITERATION_BUDGET)
             self.task_cost += 0.25 * (sample - self.task_cost)
             self._woke = 0
+        elif now - self._poll_end > IDLE_GAP:
+            # Other callbacks ran since the last poll: the loop is busy, so polling once an
+            # iteration costs it little, and waiter threads would only add wake-ups. They are
+            # armed only once polls follow each other with nothing else to run (below).
+            self._window_start = now
         limit = max(MIN_COMPLETIONS, int(ITERATION_BUDGET / max(self.task_cost, 1e-6)))
         deadline = now + POLL_BUDGET
-        done = 0
-        query = drv.cuEventQuery
         lanes = self._lanes
-        n = len(lanes)
-        # Start each poll at the next lane: with a bounded poll, always starting at lane 0
-        # would let busy low-numbered lanes use up every poll while a higher lane's completed
-        # dispatch waits (seen in a soak: one await took the whole 60 s run).
-        start = self._start
-        self._start = start + 1 if start + 1 < n else 0
-        for k in range(n):
-            lane = lanes[start + k - n if start + k >= n else start + k]
-            pending = lane.pending
-            # Work on one stream completes in order: if its newest event completed, so did
-            # every older one, and one query settles them all.
-            if lane.ready == 0 and len(pending) > 1 and query(pending[-1].event)[0] == SUCCESS:
-                lane.ready = len(pending)
-            while pending:
-                if done >= limit or (done >= MIN_COMPLETIONS and perf_counter() > deadline):
-                    # Enough for one loop iteration: the tasks these woke run before the next
-                    # poll, so the loop's other work never waits behind all of them.
-                    self._window_start = perf_counter()
-                    self._again(done)
-                    return
-                watch = pending[0]
-                if lane.ready:
-                    lane.ready -= 1
-                    code = SUCCESS
-                else:
-                    code = query(watch.event)[0]
-                    if code == NOT_READY:
-                        busy = True
-                        break
-                pending.popleft()
+        busy, failed, code = count_completed(lanes)
+        if failed is not None:
+            # A failed event: what completed before it on its lane is delivered first.
+            pending = failed.pending
+            for _ in range(failed.ready):
                 self._pending -= 1
-                done += 1
-                if code == SUCCESS:
-                    self._finish(watch, None)
-                else:
-                    self._failed(watch, code)
-                    return
-        if not busy:
+                self._finish(pending.popleft(), None)
+            failed.ready = 0
+            self._pending -= 1
+            self._failed(pending.popleft(), code)
+            return  # a poll is scheduled if more are pending
+        # Deliver the completed watches of all lanes oldest first (each lane's are in order,
+        # so the oldest of all is at the head of some lane): under load the budget below
+        # leaves some for the next poll, and none may wait behind newer ones of busier lanes.
+        done = 0
+        while True:
+            best = oldest_ready(lanes)
+            if best is None:
+                break
+            if done >= limit or (done >= MIN_COMPLETIONS and perf_counter() > deadline):
+                # Enough for one loop iteration: the tasks these woke run before the next
+                # poll, so the loop's other work never waits behind all of them.
+                self._window_start = perf_counter()
+                self._again(done)
+                return
+            watch = best.pending.popleft()
+            best.ready -= 1
+            self._pending -= 1
+            done += 1
+            self._finish(watch, None)
+        if not busy and not self._pending:
             return
         now = perf_counter()
         if done:
             self._window_start = now
-        if now - self._window_start < self._window:
+        if now - self._window_start < self._window or not busy:
             self._again(done)
             return
-        # Nothing completed for a whole window: let the waiter threads sleep on the events.
+        # Polls followed each other for a whole window with nothing completing and nothing else
+        # to run: let the waiter threads sleep on the events, and the loop sleep too.
         for lane in self._lanes:
             if lane.pending and lane.handed is None:
                 self._hand_off(lane)
 
     def _again(self, done: int) -> None:
         """Poll again in the next loop iteration, after the *done* dispatches' tasks ran."""
-        self._poll_scheduled = True
         self._woke = done
         self._poll_end = perf_counter()
-        self._loop.call_soon(self._poll)
+        if not self._poll_scheduled:  # a watch() of a callback may have scheduled it already
+            self._poll_scheduled = True
+            self._loop.call_soon(self._poll)
 
     def spin(self) -> None:
         """Poll the only watched event right here for up to ``spin_window`` seconds.
@@ -303,7 +280,7 @@ class Reactor:
         else:
             self._failed(watch, code)
 
-    def _hand_off(self, lane: _Lane) -> None:
+    def _hand_off(self, lane: WatchLane) -> None:
         watch = lane.pending[0]
         watch.held = True
         lane.handed = watch
@@ -320,7 +297,7 @@ class Reactor:
             lane.thread.start()
         lane.queue.put(watch.event)
 
-    def _woken(self, lane: _Lane) -> None:
+    def _woken(self, lane: WatchLane) -> None:
         watch = lane.handed
         lane.handed = None
         if watch is not None:
@@ -348,7 +325,7 @@ class Reactor:
                 # backend's close settles the watches on its next loop (adopt()).
                 self._poll_scheduled = False
 
-    def _woken_off_loop(self, lane: _Lane) -> None:
+    def _woken_off_loop(self, lane: WatchLane) -> None:
         """A waiter posted *lane* after the loop closed (on its thread, or the thread of
         :func:`~asyncgraph._inbox.kick` or ``settle``; under off_loop_lock).
 
@@ -401,21 +378,21 @@ class Reactor:
             self._poll_scheduled = False
             drv.cuCtxPopCurrent()
 
-    def _finish(self, watch: _Watch, error: CudaError | None) -> None:
+    def _finish(self, watch: Watch, error: CudaError | None) -> None:
         watch.finished = True
         if not watch.held:
             self._events.give(watch.event)
         self._call(watch, error)
 
     @staticmethod
-    def _call(watch: _Watch, error: CudaError | None) -> None:
+    def _call(watch: Watch, error: CudaError | None) -> None:
         """Run a watch's callback; a failing callback never stops the reactor."""
         try:
             watch.callback(error)
         except Exception as exc:
             logger.error("reactor.callback_failed", error=repr(exc), exc_info=exc)
 
-    def _failed(self, watch: _Watch, code: Any) -> None:
+    def _failed(self, watch: Watch, code: Any) -> None:
         error = error_for(code, "cuEventQuery")
         if not is_sticky(code):
             self._finish(watch, error)
@@ -425,7 +402,7 @@ class Reactor:
             return
         self.fail_all(error, first=watch)
 
-    def fail_all(self, error: CudaError, first: _Watch | None = None) -> None:
+    def fail_all(self, error: CudaError, first: Watch | None = None) -> None:
         """Fail every watched event with *error* (the context is lost)."""
         if self._fault is None:
             self._fault = error
@@ -436,9 +413,9 @@ class Reactor:
             watch.finished = True
             self._call(watch, error)
 
-    def _take_watches(self) -> list[_Watch]:
+    def _take_watches(self) -> list[Watch]:
         """Every watch of every lane, in lane order; the lanes are left empty."""
-        watches: list[_Watch] = []
+        watches: list[Watch] = []
         for lane in self._lanes:
             watches.extend(lane.pending)
             lane.pending.clear()
@@ -448,7 +425,7 @@ class Reactor:
 
     # -- waiter threads --------------------------------------------------------------------
 
-    def _wait_loop(self, lane: _Lane) -> None:
+    def _wait_loop(self, lane: WatchLane) -> None:
         drv.cuCtxSetCurrent(self._context)
         while True:
             event = lane.queue.get()
