@@ -87,10 +87,12 @@ async def test_a_poll_wakes_what_fits_the_iteration_by_the_tasks_measured_cost(
     assert sum(per_poll) == 100
     assert reactor.pending == 0
     # The first poll knows no cost yet (its estimate, 50 us, lets it wake 40); then each poll
-    # wakes fewer as the measured cost nears 500 us, but never fewer than MIN_COMPLETIONS.
+    # wakes fewer as the measured cost nears 500 us (2 ms / 500 us = 4), never fewer than
+    # MIN_COMPLETIONS.
     first = int(_reactor.ITERATION_BUDGET / 50e-6)
-    assert per_poll[:3] == [first, 12, _reactor.MIN_COMPLETIONS]
-    assert all(n == _reactor.MIN_COMPLETIONS for n in per_poll[2:-1])
+    assert per_poll[:7] == [first, 12, 8, 6, 5, 5, 4]
+    assert _reactor.MIN_COMPLETIONS <= 4
+    assert all(n == 4 for n in per_poll[6:-1])
     assert 400e-6 < reactor.task_cost <= 500e-6  # the moving average, closing in
 
 
@@ -102,17 +104,31 @@ async def test_a_poll_stops_its_own_work_after_its_time_budget(
     reactor = _reactor.Reactor(loop, None, 1, EventPool(0), 1.0, lambda _e: None)
     polls: list[int] = []
 
+    cost = [40e-6]
+
     def slow_completion(_error: object) -> None:
         polls.append(reactor.polls)
-        clock[0] += 40e-6  # completing this dispatch takes 40 us of the poll itself
+        clock[0] += cost[0]  # completing this dispatch takes this long of the poll itself
 
     for _ in range(30):
         reactor.watch(0, FakeEvent(done=True), slow_completion)
     for _ in range(20):
         await asyncio.sleep(0)
     per_poll = [polls.count(p) for p in sorted(set(polls))]
-    # 8 completions (320 us) pass POLL_BUDGET (150 us) only once MIN_COMPLETIONS are done.
-    assert per_poll == [8, 8, 8, 6]
+    # 40 us each: once MIN_COMPLETIONS (4, 160 us) are done, any more would pass POLL_BUDGET.
+    assert _reactor.MIN_COMPLETIONS == 4
+    assert per_poll == [4] * 7 + [2]
+    assert reactor.pending == 0
+
+    # 20 us each: it stops at 7 (140 us), since an 8th would end past the 150 us budget.
+    cost[0] = 20e-6
+    polls.clear()
+    for _ in range(30):
+        reactor.watch(0, FakeEvent(done=True), slow_completion)
+    for _ in range(20):
+        await asyncio.sleep(0)
+    per_poll = [polls.count(p) for p in sorted(set(polls))]
+    assert per_poll == [7, 7, 7, 7, 2]
     assert reactor.pending == 0
 
 

@@ -4,8 +4,9 @@ For each stream (a *lane*) the reactor keeps the watched events in submission or
 oldest can complete first. While any is pending, the loop polls the oldest event of each lane
 with ``cuEventQuery`` (about 2 µs) from a ``call_soon`` callback, so other tasks run between
 polls. A poll completes what it finds completed, oldest first across all lanes, bounded by
-time, never by a fixed count: its own work stops after ``POLL_BUDGET`` (once
-``MIN_COMPLETIONS`` are done), and the tasks it wakes are limited to what fits in
+time, never by a fixed count: its own work stops before a completion would take it past
+``POLL_BUDGET`` (once ``MIN_COMPLETIONS`` are done; a completion's cost is measured as it
+goes), and the tasks it wakes are limited to what fits in
 ``ITERATION_BUDGET`` by the measured cost of the tasks the previous poll woke, so a timer or a
 request handler never waits behind hundreds of them. What is left completes in the next poll,
 one loop iteration later, before anything that completed after it.
@@ -43,12 +44,13 @@ __all__ = ("HOLD_LIMIT", "Reactor")
 
 # Inline completions (Reactor.spin) may keep a task from yielding for this long at most.
 HOLD_LIMIT = 500e-6
-# A poll's own work (completing dispatches) stops after this long, once MIN_COMPLETIONS are done.
+# A poll's own work (completing dispatches) stops before it would pass this, once
+# MIN_COMPLETIONS are done.
 POLL_BUDGET = 150e-6
 # The loop time the tasks one poll wakes may take, judged by what woken tasks cost lately.
 ITERATION_BUDGET = 2e-3
 # A poll completes at least this many (of those completed), however slow the tasks are.
-MIN_COMPLETIONS = 8
+MIN_COMPLETIONS = 4
 # Polls further apart than this ran other callbacks between them: the loop is not idle.
 IDLE_GAP = 50e-6
 
@@ -203,7 +205,10 @@ class Reactor:
             best = oldest_ready(lanes)
             if best is None:
                 break
-            if done >= limit or (done >= MIN_COMPLETIONS and perf_counter() > deadline):
+            if done >= limit or (
+                # One more would end past the deadline, judged by what these took on average.
+                done >= MIN_COMPLETIONS and (t := perf_counter()) + (t - now) / done > deadline
+            ):
                 # Enough for one loop iteration: the tasks these woke run before the next
                 # poll, so the loop's other work never waits behind all of them.
                 self._window_start = perf_counter()
