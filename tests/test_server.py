@@ -17,6 +17,7 @@ import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any
 
 import httpx
@@ -25,10 +26,12 @@ import pytest
 SERVER = Path(__file__).resolve().parent.parent / "examples" / "server"
 
 
-def _load_module() -> Any:
-    spec = importlib.util.spec_from_file_location("asyncgraph_example_load", SERVER / "load.py")
+def _load_module(name: str = "load") -> Any:
+    spec = importlib.util.spec_from_file_location(
+        f"asyncgraph_example_{name}", SERVER / f"{name}.py"
+    )
     if spec is None or spec.loader is None:
-        raise ImportError(f"cannot load {SERVER / 'load.py'}")
+        raise ImportError(f"cannot load {SERVER / f'{name}.py'}")
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     return module
@@ -179,3 +182,34 @@ async def test_load_counts_requests_that_get_no_answer() -> None:
         await load.request_and_check(client, tally, "/v1/saxpy", body, want)
     assert (tally.ok, tally.transport_errors, len(tally.latencies)) == (1, 1, 1)
     assert tally.errors == ["/v1/saxpy: no answer: ConnectError('connection refused')"]
+
+
+async def test_the_service_handles_at_most_max_active_requests_at_once(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    import anyio
+
+    app = _load_module("app")
+    monkeypatch.setenv("EXAMPLE_MAX_ACTIVE", "3")
+    request = SimpleNamespace(state=SimpleNamespace(active=anyio.Semaphore(app.max_active())))
+    running: list[int] = []
+    most = 0
+
+    async def work(request: Any) -> Any:
+        nonlocal most
+        running.append(1)
+        most = max(most, len(running))
+        await anyio.sleep(0.01)
+        running.pop()
+        return "ok"
+
+    endpoint = app.one_of_few(work)
+
+    async with anyio.create_task_group() as tg:
+        for _ in range(10):
+            tg.start_soon(endpoint, request)
+    assert most == 3
+    for bad in ("0", "-2", "four"):
+        monkeypatch.setenv("EXAMPLE_MAX_ACTIVE", bad)
+        with pytest.raises(SystemExit, match="EXAMPLE_MAX_ACTIVE"):
+            app.max_active()

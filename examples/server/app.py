@@ -7,6 +7,12 @@ backend; ``ASYNCGRAPH_DEVICE`` forces one), kernels are declared at module level
 weights are uploaded once and stay resident for every request. The event loop keeps serving
 while the GPU computes, so ``/health`` answers promptly under load.
 
+At most ``EXAMPLE_MAX_ACTIVE`` requests (default 4) are handled at once; the others wait their
+turn before any of their work starts. Each request's own work (JSON in, numpy, JSON out) runs on
+the event loop, and asyncio's loop accepts every waiting connection in one callback: without a
+bound, hundreds of handlers share each loop iteration and every completed dispatch waits behind
+all of them (``docs/serving.md``).
+
 Endpoints:
     POST /v1/dense   ``{"x": [[256 floats], ...]}`` (1 to 64 rows) -> ``{"y": relu(x @ W + b)}``
     POST /v1/saxpy   ``{"a": 2.0, "x": [...], "y": [...]}`` -> ``{"z": a * x + y}``
@@ -17,13 +23,15 @@ Endpoints:
 
 from __future__ import annotations
 
+import functools
 import json
 import math
 import os
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
 from typing import Any
 
+import anyio
 import numpy as np
 from starlette.applications import Starlette
 from starlette.requests import Request
@@ -133,6 +141,33 @@ async def _body(request: Request) -> dict[str, Any]:
     return body
 
 
+Endpoint = Callable[[Request], Awaitable[Response]]
+
+
+def one_of_few(endpoint: Endpoint) -> Endpoint:
+    """Run *endpoint* only while fewer than ``EXAMPLE_MAX_ACTIVE`` requests are being handled."""
+
+    @functools.wraps(endpoint)
+    async def bounded(request: Request) -> Response:
+        async with request.state.active:
+            return await endpoint(request)
+
+    return bounded
+
+
+def max_active() -> int:
+    """``EXAMPLE_MAX_ACTIVE``: how many requests are handled at once (default 4)."""
+    value = os.environ.get("EXAMPLE_MAX_ACTIVE", "4")
+    try:
+        limit = int(value)
+    except ValueError:
+        limit = 0
+    if limit < 1:
+        raise SystemExit(f"EXAMPLE_MAX_ACTIVE={value!r}; set it to a positive whole number")
+    return limit
+
+
+@one_of_few
 async def dense(request: Request) -> Response:
     """relu(x @ W + b) for each row of x, with W and b resident on the backend."""
     body = await _body(request)
@@ -155,6 +190,7 @@ async def dense(request: Request) -> Response:
     return JSONResponse({"y": _finite(y).tolist()})
 
 
+@one_of_few
 async def saxpy(request: Request) -> Response:
     """a * x + y, elementwise."""
     body = await _body(request)
@@ -242,6 +278,7 @@ async def refused(request: Request, exc: Exception) -> Response:
 @asynccontextmanager
 async def lifespan(app: Starlette) -> AsyncIterator[dict[str, Any]]:
     """Open the backend, upload the weights, compile the kernels; close it all at shutdown."""
+    active = anyio.Semaphore(max_active())
     async with ag.open_backend(os.environ.get("ASYNCGRAPH_DEVICE", "auto")) as backend:
         w, b = make_weights()
         weights = await backend.upload(w)
@@ -256,7 +293,13 @@ async def lifespan(app: Starlette) -> AsyncIterator[dict[str, Any]]:
             SAXPY, one[0], one[0], ag.Out(FEATURES, np.float32), np.float32(1),
             np.int32(FEATURES), grid=1, block=BLOCK,
         )  # fmt: skip
-        yield {"backend": backend, "weights": weights, "bias": bias, "host_weights": (w, b)}
+        yield {
+            "backend": backend,
+            "weights": weights,
+            "bias": bias,
+            "host_weights": (w, b),
+            "active": active,
+        }
 
 
 app = Starlette(
