@@ -38,7 +38,7 @@ from .._inbox import Inbox, off_loop_lock
 from .._telemetry import Telemetry, logger
 from ._driver import NOT_READY, SUCCESS, check, error_for, is_sticky
 from ._events import EventPool
-from ._watches import Callback, Watch, WatchLane, count_completed, oldest_ready
+from ._watches import Callback, Watch, WatchLane, next_completed
 
 __all__ = ("HOLD_LIMIT", "Reactor")
 
@@ -186,25 +186,15 @@ class Reactor:
         limit = max(MIN_COMPLETIONS, int(ITERATION_BUDGET / max(self.task_cost, 1e-6)))
         deadline = now + POLL_BUDGET
         lanes = self._lanes
-        busy, failed, code = count_completed(lanes)
-        if failed is not None:
-            # A failed event: what completed before it on its lane is delivered first.
-            pending = failed.pending
-            for _ in range(failed.ready):
-                self._pending -= 1
-                self._finish(pending.popleft(), None)
-            failed.ready = 0
-            self._pending -= 1
-            self._failed(pending.popleft(), code)
-            return  # a poll is scheduled if more are pending
-        # Deliver the completed watches of all lanes oldest first (each lane's are in order,
-        # so the oldest of all is at the head of some lane): under load the budget below
-        # leaves some for the next poll, and none may wait behind newer ones of busier lanes.
+        # Deliver completed watches oldest first across the lanes (each lane's complete in
+        # order, so the oldest completed one is at the head of some lane), querying lazily: a
+        # head is queried only when it is the oldest candidate left, and a lane whose head is
+        # still running is left alone for the rest of this poll. Under load the budget below
+        # leaves some for the next poll, and none waits behind newer ones of busier lanes.
+        running = [False] * len(lanes)  # the lane's head is still running
+        checked = [False] * len(lanes)  # the lane's newest event was queried in this poll
         done = 0
         while True:
-            best = oldest_ready(lanes)
-            if best is None:
-                break
             if done >= limit or (
                 # One more would end past the deadline, judged by what these took on average.
                 done >= MIN_COMPLETIONS and (t := perf_counter()) + (t - now) / done > deadline
@@ -214,11 +204,19 @@ class Reactor:
                 self._window_start = perf_counter()
                 self._again(done)
                 return
-            watch = best.pending.popleft()
-            best.ready -= 1
+            lane, code = next_completed(lanes, running, checked)
+            if lane is None:
+                break
+            watch = lane.pending.popleft()
             self._pending -= 1
             done += 1
+            if code != SUCCESS:
+                lane.ready = 0
+                self._failed(watch, code)
+                return  # a poll is scheduled if more are pending
+            lane.ready -= 1
             self._finish(watch, None)
+        busy = any(running)
         if not busy and not self._pending:
             return
         now = perf_counter()

@@ -2,6 +2,8 @@
 
 A *lane* is one stream's watched events in submission order; work on one stream completes in
 order, so the completed ones are always a prefix (``WatchLane.ready`` of them are known).
+:func:`next_completed` finds the oldest completed watch of all lanes, querying as little as it
+can.
 """
 
 from __future__ import annotations
@@ -17,7 +19,7 @@ from cuda.bindings import driver as drv
 from .._exceptions import CudaError
 from ._driver import NOT_READY, SUCCESS
 
-__all__ = ("Callback", "Watch", "WatchLane", "count_completed", "oldest_ready")
+__all__ = ("Callback", "Watch", "WatchLane", "next_completed")
 
 Callback = Callable[[CudaError | None], None]
 
@@ -50,44 +52,42 @@ class WatchLane:
         self.last_code: Any = SUCCESS  # what the waiter's last cuEventSynchronize returned
 
 
-def count_completed(lanes: list[WatchLane]) -> tuple[bool, WatchLane | None, Any]:
-    """Find how many leading watches of each lane completed (``lane.ready``).
+def next_completed(
+    lanes: list[WatchLane], running: list[bool], checked: list[bool]
+) -> tuple[WatchLane | None, Any]:
+    """The lane whose head is the oldest watch that completed, and its event's code
+    (``SUCCESS``, or the error it failed with); ``(None, NOT_READY)`` when none did.
 
-    Returns whether any watch is still running, and the lane whose next unsettled event failed
-    with its error code (``None, SUCCESS`` when none did; the lanes after it are not looked at).
+    Heads are queried oldest first, only when needed: a lane with ``ready`` watches needs no
+    query, and a lane whose newest event completed (queried once per poll, *checked*) has all
+    of them complete. A lane whose head is still running is marked in *running* and skipped.
     """
-    busy = False
     query = drv.cuEventQuery
-    for lane in lanes:
-        pending = lane.pending
-        n = len(pending)
-        ready = lane.ready
-        if ready == n:
+    while True:
+        best = None
+        seq = 0
+        for lane in lanes:
+            pending = lane.pending
+            if pending and not running[lane.index] and (best is None or pending[0].seq < seq):
+                best = lane
+                seq = pending[0].seq
+        if best is None:
+            return None, NOT_READY
+        if best.ready:
+            return best, SUCCESS
+        pending = best.pending
+        index = best.index
+        if not checked[index] and len(pending) > 1:
+            checked[index] = True
+            # Work on one stream completes in order: if its newest event completed, so did
+            # every older one, and this one query settles them all.
+            if query(pending[-1].event)[0] == SUCCESS:
+                best.ready = len(pending)
+                return best, SUCCESS
+        code = query(pending[0].event)[0]
+        if code == NOT_READY:
+            running[index] = True
             continue
-        # If a lane's newest event completed, so did every older one: one query settles all.
-        if n - ready > 1 and query(pending[-1].event)[0] == SUCCESS:
-            lane.ready = n
-            continue
-        while ready < n:
-            code = query(pending[ready].event)[0]
-            if code == SUCCESS:
-                ready += 1
-            elif code == NOT_READY:
-                busy = True
-                break
-            else:
-                lane.ready = ready
-                return busy, lane, code
-        lane.ready = ready
-    return busy, None, SUCCESS
-
-
-def oldest_ready(lanes: list[WatchLane]) -> WatchLane | None:
-    """The lane whose first watch is the oldest known to have completed, or ``None``."""
-    best = None
-    seq = 0
-    for lane in lanes:
-        if lane.ready and (best is None or lane.pending[0].seq < seq):
-            best = lane
-            seq = lane.pending[0].seq
-    return best
+        if code == SUCCESS:
+            best.ready = 1
+        return best, code
