@@ -347,6 +347,7 @@ def bind(
                 "Out, InOut, a resident buffer or a device array"
             )
         bound.append(arg)
+    call.n_results = len(returned)
     if bytes_in or bytes_out:
         call.bytes_in = bytes_in
         call.bytes_out = bytes_out

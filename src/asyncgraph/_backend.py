@@ -139,7 +139,8 @@ class Backend:
         return self._scheduler.in_flight, self._scheduler.queued
 
     def _loop_for_use(self) -> asyncio.AbstractEventLoop:
-        return self._lifecycle.loop_for_use(self._engine.failure)
+        # self._life directly (not the property): this runs on every call of the API.
+        return self._life.loop_for_use(self._engine.failure)  # type: ignore[union-attr]  # set in __init__
 
     # -- dispatch ------------------------------------------------------------------------------
 

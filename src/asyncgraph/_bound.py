@@ -336,11 +336,7 @@ class BoundCall:
     total: int = 0
     fresh: list[ResidentOutArg] | None = None  # resident outputs still to be allocated
     foreign: bool = False  # some argument is another library's device array
-
-    @property
-    def n_results(self) -> int:
-        """How many values the dispatch returns."""
-        return len(self.returned)
+    n_results: int = 0  # how many values the dispatch returns (len(returned))
 
     def results(self, array_of: Callable[[StagedArg], Array]) -> tuple[Any, ...]:
         """The dispatch's result tuple: ``array_of(arg)`` for each returned array (``Out``,

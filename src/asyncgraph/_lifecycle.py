@@ -124,7 +124,7 @@ class Lifecycle:
     def after_batch(self) -> None:
         """After the scheduler's effects ran: let a waiting ``submit()`` in, see if drained."""
         room = self.room
-        if room and self._scheduler.queued < self.max_queued:
+        if room.parked and self._scheduler.queued < self.max_queued:
             room.wake()  # room in the queue: one submit() may go (and wakes the next)
         if self._drained is not None:
             self.check_drained()

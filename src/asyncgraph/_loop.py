@@ -178,13 +178,14 @@ class WaitQueue:
     wake-up on to the next.
     """
 
-    __slots__ = ("_waiters",)
+    __slots__ = ("parked",)
 
     def __init__(self) -> None:
-        self._waiters: deque[asyncio.Future[None]] = deque()
+        # The parked tasks' futures, oldest first (read it to test for waiters cheaply).
+        self.parked: deque[asyncio.Future[None]] = deque()
 
     def __len__(self) -> int:
-        return len(self._waiters)
+        return len(self.parked)
 
     async def wait(self, loop: asyncio.AbstractEventLoop, first: bool = False) -> None:
         """Park until :meth:`wake` (at the back, or at the front with *first*).
@@ -194,23 +195,23 @@ class WaitQueue:
         """
         waiter: asyncio.Future[None] = loop.create_future()
         if first:
-            self._waiters.appendleft(waiter)
+            self.parked.appendleft(waiter)
         else:
-            self._waiters.append(waiter)
+            self.parked.append(waiter)
         try:
             await waiter
         except BaseException:
             if waiter.done() and not waiter.cancelled() and waiter.exception() is None:
                 self.wake()  # woken, then cancelled before it could use the turn
             else:
-                if waiter in self._waiters:
-                    self._waiters.remove(waiter)
+                if waiter in self.parked:
+                    self.parked.remove(waiter)
                 waiter.cancel()
             raise
 
     def wake(self) -> None:
         """Wake the first waiter, if any."""
-        waiters = self._waiters
+        waiters = self.parked
         while waiters:
             waiter = waiters.popleft()
             if not waiter.done():
@@ -219,7 +220,7 @@ class WaitQueue:
 
     def fail(self, error: Callable[[], BaseException]) -> None:
         """Wake every waiter with a new ``error()`` raised from its :meth:`wait`."""
-        waiters = self._waiters
+        waiters = self.parked
         while waiters:
             waiter = waiters.popleft()
             if not waiter.done():
