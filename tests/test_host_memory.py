@@ -1,7 +1,7 @@
 """Host memory running out: AllocationError, as on the GPU, never numpy's bare MemoryError.
 
 8 TiB (2**40 float64) is refused by the kernel at once, without touching memory, under Linux's
-heuristic overcommit (the default); tests that need a copy to fail make _copy ask for that much.
+heuristic overcommit (the default); tests that need a copy to fail make host_copy ask for that much.
 Where the host always overcommits (``vm.overcommit_memory=1``, common in containers) such a
 request succeeds lazily, and zero-filling it would exhaust the machine's memory: those tests are
 skipped there, with that reason.
@@ -129,7 +129,7 @@ async def test_a_resident_result_raises_allocation_error(host: ag.Backend) -> No
 async def test_upload_raises_allocation_error(
     host: ag.Backend, monkeypatch: pytest.MonkeyPatch, size: int
 ) -> None:
-    monkeypatch.setattr(asyncgraph._host, "_copy", _copy_too_much)
+    monkeypatch.setattr(asyncgraph._host, "host_copy", _copy_too_much)
     array = np.ones(size, np.float32)
     with pytest.raises(
         ag.AllocationError,

@@ -87,7 +87,6 @@ class Arg:
     region: ClassVar[int] = NOT_STAGED  # where it lies in the staging layout
     uploads: ClassVar[bool] = False  # copied to the device before the kernel (In, InOut)
     by_value: ClassVar[bool] = False  # passed as its value, not as a pointer
-    returns: ClassVar[bool] = False  # the dispatch returns something for it
     zeroed: ClassVar[bool] = False  # a resident output: zeroed before the kernel
     foreign: ClassVar[bool] = False  # another library's device array
     output: ClassVar[bool] = False  # a host function may write what it gets for it
@@ -131,25 +130,9 @@ class StagedArg(Arg):
         self.offset: int = NOT_STAGED  # set by lay_out
         self.nbytes: int = value.nbytes
 
-    @property
-    def shape(self) -> tuple[int, ...]:
-        """The array's shape."""
-        shape: tuple[int, ...] = self.value.shape
-        return shape
-
-    @property
-    def dtype(self) -> np.dtype[Any]:
-        """The array's dtype."""
-        dtype: np.dtype[Any] = self.value.dtype
-        return dtype
-
     def signature(self) -> tuple[Any, ...]:
         """Its kind, shape and dtype."""
         return (type(self), self.value.shape, self.value.dtype.str)
-
-    def host_bytes(self) -> Array:
-        """The bytes to copy up (the caller's array, as a flat uint8 view)."""
-        return as_bytes(self.value)
 
     def empty(self) -> Array:
         """A new array for its result."""
@@ -181,7 +164,6 @@ class InOutArg(StagedArg):
     __slots__ = ()
     region = IN_OUTS
     uploads = True
-    returns = True
     output = True
 
     def __repr__(self) -> str:
@@ -197,7 +179,6 @@ class OutArg(StagedArg):
 
     __slots__ = ()
     region = OUTPUTS
-    returns = True
     output = True
 
     def host_value(self) -> Array:
@@ -259,7 +240,6 @@ class ResidentOutArg(Arg):
     """
 
     __slots__ = ("buffer",)
-    returns = True
     zeroed = True
     output = True
 
@@ -334,7 +314,7 @@ class BoundCall:
     in_end: int = 0
     up_end: int = 0
     total: int = 0
-    fresh: list[ResidentOutArg] | None = None  # resident outputs still to be allocated
+    fresh: list[ResidentOutArg] | None = None  # the Out(resident=True) ones: made after bind
     foreign: bool = False  # some argument is another library's device array
     n_results: int = 0  # how many values the dispatch returns (len(returned))
 
@@ -355,22 +335,18 @@ class BoundCall:
     ) -> None:
         """Allocate the buffers of ``Out(..., resident=True)`` with *new*; if one fails, those
         made so far are closed with *discard* and the error propagates."""
-        fresh = self.fresh
-        if not fresh:
-            return
         try:
-            for arg in fresh:
+            for arg in self.fresh or ():
                 out = arg.value
                 arg.buffer = new(out.shape, out.dtype)
         except BaseException:
             self.discard_buffers(discard)
             raise
-        self.fresh = None
 
     def discard_buffers(self, discard: Callable[[ResidentBuffer], None]) -> None:
-        """Close the buffers :meth:`make_buffers` made (the dispatch did not start)."""
-        for arg in self.args:
-            if isinstance(arg, ResidentOutArg) and arg.value.resident and arg.buffer is not None:
+        """Close the buffers :meth:`make_buffers` made (the dispatch did not start, or failed)."""
+        for arg in self.fresh or ():
+            if arg.buffer is not None:
                 discard(arg.buffer)
                 arg.buffer = None
 

@@ -26,7 +26,7 @@ import numpy as np
 from . import _inbox, _loop
 from ._args import LaunchLimits
 from ._backend import Backend
-from ._bound import BoundCall, InOutArg
+from ._bound import BoundCall, InOutArg, host_copy
 from ._checks import describe, describe_value
 from ._dlpack import KDL_CPU
 from ._engine import Sink
@@ -52,10 +52,6 @@ class _HostJob(Job):
     def __init__(self, call: BoundCall, timing: bool) -> None:
         super().__init__(call, timing)
         self.finished = threading.Event()
-
-
-def _copy(array: np.ndarray[Any, Any]) -> np.ndarray[Any, Any]:
-    return np.array(array, copy=True, order="C")
 
 
 def _returned_error(job: _HostJob, args: list[Any], result: object) -> HostFunctionError | None:
@@ -271,10 +267,10 @@ class HostEngine:
     async def upload_storage(self, array: np.ndarray[Any, Any]) -> Any:
         try:
             if array.nbytes <= _INLINE_COPY_BYTES:
-                return _copy(array)
+                return host_copy(array)
             # Copies use the loop's default executor, never the workers: a worker may be blocked
             # waiting for this very copy to finish.
-            return await self._sink.loop.run_in_executor(None, _copy, array)
+            return await self._sink.loop.run_in_executor(None, host_copy, array)
         except MemoryError as exc:
             raise _no_memory(f"a resident copy of {describe_value(array)}", array.nbytes) from exc
 
@@ -299,7 +295,7 @@ class HostEngine:
     ) -> np.ndarray[Any, Any]:
         await wait_finished(deps)
         storage = storage_of(buffer)
-        copy = _copy if out is None else functools.partial(_copy_to, out)
+        copy = host_copy if out is None else functools.partial(_copy_to, out)
         if buffer.nbytes <= _INLINE_COPY_BYTES:
             return copy(storage)
         return await self._sink.loop.run_in_executor(None, copy, storage)

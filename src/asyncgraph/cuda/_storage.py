@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 from cuda.bindings import driver as drv
 
+from .._bound import as_bytes
 from .._dlpack import KDL_CUDA
 from .._exceptions import AllocationError, CudaError
 from .._resident import Download, ResidentBuffer, Use, storage_of, uses_of, writer_of
@@ -50,16 +51,14 @@ class Storage:
         storage = self._allocate(nbytes, lane.stream)
         if nbytes > CHUNKED_ABOVE:
             try:
-                await chunked(device, lane).upload(
-                    array.reshape(-1).view(np.uint8), int(storage.handle)
-                )
+                await chunked(device, lane).upload(as_bytes(array), int(storage.handle))
             except BaseException:
                 with contextlib.suppress(Exception):  # after a device fault the free fails too
                     storage.close(lane.stream)  # ordered after the copies in flight
                 raise
             return storage
         block = device.pinned.acquire(nbytes)
-        block.array[:nbytes] = array.reshape(-1).view(np.uint8)
+        block.array[:nbytes] = as_bytes(array)
         try:
             check(
                 drv.cuMemcpyHtoDAsync(int(storage.handle), block.ptr, nbytes, lane.handle),
@@ -136,7 +135,7 @@ class Storage:
         if nbytes > CHUNKED_ABOVE:
             # Later writers stay parked until the whole download finished (no event set).
             target = np.empty(buffer.shape, buffer.dtype) if out is None else out
-            await chunked(device, lane).download(source, target.reshape(-1).view(np.uint8))
+            await chunked(device, lane).download(source, as_bytes(target))
             return target
         download: Download = use  # type: ignore[assignment]  # the front tracks a Download
         block = device.pinned.acquire(nbytes)
@@ -161,7 +160,7 @@ class Storage:
                 if error is not None or cancelled:
                     return None
                 target = np.empty(shape, dtype) if out is None else out
-                target.reshape(-1).view(np.uint8)[:] = block.array[:nbytes]
+                as_bytes(target)[:] = block.array[:nbytes]
                 return target
             finally:
                 device.pinned.release(block)
