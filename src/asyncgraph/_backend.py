@@ -24,7 +24,6 @@ from typing import Any, Final, NoReturn, cast
 import numpy as np
 
 from . import _loop
-from ._args import bind
 from ._bound import BoundCall
 from ._checks import check_kernel, numeric_dtype, shape_tuple
 from ._dispatcher import Dispatcher
@@ -42,6 +41,7 @@ from ._lifecycle import CLOSED, OPEN, Lifecycle
 from ._nvtx import NvtxRanges
 from ._options import BackendOptions
 from ._pending import PendingDispatch
+from ._plans import Plans
 from ._resident import (
     ResidentBuffer,
     ResidentStore,
@@ -81,6 +81,7 @@ class Backend:
         self._store = ResidentStore(
             name, engine.free_storage, EngineExporter(engine, lambda: self._lifecycle.loop)
         )
+        self._plans = Plans(engine.limits, self._store, engine.takes_device_arrays)
         self.telemetry = Telemetry(self._counts, engine.pool_counters)
         self._log = logger.bind(device=name)
         self._ids = itertools.count(1)
@@ -399,19 +400,8 @@ class Backend:
         shared_mem: object,
         resident_results: bool = False,
     ) -> BoundCall:
-        """Validate a dispatch's arguments against *kernel* and this backend (``bind``)."""
-        engine = self._engine
-        return bind(
-            kernel,
-            args,
-            grid=grid,
-            block=block,
-            shared_mem=shared_mem,
-            limits=engine.limits,
-            store=self._store,
-            device_arrays=engine.takes_device_arrays,
-            resident_results=resident_results,
-        )
+        """Validate a dispatch's arguments against *kernel* and this backend (``_plans``)."""
+        return self._plans.bind(kernel, args, grid, block, shared_mem, resident_results)
 
     def _bind_like(
         self,
