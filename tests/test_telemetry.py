@@ -34,6 +34,29 @@ async def test_counters_equal_the_work_done() -> None:
     assert snap.completion_latency.quantile(0.5) <= snap.completion_latency.max
 
 
+def test_a_histogram_sorts_values_in_batches_into_the_buckets_one_at_a_time_would() -> None:
+    from bisect import bisect_left
+
+    from asyncgraph._telemetry import _BOUNDS, FOLD_EVERY
+
+    rng = np.random.default_rng()
+    # Across batches, with values left unsorted, on bucket bounds and past the last bound.
+    values = [*rng.lognormal(-9, 3, 2 * FOLD_EVERY + 37), *_BOUNDS[:5], 5e3, 0.0]
+    rng.shuffle(values)
+    h = Histogram()
+    counts = [0] * len(_BOUNDS)
+    for i, v in enumerate(values):
+        h.record(float(v))
+        counts[bisect_left(_BOUNDS, v)] += 1
+        assert h.count == i + 1
+    snap = h.snapshot()
+    assert snap.counts == tuple(counts)
+    assert (snap.count, snap.min, snap.max) == (len(values), min(values), max(values))
+    assert snap.sum == pytest.approx(math.fsum(values), rel=1e-12)
+    h.record(1e-3)  # recording goes on after a snapshot
+    assert h.snapshot().count == len(values) + 1
+
+
 def test_histogram_quantiles_are_within_a_bucket() -> None:
     h = Histogram()
     values = np.random.default_rng().uniform(1e-5, 1e-2, 5000)
