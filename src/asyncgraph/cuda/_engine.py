@@ -28,7 +28,7 @@ from ..pool import PinnedPool
 from ._device import Device, join
 from ._graphs import Graphs
 from ._kernels import Kernels
-from ._launch import Launches
+from ._launch import Launches, chained_lane
 from ._plan import BIG_COPY, CudaJob, dep_event, plan
 from ._small import SmallPath
 from ._storage import Storage
@@ -140,7 +140,8 @@ class CudaEngine:
         self.small.stage(job)  # type: ignore[arg-type]  # every job here is a CudaJob
 
     def launch(self, job: Job) -> None:
-        """Launch *job* on the least busy lane (a streamed job: in a task of its own).
+        """Launch *job* on the lane of the uses it depends on when they all run on one, else on
+        the least busy lane (a streamed job: in a task of its own).
 
         Raises:
             DeviceFaultError: the device failed earlier. CudaError: a driver call failed.
@@ -153,7 +154,10 @@ class CudaEngine:
         if cuda_job.streamed:
             self.streamed.launch(cuda_job)
             return
-        lane = device.lanes[device.stream_pool.pick().index]
+        # After uses on one stream, the job goes on that stream: ordered without a wait.
+        lane = chained_lane(job.deps) if job.deps else None
+        if lane is None:
+            lane = device.lanes[device.stream_pool.pick().index]
         if cuda_job.replay is not None:
             self.small.launch_replay(cuda_job, lane)
         else:

@@ -15,8 +15,9 @@ from ._plan import CudaJob, dep_event
 
 if TYPE_CHECKING:
     from ._device import Device
+    from ._lanes import Lane
 
-__all__ = ("Launcher", "Launches", "wait_deps")
+__all__ = ("Launcher", "Launches", "chained_lane", "wait_deps")
 
 _DEFAULT_SHARED = 48 * 1024
 _POINTER = np.dtype(np.uint64)
@@ -65,13 +66,37 @@ class Launcher:
         return Launcher(function, params)
 
 
-def wait_deps(deps: list[Any], handle: Any) -> None:
-    """Make the stream *handle* wait for the launched uses in *deps* (finished ones need no
-    wait; unlaunched ones were waited for before)."""
+def wait_deps(deps: list[Any], lane: Lane) -> None:
+    """Make *lane*'s stream wait for the launched uses in *deps*.
+
+    Uses on *lane* itself are ordered by the stream already, finished ones need no wait, and
+    unlaunched ones were waited for before; the others are waited for through their events.
+    """
     for dep in deps:
         event = dep_event(dep)
-        if event is not None and event is not False:
-            check(drv.cuStreamWaitEvent(handle, event, 0), "cuStreamWaitEvent")
+        if event is not None and event is not False and getattr(dep, "lane", None) is not lane:
+            check(drv.cuStreamWaitEvent(lane.handle, event, 0), "cuStreamWaitEvent")
+
+
+def chained_lane(deps: list[Any]) -> Lane | None:
+    """The lane every unfinished use in *deps* runs on, if they all run on one that is not
+    leased; ``None`` otherwise.
+
+    A dispatch placed there is ordered after them by the stream alone: a chain of dispatches
+    on one resident buffer runs back to back, without an event wait between streams.
+    """
+    found: Lane | None = None
+    for dep in deps:
+        event = dep_event(dep)
+        if event is None:
+            continue  # finished
+        lane = getattr(dep, "lane", None)
+        if event is False or lane is None or (found is not None and lane is not found):
+            return None
+        found = lane
+    if found is not None and found.slot.leased:
+        return None
+    return found
 
 
 class Launches:

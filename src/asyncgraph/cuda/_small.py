@@ -116,7 +116,7 @@ class SmallPath:
         try:
             self._claim_result_memory(job)
             if job.deps:
-                wait_deps(job.deps, handle)
+                wait_deps(job.deps, lane)
             base = 0
             if job.total:
                 if job.stage_hi > job.stage_lo:
@@ -200,7 +200,7 @@ class SmallPath:
         job.lane = lane
         try:
             if job.deps:
-                wait_deps(job.deps, lane.handle)
+                wait_deps(job.deps, lane)
             job.replay.launch_on(lane.handle)
         except Exception:
             self.release(job)

@@ -19,7 +19,7 @@ from .._exceptions import AllocationError, CudaError
 from .._resident import Download, ResidentBuffer, Use, storage_of, uses_of, writer_of
 from .._scheduler import wait_finished
 from ._driver import check, translate
-from ._launch import wait_deps
+from ._launch import chained_lane, wait_deps
 from ._plan import dep_event
 from ._streamed import chunked
 from ._transfer import CHUNKED_ABOVE
@@ -128,8 +128,9 @@ class Storage:
         if any(dep_event(dep) is False for dep in deps):
             # A writer is not launched yet (queued or compiling): wait for it to finish.
             await wait_finished(deps)
-        lane = device.lanes[device.stream_pool.pick().index]
-        wait_deps(deps, lane.handle)
+        # After writers on one stream, on that stream: ordered without a wait.
+        lane = chained_lane(deps) or device.lanes[device.stream_pool.pick().index]
+        wait_deps(deps, lane)
         nbytes = buffer.nbytes
         source = int(storage_of(buffer).handle)
         if nbytes > CHUNKED_ABOVE:

@@ -87,7 +87,7 @@ class StreamedPath:
             stream = lane.stream
             handle = lane.handle
             if job.deps:
-                wait_deps(job.deps, handle)
+                wait_deps(job.deps, lane)
             job.device_buffer = device.memory.allocate(job.total, stream)
             base = int(job.device_buffer.handle)
             for arg in call.args:
