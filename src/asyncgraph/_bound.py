@@ -91,6 +91,7 @@ class Arg:
     foreign: ClassVar[bool] = False  # another library's device array
     output: ClassVar[bool] = False  # a host function may write what it gets for it
     buffer: ResidentBuffer | None = None  # the resident buffer it uses, if any
+    writes: bool = False  # whether the kernel may write that buffer (for ordering later uses)
 
     def __init__(self, index: int, value: Any, param: Param | None) -> None:
         self.index = index
@@ -99,11 +100,6 @@ class Arg:
 
     def __repr__(self) -> str:
         return f"{type(self).__name__}({self.index}, {self.value!r})"
-
-    @property
-    def writes(self) -> bool:
-        """Whether the kernel may write its resident buffer (for ordering later uses)."""
-        return False
 
     def launch_value(self, base: int) -> Any:
         """Its kernel argument on a device whose staging memory starts at *base*."""
@@ -202,21 +198,21 @@ class ScalarArg(Arg):
 
 
 class ResidentArg(Arg):
-    """A resident buffer, passed as its device pointer (nothing is copied)."""
+    """A resident buffer, passed as its device pointer (nothing is copied).
 
-    __slots__ = ()
+    ``buffer`` is the buffer; ``writes`` holds unless the parameter is ``const``.
+    """
+
+    __slots__ = ("buffer", "writes")
     output = True
 
-    @property
-    def buffer(self) -> ResidentBuffer:  # type: ignore[override]  # always set here
-        """The buffer."""
-        buffer: ResidentBuffer = self.value
-        return buffer
-
-    @property
-    def writes(self) -> bool:
-        """Without a ``const`` parameter the kernel may write through the pointer."""
-        return self.param is None or not self.param.const
+    def __init__(self, index: int, value: ResidentBuffer, param: Param | None) -> None:
+        self.index = index
+        self.value = value
+        self.param = param
+        self.buffer: ResidentBuffer = value
+        # Without a const parameter the kernel may write through the pointer.
+        self.writes: bool = param is None or not param.const
 
     def launch_value(self, base: int) -> int:
         """The buffer's device pointer."""
@@ -242,6 +238,7 @@ class ResidentOutArg(Arg):
     __slots__ = ("buffer",)
     zeroed = True
     output = True
+    writes = True  # the kernel writes its output
 
     def __init__(self, index: int, value: Out, param: Param | None) -> None:
         super().__init__(index, value, param)
@@ -252,11 +249,6 @@ class ResidentOutArg(Arg):
         """Bytes of the buffer, zeroed before the kernel."""
         nbytes: int = self.value.nbytes
         return nbytes
-
-    @property
-    def writes(self) -> bool:
-        """Always: the kernel writes its output."""
-        return True
 
     def launch_value(self, base: int) -> int:
         """The buffer's device pointer."""
