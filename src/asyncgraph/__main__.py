@@ -1,4 +1,4 @@
-"""Command line: ``python -m asyncgraph info | demo``."""
+"""Command line: ``python -m asyncgraph info | demo | bench``."""
 
 from __future__ import annotations
 
@@ -7,16 +7,14 @@ import asyncio
 import platform
 import sys
 from collections.abc import Sequence
-from importlib.metadata import PackageNotFoundError, version
+from pathlib import Path
 
+from ._bench_report import version_of
 from ._detect import probe_cuda
+from ._exceptions import DeviceUnavailableError, UnsupportedError
 
-
-def _version_of(package: str) -> str:
-    try:
-        return version(package)
-    except PackageNotFoundError:
-        return "not installed"
+BENCH_REPS = 3000  # timed repetitions of each latency row: seconds on a GPU, imports aside
+QUICK_REPS = 20
 
 
 def _nvrtc_version() -> str:
@@ -39,7 +37,7 @@ def info() -> int:
     print(f"asyncgraph     {package_version()}")
     print(f"python         {platform.python_version()} ({sys.executable})")
     for package in ("numpy", "cuda-core", "cuda-bindings", "anyio", "attrs", "structlog"):
-        print(f"{package:<14} {_version_of(package)}")
+        print(f"{package:<14} {version_of(package)}")
     print(f"nvrtc          {_nvrtc_version()}")
     probe = probe_cuda()
     driver = ".".join(map(str, probe.driver_version)) if probe.driver_version else "none"
@@ -79,6 +77,84 @@ def demo(device: str, dispatches: int) -> int:
     return 0
 
 
+def bench(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
+    """Run the bench: progress on stderr, the table on stdout, then the JSON and the plot."""
+    from ._bench import loop_factory, run
+    from ._bench_peers import PEER_ROWS
+    from ._bench_report import (
+        PLOT_HINT,
+        BenchSettings,
+        default_path,
+        format_report,
+        write_json,
+        write_plot,
+    )
+
+    if args.reps < 1:
+        parser.error("--reps must be at least 1")
+    settings = BenchSettings.scaled(QUICK_REPS if args.quick else args.reps)
+    try:
+        factory = loop_factory(args.loop)
+        report = run(args.device, settings, PEER_ROWS, sys.stderr, factory)
+    except (UnsupportedError, DeviceUnavailableError) as exc:
+        parser.error(str(exc))
+    print(format_report(report))
+    print()
+    json_path = write_json(report, args.json or default_path(report.device, ".json"))
+    print(f"json           {json_path}")
+    if not args.no_plot:
+        plot = write_plot(report, args.plot or default_path(report.device, ".png"))
+        note = plot if plot is not None else f"not written: matplotlib is missing; {PLOT_HINT}"
+        print(f"plot           {note}")
+    return 0
+
+
+def _bench_parser(
+    sub: argparse._SubParsersAction[argparse.ArgumentParser],
+) -> argparse.ArgumentParser:
+    parser = sub.add_parser(
+        "bench",
+        help="asyncgraph's dispatch latency beside raw CUDA, CuPy and PyTorch: table, JSON, plot",
+    )
+    parser.add_argument(
+        "--device",
+        default="auto",
+        help="auto (a GPU if there is one, else host), host, cuda, cuda:N",
+    )
+    parser.add_argument(
+        "--loop",
+        choices=("asyncio", "uvloop"),
+        default="asyncio",
+        help="the event loop (default asyncio); uvloop must be installed",
+    )
+    reps = parser.add_mutually_exclusive_group()
+    reps.add_argument(
+        "--reps",
+        type=int,
+        default=BENCH_REPS,
+        help=f"timed repetitions of each latency row (default {BENCH_REPS}); a tenth of it "
+        "warms up, and each of the 64 tasks awaits a tenth of it",
+    )
+    reps.add_argument(
+        "--quick",
+        action="store_true",
+        help=f"{QUICK_REPS} repetitions: a smoke test, not a measure",
+    )
+    parser.add_argument(
+        "--json", type=Path, metavar="PATH", help="default: ./asyncgraph-bench-<device>.json"
+    )
+    plot = parser.add_mutually_exclusive_group()
+    plot.add_argument(
+        "--plot",
+        type=Path,
+        metavar="PATH",
+        help="the PNG of the latencies (default: ./asyncgraph-bench-<device>.png); "
+        "needs matplotlib: pip install 'asyncgraph[plot]'",
+    )
+    plot.add_argument("--no-plot", action="store_true", help="write no plot")
+    return parser
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of ``python -m asyncgraph`` and the ``asyncgraph`` script."""
     parser = argparse.ArgumentParser(prog="python -m asyncgraph", description=__doc__)
@@ -89,9 +165,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     )
     demo_parser.add_argument("--device", default="auto", help="auto, host, cuda, cuda:N")
     demo_parser.add_argument("--dispatches", type=int, default=1200)
+    bench_parser = _bench_parser(sub)
     args = parser.parse_args(argv)
     if args.command == "info":
         return info()
+    if args.command == "bench":
+        return bench(args, bench_parser)
     if args.dispatches < 1:
         parser.error("--dispatches must be at least 1")
     return demo(args.device, args.dispatches)
