@@ -196,3 +196,35 @@ async def test_waiters_are_armed_only_when_the_loop_would_sleep(
         await asyncio.sleep(0)
     assert reactor.polls == polls
     event.done = True
+
+
+async def test_inline_completions_count_as_progress_so_a_held_task_is_not_handed_off(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    clock = _fake_clock(monkeypatch)
+    loop = asyncio.get_running_loop()
+    reactor = _reactor.Reactor(
+        loop, None, 1, EventPool(0), 200e-6, lambda _e: None, spin_window=50e-6
+    )
+    handed: list[object] = []
+    monkeypatch.setattr(reactor, "_hand_off", handed.append)
+    completed: list[object] = []
+    reactor.watch(0, FakeEvent(done=True), completed.append)
+    await asyncio.sleep(0)  # a poll completes it, and schedules the next poll
+    assert (len(completed), reactor.spins) == (1, 0)
+    # The woken task awaits one dispatch after another; each completes inline, 100 us apart,
+    # so the loop does not run the reactor's poll for 600 us.
+    for _ in range(6):
+        clock[0] += 100e-6
+        reactor.watch(0, FakeEvent(done=True), completed.append)
+        reactor.spin()
+    assert (len(completed), reactor.spins) == (7, 6)
+    clock[0] += 100e-6
+    reactor.watch(0, FakeEvent(done=False), completed.append)
+    reactor.spin()  # held past HOLD_LIMIT: the task must yield to the loop
+    assert reactor.pending == 1
+    await asyncio.sleep(0)  # the loop polls: the kernel is still running
+    # Completions happened all along: the window without progress starts now, so the loop
+    # keeps polling rather than waking a waiter thread (a wake-up costs far more).
+    assert handed == []
+    assert reactor.pending == 1
