@@ -32,17 +32,12 @@ from cuda.bindings import driver as drv
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import asyncgraph as ag
+from asyncgraph._bench import SCALE_SOURCE
 from asyncgraph._spin import SPIN
 from benchmarks import harness
 
 EMPTY = ag.Kernel('extern "C" __global__ void empty(int n) { }', "empty")
-SCALE_SRC = r"""
-extern "C" __global__ void scale(const float* x, float* out, float a, int n)
-{
-    int i = blockIdx.x * blockDim.x + threadIdx.x;
-    if (i < n) out[i] = a * x[i];
-}
-"""
+SCALE_SRC = SCALE_SOURCE  # the scale kernel the bench command measures, for every script
 SCALE = ag.Kernel(SCALE_SRC, "scale")
 COPY = ag.Kernel(
     r"""

@@ -9,26 +9,15 @@ import numpy as np
 
 import asyncgraph as ag
 
+# The scale kernel (out = a * x) and its host function, the one the bench command measures.
+from asyncgraph._bench import SCALE as SCALE
+
 # The long kernel (a clock64() busy-wait) and its host clock, shared with the benchmarks.
 from asyncgraph._spin import HOST_CLOCK_HZ as HOST_CLOCK_HZ
 from asyncgraph._spin import SPIN as SPIN
 
 Array = np.ndarray[Any, Any]
 
-SCALE_SRC = r"""
-extern "C" __global__ void scale(const float* x, float* out, float a, int n)
-{
-    int i = blockIdx.x * blockDim.x + threadIdx.x;
-    if (i < n) out[i] = a * x[i];
-}
-"""
-
-
-def _scale(x: Array, out: Array, a: np.float32, n: np.int32) -> None:
-    out[: int(n)] = a * x[: int(n)]
-
-
-SCALE = ag.Kernel(SCALE_SRC, "scale", host=_scale)
 
 INC_SRC = r"""
 extern "C" __global__ void inc(float* buf, float step, int n)
