@@ -8,6 +8,7 @@ three.
 
 from __future__ import annotations
 
+import os
 import threading
 from collections.abc import Awaitable, Callable
 from typing import Any
@@ -17,6 +18,7 @@ import numpy as np
 import pytest
 
 import asyncgraph as ag
+from asyncgraph import _loop
 from asyncgraph.testing import assert_matches_host
 
 from .kernels import HOST_CLOCK_HZ, INC, SCALE, SPIN
@@ -328,3 +330,29 @@ def test_cuda_leases_graphs_and_large_transfers(loop: Any, open_gpu: Opener) -> 
             await buffer.aclose()
 
     run(loop, body)
+
+
+def test_trio_watches_a_file_descriptor_like_asyncio() -> None:
+    trio = pytest.importorskip("trio")
+
+    seen: list[bytes] = []
+
+    async def main() -> None:
+        loop = _loop.current_loop()
+        read, write = os.pipe()
+        try:
+            loop.add_reader(read, lambda: seen.append(os.read(read, 16)))
+            os.write(write, b"one")
+            with trio.fail_after(5):
+                while not seen:
+                    await trio.sleep(0.001)
+            assert loop.remove_reader(read)
+            assert not loop.remove_reader(read)
+            os.write(write, b"two")
+            await trio.sleep(0.05)
+        finally:
+            os.close(read)
+            os.close(write)
+
+    trio.run(main)
+    assert seen == [b"one"]
