@@ -19,8 +19,8 @@ class FakeEvent:
         self.done = done
 
 
-def _query(event: FakeEvent) -> tuple[Any]:
-    return (SUCCESS if event.done else NOT_READY,)
+def _query(event: FakeEvent) -> Any:
+    return SUCCESS if event.done else NOT_READY
 
 
 async def test_a_busy_stream_cannot_starve_another(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -54,9 +54,9 @@ async def test_a_busy_stream_cannot_starve_another(monkeypatch: pytest.MonkeyPat
 
 
 def _fake_driver(monkeypatch: pytest.MonkeyPatch) -> None:
-    fake = types.SimpleNamespace(cuEventQuery=_query)
-    monkeypatch.setattr(_reactor, "drv", fake)
-    monkeypatch.setattr(_watches, "drv", fake)
+    fake = types.SimpleNamespace(query=_query)
+    monkeypatch.setattr(_reactor, "core", fake)
+    monkeypatch.setattr(_watches, "core", fake)
 
 
 def _fake_clock(monkeypatch: pytest.MonkeyPatch) -> list[float]:

@@ -30,6 +30,14 @@ def _nvrtc_version() -> str:
     return f"{major}.{minor}"
 
 
+def _core_description() -> str:
+    try:
+        from .cuda._cores import describe
+    except Exception as exc:  # cuda-bindings cannot even be imported
+        return f"unavailable ({type(exc).__name__}: {exc})"
+    return describe()
+
+
 def info() -> int:
     """Print versions, what CUDA the machine has, and the backend 'auto' picks."""
     from ._version import package_version
@@ -39,6 +47,7 @@ def info() -> int:
     for package in ("numpy", "cuda-core", "cuda-bindings", "anyio", "attrs", "structlog"):
         print(f"{package:<14} {version_of(package)}")
     print(f"nvrtc          {_nvrtc_version()}")
+    print(f"dispatch core  {_core_description()}")
     probe = probe_cuda()
     driver = ".".join(map(str, probe.driver_version)) if probe.driver_version else "none"
     print(f"cuda driver    {driver}")

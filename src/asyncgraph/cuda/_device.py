@@ -8,7 +8,6 @@ its resources as plain attributes; none of them sets anything up or frees anythi
 from __future__ import annotations
 
 import asyncio
-import threading
 from typing import TYPE_CHECKING, Any
 
 from cuda.bindings import driver as drv
@@ -22,6 +21,7 @@ from ._driver import check
 from ._events import EventPool
 from ._lanes import SCRATCH_BYTES, Lane
 from ._reactor import Reactor
+from ._waiters import Joinable
 
 if TYPE_CHECKING:
     from .._engine import Sink
@@ -172,11 +172,11 @@ class Device:
 
     # -- closing -------------------------------------------------------------------------------
 
-    def close_reactor(self) -> list[threading.Thread]:
-        """Stop the reactor's waiter threads; the threads to join."""
+    def close_reactor(self) -> list[Joinable]:
+        """Stop the reactor's waiter threads; what to join."""
         return self.reactor_.close() if self.reactor_ is not None else []
 
-    def synchronize(self, threads: list[threading.Thread]) -> None:
+    def synchronize(self, threads: list[Joinable]) -> None:
         """Wait for the whole device, then for *threads* (a worker thread of a later loop)."""
         drv.cuCtxSetCurrent(self.context)
         drv.cuCtxSynchronize()  # a fault's error surfaces in the events' queries
@@ -186,6 +186,8 @@ class Device:
         """Free everything (closing; nothing is in flight). Safe to call twice."""
         if self.closed:
             return
+        if self.reactor_ is not None:
+            self.reactor_.collect()  # events the joined waiters still held go back first
         self.pinned.close()
         self.events.close()
         self.timing_events.close()
@@ -202,8 +204,8 @@ class Device:
             self.memory_resource.close()
 
 
-def join(threads: list[threading.Thread]) -> None:
-    """Join every thread of *threads*."""
+def join(threads: list[Joinable]) -> None:
+    """Join every one of *threads* (waiter threads, or the native ones)."""
     for thread in threads:
         thread.join()
 

@@ -45,9 +45,14 @@ def is_sticky(code: Any) -> bool:
 
 
 def error_for(code: Any, call: str, detail: str = "") -> CudaError:
-    """The exception for a failed driver call (not raised)."""
+    """The exception for a failed driver call (not raised); *code* is a ``CUresult`` or the
+    int a compiled call returned."""
     cls = DeviceFaultError if code in _STICKY else CudaError
-    return cls(int(code), code.name, call, detail)
+    try:
+        name = drv.CUresult(int(code)).name
+    except ValueError:
+        name = f"CUresult {int(code)}"
+    return cls(int(code), name, call, detail)
 
 
 def check(result: Any, call: str) -> Any:

@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING, Any
 from cuda.bindings import driver as drv
 
 from .._exceptions import CudaError
+from ._cores import core
 from ._driver import SUCCESS, error_for
 
 if TYPE_CHECKING:
@@ -23,6 +24,8 @@ if TYPE_CHECKING:
     from ._device import Device
 
 __all__ = ("SCRATCH_BYTES", "Lane")
+
+record = core.record
 
 # Dispatches needing at most this much device memory use their lane's scratch buffer.
 SCRATCH_BYTES = 1 << 20
@@ -68,7 +71,7 @@ class Lane:
         """
         events = self._device.events
         event = events.take()
-        code = drv.cuEventRecord(event, self.handle)[0]
+        code = record(event, self.handle)
         if code != SUCCESS:
             events.give(event)
             raise error_for(code, "cuEventRecord")

@@ -9,7 +9,10 @@ from cuda.bindings import driver as drv
 from cuda.core import LaunchConfig, launch
 
 from .._bound import BoundCall
-from .._kernel import Kernel, Param
+from .._kernel import Kernel
+from . import _core_py
+from ._core_py import Launcher
+from ._cores import core
 from ._driver import SUCCESS, check, error_for, translate
 from ._plan import CudaJob, dep_event
 
@@ -17,53 +20,30 @@ if TYPE_CHECKING:
     from ._device import Device
     from ._lanes import Lane
 
-__all__ = ("Launcher", "Launches", "chained_lane", "wait_deps")
+__all__ = ("Launches", "chained_lane", "launcher_for", "wait_deps")
 
 _DEFAULT_SHARED = 48 * 1024
-_POINTER = np.dtype(np.uint64)
 
 
-class Launcher:
-    """A loaded kernel's ``CUfunction`` and a reusable parameter block for ``cuLaunchKernel``.
-
-    Each parameter has a 16-byte slot; ``kernel_params`` is the address of the array of slot
-    addresses the driver reads. A dispatch writes its values into the slots and launches: the
-    driver copies the parameters during the call, and only the event loop's thread launches,
-    so one block per kernel serves every dispatch. Measured on an NVIDIA H100 80GB HBM3, this
-    is what takes the launch from about 5 µs (``cuda.core.launch``) to the bare driver call.
-    """
-
-    __slots__ = ("_keep", "function", "kernel_params", "slot_views", "slots")
-
-    def __init__(self, function: Any, params: tuple[Param, ...]) -> None:
-        self.function = function
-        n = len(params)
-        self.slots = np.zeros(2 * max(n, 1), np.uint64)
-        base = self.slots.ctypes.data
-        raw = self.slots.view(np.uint8)
-        addresses = np.array([base + 16 * i for i in range(n)] or [0], np.uint64)
-        self._keep = addresses
-        self.kernel_params = int(addresses.ctypes.data) if n else 0
-        views = []
-        for i, param in enumerate(params):
-            # for_kernel takes only kernels whose value parameters all have a dtype.
-            dtype = param.dtype if not param.pointer and param.dtype is not None else _POINTER
-            views.append(raw[16 * i : 16 * i + dtype.itemsize].view(dtype))
-        self.slot_views: list[np.ndarray[Any, Any]] = views
-
-    @staticmethod
-    def for_kernel(kernel: Kernel, loaded: Any) -> Launcher | None:
-        """A launcher for *kernel*, or ``None`` when a parameter's type is unknown (then the
-        dispatch goes through ``cuda.core.launch``, which packs any argument)."""
-        params = kernel.params
-        if params is None or any(not p.pointer and p.dtype is None for p in params):
-            return None
-        if any(p.dtype is not None and p.dtype.itemsize > 16 for p in params):
-            return None
-        function = check(
-            drv.cuKernelGetFunction(drv.CUkernel(int(loaded.handle))), "cuKernelGetFunction"
-        )
-        return Launcher(function, params)
+def launcher_for(kernel: Kernel, loaded: Any) -> Launcher | None:
+    """A launcher for *kernel* from the core that runs (``_cores``), or from the Python core
+    when only it can pack the parameters; ``None`` when a parameter's type is unknown (then
+    the dispatch goes through ``cuda.core.launch``, which packs any argument)."""
+    params = kernel.params
+    if params is None:
+        return None
+    maker: Any = None
+    for candidate in (core.Launcher, _core_py.Launcher):
+        if candidate.supports(params):
+            maker = candidate
+            break
+    if maker is None:
+        return None
+    function = check(
+        drv.cuKernelGetFunction(drv.CUkernel(int(loaded.handle))), "cuKernelGetFunction"
+    )
+    launcher: Launcher = maker(function, params)
+    return launcher
 
 
 def wait_deps(deps: list[Any], lane: Lane) -> None:
@@ -112,7 +92,7 @@ class Launches:
     def add(self, kernel: Kernel, loaded: Any) -> None:
         """*kernel* is loaded as *loaded* (a ``cuda.core`` Kernel)."""
         self.loaded[kernel] = loaded
-        self.launchers[kernel] = Launcher.for_kernel(kernel, loaded)
+        self.launchers[kernel] = launcher_for(kernel, loaded)
 
     def is_loaded(self, kernel: Kernel) -> bool:
         """Whether *kernel* is loaded on this device."""
@@ -157,22 +137,16 @@ class Launches:
             check(drv.cuEventRecord(job.start_event, handle), "cuEventRecord")
         launcher = self.launchers.get(call.kernel)
         if launcher is not None:
-            self._pack(job, launcher, base, handle)
-            grid = call.grid
-            block_dim = call.block
-            code = drv.cuLaunchKernel(
-                launcher.function,
-                grid[0],
-                grid[1],
-                grid[2],
-                block_dim[0],
-                block_dim[1],
-                block_dim[2],
-                call.shared_mem,
-                handle,
-                launcher.kernel_params,
-                0,
-            )[0]
+            if call.resident or call.foreign:
+                code = launcher.launch_values(
+                    self._values(job, base, handle), call.grid, call.block, call.shared_mem, handle
+                )
+            else:
+                # The common case (arrays staged by this dispatch, and scalars): packed from
+                # the arguments themselves.
+                code = launcher.launch(
+                    call.args, base, call.grid, call.block, call.shared_mem, handle
+                )
             if code != SUCCESS:
                 raise error_for(code, "cuLaunchKernel")
         else:
@@ -202,18 +176,6 @@ class Launches:
                 self._wait_foreign(arg.producer, handle)  # type: ignore[attr-defined]  # likewise
             values.append(value)
         return values
-
-    def _pack(self, job: CudaJob, launcher: Launcher, base: int, handle: Any) -> None:
-        """Write *job*'s arguments into the launcher's parameter slots."""
-        views = launcher.slot_views
-        call = job.call
-        if call.resident or call.foreign:
-            for view, value in zip(views, self._values(job, base, handle), strict=True):
-                view[0] = value
-            return
-        # The common case (arrays staged by this dispatch, and scalars), without a list.
-        for view, arg in zip(views, call.args, strict=True):
-            view[0] = arg.value if arg.by_value else base + arg.offset
 
     def _arguments(self, job: CudaJob, base: int, handle: Any) -> list[Any]:
         """Launch arguments for ``cuda.core.launch`` (kernels without a launcher)."""

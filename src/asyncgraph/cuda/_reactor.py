@@ -14,8 +14,9 @@ While other callbacks run between polls the loop is busy and keeps polling once 
 Only when polls followed each other with nothing else to run and nothing completing for
 ``poll_window`` seconds (the loop would otherwise sleep) does each busy lane hand its oldest
 event to that lane's waiter thread, which blocks in ``cuEventSynchronize`` on a blocking-sync event
-(the GIL released, the thread asleep) and then posts the lane to an :class:`Inbox`; the loop
-wakes once per batch and polls again, so a fault surfaces as the query's error, not a hang.
+(the thread asleep) and then wakes the loop (``_waiters``: native threads through an eventfd,
+or Python threads through an inbox); the loop wakes once per batch and polls again, so a fault
+surfaces as the query's error, not a hang.
 
 No Python runs inside a driver callback. An event handed to a waiter is not recycled until the
 waiter returned it, even if a poll saw it complete first.
@@ -25,7 +26,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import threading
 from collections.abc import Callable
 from time import perf_counter
 from typing import Any
@@ -34,10 +34,12 @@ from cuda.bindings import driver as drv
 
 from .. import _loop
 from .._exceptions import CudaError
-from .._inbox import Inbox, off_loop_lock
+from .._inbox import off_loop_lock
 from .._telemetry import Telemetry, logger
+from ._cores import core
 from ._driver import NOT_READY, SUCCESS, check, error_for, is_sticky
 from ._events import EventPool
+from ._waiters import Joinable, Waiters
 from ._watches import Callback, Watch, WatchLane, next_completed
 
 __all__ = ("HOLD_LIMIT", "Reactor")
@@ -89,8 +91,8 @@ class Reactor:
         self._held_since = 0.0  # first inline completion since the loop last polled
         self._on_fault = on_fault
         self._telemetry = telemetry
-        self._inbox: Inbox[WatchLane] = Inbox(
-            loop, self._woken, self._woken_off_loop, self._closed_loop
+        self._waiters = Waiters(
+            loop, context, self._lanes, self._woken, self._woken_off_loop, self._closed_loop
         )
         self._poll_scheduled = False
         self._window_start = 0.0
@@ -264,10 +266,10 @@ class Reactor:
         if watch.held:
             return
         event = watch.event
-        query = drv.cuEventQuery
+        query = core.query
         deadline = now + self._spin_window
         while True:
-            code = query(event)[0]
+            code = query(event)
             if code != NOT_READY:
                 break
             if perf_counter() > deadline:
@@ -290,15 +292,7 @@ class Reactor:
         self.handoffs += 1
         if self._telemetry is not None:
             self._telemetry.sync_points += 1
-        if lane.thread is None:
-            lane.thread = threading.Thread(
-                target=self._wait_loop,
-                args=(lane,),
-                name=f"asyncgraph-waiter-{lane.index}",
-                daemon=True,
-            )
-            lane.thread.start()
-        lane.queue.put(watch.event)
+        self._waiters.hand(lane, watch.event)
 
     def _woken(self, lane: WatchLane) -> None:
         watch = lane.handed
@@ -345,6 +339,11 @@ class Reactor:
         off_loop_lock): hand every busy lane to its waiter thread, which settles them all
         (:meth:`_woken_off_loop`). Covers a loop that closed while it still polled."""
         if self._stopped or not self._loop.is_closed():
+            return
+        if self._waiters.native:
+            # Native waiters run no Python: settle here, on the thread that asked.
+            self._waiters.collect()
+            self._settle_off_loop()
             return
         for lane in self._lanes:
             if lane.pending and lane.handed is None:
@@ -426,17 +425,7 @@ class Reactor:
         self._pending = 0
         return watches
 
-    # -- waiter threads --------------------------------------------------------------------
-
-    def _wait_loop(self, lane: WatchLane) -> None:
-        drv.cuCtxSetCurrent(self._context)
-        while True:
-            event = lane.queue.get()
-            if event is None:
-                return
-            # Blocks with the GIL released; the loop re-queries, so the result is not needed.
-            lane.last_code = drv.cuEventSynchronize(event)[0]
-            self._inbox.post(lane)
+    # -- the waiters' life -------------------------------------------------------------------
 
     def adopt(self, loop: asyncio.AbstractEventLoop) -> None:
         """The loop this reactor served has ended: serve *loop*, and settle every watch now.
@@ -448,28 +437,27 @@ class Reactor:
             self._adopt(loop)
 
     def _adopt(self, loop: asyncio.AbstractEventLoop) -> None:
+        self._waiters.collect()  # what native waiters returned meanwhile: their events
         self._loop = loop
-        self._inbox = Inbox(loop, self._woken, self._woken_off_loop, self._closed_loop)
+        self._waiters.adopt(loop)
         self._poll_scheduled = self._paused = self._pause_waiters = self._stopped = False
         for lane in self._lanes:
             lane.handed = None
         for watch in self._take_watches():
             watch.held = False
-            code = drv.cuEventQuery(watch.event)[0]
+            code = core.query(watch.event)
             error = None if code == SUCCESS else error_for(code, "cuEventQuery")
             if error is not None and is_sticky(code) and self._fault is None:
                 self._fault = error
                 self._on_fault(error)
             self._finish(watch, error)
 
-    def close(self) -> list[threading.Thread]:
-        """Stop the waiter threads; return them to join (nothing may be pending)."""
-        threads = []
+    def close(self) -> list[Joinable]:
+        """Stop the waiter threads; return what to join (nothing may be pending)."""
         with off_loop_lock:  # a kick (_closed_loop) must not start them again
             self._stopped = True
-            for lane in self._lanes:
-                if lane.thread is not None:
-                    lane.queue.put(None)
-                    threads.append(lane.thread)
-                    lane.thread = None
-        return threads
+            return self._waiters.stop()
+
+    def collect(self) -> None:
+        """After the waiters were joined: give back the events they still held."""
+        self._waiters.collect()

@@ -14,9 +14,8 @@ from collections import deque
 from collections.abc import Callable
 from typing import Any
 
-from cuda.bindings import driver as drv
-
 from .._exceptions import CudaError
+from ._cores import core
 from ._driver import NOT_READY, SUCCESS
 
 __all__ = ("Callback", "Watch", "WatchLane", "next_completed")
@@ -62,7 +61,7 @@ def next_completed(
     query, and a lane whose newest event completed (queried once per poll, *checked*) has all
     of them complete. A lane whose head is still running is marked in *running* and skipped.
     """
-    query = drv.cuEventQuery
+    query = core.query
     while True:
         best = None
         seq = 0
@@ -81,10 +80,10 @@ def next_completed(
             checked[index] = True
             # Work on one stream completes in order: if its newest event completed, so did
             # every older one, and this one query settles them all.
-            if query(pending[-1].event)[0] == SUCCESS:
+            if query(pending[-1].event) == SUCCESS:
                 best.ready = len(pending)
                 return best, SUCCESS
-        code = query(pending[0].event)[0]
+        code = query(pending[0].event)
         if code == NOT_READY:
             running[index] = True
             continue

@@ -1,0 +1,141 @@
+"""The dispatch core in Python: the twin of the compiled ``_core`` extension.
+
+Both modules offer the same three things, and the rest of the CUDA backend calls them without
+knowing which one runs (``_cores`` chooses):
+
+- :class:`Launcher`: a kernel's parameter block, packed from a call's arguments, and its
+  launch (``cuLaunchKernel``);
+- :func:`record` and :func:`query`: ``cuEventRecord`` and ``cuEventQuery``, returning the
+  driver's code;
+- ``NativeWaiter``: threads outside Python that sleep in ``cuEventSynchronize`` and wake the
+  event loop through an eventfd. It exists only compiled; here it is ``None``, and the
+  reactor's waiter threads are Python threads instead (``_waiters``).
+
+Each function returns the driver's result code (``0`` is success) and raises nothing for a
+failed driver call, so each caller turns a code into its error exactly once, in one place.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+from cuda.bindings import driver as drv
+
+from .._kernel import Param
+
+__all__ = ("COMPILED", "Launcher", "NativeWaiter", "query", "record")
+
+COMPILED = False
+NativeWaiter: Any = None
+
+_POINTER = np.dtype(np.uint64)
+_launch = drv.cuLaunchKernel
+_record = drv.cuEventRecord
+_query = drv.cuEventQuery
+
+
+class Launcher:
+    """A loaded kernel's ``CUfunction`` and a reusable parameter block for ``cuLaunchKernel``.
+
+    Each parameter has a 16-byte slot; the driver reads the array of slot addresses. A dispatch
+    writes its values into the slots and launches: the driver copies the parameters during the
+    call, and only the event loop's thread launches, so one block per kernel serves every
+    dispatch.
+
+    Args:
+        function: the ``CUfunction``.
+        params: the kernel's parameters; value parameters must have a dtype of at most 16
+            bytes (``supports``).
+    """
+
+    __slots__ = ("_keep", "function", "kernel_params", "slot_views", "slots")
+
+    def __init__(self, function: Any, params: tuple[Param, ...]) -> None:
+        self.function = function
+        n = len(params)
+        self.slots = np.zeros(2 * max(n, 1), np.uint64)
+        base = self.slots.ctypes.data
+        raw = self.slots.view(np.uint8)
+        addresses = np.array([base + 16 * i for i in range(n)] or [0], np.uint64)
+        self._keep = addresses
+        self.kernel_params = int(addresses.ctypes.data) if n else 0
+        views = []
+        for i, param in enumerate(params):
+            dtype = param.dtype if not param.pointer and param.dtype is not None else _POINTER
+            views.append(raw[16 * i : 16 * i + dtype.itemsize].view(dtype))
+        self.slot_views: list[np.ndarray[Any, Any]] = views
+
+    @staticmethod
+    def supports(params: tuple[Param, ...]) -> bool:
+        """Whether a launcher can pack *params* (every value parameter's dtype is known)."""
+        return all(p.pointer or (p.dtype is not None and p.dtype.itemsize <= 16) for p in params)
+
+    def pack(self, args: Any, base: int) -> None:
+        """Write *args* (a call's bound arguments; staged arrays lie at *base* + their
+        offset) into the parameter block."""
+        for view, arg in zip(self.slot_views, args, strict=True):
+            view[0] = arg.value if arg.by_value else base + arg.offset
+
+    def pack_values(self, values: list[Any]) -> None:
+        """Write each argument's launch value (scalars, and pointers as ints)."""
+        for view, value in zip(self.slot_views, values, strict=True):
+            view[0] = value
+
+    def packed(self) -> bytes:
+        """The parameter block's bytes, 16 per parameter."""
+        return self.slots.tobytes()[: 16 * len(self.slot_views)]
+
+    def launch(
+        self,
+        args: Any,
+        base: int,
+        grid: tuple[int, int, int],
+        block: tuple[int, int, int],
+        shared_mem: int,
+        stream: Any,
+    ) -> Any:
+        """:meth:`pack` *args* and launch on *stream*; the driver's code."""
+        for view, arg in zip(self.slot_views, args, strict=True):
+            view[0] = arg.value if arg.by_value else base + arg.offset
+        return self._go(grid, block, shared_mem, stream)
+
+    def launch_values(
+        self,
+        values: list[Any],
+        grid: tuple[int, int, int],
+        block: tuple[int, int, int],
+        shared_mem: int,
+        stream: Any,
+    ) -> Any:
+        """:meth:`pack_values` and launch on *stream*; the driver's code."""
+        for view, value in zip(self.slot_views, values, strict=True):
+            view[0] = value
+        return self._go(grid, block, shared_mem, stream)
+
+    def _go(
+        self, grid: tuple[int, int, int], block: tuple[int, int, int], shared_mem: int, stream: Any
+    ) -> Any:
+        return _launch(
+            self.function,
+            grid[0],
+            grid[1],
+            grid[2],
+            block[0],
+            block[1],
+            block[2],
+            shared_mem,
+            stream,
+            self.kernel_params,
+            0,
+        )[0]
+
+
+def record(event: Any, stream: Any) -> Any:
+    """``cuEventRecord(event, stream)``; the driver's code."""
+    return _record(event, stream)[0]
+
+
+def query(event: Any) -> Any:
+    """``cuEventQuery(event)``; the driver's code (``NOT_READY`` while it runs)."""
+    return _query(event)[0]

@@ -1,0 +1,54 @@
+"""Which dispatch core runs: the compiled extension (``_core``) or its Python twin (``_core_py``).
+
+``ASYNCGRAPH_CORE=compiled`` chooses the compiled core when it is built and loads (else the
+Python one, with the reason); ``ASYNCGRAPH_CORE=python`` or ``ASYNCGRAPH_PURE_PYTHON=1`` the
+Python one. Without either, :data:`DEFAULT` decides: the Python core, until the compiled one
+has passed the CUDA suite and the benchmarks on a GPU (``docs/core.md``).
+
+The choice is made once, at import; ``python -m asyncgraph info`` reports it.
+"""
+
+from __future__ import annotations
+
+import importlib
+import os
+from typing import TYPE_CHECKING
+
+from . import _core_py
+
+__all__ = ("CORE_ENV", "DEFAULT", "PURE_ENV", "core", "describe", "why_python")
+
+CORE_ENV = "ASYNCGRAPH_CORE"
+PURE_ENV = "ASYNCGRAPH_PURE_PYTHON"
+DEFAULT = "python"
+
+
+def _choose() -> tuple[object, str]:
+    if os.environ.get(PURE_ENV, "").strip() not in ("", "0"):
+        return _core_py, f"{PURE_ENV} is set"
+    wanted = os.environ.get(CORE_ENV, "").strip().lower()
+    if wanted not in ("", "compiled", "python"):
+        return _core_py, f"{CORE_ENV}={wanted!r} is neither 'compiled' nor 'python'"
+    if (wanted or DEFAULT) == "python":
+        if wanted:
+            return _core_py, f"{CORE_ENV}=python"
+        return _core_py, f"the default; {CORE_ENV}=compiled chooses the compiled core"
+    try:
+        compiled = importlib.import_module(f"{__package__}._core")  # built where it could be
+    except ImportError as exc:
+        return _core_py, f"the compiled core is not available: {exc}"
+    return compiled, ""
+
+
+if TYPE_CHECKING:
+    core = _core_py
+    why_python = ""
+else:
+    core, why_python = _choose()
+
+
+def describe() -> str:
+    """Which core runs, and why the Python one if it does."""
+    if core.COMPILED:
+        return "compiled (asyncgraph.cuda._core, against cuda.bindings.cydriver)"
+    return f"Python ({why_python})"
