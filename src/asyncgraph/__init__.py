@@ -18,11 +18,16 @@ from ._exceptions import CudaError as CudaError
 from ._exceptions import DeviceFaultError as DeviceFaultError
 from ._exceptions import DeviceUnavailableError as DeviceUnavailableError
 from ._exceptions import DispatchError as DispatchError
+from ._exceptions import GroupError as GroupError
 from ._exceptions import HostFunctionError as HostFunctionError
 from ._exceptions import QueueFullError as QueueFullError
 from ._exceptions import ShapeMismatchError as ShapeMismatchError
 from ._exceptions import StaleBufferError as StaleBufferError
 from ._exceptions import UnsupportedError as UnsupportedError
+from ._group import DeviceGroup as DeviceGroup
+from ._group import GroupSnapshot as GroupSnapshot
+from ._group import Replicated as Replicated
+from ._group import open_group as open_group
 from ._kernel import Kernel as Kernel
 from ._kernel import Param as Param
 from ._lease import StreamLease as StreamLease
@@ -48,8 +53,11 @@ __all__ = (
     "CompileError",
     "CudaError",
     "DeviceFaultError",
+    "DeviceGroup",
     "DeviceUnavailableError",
     "DispatchError",
+    "GroupError",
+    "GroupSnapshot",
     "HistogramSnapshot",
     "HostFunctionError",
     "InOut",
@@ -59,6 +67,7 @@ __all__ = (
     "Param",
     "PendingDispatch",
     "QueueFullError",
+    "Replicated",
     "ResidentBuffer",
     "ShapeMismatchError",
     "StaleBufferError",
@@ -67,5 +76,6 @@ __all__ = (
     "UnsupportedError",
     "__version__",
     "open_backend",
+    "open_group",
     "reset_device",
 )

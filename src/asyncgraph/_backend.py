@@ -122,6 +122,15 @@ class Backend:
         """The device fault that failed this backend, or ``None`` while it is healthy."""
         return self._engine.failure
 
+    @property
+    def outstanding(self) -> int:
+        """Dispatches in flight or queued (a device group places new ones by it)."""
+        return self._scheduler.in_flight + self._scheduler.queued
+
+    def holds(self, buffer: ResidentBuffer) -> bool:
+        """Whether *buffer* was made by this backend (it may be closed since)."""
+        return self._store.holds(buffer)
+
     def __repr__(self) -> str:
         state = ("open", "closing", "closed")[self._lifecycle.state]
         if self._engine.failure is not None:

@@ -147,5 +147,10 @@ class UnsupportedError(AsyncGraphError):
     host backend, or a blocking call on the event loop's own thread)."""
 
 
+class GroupError(AsyncGraphError, ValueError):
+    """A device group cannot do what was asked: no devices, a GPU named twice, a group used
+    before it is open, or a dispatch whose resident buffers live on different members."""
+
+
 class BackendClosedError(AsyncGraphError):
     """The backend is closed, or closing, and takes no new work."""

@@ -289,6 +289,10 @@ class ResidentStore:
     def __len__(self) -> int:
         return sum(1 for b in self._buffers if b is not None)
 
+    def holds(self, buffer: ResidentBuffer) -> bool:
+        """Whether *buffer* was made by this store (it may be closed since)."""
+        return buffer._store is self
+
     def __repr__(self) -> str:
         return (
             f"<ResidentStore {self.backend_name} buffers={len(self)} bytes={self.bytes_live} "

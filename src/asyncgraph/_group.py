@@ -1,0 +1,446 @@
+"""Several devices as one: a group of backends on one event loop (``open_group``).
+
+A group opens one backend per device on the caller's loop and places each dispatch itself:
+
+- on the member holding the dispatch's resident buffers (all of them must live on one member;
+  :meth:`DeviceGroup.copy_to` moves a buffer to another), a :class:`Replicated` array counting
+  as present everywhere;
+- else on the member with the fewest dispatches in flight or queued, equal ones taking turns.
+
+The group knows its members only through the public :class:`~asyncgraph.Backend` API, plus two
+predicates the backends expose for it (``outstanding`` and ``holds``). A member's failure is its
+own: a device fault fails the work of that member, and the others go on.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Sequence
+from types import TracebackType
+from typing import Any
+
+import anyio
+import attrs
+import numpy as np
+
+from ._args import Out
+from ._backend import Backend
+from ._exceptions import BackendClosedError, GroupError, StaleBufferError
+from ._kernel import Kernel
+from ._options import BackendOptions
+from ._pending import PendingDispatch
+from ._resident import ResidentBuffer
+from ._telemetry import TelemetrySnapshot
+
+__all__ = ("DeviceGroup", "GroupSnapshot", "Replicated", "open_group")
+
+
+def open_group(
+    devices: str | Sequence[str | int],
+    *,
+    options: BackendOptions | None = None,
+    **option_kwargs: Any,
+) -> DeviceGroup:
+    """A group of backends, one per device, opened by ``async with``.
+
+    Args:
+        devices: ``"cuda:*"`` (every CUDA device of the machine), or a list of what
+            :func:`~asyncgraph.open_backend` takes (``["cuda:0", "cuda:1"]``; ``["host",
+            "host"]`` groups host backends, for tests).
+        options: the :class:`BackendOptions` of every member.
+        **option_kwargs: or its fields as keywords; not both.
+
+    Returns:
+        The group, not yet open: ``async with asyncgraph.open_group("cuda:*") as group:``.
+
+    Raises:
+        GroupError: no devices, or a CUDA device named twice.
+        DeviceUnavailableError: ``"cuda:*"`` and no CUDA device is found.
+        UnsupportedError: more than one CUDA device (each backend would need its own context
+            made current before its driver calls; not done yet).
+        TypeError: both *options* and keywords were given, or an unknown keyword.
+    """
+    if options is not None and option_kwargs:
+        raise TypeError("pass either options=BackendOptions(...) or its fields as keywords")
+    opts = options if options is not None else BackendOptions(**option_kwargs)
+    return DeviceGroup(_device_list(devices), opts)
+
+
+def _device_list(devices: str | Sequence[str | int]) -> list[str | int]:
+    from ._detect import probe_cuda
+    from ._exceptions import DeviceUnavailableError
+
+    if isinstance(devices, str):
+        if devices != "cuda:*":
+            raise GroupError(
+                f"open_group({devices!r}): pass 'cuda:*' or a list of devices such as "
+                "['cuda:0', 'cuda:1']"
+            )
+        probe = probe_cuda()
+        if not probe.available or not probe.devices:
+            raise DeviceUnavailableError(
+                f"open_group('cuda:*') found no CUDA device: {probe.reason}; "
+                "open_group(['host', 'host']) groups host backends instead"
+            )
+        names: list[str | int] = [f"cuda:{dev.ordinal}" for dev in probe.devices]
+        _refuse_several_gpus([str(n) for n in names])
+        return names
+    listed = list(devices)
+    if not listed:
+        raise GroupError("open_group([]): a group needs at least one device")
+    seen: set[str] = set()
+    for device in listed:
+        name = f"cuda:{device}" if isinstance(device, int) else str(device)
+        if name in ("cuda", "auto"):
+            name = "cuda:0"
+        if name.startswith("cuda") and name in seen:
+            raise GroupError(
+                f"open_group({listed!r}) names {name} twice; a group has one backend per GPU"
+            )
+        seen.add(name)
+    _refuse_several_gpus([str(d) for d in listed])
+    return listed
+
+
+def _refuse_several_gpus(names: list[str]) -> None:
+    """Two CUDA backends on one loop need each to make its own context current before its
+    driver calls, which the CUDA backend does not do yet: refuse rather than fail later."""
+    from ._exceptions import UnsupportedError
+
+    gpus = [n for n in names if n.startswith("cuda") or n.isdigit()]
+    if len(gpus) > 1:
+        raise UnsupportedError(
+            f"a group of {len(gpus)} CUDA devices ({', '.join(gpus)}) needs per-backend CUDA "
+            "contexts, which this version does not have yet; group one CUDA device with host "
+            "backends, or open one process per GPU"
+        )
+
+
+@attrs.frozen
+class GroupSnapshot:
+    """The group's telemetry: each member's snapshot, and the group's totals.
+
+    Attributes:
+        members: ``(member name, its TelemetrySnapshot)`` in member order.
+        dispatches, dispatches_completed, dispatches_failed, in_flight, queued, bytes_up,
+            bytes_down: the members' counters added up.
+    """
+
+    members: tuple[tuple[str, TelemetrySnapshot], ...]
+    dispatches: int
+    dispatches_completed: int
+    dispatches_failed: int
+    in_flight: int
+    queued: int
+    bytes_up: int
+    bytes_down: int
+
+
+class Replicated:
+    """One resident copy of an array on every member of a group (``group.replicate(array)``).
+
+    Pass it to :meth:`DeviceGroup.dispatch` as a read-only argument: each dispatch uses the copy
+    on the member it runs on, so a replicated array never decides where a dispatch goes.
+
+    Attributes:
+        buffers: the copies, in member order.
+        shape, dtype, nbytes: the array's.
+    """
+
+    __slots__ = ("_group", "buffers", "dtype", "nbytes", "shape")
+
+    def __init__(self, group: DeviceGroup, buffers: tuple[ResidentBuffer, ...]) -> None:
+        self._group = group
+        self.buffers = buffers
+        self.shape = buffers[0].shape
+        self.dtype = buffers[0].dtype
+        self.nbytes = buffers[0].nbytes
+
+    def on(self, member: Backend) -> ResidentBuffer:
+        """The copy on *member*.
+
+        Raises:
+            GroupError: *member* is not a member of the group.
+        """
+        return self.buffers[self._group.index(member)]
+
+    async def aclose(self) -> None:
+        """Free every copy."""
+        for buffer in self.buffers:
+            await buffer.aclose()
+
+    def __repr__(self) -> str:
+        return f"<Replicated {self.dtype} {self.shape} on {len(self.buffers)} members>"
+
+
+class DeviceGroup:
+    """Backends on one event loop, one per device, with dispatches placed among them.
+
+    Made by :func:`open_group`; open it with ``async with`` (or :meth:`open`). Indexing and
+    iterating give the member backends.
+    """
+
+    def __init__(self, devices: list[str | int], options: BackendOptions) -> None:
+        self._devices = devices
+        self._options = options
+        self._members: tuple[Backend, ...] = ()
+        self._turn = 0  # where the search for the least busy member starts
+        self._closed = False
+
+    # -- opening and closing ---------------------------------------------------------------
+
+    async def open(self) -> DeviceGroup:
+        """Open a backend per device on the running loop (once).
+
+        Raises:
+            GroupError: the group was opened or closed before.
+            DeviceUnavailableError: a device cannot be opened; those opened are closed again.
+        """
+        from ._open import open_backend
+
+        if self._members or self._closed:
+            raise GroupError("a group opens once; make another with open_group()")
+        members: list[Backend] = []
+        try:
+            for device in self._devices:
+                members.append(open_backend(device, options=self._options))
+        except BaseException:
+            for member in members:
+                await member.aclose()
+            raise
+        self._members = tuple(members)
+        return self
+
+    async def aclose(self, timeout: float | None = None) -> None:  # noqa: ASYNC109  # passed on to each member's aclose
+        """Close every member at once; each finishes its work in flight first (see
+        :meth:`Backend.aclose <asyncgraph.Backend.aclose>`). Idempotent."""
+        self._closed = True
+        async with anyio.create_task_group() as tasks:
+            for member in self._members:
+                tasks.start_soon(member.aclose, timeout)
+
+    async def __aenter__(self) -> DeviceGroup:
+        return await self.open()
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        await self.aclose()
+
+    # -- members ---------------------------------------------------------------------------
+
+    @property
+    def members(self) -> tuple[Backend, ...]:
+        """The member backends, in the order their devices were given."""
+        return self._open_members()
+
+    def __len__(self) -> int:
+        return len(self._members)
+
+    def __iter__(self) -> Iterator[Backend]:
+        return iter(self._open_members())
+
+    def __getitem__(self, index: int) -> Backend:
+        return self._open_members()[index]
+
+    def index(self, member: Backend) -> int:
+        """*member*'s position in the group.
+
+        Raises:
+            GroupError: it is not a member.
+        """
+        for i, candidate in enumerate(self._open_members()):
+            if candidate is member:
+                return i
+        raise GroupError(f"{member!r} is not a member of this group")
+
+    def member_of(self, buffer: ResidentBuffer) -> Backend:
+        """The member *buffer* lives on.
+
+        Raises:
+            StaleBufferError: no member holds it (another backend's, or closed with its member).
+        """
+        for member in self._open_members():
+            if member.holds(buffer):
+                return member
+        raise StaleBufferError(
+            f"{buffer!r} lives on no member of this group; upload it with group.upload() or "
+            "group.replicate()"
+        )
+
+    def _open_members(self) -> tuple[Backend, ...]:
+        if not self._members:
+            if self._closed:
+                raise BackendClosedError("the group is closed")
+            raise GroupError(
+                "the group is not open; use 'async with asyncgraph.open_group(...) as group:'"
+            )
+        return self._members
+
+    def __repr__(self) -> str:
+        names = ", ".join(m.name for m in self._members) or "not open"
+        return f"<DeviceGroup {names}{' closed' if self._closed else ''}>"
+
+    # -- placing dispatches ----------------------------------------------------------------
+
+    def place(self, *args: object) -> Backend:
+        """The member a dispatch of *args* goes to: the one holding its resident buffers, else
+        the one with the fewest dispatches in flight or queued.
+
+        Raises:
+            GroupError: its resident buffers live on different members.
+            StaleBufferError: a resident buffer lives on no member.
+        """
+        members = self._open_members()
+        holder: Backend | None = None
+        for arg in args:
+            buffer = arg.into if isinstance(arg, Out) else arg
+            if not isinstance(buffer, ResidentBuffer):
+                continue
+            owner = self.member_of(buffer)
+            if holder is not None and owner is not holder:
+                raise GroupError(
+                    f"a dispatch's resident buffers live on {holder.name} (member "
+                    f"{self.index(holder)}) and {owner.name} (member {self.index(owner)}); "
+                    "move one first: 'buffer = await group.copy_to(buffer, member)'"
+                )
+            holder = owner
+        if holder is not None:
+            return holder
+        n = len(members)
+        start = self._turn
+        best = members[start % n]
+        for k in range(1, n):
+            candidate = members[(start + k) % n]
+            if candidate.outstanding < best.outstanding:
+                best = candidate
+        self._turn = (self.index(best) + 1) % n
+        return best
+
+    def _resolve(self, member: Backend, args: tuple[object, ...]) -> tuple[object, ...]:
+        if not any(isinstance(arg, Replicated) for arg in args):
+            return args
+        return tuple(arg.on(member) if isinstance(arg, Replicated) else arg for arg in args)
+
+    def dispatch(
+        self,
+        kernel: Kernel,
+        *args: object,
+        grid: int | tuple[int, ...],
+        block: int | tuple[int, ...],
+        shared_mem: int = 0,
+        timing: bool = False,
+        graph: str = "never",
+    ) -> PendingDispatch:
+        """:meth:`Backend.dispatch <asyncgraph.Backend.dispatch>` on the member :meth:`place`
+        picks; :class:`Replicated` arguments become that member's copy.
+
+        Raises:
+            GroupError: its resident buffers live on different members.
+            Exception: whatever the member's ``dispatch`` raises.
+        """
+        member = self.place(*args)
+        return member.dispatch(
+            kernel, *self._resolve(member, args), grid=grid, block=block,
+            shared_mem=shared_mem, timing=timing, graph=graph,
+        )  # fmt: skip
+
+    async def submit(
+        self,
+        kernel: Kernel,
+        *args: object,
+        grid: int | tuple[int, ...],
+        block: int | tuple[int, ...],
+        shared_mem: int = 0,
+        timing: bool = False,
+        graph: str = "never",
+    ) -> PendingDispatch:
+        """Like :meth:`dispatch`, waiting for room on the member as
+        :meth:`Backend.submit <asyncgraph.Backend.submit>` does."""
+        member = self.place(*args)
+        return await member.submit(
+            kernel, *self._resolve(member, args), grid=grid, block=block,
+            shared_mem=shared_mem, timing=timing, graph=graph,
+        )  # fmt: skip
+
+    async def compile(self, kernel: Kernel) -> None:
+        """Compile and load *kernel* on every member at once."""
+        async with anyio.create_task_group() as tasks:
+            for member in self._open_members():
+                tasks.start_soon(member.compile, kernel)
+
+    # -- resident buffers ------------------------------------------------------------------
+
+    async def replicate(self, array: np.ndarray[Any, Any]) -> Replicated:
+        """Upload *array* to every member at once.
+
+        Raises:
+            Exception: what a member's ``upload`` raises; the copies made are freed first.
+        """
+        members = self._open_members()
+        buffers: list[ResidentBuffer | None] = [None] * len(members)
+
+        async def one(i: int) -> None:
+            buffers[i] = await members[i].upload(array)
+
+        try:
+            async with anyio.create_task_group() as tasks:
+                for i in range(len(members)):
+                    tasks.start_soon(one, i)
+        except BaseException:
+            for buffer in buffers:
+                if buffer is not None:
+                    await buffer.aclose()
+            raise
+        return Replicated(self, tuple(b for b in buffers if b is not None))
+
+    async def upload(
+        self, array: np.ndarray[Any, Any], member: Backend | None = None
+    ) -> ResidentBuffer:
+        """Upload *array* to *member*, or to the least busy one."""
+        target = member if member is not None else self.place()
+        self.index(target)
+        return await target.upload(array)
+
+    def empty(
+        self, shape: int | tuple[int, ...], dtype: object, member: Backend | None = None
+    ) -> ResidentBuffer:
+        """An uninitialised buffer on *member*, or on the least busy one."""
+        target = member if member is not None else self.place()
+        self.index(target)
+        return target.empty(shape, dtype)
+
+    async def download(
+        self, buffer: ResidentBuffer, out: np.ndarray[Any, Any] | None = None
+    ) -> np.ndarray[Any, Any]:
+        """Download *buffer* from the member it lives on."""
+        return await self.member_of(buffer).download(buffer, out)
+
+    async def copy_to(self, buffer: ResidentBuffer, member: Backend) -> ResidentBuffer:
+        """A copy of *buffer* on *member* (the same buffer if it lives there already).
+
+        The copy reads what the dispatches in flight that write *buffer* wrote. It goes through
+        host memory (download, then upload).
+        """
+        self.index(member)
+        if self.member_of(buffer) is member:
+            return buffer
+        return await member.upload(await self.download(buffer))
+
+    # -- telemetry -------------------------------------------------------------------------
+
+    def snapshot(self) -> GroupSnapshot:
+        """Each member's telemetry snapshot, and the group's totals."""
+        snaps = [(m.name, m.telemetry.snapshot()) for m in self._open_members()]
+        return GroupSnapshot(
+            members=tuple(snaps),
+            dispatches=sum(s.dispatches for _, s in snaps),
+            dispatches_completed=sum(s.dispatches_completed for _, s in snaps),
+            dispatches_failed=sum(s.dispatches_failed for _, s in snaps),
+            in_flight=sum(s.in_flight for _, s in snaps),
+            queued=sum(s.queued for _, s in snaps),
+            bytes_up=sum(s.bytes_up for _, s in snaps),
+            bytes_down=sum(s.bytes_down for _, s in snaps),
+        )
