@@ -4,7 +4,8 @@ Installing asyncgraph registers this module as a pytest plugin (entry point ``py
 project's own suite gets, with nothing to configure:
 
 - the ``cuda`` marker, registered: tests carrying it are skipped, with the driver's reason,
-  where no CUDA GPU can be used;
+  where no CUDA GPU can be used; and the ``ray`` marker, whose tests are skipped where Ray is
+  not installed (``asyncgraph.ray``);
 - ``backend``: a backend opened for one test and closed after it (CUDA where a GPU is present,
   else the host backend), and ``session_backend``: one backend for the whole session, which
   needs the session's event loop (``@pytest.mark.asyncio(loop_scope="session")``);
@@ -42,6 +43,7 @@ _MARKER = (
     "cuda: needs an NVIDIA GPU with a working driver (skipped, with the reason, where none is "
     "found)"
 )
+_RAY_MARKER = "ray: needs Ray (skipped, with the reason, where it is not installed)"
 
 
 # -- helpers --------------------------------------------------------------------------------------
@@ -193,9 +195,11 @@ def pytest_addoption(parser: pytest.Parser) -> None:
 
 def pytest_configure(config: pytest.Config) -> None:
     config.addinivalue_line("markers", _MARKER)
+    config.addinivalue_line("markers", _RAY_MARKER)
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    _skip_without_ray(items)
     marked = [item for item in items if item.get_closest_marker("cuda") is not None]
     if not marked:
         return
@@ -205,6 +209,19 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     if probe.available:
         return
     skip = pytest.mark.skip(reason=f"needs a CUDA GPU: {probe.reason}")
+    for item in marked:
+        item.add_marker(skip)
+
+
+def _skip_without_ray(items: list[pytest.Item]) -> None:
+    marked = [item for item in items if item.get_closest_marker("ray") is not None]
+    if not marked:
+        return
+    import importlib.util
+
+    if importlib.util.find_spec("ray") is not None:
+        return
+    skip = pytest.mark.skip(reason="needs Ray: pip install 'asyncgraph[ray]'")
     for item in marked:
         item.add_marker(skip)
 
