@@ -264,3 +264,18 @@ def test_a_group_runs_under_trio(rng: np.random.Generator) -> None:
     assert len(seen) == 4
     for out in seen:
         np.testing.assert_allclose(out, 3 * x, rtol=1e-6)
+
+
+@pytest.mark.cuda
+async def test_a_gpu_and_a_host_backend_share_the_work(rng: np.random.Generator) -> None:
+    x = rng.standard_normal(4096).astype(np.float32)
+    async with ag.open_group(["cuda", "host"]) as group:
+        replicated = await group.replicate(x)
+        assert [b.backend_name for b in replicated.buffers] == ["cuda:0", "host"]
+        results = await asyncio.gather(*(_scale(group, replicated, 4096, 1.5) for _ in range(6)))
+        for (out,) in results:
+            np.testing.assert_allclose(out, 1.5 * x, rtol=1e-6)
+        assert sum(_counts(group)) == 6
+        assert min(_counts(group)) >= 1
+        moved = await group.copy_to(replicated.on(group[1]), group[0])
+        np.testing.assert_array_equal(await group.download(moved), x)
