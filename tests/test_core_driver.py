@@ -108,6 +108,16 @@ def test_waiters_wake_a_sleeping_loop(fake_driver: Path, core: str, loop: str) -
 
 
 @pytest.mark.parametrize("core", CORES)
+def test_a_loop_without_add_reader_gets_python_waiters(fake_driver: Path, core: str) -> None:
+    seen = _run(fake_driver, core, "wake_no_reader")
+    assert len(seen["done"]) == 6
+    assert all(error is None for _, _, error in seen["done"])
+    assert seen["handoffs"] >= 2
+    assert seen["python_waiters"] >= 1  # on either core: the loop cannot watch the eventfd
+    assert seen["python_waiters_after_close"] == 0
+
+
+@pytest.mark.parametrize("core", CORES)
 def test_a_wait_outlives_its_loop(fake_driver: Path, core: str) -> None:
     seen = _run(fake_driver, core, "closed_loop")
     assert seen["handoffs"] == 1

@@ -163,6 +163,20 @@ def wake_asyncio() -> dict[str, Any]:
     return asyncio.run(_wake())
 
 
+def wake_no_reader() -> dict[str, Any]:
+    """:func:`_wake` on an asyncio loop that cannot watch a file descriptor (as asyncio's
+    proactor loop on Windows): the waiters fall back to Python threads."""
+
+    def refuse(*_args: object) -> None:
+        raise NotImplementedError
+
+    async def main() -> dict[str, Any]:
+        asyncio.get_running_loop().add_reader = refuse  # type: ignore[method-assign,assignment]  # a stand-in
+        return await _wake()
+
+    return asyncio.run(main())
+
+
 def wake_uvloop() -> dict[str, Any]:
     """:func:`_wake` on uvloop."""
     import uvloop
@@ -210,6 +224,7 @@ SCENARIOS: dict[str, Callable[[], dict[str, Any]]] = {
     "launch": launch,
     "wake_asyncio": wake_asyncio,
     "wake_uvloop": wake_uvloop,
+    "wake_no_reader": wake_no_reader,
     "wake_trio": wake_trio,
     "closed_loop": closed_loop,
 }

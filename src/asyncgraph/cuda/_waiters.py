@@ -28,6 +28,7 @@ from typing import Any, Protocol
 from cuda.bindings import driver as drv
 
 from .._inbox import Inbox
+from .._telemetry import logger as _log
 from ._cores import core
 from ._watches import WatchLane
 
@@ -94,12 +95,15 @@ class Waiters:
     def _start_native(self) -> Any:
         """The native waiter, watched by the loop from now on; ``None`` (and Python threads
         for good) when the loop cannot watch a file descriptor."""
-        if self._waiter is None:
-            self._waiter = core.NativeWaiter(self._context, len(self._lanes))
         try:
+            if self._waiter is None:
+                self._waiter = core.NativeWaiter(self._context, len(self._lanes))
             self._loop.add_reader(self._waiter.fd, self._ready)
-        except (AttributeError, NotImplementedError):
-            self.native = False  # e.g. asyncio's proactor loop on Windows
+        except (AttributeError, NotImplementedError, OSError) as exc:
+            # No eventfd, or a loop that cannot watch one (asyncio's proactor loop on Windows):
+            # Python threads wait instead, from now on.
+            _log.debug("waiters.python_threads", reason=repr(exc))
+            self.native = False
             return None
         self._watched = self._loop
         return self._waiter
