@@ -74,6 +74,7 @@ async def test_each_actor_gets_its_own_gpu(local_ray: Any) -> None:
     assert sorted(str(i.gpu_ids[0]) for i in infos) == ["0", "1"]
     assert sorted(str(i.cuda_visible_devices) for i in infos) == ["0", "1"]
     assert all(i.backend == "host" for i in infos)
+    assert all(i.pci_bus_id is None for i in infos)
 
 
 async def test_runs_spread_over_the_actors_and_compute_right(

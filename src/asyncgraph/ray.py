@@ -51,6 +51,7 @@ class ActorInfo:
         gpu_ids: the GPUs Ray gave it (``ray.get_gpu_ids()``).
         cuda_visible_devices: ``CUDA_VISIBLE_DEVICES`` in its process, as Ray set it.
         backend: its backend's name (``"cuda:0"``: the first GPU it can see).
+        pci_bus_id: the PCI bus id of its backend's GPU; ``None`` for a host backend.
     """
 
     index: int
@@ -58,6 +59,7 @@ class ActorInfo:
     gpu_ids: tuple[Any, ...]
     cuda_visible_devices: str | None
     backend: str
+    pci_bus_id: str | None = None
 
 
 @attrs.define
@@ -90,13 +92,14 @@ class BackendActor:
         """Open the backend on this actor's loop; where the actor runs."""
         import ray
 
-        self._backend = open_backend(device, options=options)
+        backend = self._backend = open_backend(device, options=options)
         return ActorInfo(
             index=self._index,
             pid=os.getpid(),
             gpu_ids=tuple(ray.get_gpu_ids()),
             cuda_visible_devices=os.environ.get("CUDA_VISIBLE_DEVICES"),
-            backend=self._backend.name,
+            backend=backend.name,
+            pci_bus_id=_pci_bus_id(backend.name),
         )
 
     async def run(self, pipeline: Pipeline, *args: Any, **kwargs: Any) -> Any:
@@ -116,6 +119,15 @@ class BackendActor:
             return 0
         await backend.aclose()
         return backend.telemetry.snapshot().dispatches
+
+
+def _pci_bus_id(name: str) -> str | None:
+    """The PCI bus id of CUDA backend *name*'s GPU (``"cuda:N"``), else ``None``."""
+    if not name.startswith("cuda:"):
+        return None
+    from cuda.core import Device
+
+    return str(Device(int(name.partition(":")[2])).pci_bus_id)
 
 
 def open_actor_pool(
