@@ -41,7 +41,8 @@ class Launcher:
     Each parameter has a 16-byte slot; the driver reads the array of slot addresses. A dispatch
     writes its values into the slots and launches: the driver copies the parameters during the
     call, and only the event loop's thread launches, so one block per kernel serves every
-    dispatch.
+    dispatch. Measured on an NVIDIA H100 80GB HBM3, this is what takes the launch from about
+    5 µs (``cuda.core.launch``) to the bare driver call.
 
     Args:
         function: the ``CUfunction``.
