@@ -19,8 +19,8 @@ class FakeEvent:
         self.done = done
 
 
-def _query(event: FakeEvent) -> Any:
-    return SUCCESS if event.done else NOT_READY
+def _query(event: FakeEvent) -> tuple[Any]:
+    return (SUCCESS if event.done else NOT_READY,)
 
 
 async def test_a_busy_stream_cannot_starve_another(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -310,14 +310,13 @@ class DeviceGroup:
         if holder is not None:
             return holder
         n = len(members)
-        start = self._turn
-        best = members[start % n]
+        best = self._turn % n
         for k in range(1, n):
-            candidate = members[(start + k) % n]
-            if candidate.outstanding < best.outstanding:
-                best = candidate
-        self._turn = (self.index(best) + 1) % n
-        return best
+            i = (self._turn + k) % n
+            if members[i].outstanding < members[best].outstanding:
+                best = i
+        self._turn = best + 1
+        return members[best]
 
     def _resolve(self, member: Backend, args: tuple[object, ...]) -> tuple[object, ...]:
         if not any(isinstance(arg, Replicated) for arg in args):

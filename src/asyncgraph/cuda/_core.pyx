@@ -2,7 +2,8 @@
 """The dispatch core, compiled against ``cuda.bindings.cydriver``.
 
 The twin of ``_core_py`` (read its docstring for the contract): the same :class:`Launcher`,
-:func:`record` and :func:`query`, each returning the driver's code, and :class:`NativeWaiter`,
+:func:`record` and :func:`query` (a launch returns the driver's code, a record or query the
+one-element tuple ``cuda.bindings`` returns), and :class:`NativeWaiter`,
 which only exists here. The driver is called straight from C, with no Python objects built
 for the call's arguments; the launch releases the GIL (it blocks when the launch queue is
 full).
@@ -215,15 +216,15 @@ cdef class Launcher:
 
 
 def record(event, stream):
-    """``cuEventRecord(event, stream)``; the driver's code."""
-    return <int>cydriver.cuEventRecord(
+    """``cuEventRecord(event, stream)``; ``(code,)``, as ``cuda.bindings`` returns it."""
+    return (<int>cydriver.cuEventRecord(
         <cydriver.CUevent>_address(event), <cydriver.CUstream>_address(stream)
-    )
+    ),)
 
 
 def query(event):
-    """``cuEventQuery(event)``; the driver's code (``NOT_READY`` while it runs)."""
-    return <int>cydriver.cuEventQuery(<cydriver.CUevent>_address(event))
+    """``cuEventQuery(event)``; ``(code,)`` (``NOT_READY`` while it runs)."""
+    return (<int>cydriver.cuEventQuery(<cydriver.CUevent>_address(event)),)
 
 
 # -- the native waiter ---------------------------------------------------------------------------

@@ -5,14 +5,15 @@ knowing which one runs (``_cores`` chooses):
 
 - :class:`Launcher`: a kernel's parameter block, packed from a call's arguments, and its
   launch (``cuLaunchKernel``);
-- :func:`record` and :func:`query`: ``cuEventRecord`` and ``cuEventQuery``, returning the
-  driver's code;
+- ``record`` and ``query``: ``cuEventRecord`` and ``cuEventQuery``, returning the driver's
+  result tuple as ``cuda.bindings`` does (the code first). Here they *are* the bindings, so
+  the Python core adds no call of its own to an event record or query;
 - ``NativeWaiter``: threads outside Python that sleep in ``cuEventSynchronize`` and wake the
   event loop through an eventfd. It exists only compiled; here it is ``None``, and the
   reactor's waiter threads are Python threads instead (``_waiters``).
 
-Each function returns the driver's result code (``0`` is success) and raises nothing for a
-failed driver call, so each caller turns a code into its error exactly once, in one place.
+A launch returns the driver's code (``0`` is success). Nothing raises for a failed driver call:
+each caller turns a code into its error exactly once, in one place.
 """
 
 from __future__ import annotations
@@ -31,8 +32,9 @@ NativeWaiter: Any = None
 
 _POINTER = np.dtype(np.uint64)
 _launch = drv.cuLaunchKernel
-_record = drv.cuEventRecord
-_query = drv.cuEventQuery
+# cuEventRecord(event, stream) and cuEventQuery(event): (code,), NOT_READY while it runs.
+record = drv.cuEventRecord
+query = drv.cuEventQuery
 
 
 class Launcher:
@@ -130,13 +132,3 @@ class Launcher:
             self.kernel_params,
             0,
         )[0]
-
-
-def record(event: Any, stream: Any) -> Any:
-    """``cuEventRecord(event, stream)``; the driver's code."""
-    return _record(event, stream)[0]
-
-
-def query(event: Any) -> Any:
-    """``cuEventQuery(event)``; the driver's code (``NOT_READY`` while it runs)."""
-    return _query(event)[0]

@@ -71,7 +71,7 @@ class Lane:
         """
         events = self._device.events
         event = events.take()
-        code = record(event, self.handle)
+        code = record(event, self.handle)[0]
         if code != SUCCESS:
             events.give(event)
             raise error_for(code, "cuEventRecord")

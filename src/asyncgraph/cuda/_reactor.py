@@ -269,7 +269,7 @@ class Reactor:
         query = core.query
         deadline = now + self._spin_window
         while True:
-            code = query(event)
+            code = query(event)[0]
             if code != NOT_READY:
                 break
             if perf_counter() > deadline:
@@ -445,7 +445,7 @@ class Reactor:
             lane.handed = None
         for watch in self._take_watches():
             watch.held = False
-            code = core.query(watch.event)
+            code = core.query(watch.event)[0]
             error = None if code == SUCCESS else error_for(code, "cuEventQuery")
             if error is not None and is_sticky(code) and self._fault is None:
                 self._fault = error

@@ -80,10 +80,10 @@ def next_completed(
             checked[index] = True
             # Work on one stream completes in order: if its newest event completed, so did
             # every older one, and this one query settles them all.
-            if query(pending[-1].event) == SUCCESS:
+            if query(pending[-1].event)[0] == SUCCESS:
                 best.ready = len(pending)
                 return best, SUCCESS
-        code = query(pending[0].event)
+        code = query(pending[0].event)[0]
         if code == NOT_READY:
             running[index] = True
             continue
