@@ -21,11 +21,9 @@ import asyncio
 import ctypes
 import os
 import platform
-import shutil
 import statistics
 import subprocess
 import sys
-import tempfile
 import threading
 import time
 from pathlib import Path
@@ -37,23 +35,20 @@ import numpy as np
 
 from benchmarks.harness import arguments, percentile, print_table, write_json
 
-ROOT = Path(__file__).resolve().parent.parent
-SOURCE = ROOT / "tests" / "fake_driver" / "fake_cuda.c"
 DEVICE = "stand-in driver"
 BATCH = 1000
 
 
 def _restart_on_the_stand_in() -> None:
     """Build the stand-in and run this script again with it as the driver library."""
-    compiler = shutil.which("cc") or shutil.which("gcc")
-    if compiler is None:
-        raise SystemExit("bench_core needs a C compiler to build the stand-in driver")
-    directory = tempfile.mkdtemp(prefix="asyncgraph-stand-in-")
-    library = os.path.join(directory, "libcuda.so.1")
-    subprocess.run(
-        [compiler, "-shared", "-fPIC", "-pthread", "-O2", "-o", library, str(SOURCE)], check=True
-    )
-    env = {**os.environ, "LD_LIBRARY_PATH": directory, "ASYNCGRAPH_BENCH_STAND_IN": "1"}
+    from tests.fake_driver import build, environment
+
+    try:
+        directory = build()
+    except RuntimeError as exc:
+        raise SystemExit(f"bench_core needs the stand-in driver: {exc}") from None
+    env = environment(directory, "python", complete="manual")
+    env["ASYNCGRAPH_BENCH_STAND_IN"] = "1"
     raise SystemExit(subprocess.run([sys.executable, __file__, *sys.argv[1:]], env=env).returncode)
 
 

@@ -9,8 +9,6 @@ uvloop and trio, run for real against it. (The CUDA suite checks the same on a G
 from __future__ import annotations
 
 import json
-import os
-import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -18,10 +16,9 @@ from typing import Any
 
 import pytest
 
-from asyncgraph.cuda import _cores
+from tests.fake_driver import build, environment
 
 ROOT = Path(__file__).resolve().parent.parent
-SOURCE = ROOT / "tests" / "fake_driver" / "fake_cuda.c"
 
 try:
     from asyncgraph.cuda import _core as _compiled  # type: ignore[attr-defined]  # built in place
@@ -38,26 +35,16 @@ CORES = [
 
 
 @pytest.fixture(scope="module")
-def fake_driver(tmp_path_factory: pytest.TempPathFactory) -> Path:
+def fake_driver() -> Path:
     """A directory holding the stand-in ``libcuda.so.1``."""
-    if not sys.platform.startswith("linux"):
-        pytest.skip("the stand-in driver is built for Linux")
-    compiler = shutil.which("cc") or shutil.which("gcc")
-    if compiler is None:
-        pytest.skip("no C compiler to build the stand-in driver with")
-    directory = tmp_path_factory.mktemp("fake_driver")
-    library = directory / "libcuda.so.1"
-    command = [compiler, "-shared", "-fPIC", "-pthread", "-O2", "-o", str(library), str(SOURCE)]
-    subprocess.run(command, check=True)
-    return directory
+    try:
+        return build()
+    except RuntimeError as exc:
+        pytest.skip(str(exc))
 
 
 def _run(fake_driver: Path, core: str, scenario: str) -> dict[str, Any]:
-    env = {
-        **os.environ,
-        "LD_LIBRARY_PATH": str(fake_driver),
-        _cores.CORE_ENV: core,
-    }
+    env = environment(fake_driver, core, complete="manual")
     result = subprocess.run(
         [sys.executable, "-m", "tests.fake_driver.scenario", scenario],
         cwd=ROOT,

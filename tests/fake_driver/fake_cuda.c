@@ -1,49 +1,118 @@
-/* A stand-in for the CUDA driver library (libcuda.so.1), for tests on machines without a GPU.
+/* A stand-in for the CUDA driver library (libcuda.so.1), to run asyncgraph's whole CUDA backend
+ * on a machine without a GPU.
  *
  * cuda.bindings loads libcuda.so.1 and asks cuGetProcAddress_v2 for every driver function; this
- * library answers for the few the dispatch core calls, and NOT_FOUND for the rest. Its events
- * are host objects a test completes (or fails) with fake_event_complete(), from any thread:
- * cuEventQuery reports them, cuEventSynchronize sleeps until then. cuLaunchKernel records
- * what it was given (fake_expect_params() says how many parameters), for fake_last_launch().
+ * library answers with its own implementation where it has one (here and in the files it
+ * includes: fake_device.c, fake_memory.c, fake_modules.c), and for every other name cuda.h
+ * declares with a stub that says "fake_cuda: unimplemented <name>" on stderr and fails with
+ * CUDA_ERROR_NOT_SUPPORTED, so nothing the backend needs passes silently.
+ *
+ * Work runs at once when it is enqueued (copies are memcpy, a few kernels are run on the host:
+ * fake_modules.c). When a recorded event completes depends on FAKE_CUDA_COMPLETE (or
+ * fake_set_complete_mode()):
+ *   "manual" (the default): when a test calls fake_event_complete(), from any thread;
+ *   "instant": at once;
+ *   "queries:N": after answering NOT_READY to N queries (cuEventSynchronize returns at once).
+ * fake_fail_next_events(count, code) makes the next recorded events complete with *code*; a
+ * sticky one (an illegal address, say) then answers every query, synchronize and context
+ * synchronize, as a faulted context does. cuLaunchKernel records what it was given
+ * (fake_expect_params() says how many parameters to keep), for fake_last_launch().
  */
 #include <pthread.h>
 #include <stdint.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
 
 #define SUCCESS 0
-#define NOT_READY 600
+#define INVALID_VALUE 1
+#define OUT_OF_MEMORY 2
+#define INVALID_DEVICE 101
+#define INVALID_CONTEXT 201
 #define NOT_FOUND 500
+#define NOT_READY 600
+#define ILLEGAL_ADDRESS 700
+#define NOT_SUPPORTED 801
+
+static int sticky = SUCCESS; /* the error a faulted context answers with */
+
+#include "fake_device.c"
+#include "fake_memory.c"
+#include "fake_modules.c"
+
+/* -- events --------------------------------------------------------------------------------- */
 
 typedef struct {
     pthread_mutex_t mutex;
     pthread_cond_t cond;
-    int state; /* NOT_READY while running, else the code it completed with */
+    int state;              /* NOT_READY while running, else the code it completed with */
+    int outcome;            /* what a running event completes with */
+    int countdown;          /* queries still answered NOT_READY ("queries:N") */
     long long completed_ns; /* CLOCK_MONOTONIC when fake_complete_after() completed it */
+    long long recorded_ns;  /* CLOCK_MONOTONIC at its last record (elapsed times) */
 } fake_event;
 
-static pthread_mutex_t launch_mutex = PTHREAD_MUTEX_INITIALIZER;
-static unsigned long long launches;
-static unsigned int last_dims[7];
-static uintptr_t last_stream;
-static unsigned char last_params[64 * 16];
-static int param_count; /* how many slots the next launches read: fake_expect_params() */
+enum { MANUAL, INSTANT, QUERIES };
+static int complete_mode = -1;
+static int complete_queries;
+static pthread_mutex_t fail_mutex = PTHREAD_MUTEX_INITIALIZER;
+static int fail_count, fail_code;
+static long live_events;
 
-void fake_expect_params(int n) { param_count = n < 64 ? n : 64; }
+void fake_set_complete_mode(const char* mode) {
+    if (mode && strcmp(mode, "instant") == 0) {
+        complete_mode = INSTANT;
+    } else if (mode && strncmp(mode, "queries:", 8) == 0) {
+        complete_mode = QUERIES;
+        complete_queries = atoi(mode + 8);
+    } else {
+        complete_mode = MANUAL;
+    }
+}
 
-int cuDriverGetVersion(int* version) { *version = 13000; return SUCCESS; }
-int cuInit(unsigned int flags) { (void)flags; return SUCCESS; }
-int cuCtxSetCurrent(void* context) { (void)context; return SUCCESS; }
-int cuCtxPushCurrent(void* context) { (void)context; return SUCCESS; }
-int cuCtxPopCurrent(void** context) { if (context) *context = NULL; return SUCCESS; }
+static int mode(void) {
+    if (complete_mode < 0) fake_set_complete_mode(getenv("FAKE_CUDA_COMPLETE"));
+    return complete_mode;
+}
+
+void fake_fail_next_events(int count, int code) {
+    pthread_mutex_lock(&fail_mutex);
+    fail_count = count;
+    fail_code = code;
+    pthread_mutex_unlock(&fail_mutex);
+}
+
+static long long now_ns(void) {
+    struct timespec now;
+    clock_gettime(CLOCK_MONOTONIC, &now);
+    return now.tv_sec * 1000000000LL + now.tv_nsec;
+}
 
 void* fake_event_new(void) {
     fake_event* event = calloc(1, sizeof(fake_event));
     pthread_mutex_init(&event->mutex, NULL);
     pthread_cond_init(&event->cond, NULL);
     event->state = SUCCESS;
+    __atomic_add_fetch(&live_events, 1, __ATOMIC_SEQ_CST);
     return event;
+}
+
+long fake_live_events(void) { return live_events; }
+
+int cuEventCreate(void** event, unsigned int flags) {
+    (void)flags;
+    *event = fake_event_new();
+    return SUCCESS;
+}
+
+int cuEventDestroy(void* handle) {
+    fake_event* event = handle;
+    pthread_mutex_destroy(&event->mutex);
+    pthread_cond_destroy(&event->cond);
+    free(event);
+    __atomic_sub_fetch(&live_events, 1, __ATOMIC_SEQ_CST);
+    return SUCCESS;
 }
 
 void fake_event_complete(void* handle, int code) {
@@ -61,10 +130,8 @@ static void* complete_later(void* arg) {
     free(pair);
     struct timespec pause = {delay_ns / 1000000000LL, delay_ns % 1000000000LL};
     nanosleep(&pause, NULL);
-    struct timespec now;
-    clock_gettime(CLOCK_MONOTONIC, &now);
     pthread_mutex_lock(&event->mutex);
-    event->completed_ns = now.tv_sec * 1000000000LL + now.tv_nsec;
+    event->completed_ns = now_ns();
     event->state = SUCCESS;
     pthread_cond_broadcast(&event->cond);
     pthread_mutex_unlock(&event->mutex);
@@ -94,15 +161,41 @@ long long fake_completed_ns(void* handle) {
 int cuEventRecord(void* handle, void* stream) {
     fake_event* event = handle;
     (void)stream;
+    int outcome = SUCCESS;
+    pthread_mutex_lock(&fail_mutex);
+    if (fail_count > 0) {
+        fail_count--;
+        outcome = fail_code;
+    }
+    pthread_mutex_unlock(&fail_mutex);
+    if (outcome == ILLEGAL_ADDRESS || (outcome >= 700 && outcome < 720)) sticky = outcome;
     pthread_mutex_lock(&event->mutex);
-    event->state = NOT_READY;
+    event->recorded_ns = now_ns();
+    event->outcome = outcome;
+    int how = mode();
+    if (how == INSTANT) {
+        event->state = outcome;
+    } else {
+        event->state = NOT_READY;
+        event->countdown = how == QUERIES ? complete_queries : 0;
+    }
     pthread_mutex_unlock(&event->mutex);
     return SUCCESS;
 }
 
+int cuEventRecordWithFlags(void* handle, void* stream, unsigned int flags) {
+    (void)flags;
+    return cuEventRecord(handle, stream);
+}
+
 int cuEventQuery(void* handle) {
     fake_event* event = handle;
+    if (sticky != SUCCESS) return sticky;
     pthread_mutex_lock(&event->mutex);
+    if (event->state == NOT_READY && mode() == QUERIES) {
+        if (event->countdown > 0) event->countdown--;
+        else event->state = event->outcome;
+    }
     int state = event->state;
     pthread_mutex_unlock(&event->mutex);
     return state;
@@ -111,16 +204,34 @@ int cuEventQuery(void* handle) {
 int cuEventSynchronize(void* handle) {
     fake_event* event = handle;
     pthread_mutex_lock(&event->mutex);
+    if (event->state == NOT_READY && mode() == QUERIES) event->state = event->outcome;
     while (event->state == NOT_READY) pthread_cond_wait(&event->cond, &event->mutex);
     int state = event->state;
     pthread_mutex_unlock(&event->mutex);
-    return state;
+    return sticky != SUCCESS ? sticky : state;
 }
+
+int cuEventElapsedTime(float* ms, void* start, void* end) {
+    long long ns = ((fake_event*)end)->recorded_ns - ((fake_event*)start)->recorded_ns;
+    *ms = ns > 0 ? (float)ns / 1e6f : 0.001f;
+    return SUCCESS;
+}
+
+/* -- launches --------------------------------------------------------------------------------- */
+
+static pthread_mutex_t launch_mutex = PTHREAD_MUTEX_INITIALIZER;
+static unsigned long long launches;
+static unsigned int last_dims[7];
+static uintptr_t last_stream;
+static unsigned char last_params[64 * 16];
+static int param_count; /* how many slots the next launches keep: fake_expect_params() */
+
+void fake_expect_params(int n) { param_count = n < 64 ? n : 64; }
 
 int cuLaunchKernel(void* f, unsigned int gx, unsigned int gy, unsigned int gz, unsigned int bx,
                    unsigned int by, unsigned int bz, unsigned int shared, void* stream,
                    void** params, void** extra) {
-    (void)f; (void)extra;
+    (void)extra;
     pthread_mutex_lock(&launch_mutex);
     unsigned int dims[7] = {gx, gy, gz, bx, by, bz, shared};
     memcpy(last_dims, dims, sizeof dims);
@@ -130,7 +241,21 @@ int cuLaunchKernel(void* f, unsigned int gx, unsigned int gy, unsigned int gz, u
     for (int i = 0; params && i < param_count; i++) memcpy(last_params + 16 * i, params[i], 16);
     launches++;
     pthread_mutex_unlock(&launch_mutex);
+    if (f != NULL && params != NULL) {
+        unsigned long long threads = (unsigned long long)gx * gy * gz * bx * by * bz;
+        emulate(f, threads, params);
+    }
     return SUCCESS;
+}
+
+typedef struct {
+    unsigned int gx, gy, gz, bx, by, bz, shared;
+    void* stream;
+} fake_launch_config;
+
+int cuLaunchKernelEx(const fake_launch_config* config, void* f, void** params, void** extra) {
+    return cuLaunchKernel(f, config->gx, config->gy, config->gz, config->bx, config->by,
+                          config->bz, config->shared, config->stream, params, extra);
 }
 
 /* What the last launch was given: 7 dimensions (grid, block, shared memory), the stream, and
@@ -146,16 +271,54 @@ unsigned long long fake_last_launch(unsigned int* dims, uintptr_t* stream, unsig
     return count;
 }
 
+/* -- the entry points ------------------------------------------------------------------------ */
+
+#define ENTRY(n) {#n, (void*)n}
 static const struct { const char* name; void* fn; } table[] = {
-    {"cuDriverGetVersion", (void*)cuDriverGetVersion},
-    {"cuInit", (void*)cuInit},
-    {"cuCtxSetCurrent", (void*)cuCtxSetCurrent},
-    {"cuCtxPushCurrent", (void*)cuCtxPushCurrent},
-    {"cuCtxPopCurrent", (void*)cuCtxPopCurrent},
-    {"cuEventRecord", (void*)cuEventRecord},
-    {"cuEventQuery", (void*)cuEventQuery},
-    {"cuEventSynchronize", (void*)cuEventSynchronize},
-    {"cuLaunchKernel", (void*)cuLaunchKernel},
+    ENTRY(cuInit), ENTRY(cuDriverGetVersion), ENTRY(cuGetErrorName), ENTRY(cuGetErrorString),
+    ENTRY(cuDeviceGetCount), ENTRY(cuDeviceGet), ENTRY(cuDeviceGetName), ENTRY(cuDeviceTotalMem),
+    ENTRY(cuDeviceGetUuid), ENTRY(cuDeviceGetPCIBusId), ENTRY(cuDeviceGetAttribute),
+    ENTRY(cuDeviceCanAccessPeer), ENTRY(cuDevicePrimaryCtxRetain),
+    ENTRY(cuDevicePrimaryCtxRelease), ENTRY(cuDevicePrimaryCtxGetState),
+    ENTRY(cuDeviceGetDefaultMemPool), ENTRY(cuDeviceGetMemPool),
+    ENTRY(cuCtxGetCurrent), ENTRY(cuCtxSetCurrent), ENTRY(cuCtxPushCurrent),
+    ENTRY(cuCtxPopCurrent), ENTRY(cuCtxGetDevice), ENTRY(cuCtxGetId), ENTRY(cuCtxGetApiVersion),
+    ENTRY(cuCtxGetFlags), ENTRY(cuCtxSynchronize), ENTRY(cuCtxGetStreamPriorityRange),
+    ENTRY(cuMemAlloc), ENTRY(cuMemFree), ENTRY(cuMemHostAlloc), ENTRY(cuMemAllocHost),
+    ENTRY(cuMemFreeHost), ENTRY(cuMemHostGetDevicePointer), ENTRY(cuMemPoolCreate),
+    ENTRY(cuMemPoolDestroy), ENTRY(cuMemPoolTrimTo), ENTRY(cuMemPoolSetAttribute),
+    ENTRY(cuMemPoolGetAttribute), ENTRY(cuMemPoolSetAccess), ENTRY(cuMemAllocFromPoolAsync),
+    ENTRY(cuMemAllocAsync), ENTRY(cuMemFreeAsync), ENTRY(cuMemcpy), ENTRY(cuMemcpyAsync),
+    ENTRY(cuMemcpyHtoD), ENTRY(cuMemcpyDtoH), ENTRY(cuMemcpyDtoD), ENTRY(cuMemcpyHtoDAsync),
+    ENTRY(cuMemcpyDtoHAsync), ENTRY(cuMemcpyDtoDAsync), ENTRY(cuMemsetD8),
+    ENTRY(cuMemsetD8Async), ENTRY(cuMemsetD32), ENTRY(cuMemsetD32Async),
+    ENTRY(cuPointerGetAttribute), ENTRY(cuPointerGetAttributes),
+    ENTRY(cuStreamCreate), ENTRY(cuStreamCreateWithPriority), ENTRY(cuStreamDestroy),
+    ENTRY(cuStreamGetFlags), ENTRY(cuStreamGetPriority), ENTRY(cuStreamGetId),
+    ENTRY(cuStreamGetCtx), ENTRY(cuStreamGetDevice), ENTRY(cuStreamSynchronize),
+    ENTRY(cuStreamQuery), ENTRY(cuStreamWaitEvent), ENTRY(cuStreamIsCapturing),
+    ENTRY(cuStreamGetCaptureInfo),
+    ENTRY(cuEventCreate), ENTRY(cuEventDestroy), ENTRY(cuEventRecord),
+    ENTRY(cuEventRecordWithFlags), ENTRY(cuEventQuery), ENTRY(cuEventSynchronize),
+    ENTRY(cuEventElapsedTime),
+    ENTRY(cuLibraryLoadData), ENTRY(cuLibraryUnload), ENTRY(cuLibraryGetKernel),
+    ENTRY(cuLibraryGetModule), ENTRY(cuKernelGetFunction), ENTRY(cuKernelGetName),
+    ENTRY(cuFuncGetName), ENTRY(cuKernelGetAttribute), ENTRY(cuFuncGetAttribute),
+    ENTRY(cuKernelSetAttribute), ENTRY(cuFuncSetAttribute),
+    ENTRY(cuLaunchKernel), ENTRY(cuLaunchKernelEx),
+};
+
+static void fake_unimplemented(const char* name) {
+    fprintf(stderr, "fake_cuda: unimplemented %s\n", name);
+}
+
+#define NAME(n) static int stub_##n(void) { fake_unimplemented(#n); return NOT_SUPPORTED; }
+#include "fake_names.h"
+#undef NAME
+static const struct { const char* name; void* fn; } stubs[] = {
+#define NAME(n) {#n, (void*)stub_##n},
+#include "fake_names.h"
+#undef NAME
 };
 
 int cuGetProcAddress_v2(const char* name, void** fn, int version, unsigned long long flags,
@@ -165,6 +328,13 @@ int cuGetProcAddress_v2(const char* name, void** fn, int version, unsigned long 
         if (strcmp(name, table[i].name) == 0) {
             *fn = table[i].fn;
             if (status) *status = 0; /* CU_GET_PROC_ADDRESS_SUCCESS */
+            return SUCCESS;
+        }
+    }
+    for (size_t i = 0; i < sizeof stubs / sizeof stubs[0]; i++) {
+        if (strcmp(name, stubs[i].name) == 0) {
+            *fn = stubs[i].fn;
+            if (status) *status = 0;
             return SUCCESS;
         }
     }

@@ -153,7 +153,7 @@ async def _wake() -> dict[str, Any]:
         "python_waiters": threads_while_waiting[0],
         "errors": errors,
         "faults": faults,
-        "events_back": len(pool._free),
+        "events_back": len(pool.idle),
         "python_waiters_after_close": _python_waiters(),
     }
 
@@ -217,7 +217,7 @@ def closed_loop() -> dict[str, Any]:
     for joinable in reactor.close():
         joinable.join()
     reactor.collect()
-    return {"ran": len(ran), "handoffs": handoffs, "events_back": len(pool._free)}
+    return {"ran": len(ran), "handoffs": handoffs, "events_back": len(pool.idle)}
 
 
 SCENARIOS: dict[str, Callable[[], dict[str, Any]]] = {

@@ -1,0 +1,185 @@
+/* The stand-in's device, contexts and error names (included by fake_cuda.c).
+ *
+ * FAKE_CUDA_DEVICES devices (1 unless set), each "asyncgraph stand-in" of compute capability 9.0
+ * with an H100's launch limits, one primary context each, and a current-context stack per
+ * thread.
+ */
+
+typedef struct {
+    int device;
+    int retained;
+} fake_context;
+
+static fake_context contexts[8];
+static __thread fake_context* ctx_stack[16];
+static __thread int ctx_depth; /* the current context is ctx_stack[ctx_depth - 1] */
+
+static int device_count(void) {
+    const char* text = getenv("FAKE_CUDA_DEVICES");
+    int n = text ? atoi(text) : 1;
+    return n < 0 ? 0 : (n > 8 ? 8 : n);
+}
+
+int cuInit(unsigned int flags) { (void)flags; return SUCCESS; }
+int cuDriverGetVersion(int* version) { *version = 13000; return SUCCESS; }
+
+int cuDeviceGetCount(int* count) { *count = device_count(); return SUCCESS; }
+
+int cuDeviceGet(int* device, int ordinal) {
+    if (ordinal < 0 || ordinal >= device_count()) return INVALID_DEVICE;
+    *device = ordinal;
+    return SUCCESS;
+}
+
+int cuDeviceGetName(char* name, int length, int device) {
+    (void)device;
+    snprintf(name, (size_t)length, "asyncgraph stand-in");
+    return SUCCESS;
+}
+
+int cuDeviceTotalMem(size_t* bytes, int device) {
+    (void)device;
+    *bytes = 80ULL << 30;
+    return SUCCESS;
+}
+
+int cuDeviceGetUuid(unsigned char* uuid, int device) {
+    for (int i = 0; i < 16; i++) uuid[i] = (unsigned char)(0xa0 + i + 16 * device);
+    return SUCCESS;
+}
+
+int cuDeviceGetPCIBusId(char* bus, int length, int device) {
+    snprintf(bus, (size_t)length, "0000:%02x:00.0", 0x10 + device);
+    return SUCCESS;
+}
+
+int cuDeviceGetAttribute(int* value, int attribute, int device) {
+    switch (attribute) {
+    case 1: *value = 1024; break;                  /* max threads per block */
+    case 2: case 3: *value = 1024; break;          /* max block dims x, y */
+    case 4: *value = 64; break;                    /* max block dim z */
+    case 5: *value = 2147483647; break;            /* max grid dim x */
+    case 6: case 7: *value = 65535; break;         /* max grid dims y, z */
+    case 8: *value = 49152; break;                 /* shared memory per block */
+    case 9: *value = 65536; break;                 /* constant memory */
+    case 10: *value = 32; break;                   /* warp size */
+    case 12: *value = 65536; break;                /* registers per block */
+    case 13: *value = 1980000; break;              /* clock rate, kHz */
+    case 16: *value = 132; break;                  /* multiprocessors */
+    case 19: case 31: case 41: *value = 1; break;  /* map host memory, concurrent kernels, UVA */
+    case 33: *value = 0x10 + device; break;        /* PCI bus id */
+    case 36: *value = 2619000; break;              /* memory clock, kHz */
+    case 37: *value = 5120; break;                 /* memory bus width */
+    case 38: *value = 50 << 20; break;             /* L2 cache */
+    case 39: *value = 2048; break;                 /* threads per multiprocessor */
+    case 40: *value = 3; break;                    /* copy engines */
+    case 75: *value = 9; break;                    /* compute capability major */
+    case 76: *value = 0; break;                    /* and minor */
+    case 83: case 89: *value = 1; break;           /* managed memory, concurrent access */
+    case 97: *value = 232448; break;               /* shared memory per block, opt-in */
+    case 115: *value = 1; break;                   /* memory pools */
+    default: *value = 0; break;
+    }
+    return SUCCESS;
+}
+
+int cuDeviceCanAccessPeer(int* can, int device, int peer) {
+    *can = device != peer;
+    return SUCCESS;
+}
+
+int cuDevicePrimaryCtxRetain(void** context, int device) {
+    contexts[device].device = device;
+    contexts[device].retained++;
+    *context = &contexts[device];
+    return SUCCESS;
+}
+
+int cuDevicePrimaryCtxRelease(int device) {
+    if (contexts[device].retained > 0) contexts[device].retained--;
+    return SUCCESS;
+}
+
+int cuDevicePrimaryCtxGetState(int device, unsigned int* flags, int* active) {
+    *flags = 0;
+    *active = contexts[device].retained > 0;
+    return SUCCESS;
+}
+
+int cuCtxGetCurrent(void** context) {
+    *context = ctx_depth ? ctx_stack[ctx_depth - 1] : NULL;
+    return SUCCESS;
+}
+
+int cuCtxSetCurrent(void* context) {
+    if (context == NULL) {
+        if (ctx_depth) ctx_depth--;
+        return SUCCESS;
+    }
+    if (ctx_depth == 0) ctx_depth = 1;
+    ctx_stack[ctx_depth - 1] = context;
+    return SUCCESS;
+}
+
+int cuCtxPushCurrent(void* context) {
+    if (ctx_depth >= 16) return INVALID_VALUE;
+    ctx_stack[ctx_depth++] = context;
+    return SUCCESS;
+}
+
+int cuCtxPopCurrent(void** context) {
+    if (context) *context = ctx_depth ? ctx_stack[ctx_depth - 1] : NULL;
+    if (ctx_depth) ctx_depth--;
+    return SUCCESS;
+}
+
+int cuCtxGetDevice(int* device) {
+    if (!ctx_depth || ctx_stack[ctx_depth - 1] == NULL) return INVALID_CONTEXT;
+    *device = ((fake_context*)ctx_stack[ctx_depth - 1])->device;
+    return SUCCESS;
+}
+
+int cuCtxGetId(void* context, unsigned long long* id) {
+    *id = context ? (unsigned long long)(((fake_context*)context) - contexts) + 1 : 0;
+    return SUCCESS;
+}
+
+int cuCtxGetApiVersion(void* context, unsigned int* version) {
+    (void)context;
+    *version = 13000;
+    return SUCCESS;
+}
+
+int cuCtxGetFlags(unsigned int* flags) { *flags = 0; return SUCCESS; }
+int cuCtxGetStreamPriorityRange(int* least, int* greatest) {
+    *least = 0;
+    *greatest = -5;
+    return SUCCESS;
+}
+int cuCtxSynchronize(void) { return sticky; }
+
+static const char* error_name(int code) {
+    switch (code) {
+    case SUCCESS: return "CUDA_SUCCESS";
+    case INVALID_VALUE: return "CUDA_ERROR_INVALID_VALUE";
+    case OUT_OF_MEMORY: return "CUDA_ERROR_OUT_OF_MEMORY";
+    case INVALID_DEVICE: return "CUDA_ERROR_INVALID_DEVICE";
+    case INVALID_CONTEXT: return "CUDA_ERROR_INVALID_CONTEXT";
+    case NOT_FOUND: return "CUDA_ERROR_NOT_FOUND";
+    case NOT_READY: return "CUDA_ERROR_NOT_READY";
+    case ILLEGAL_ADDRESS: return "CUDA_ERROR_ILLEGAL_ADDRESS";
+    case NOT_SUPPORTED: return "CUDA_ERROR_NOT_SUPPORTED";
+    default: return "CUDA_ERROR_UNKNOWN";
+    }
+}
+
+int cuGetErrorName(int code, const char** name) { *name = error_name(code); return SUCCESS; }
+int cuGetErrorString(int code, const char** text) { *text = error_name(code); return SUCCESS; }
+
+/* NVRTC asks libcuda.so.1 for its private export tables; the stand-in has none, and NVRTC
+ * compiles without them. */
+int cuGetExportTable(const void** table, const void* id) {
+    (void)id;
+    *table = NULL;
+    return NOT_FOUND;
+}

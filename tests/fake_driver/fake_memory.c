@@ -1,0 +1,254 @@
+/* The stand-in's memory and streams (included by fake_cuda.c).
+ *
+ * Device memory is host memory: device pointers are real addresses, so copies and memsets are
+ * memcpy and memset, done at once when enqueued. Every stream runs eagerly in enqueue order,
+ * so stream order and the waits between streams hold by construction. Memory pools hand out
+ * host allocations too and count their bytes; allocations are kept in a registry that answers
+ * cuPointerGetAttribute(s) and fake_live_allocations().
+ */
+
+typedef struct {
+    uintptr_t ptr;
+    size_t size;
+    int type; /* 1: pinned host, 2: device */
+    void* pool;
+} fake_allocation;
+
+typedef struct {
+    size_t used;
+    size_t used_high;
+    unsigned long long threshold;
+} fake_pool;
+
+typedef struct {
+    unsigned int flags;
+    int priority;
+    unsigned long long id;
+} fake_stream;
+
+static pthread_mutex_t memory_mutex = PTHREAD_MUTEX_INITIALIZER;
+static fake_allocation* allocations;
+static size_t n_allocations, room_allocations;
+static long live_streams, live_pools;
+static unsigned long long next_stream_id = 1;
+static fake_pool default_pools[8];
+
+static void* fake_allocate(size_t size, int type, void* pool) {
+    size_t rounded = ((size ? size : 1) + 255) & ~(size_t)255;
+    void* ptr = aligned_alloc(4096, (rounded + 4095) & ~(size_t)4095);
+    if (ptr == NULL) return NULL;
+    pthread_mutex_lock(&memory_mutex);
+    if (n_allocations == room_allocations) {
+        room_allocations = room_allocations ? 2 * room_allocations : 256;
+        allocations = realloc(allocations, room_allocations * sizeof *allocations);
+    }
+    allocations[n_allocations++] = (fake_allocation){(uintptr_t)ptr, size, type, pool};
+    if (pool) {
+        fake_pool* p = pool;
+        p->used += size;
+        if (p->used > p->used_high) p->used_high = p->used;
+    }
+    pthread_mutex_unlock(&memory_mutex);
+    return ptr;
+}
+
+static int fake_release(uintptr_t ptr, int type) {
+    pthread_mutex_lock(&memory_mutex);
+    for (size_t i = 0; i < n_allocations; i++) {
+        if (allocations[i].ptr == ptr && allocations[i].type == type) {
+            fake_pool* pool = allocations[i].pool;
+            if (pool) pool->used -= allocations[i].size;
+            allocations[i] = allocations[--n_allocations];
+            pthread_mutex_unlock(&memory_mutex);
+            free((void*)ptr);
+            return SUCCESS;
+        }
+    }
+    pthread_mutex_unlock(&memory_mutex);
+    return INVALID_VALUE;
+}
+
+/* The allocation holding *ptr* (a copy; type 0 if none). */
+static fake_allocation fake_find(uintptr_t ptr) {
+    fake_allocation found = {0, 0, 0, NULL};
+    pthread_mutex_lock(&memory_mutex);
+    for (size_t i = 0; i < n_allocations; i++) {
+        if (ptr >= allocations[i].ptr && ptr < allocations[i].ptr + (allocations[i].size ? allocations[i].size : 1)) {
+            found = allocations[i];
+            break;
+        }
+    }
+    pthread_mutex_unlock(&memory_mutex);
+    return found;
+}
+
+/* How many device and pinned allocations are live, and streams and pools (for leak tests). */
+long fake_live_allocations(void) {
+    pthread_mutex_lock(&memory_mutex);
+    long n = (long)n_allocations;
+    pthread_mutex_unlock(&memory_mutex);
+    return n;
+}
+long fake_live_streams(void) { return live_streams; }
+long fake_live_pools(void) { return live_pools; }
+
+int cuMemAlloc(uintptr_t* ptr, size_t size) {
+    void* p = fake_allocate(size, 2, NULL);
+    if (p == NULL) return OUT_OF_MEMORY;
+    *ptr = (uintptr_t)p;
+    return SUCCESS;
+}
+int cuMemFree(uintptr_t ptr) { return fake_release(ptr, 2); }
+
+int cuMemHostAlloc(void** ptr, size_t size, unsigned int flags) {
+    (void)flags;
+    *ptr = fake_allocate(size, 1, NULL);
+    return *ptr ? SUCCESS : OUT_OF_MEMORY;
+}
+int cuMemAllocHost(void** ptr, size_t size) { return cuMemHostAlloc(ptr, size, 0); }
+int cuMemFreeHost(void* ptr) { return fake_release((uintptr_t)ptr, 1); }
+int cuMemHostGetDevicePointer(uintptr_t* device, void* host, unsigned int flags) {
+    (void)flags;
+    *device = (uintptr_t)host;
+    return SUCCESS;
+}
+
+int cuMemPoolCreate(void** pool, const void* props) {
+    (void)props;
+    *pool = calloc(1, sizeof(fake_pool));
+    __atomic_add_fetch(&live_pools, 1, __ATOMIC_SEQ_CST);
+    return SUCCESS;
+}
+int cuMemPoolDestroy(void* pool) {
+    free(pool);
+    __atomic_sub_fetch(&live_pools, 1, __ATOMIC_SEQ_CST);
+    return SUCCESS;
+}
+int cuDeviceGetDefaultMemPool(void** pool, int device) { *pool = &default_pools[device]; return SUCCESS; }
+int cuDeviceGetMemPool(void** pool, int device) { *pool = &default_pools[device]; return SUCCESS; }
+int cuMemPoolTrimTo(void* pool, size_t keep) { (void)pool; (void)keep; return SUCCESS; }
+
+int cuMemPoolSetAttribute(void* handle, int attribute, void* value) {
+    fake_pool* pool = handle;
+    if (attribute == 4) pool->threshold = *(unsigned long long*)value;
+    else if (attribute == 6 || attribute == 8) pool->used_high = pool->used;
+    return SUCCESS;
+}
+
+int cuMemPoolGetAttribute(void* handle, int attribute, void* value) {
+    fake_pool* pool = handle;
+    pthread_mutex_lock(&memory_mutex);
+    switch (attribute) {
+    case 1: case 2: case 3: *(int*)value = 1; break;
+    case 4: *(unsigned long long*)value = pool->threshold; break;
+    case 5: case 7: *(unsigned long long*)value = pool->used; break; /* nothing is cached */
+    case 6: case 8: *(unsigned long long*)value = pool->used_high; break;
+    default: *(unsigned long long*)value = 0; break;
+    }
+    pthread_mutex_unlock(&memory_mutex);
+    return SUCCESS;
+}
+
+int cuMemPoolSetAccess(void* pool, const void* map, size_t count) {
+    (void)pool; (void)map; (void)count;
+    return SUCCESS;
+}
+
+int cuMemAllocFromPoolAsync(uintptr_t* ptr, size_t size, void* pool, void* stream) {
+    (void)stream;
+    void* p = fake_allocate(size, 2, pool);
+    if (p == NULL) return OUT_OF_MEMORY;
+    *ptr = (uintptr_t)p;
+    return SUCCESS;
+}
+int cuMemAllocAsync(uintptr_t* ptr, size_t size, void* stream) {
+    return cuMemAllocFromPoolAsync(ptr, size, &default_pools[0], stream);
+}
+int cuMemFreeAsync(uintptr_t ptr, void* stream) { (void)stream; return fake_release(ptr, 2); }
+
+int cuMemcpy(uintptr_t dst, uintptr_t src, size_t n) { memcpy((void*)dst, (void*)src, n); return SUCCESS; }
+int cuMemcpyAsync(uintptr_t dst, uintptr_t src, size_t n, void* s) { (void)s; return cuMemcpy(dst, src, n); }
+int cuMemcpyHtoD(uintptr_t dst, const void* src, size_t n) { return cuMemcpy(dst, (uintptr_t)src, n); }
+int cuMemcpyDtoH(void* dst, uintptr_t src, size_t n) { return cuMemcpy((uintptr_t)dst, src, n); }
+int cuMemcpyDtoD(uintptr_t dst, uintptr_t src, size_t n) { return cuMemcpy(dst, src, n); }
+int cuMemcpyHtoDAsync(uintptr_t dst, const void* src, size_t n, void* s) { (void)s; return cuMemcpy(dst, (uintptr_t)src, n); }
+int cuMemcpyDtoHAsync(void* dst, uintptr_t src, size_t n, void* s) { (void)s; return cuMemcpy((uintptr_t)dst, src, n); }
+int cuMemcpyDtoDAsync(uintptr_t dst, uintptr_t src, size_t n, void* s) { (void)s; return cuMemcpy(dst, src, n); }
+int cuMemsetD8(uintptr_t dst, unsigned char value, size_t n) { memset((void*)dst, value, n); return SUCCESS; }
+int cuMemsetD8Async(uintptr_t dst, unsigned char value, size_t n, void* s) { (void)s; return cuMemsetD8(dst, value, n); }
+int cuMemsetD32(uintptr_t dst, unsigned int value, size_t n) {
+    for (size_t i = 0; i < n; i++) ((unsigned int*)dst)[i] = value;
+    return SUCCESS;
+}
+int cuMemsetD32Async(uintptr_t dst, unsigned int value, size_t n, void* s) { (void)s; return cuMemsetD32(dst, value, n); }
+
+static int pointer_attribute(void* data, int attribute, uintptr_t ptr) {
+    fake_allocation found = fake_find(ptr);
+    switch (attribute) {
+    case 1: *(void**)data = &contexts[0]; break;
+    case 2: *(unsigned int*)data = found.type == 1 ? 1 : (found.type == 2 ? 2 : 0); break;
+    case 3: case 4: *(uintptr_t*)data = ptr; break;
+    case 8: case 10: case 13: case 15: *(int*)data = attribute == 13 && found.type; break;
+    case 9: *(int*)data = 0; break;
+    case 11: *(uintptr_t*)data = found.ptr; break;
+    case 12: *(size_t*)data = found.size; break;
+    case 16: *(int*)data = 3; break;
+    case 17: *(void**)data = found.pool; break;
+    default: *(unsigned long long*)data = 0; break;
+    }
+    return found.type || attribute == 2 ? SUCCESS : INVALID_VALUE;
+}
+
+int cuPointerGetAttribute(void* data, int attribute, uintptr_t ptr) {
+    return pointer_attribute(data, attribute, ptr);
+}
+
+int cuPointerGetAttributes(unsigned int count, int* attributes, void** data, uintptr_t ptr) {
+    for (unsigned int i = 0; i < count; i++) pointer_attribute(data[i], attributes[i], ptr);
+    return SUCCESS;
+}
+
+int cuStreamCreateWithPriority(void** stream, unsigned int flags, int priority) {
+    fake_stream* s = calloc(1, sizeof *s);
+    s->flags = flags;
+    s->priority = priority;
+    s->id = __atomic_fetch_add(&next_stream_id, 1, __ATOMIC_SEQ_CST);
+    __atomic_add_fetch(&live_streams, 1, __ATOMIC_SEQ_CST);
+    *stream = s;
+    return SUCCESS;
+}
+int cuStreamCreate(void** stream, unsigned int flags) { return cuStreamCreateWithPriority(stream, flags, 0); }
+int cuStreamDestroy(void* stream) {
+    if (stream) {
+        free(stream);
+        __atomic_sub_fetch(&live_streams, 1, __ATOMIC_SEQ_CST);
+    }
+    return SUCCESS;
+}
+/* The legacy (0), per-thread (2) and other special streams are no objects of ours. */
+static int is_special(void* stream) { return (uintptr_t)stream < 0x1000; }
+int cuStreamGetFlags(void* stream, unsigned int* flags) { *flags = is_special(stream) ? 0 : ((fake_stream*)stream)->flags; return SUCCESS; }
+int cuStreamGetPriority(void* stream, int* priority) { *priority = is_special(stream) ? 0 : ((fake_stream*)stream)->priority; return SUCCESS; }
+int cuStreamGetId(void* stream, unsigned long long* id) { *id = is_special(stream) ? (uintptr_t)stream : ((fake_stream*)stream)->id; return SUCCESS; }
+int cuStreamGetCtx(void* stream, void** context) { (void)stream; *context = &contexts[0]; return SUCCESS; }
+int cuStreamGetDevice(void* stream, int* device) { (void)stream; *device = 0; return SUCCESS; }
+int cuStreamSynchronize(void* stream) { (void)stream; return sticky; }
+int cuStreamQuery(void* stream) { (void)stream; return sticky; }
+int cuStreamWaitEvent(void* stream, void* event, unsigned int flags) {
+    (void)stream; (void)event; (void)flags;
+    return SUCCESS;
+}
+
+/* No stream ever captures here (graphs are not emulated). */
+int cuStreamIsCapturing(void* stream, int* status) { (void)stream; *status = 0; return SUCCESS; }
+int cuStreamGetCaptureInfo(void* stream, int* status, unsigned long long* id, void** graph,
+                           const void** deps, const void** edges, size_t* n) {
+    (void)stream;
+    *status = 0;
+    if (id) *id = 0;
+    if (graph) *graph = NULL;
+    if (deps) *deps = NULL;
+    if (edges) *edges = NULL;
+    if (n) *n = 0;
+    return SUCCESS;
+}
