@@ -1,12 +1,12 @@
 """Builds the optional compiled dispatch core, ``asyncgraph.cuda._core``.
 
 Everything else about the package is in ``pyproject.toml``. The extension is Cython against
-``cuda.bindings.cydriver`` (whose ``.pxd`` files declare the driver API through ``cuda.h``), so
-the build needs Cython, cuda-bindings, ``cuda.h`` and a C compiler. ``cuda.h`` is looked for in
-``$CUDA_HOME``/``$CUDA_PATH``, in NVIDIA's ``nvidia-cuda-runtime`` wheel and in
-``/usr/local/cuda``. The extension is optional: where any of this is missing, or on a platform
-other than Linux, the build says why and the package installs without it, running on the
-Python twin of the core (``asyncgraph.cuda._core_py``). ``ASYNCGRAPH_REQUIRE_COMPILED=1`` makes
+``cuda.bindings.cydriver`` (whose ``.pxd`` files declare the driver API through ``cuda.h``) and
+numpy's C API, so the build needs Cython, cuda-bindings, numpy, ``cuda.h`` and a C compiler.
+``cuda.h`` is looked for in ``$CUDA_HOME``/``$CUDA_PATH``, in NVIDIA's ``nvidia-cuda-runtime``
+wheel and in ``/usr/local/cuda``. The extension is optional: where any of this is missing, or on
+a platform other than Linux, the build says why and the package installs without it, running on
+the Python twin of the core (``asyncgraph.cuda._core_py``). ``ASYNCGRAPH_REQUIRE_COMPILED=1`` makes
 a failed build an error instead (CI sets it).
 """
 
@@ -59,10 +59,17 @@ def _extensions() -> list[Extension]:
     if include is None:
         _say("cuda.h not found (set CUDA_HOME); installing the Python core")
         return []
+    try:
+        import numpy
+    except ImportError:
+        _say("numpy is not installed; installing the Python core")
+        return []
     extension = Extension(
         "asyncgraph.cuda._core",
         [SOURCE],
-        include_dirs=[include],
+        include_dirs=[include, numpy.get_include()],
+        # numpy's C API as of 1.26 (the oldest numpy asyncgraph supports), whatever builds it.
+        define_macros=[("NPY_TARGET_VERSION", "NPY_1_26_API_VERSION")],
         language="c++",  # cydriver.pxd includes <type_traits>
         optional=not REQUIRED,
     )

@@ -54,14 +54,17 @@ async def test_a_busy_stream_cannot_starve_another(monkeypatch: pytest.MonkeyPat
 
 
 def _fake_driver(monkeypatch: pytest.MonkeyPatch) -> None:
-    fake = types.SimpleNamespace(query=_query)
-    monkeypatch.setattr(_reactor, "core", fake)
-    monkeypatch.setattr(_watches, "core", fake)
+    # The Python core's Watches (the compiled one queries real events), with a fake query.
+    monkeypatch.setattr(
+        _reactor, "core", types.SimpleNamespace(query=_query, Watches=_watches.Watches)
+    )
+    monkeypatch.setattr(_watches, "query", _query)
 
 
 def _fake_clock(monkeypatch: pytest.MonkeyPatch) -> list[float]:
     clock = [1.0]  # a stand-in for perf_counter that the callbacks advance
     monkeypatch.setattr(_reactor, "perf_counter", lambda: clock[0])
+    monkeypatch.setattr(_watches, "perf_counter", lambda: clock[0])
     _fake_driver(monkeypatch)
     return clock
 

@@ -27,7 +27,7 @@ from . import _loop
 from ._bound import BoundCall
 from ._checks import check_kernel, numeric_dtype, shape_tuple
 from ._dispatcher import Dispatcher
-from ._engine import Engine
+from ._engine import Engine, FastFront
 from ._exceptions import (
     ArgumentTypeError,
     DeviceFaultError,
@@ -109,6 +109,13 @@ class Backend:
             name, engine, self._store, self._life, self._dispatcher, self.telemetry
         )
         engine.attach(self._dispatcher, self.telemetry, self._log)
+        front = FastFront(scheduler=self._scheduler, lifecycle=self._life, ids=self._ids,
+                          dispatcher=self._dispatcher, store=self._store)  # fmt: skip
+        fast = engine.fast_path(front)
+        # The steady state of dispatch() in one call, where the engine has one (CUDA).
+        self._fast = fast.dispatch if fast is not None else None
+        if fast is not None:
+            self._plans.learn = fast.learn
 
     # -- state ---------------------------------------------------------------------------------
 
@@ -195,6 +202,11 @@ class Backend:
             BackendClosedError: the backend is closed.
             DeviceFaultError: the backend failed earlier with a device fault.
         """
+        fast = self._fast
+        if fast is not None:
+            pending = fast(kernel, args, grid, block, shared_mem, timing, graph)
+            if pending is not None:
+                return pending
         loop = self._loop_for_use()
         if self._scheduler.queued >= self._max_queued:
             raise QueueFullError(
@@ -206,7 +218,7 @@ class Backend:
             raise ArgumentTypeError(f"timing={timing!r}; pass True or False")
         if graph not in _GRAPH_CHOICES:
             raise ArgumentTypeError(f"graph={graph!r}; pass 'never', 'auto' or 'always'")
-        call = self._bind(kernel, args, grid, block, shared_mem, True)
+        call = self._plans.bind(kernel, args, grid, block, shared_mem, True)
         if call.fresh is not None:  # Out(..., resident=True): make the buffers now
             call.make_buffers(self._new_resident, self._store.discard)
         try:
@@ -400,18 +412,6 @@ class Backend:
         self._loop_for_use()
         return self._engine.stream()
 
-    def _bind(
-        self,
-        kernel: Kernel,
-        args: tuple[object, ...],
-        grid: object,
-        block: object,
-        shared_mem: object,
-        resident_results: bool = False,
-    ) -> BoundCall:
-        """Validate a dispatch's arguments against *kernel* and this backend (``_plans``)."""
-        return self._plans.bind(kernel, args, grid, block, shared_mem, resident_results)
-
     def _bind_like(
         self,
         kernel: Kernel,
@@ -422,7 +422,7 @@ class Backend:
     ) -> BoundCall:
         """Validate *args* for the engine's graphs and captures (the backend must be open)."""
         self._loop_for_use()
-        return self._bind(kernel, args, grid, block, shared_mem)
+        return self._plans.bind(kernel, args, grid, block, shared_mem, False)
 
     async def _run_prepared(self, job: Job) -> Any:
         """Run a job prepared outside ``dispatch()`` (a graph replay) and return its result."""
@@ -464,7 +464,7 @@ class Backend:
             UnsupportedError: always.
         """
         life = self._lifecycle
-        if life.state == OPEN and not self.telemetry.dispatches and not len(self._store):
+        if life.state == OPEN and not self.telemetry.snapshot().dispatches and not len(self._store):
             life.close_unused()  # the caller cannot reach it: leave nothing open
         raise UnsupportedError(
             "open_backend() is not awaitable; use 'async with asyncgraph.open_backend(...) as "

@@ -7,7 +7,9 @@ telemetry, resident buffers, closing. They meet here, in two protocols:
 
 - :class:`Engine`: what the front asks of an engine (the scheduler's predicates among them);
 - :class:`Sink`: what an engine reports back (the scheduler's events), implemented by the
-  front's dispatcher.
+  front's dispatcher;
+- :class:`FastDispatch` and :class:`FastFront`: an engine's fast path (the steady state of a
+  dispatch in one call) and what it may use of the front.
 
 Neither side reaches into the other's private members.
 """
@@ -15,23 +17,28 @@ Neither side reaches into the other's private members.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Iterator
 from contextlib import AbstractAsyncContextManager
 from typing import TYPE_CHECKING, Any, Protocol
 
+import attrs
 import numpy as np
 
 if TYPE_CHECKING:
     from ._args import LaunchLimits
     from ._bound import BoundCall
+    from ._dispatcher import Dispatcher
     from ._exceptions import DeviceFaultError
     from ._kernel import Kernel
     from ._lease import StreamLease
-    from ._resident import ResidentBuffer, Use
-    from ._scheduler import Job
+    from ._lifecycle import Lifecycle
+    from ._pending import PendingDispatch
+    from ._plans import Plan
+    from ._resident import ResidentBuffer, ResidentStore, Use
+    from ._scheduler import Job, Scheduler
     from ._telemetry import PoolCounters, Telemetry
 
-__all__ = ("Engine", "Sink")
+__all__ = ("Engine", "FastDispatch", "FastFront", "Sink")
 
 
 class Sink(Protocol):
@@ -85,6 +92,48 @@ class Sink(Protocol):
         ...
 
 
+@attrs.frozen(kw_only=True)
+class FastFront:
+    """What an engine's fast path may use of the front (``Engine.fast_path``).
+
+    Attributes:
+        scheduler: the scheduler, whose two common transitions the fast path takes itself
+            (``Scheduler.fast_state``).
+        lifecycle: the backend's state, loop and the queue's waiting room (read only).
+        dispatcher: completes a job the general way (``Dispatcher.done``) when anything waits.
+        store: the resident store (``is_live``).
+        ids: the dispatch numbers (shared with the general path).
+    """
+
+    scheduler: Scheduler
+    lifecycle: Lifecycle
+    dispatcher: Dispatcher
+    store: ResidentStore
+    ids: Iterator[int]
+
+
+class FastDispatch(Protocol):
+    """An engine's fast path: the steady state of ``dispatch()`` in one call."""
+
+    def dispatch(
+        self,
+        kernel: Kernel,
+        args: tuple[object, ...],
+        grid: object,
+        block: object,
+        shared_mem: object,
+        timing: object,
+        graph: object,
+    ) -> PendingDispatch | None:
+        """Launch the call and return its pending result, or ``None`` having changed nothing
+        (then the general path runs, and raises whatever is wrong with the call)."""
+        ...
+
+    def learn(self, plan: Plan, call: BoundCall) -> None:
+        """A plan was made from *call* (``Plans``): launch the calls that fit it, if it can."""
+        ...
+
+
 class Engine(Protocol):
     """What the front asks of an implementation. Every method runs on the loop's thread."""
 
@@ -100,6 +149,10 @@ class Engine(Protocol):
     def attach(self, sink: Sink, telemetry: Telemetry, log: Any) -> None:
         """Report job events to *sink* and count into *telemetry* from now on (called once,
         when the front is made); *log* is the backend's bound logger."""
+        ...
+
+    def fast_path(self, front: FastFront) -> FastDispatch | None:
+        """The engine's fast path, if it has one (called once, after :meth:`attach`)."""
         ...
 
     # -- the scheduler's predicates --------------------------------------------------------------

@@ -29,7 +29,7 @@ from ._backend import Backend
 from ._bound import BoundCall, InOutArg, host_copy
 from ._checks import describe, describe_value
 from ._dlpack import KDL_CPU
-from ._engine import Sink
+from ._engine import FastFront, Sink
 from ._exceptions import AllocationError, HostFunctionError, UnsupportedError
 from ._inbox import Inbox
 from ._kernel import Kernel
@@ -150,6 +150,9 @@ class HostEngine:
         """Report to *sink* from now on."""
         self._sink = sink
         log.debug("backend.opened", kind=self.kind, workers=self._workers)
+
+    def fast_path(self, front: FastFront) -> None:
+        """None: a host dispatch runs in a worker thread, so the general path costs it little."""
 
     # -- the scheduler's predicates (kernels are checked at dispatch; workers order uses) -----
 

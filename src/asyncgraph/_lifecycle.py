@@ -241,6 +241,7 @@ class Lifecycle:
     def closed(self) -> None:
         self.state = CLOSED
         snap = self._telemetry
+        snap.sync()
         self._log.info(
             "backend.closed",
             dispatches=snap.dispatches,

@@ -60,6 +60,9 @@ class BackendOptions:
         graph_repeats: dispatches of one signature before ``graph="auto"`` records it.
         nvtx_enabled: mark each dispatch with NVTX ranges for Nsight Systems (needs the
             ``nvtx`` package, extra ``nvtx``); see ``docs/observability.md``.
+        fast_path_enabled: launch the steady state of dispatches in one call of the dispatch
+            core (CUDA backend; see ``docs/core.md``). ``False`` runs every dispatch the
+            general way, for comparison; results and errors are the same either way.
     """
 
     streams: int = attrs.field(default=4, validator=_positive)
@@ -75,6 +78,7 @@ class BackendOptions:
     graph_cache_bytes: int = attrs.field(default=64 << 20, validator=_non_negative)
     graph_repeats: int = attrs.field(default=2, validator=_positive)
     nvtx_enabled: bool = False
+    fast_path_enabled: bool = True
 
     @poll_window.validator
     @spin_window.validator

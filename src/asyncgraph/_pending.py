@@ -67,11 +67,17 @@ class PendingDispatch:
         "kernel_name",
     )
 
-    # The failure's traceback as it was when the dispatch failed, set by _set_exception (not in
+    # The failure's traceback as it was when the dispatch failed, set by set_outcome (not in
     # __init__: a dispatch that succeeds never pays for it). Each raise starts from it again.
     _traceback: TracebackType | None
 
-    def __init__(self, loop: asyncio.AbstractEventLoop, dispatch_id: int, kernel_name: str) -> None:
+    def __init__(
+        self,
+        loop: asyncio.AbstractEventLoop,
+        dispatch_id: int,
+        kernel_name: str,
+        spin: Callable[[], None] | None = None,
+    ) -> None:
         self._loop = loop
         self._state = _PENDING
         self._outcome: Any = None
@@ -79,8 +85,8 @@ class PendingDispatch:
         self._callbacks: list[Callable[[PendingDispatch], object]] | None = None
         self._event: threading.Event | None = None
         self._device_time: float | None = None
-        # Set by a backend that can poll the completion right away (CUDA: Reactor.spin).
-        self._spin: Callable[[], None] | None = None
+        # Set by a backend that can poll the completion right away (CUDA: Watches.spin).
+        self._spin = spin
         self.dispatch_id = dispatch_id
         self.kernel_name = kernel_name
 
@@ -119,7 +125,7 @@ class PendingDispatch:
         self._wait(timeout)
         if self._state == _FAILED:
             raise self._outcome.with_traceback(self._traceback)
-        return self._outcome  # type: ignore[no-any-return]  # a tuple, set by _set_result
+        return self._outcome  # type: ignore[no-any-return]  # a tuple, set by set_outcome
 
     def exception(self, timeout: float | None = None) -> BaseException | None:
         """Block until the dispatch completes; return its exception, or ``None`` if it succeeded.
@@ -175,7 +181,7 @@ class PendingDispatch:
                     self._waiters.remove(waiter)
         if self._state == _FAILED:
             raise self._outcome.with_traceback(self._traceback)
-        return self._outcome  # type: ignore[no-any-return]  # a tuple, set by _set_result
+        return self._outcome  # type: ignore[no-any-return]  # a tuple, set by set_outcome
 
     def __repr__(self) -> str:
         state = ("pending", "done", "failed")[self._state]
@@ -193,60 +199,61 @@ class PendingDispatch:
                 "'await pending' on the loop's thread"
             )
         with _event_lock:
-            if self._state != _PENDING:
-                return
             if self._event is None:
                 self._event = threading.Event()
             event = self._event
+        # Published before the state is read again: set_outcome() sets the state first and
+        # reads the event after, so one of the two sees the other (no lock on that side).
+        if self._state != _PENDING:
+            return
         if not _wait_for(event, timeout, self._loop):
             raise TimeoutError(
                 f"dispatch #{self.dispatch_id} of {self.kernel_name!r} did not complete "
                 f"within {timeout} s"
             )
 
-    def _resolve(self, state: int, outcome: object) -> None:
-        with _event_lock:
-            self._state = state
-            self._outcome = outcome
-            self._spin = None
-            event = self._event
-        if event is not None:
-            event.set()
-        # After the loop closed (a completion handled on a worker thread, see Inbox) waking its
-        # tasks or scheduling callbacks raises RuntimeError: none of them can run any more.
-        if self._waiters is not None:
-            waiters, self._waiters = self._waiters, None
-            try:
-                for waiter in waiters:
-                    if not waiter.done():
-                        waiter.set_result(None)
-            except RuntimeError:
-                pass
-        if self._callbacks is not None:
-            callbacks, self._callbacks = self._callbacks, None
-            try:
-                for fn in callbacks:
-                    self._loop.call_soon(fn, self)
-            except RuntimeError:
-                pass
-
-    def _set_result(self, results: tuple[Any, ...], device_time: float | None = None) -> None:
-        self._device_time = device_time
-        self._resolve(_DONE, results)
-
-    def _set_exception(self, exc: BaseException) -> None:
-        self._traceback = exc.__traceback__
-        self._resolve(_FAILED, exc)
-
 
 def set_outcome(
     pending: PendingDispatch, outcome: tuple[Any, ...] | BaseException, device_time: float | None
 ) -> None:
-    """Resolve *pending* with results (and the device time) or an error (the dispatcher)."""
+    """Resolve *pending* with results (and the device time) or an error: wake its awaiters,
+    a thread blocked in ``result()``, and schedule its done callbacks.
+
+    The dispatcher calls it, and the CUDA fast path; on the loop's thread, or any thread once
+    the loop is closed.
+    """
+    # The outcome before the state: a thread that sees the state changed reads the outcome.
+    pending._outcome = outcome
+    pending._spin = None
     if isinstance(outcome, BaseException):
-        pending._set_exception(outcome)
+        pending._traceback = outcome.__traceback__
+        pending._state = _FAILED
     else:
-        pending._set_result(outcome, device_time)
+        pending._device_time = device_time
+        pending._state = _DONE
+    event = pending._event  # read after the state: see _wait
+    if event is not None:
+        event.set()
+    # After the loop closed (a completion handled on a worker thread, see Inbox) waking its
+    # tasks or scheduling callbacks raises RuntimeError: none of them can run any more.
+    waiters = pending._waiters
+    if waiters is not None:
+        pending._waiters = None
+        try:
+            for waiter in waiters:
+                if not waiter.done():
+                    waiter.set_result(None)
+        except RuntimeError:
+            pass
+    callbacks = pending._callbacks
+    if callbacks is not None:
+        pending._callbacks = None
+        loop = pending._loop
+        try:
+            for fn in callbacks:
+                loop.call_soon(fn, pending)
+        except RuntimeError:
+            pass
 
 
 def set_spin(pending: PendingDispatch, spin: Callable[[], None] | None) -> None:

@@ -42,7 +42,7 @@ from ._kernel import Kernel
 if TYPE_CHECKING:
     from ._resident import ResidentStore
 
-__all__ = ("MAX_PLANS", "Plan", "Plans", "plan_of")
+__all__ = ("MAX_PLANS", "Plan", "Plans", "plan_of", "same_dims")
 
 MAX_PLANS = 4  # plans kept per kernel (a service may alternate a few shapes)
 
@@ -114,10 +114,9 @@ class Plan:
             or shared_mem != self.shared_mem
             or type(shared_mem) is not int
             or resident_results is not self.resident_results
-            or ((grid != self.grid or type(grid) is not int) and not _same_dims(grid, self.grid))
+            or ((grid != self.grid or type(grid) is not int) and not same_dims(grid, self.grid))
             or (
-                (block != self.block or type(block) is not int)
-                and not _same_dims(block, self.block)
+                (block != self.block or type(block) is not int) and not same_dims(block, self.block)
             )
         ):
             return None
@@ -149,7 +148,7 @@ class Plan:
         )
 
 
-def _same_dims(value: object, planned: object) -> bool:
+def same_dims(value: object, planned: object) -> bool:
     """Whether a grid or block given as a tuple equals the planned one, of ints (``True``
     equals 1, but ``bind()`` refuses it)."""
     return type(value) is tuple and value == planned and all(type(dim) is int for dim in value)
@@ -172,6 +171,8 @@ class Plans:
         self._by_kernel: dict[Kernel, list[Plan]] = {}
         self.hits = 0  # calls bound from a plan
         self.misses = 0  # calls of a planned kernel that fit none of its plans
+        # Told of each plan made for dispatch() (the engine's fast path launches what fits).
+        self.learn: Callable[[Plan, BoundCall], None] | None = None
 
     def __len__(self) -> int:
         return sum(len(plans) for plans in self._by_kernel.values())
@@ -219,6 +220,8 @@ class Plans:
             plans = self._by_kernel.setdefault(call.kernel, [])
             plans.insert(0, plan)
             del plans[MAX_PLANS:]
+            if resident_results and self.learn is not None:
+                self.learn(plan, call)
         return call
 
     def clear(self) -> None:

@@ -135,7 +135,7 @@ class ResidentBuffer:
     @property
     def is_closed(self) -> bool:
         """Whether ``aclose()`` was called (or the backend closed); the handle is then stale."""
-        return not self._store._is_current(self)
+        return not self._store.is_live(self)
 
     @property
     def backend_name(self) -> str:
@@ -257,7 +257,7 @@ class ResidentBuffer:
             self._in_use == 0
             and self._exports == 0
             and self._storage is not None
-            and not self._store._is_current(self)
+            and not self._store.is_live(self)
         ):
             self._store._free(self)
 
@@ -336,11 +336,20 @@ class ResidentStore:
                 f"{where} is a resident buffer of backend {self.backend_name}, which was "
                 "closed; open a new backend and upload the data to it"
             )
-        if not self._is_current(buffer):
+        if not self.is_live(buffer):
             raise StaleBufferError(
                 f"{where} is a resident buffer that was closed (slot {buffer._slot}, "
                 f"generation {buffer._generation}); upload the data again"
             )
+
+    def is_live(self, buffer: ResidentBuffer) -> bool:
+        """Whether *buffer* is a live handle of this store (:meth:`check` raises otherwise)."""
+        slot = buffer._slot
+        return (
+            buffer._store is self
+            and self._generations[slot] == buffer._generation
+            and self._buffers[slot] is buffer
+        )
 
     def discard(self, buffer: ResidentBuffer) -> None:
         """Close *buffer*, made for a dispatch that was refused or failed (nobody has it)."""
@@ -355,16 +364,8 @@ class ResidentStore:
 
     # -- internals -----------------------------------------------------------------------------
 
-    def _is_current(self, buffer: ResidentBuffer) -> bool:
-        slot = buffer._slot
-        return (
-            buffer._store is self
-            and self._generations[slot] == buffer._generation
-            and self._buffers[slot] is buffer
-        )
-
     def _close(self, buffer: ResidentBuffer) -> None:
-        if buffer._store is not self or not self._is_current(buffer):
+        if buffer._store is not self or not self.is_live(buffer):
             return
         # Bump the generation now: the handle is stale from this moment.
         self._generations[buffer._slot] += 1
@@ -380,7 +381,7 @@ class ResidentStore:
             buffer._exports == 0
             and buffer._in_use == 0
             and buffer._storage is not None
-            and not self._is_current(buffer)
+            and not self.is_live(buffer)
         ):
             self._free(buffer)
 

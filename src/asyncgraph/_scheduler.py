@@ -190,6 +190,20 @@ class Scheduler:
         """The admitted jobs, oldest first (a copy)."""
         return list(self._in_flight.values())
 
+    def fast_state(self) -> tuple[dict[int, Job], deque[Job], list[Job], int]:
+        """The containers the engine's fast path changes: in flight, queued, parked; and the
+        in-flight bound.
+
+        The fast path (the dispatch core's ``FastPath``) takes the two common transitions of
+        :meth:`add` and :meth:`done` without the general pass: a job admitted at once and
+        launched (the queue empty, a slot free, nothing to compile, stage or wait for), and
+        that job's completion while nothing is queued or parked. It makes exactly the changes
+        those branches make (``_in_flight[job.id] = job``, the state ``LAUNCHED``; on
+        completion the pop, ``DONE`` and the outcome) and nothing else; every other case it
+        leaves to these methods.
+        """
+        return self._in_flight, self._queue, self._parked, self._max
+
     # -- events --------------------------------------------------------------------------------
 
     def add(self, job: Job) -> list[Effect]:
@@ -354,6 +368,7 @@ def track_buffers(job: Job) -> None:
 async def wait_finished(deps: list[Use]) -> None:
     """Wait until each job in *deps* finished, whatever its outcome (other uses are skipped)."""
     for dep in deps:
-        if isinstance(dep, Job) and not dep.pending.done():
+        pending = getattr(dep, "pending", None)  # a job of either path (a Download has none)
+        if pending is not None and not pending.done():
             with contextlib.suppress(Exception):
-                await dep.pending
+                await pending

@@ -1,6 +1,7 @@
 """Telemetry: counters, histograms and the structlog logger of the library.
 
-Counters are plain attributes bumped on the event loop's thread; histograms keep counts in
+Counters are plain attributes bumped on the event loop's thread (or counted elsewhere and added
+in on each snapshot: the CUDA fast path's, ``Telemetry.add_source``); histograms keep counts in
 logarithmic buckets (20 per decade, so a quantile read from them is within 12 % of the true
 value), sorted into them a batch at a time so that recording a value is one append.
 ``snapshot()`` copies everything into frozen objects.
@@ -13,13 +14,20 @@ the hot path costs nothing for logging otherwise.
 from __future__ import annotations
 
 import math
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 
 import attrs
 import numpy as np
 import structlog
 
-__all__ = ("HistogramSnapshot", "Telemetry", "TelemetrySnapshot", "logger")
+__all__ = (
+    "BUCKET_BOUNDS",
+    "Histogram",
+    "HistogramSnapshot",
+    "Telemetry",
+    "TelemetrySnapshot",
+    "logger",
+)
 
 logger = structlog.get_logger("asyncgraph")
 
@@ -29,6 +37,7 @@ _DECADES = 10  # up to 1000 s
 _N_BUCKETS = _PER_DECADE * _DECADES + 1  # the last bucket holds everything larger
 _BOUNDS = (*(_LOW * 10 ** (i / _PER_DECADE) for i in range(_N_BUCKETS - 1)), math.inf)
 _BOUNDS_ARRAY = np.array(_BOUNDS, np.float64)
+BUCKET_BOUNDS = _BOUNDS  # each bucket's upper bound (the compiled fast path sorts by these)
 FOLD_EVERY = 1024  # values a histogram keeps unsorted at most (see Histogram)
 
 
@@ -127,6 +136,24 @@ class Histogram:
         if len(pending) >= FOLD_EVERY:
             self._fold()
 
+    def add_counts(
+        self, counts: Sequence[int], count: int, total: float, low: float, high: float
+    ) -> None:
+        """Merge values already sorted into this histogram's buckets elsewhere (the compiled
+        fast path's): *counts* per bucket, their number, sum, smallest and largest."""
+        if not count:
+            return
+        self._counts += np.asarray(counts, np.int64)
+        self._count += count
+        self._sum += total
+        self._min = min(self._min, low)
+        self._max = max(self._max, high)
+
+    def add_values(self, values: list[float]) -> None:
+        """Record each of *values* (the Python fast path's, recorded with a bare append)."""
+        self._pending.extend(values)
+        self._fold()
+
     def _fold(self) -> None:
         """Sort the values recorded since the last fold into the buckets."""
         if not self._pending:
@@ -171,6 +198,8 @@ class TelemetrySnapshot:
 
     Attributes:
         dispatches: dispatches accepted by ``dispatch()``.
+        fast_path_dispatches: those of them the CUDA backend's fast path launched (the steady
+            state in one call of the dispatch core; see ``docs/core.md``).
         dispatches_completed: dispatches that completed successfully.
         dispatches_failed: dispatches that completed with an error.
         in_flight: dispatches submitted and not yet completed.
@@ -199,6 +228,7 @@ class TelemetrySnapshot:
     """
 
     dispatches: int
+    fast_path_dispatches: int
     dispatches_completed: int
     dispatches_failed: int
     in_flight: int
@@ -236,6 +266,7 @@ class Telemetry:
     __slots__ = (
         "_in_flight",
         "_pools",
+        "_sources",
         "bytes_down",
         "bytes_up",
         "compile_cache_hits",
@@ -247,6 +278,7 @@ class Telemetry:
         "dispatches",
         "dispatches_completed",
         "dispatches_failed",
+        "fast_path_dispatches",
         "graph_cache_hits",
         "graph_cache_misses",
         "graph_captures",
@@ -265,7 +297,10 @@ class Telemetry:
     ) -> None:
         self._in_flight = in_flight
         self._pools = pools
+        # What counts outside these attributes (the CUDA fast path) and adds it in on sync().
+        self._sources: list[Callable[[Telemetry], None]] = []
         self.dispatches = 0
+        self.fast_path_dispatches = 0
         self.dispatches_completed = 0
         self.dispatches_failed = 0
         self.bytes_up = 0
@@ -286,12 +321,24 @@ class Telemetry:
         self.completion_latency = Histogram()
         self.device_time = Histogram()
 
+    def add_source(self, flush: Callable[[Telemetry], None]) -> None:
+        """Count what *flush* counted elsewhere: :meth:`sync` calls it, and it adds what it
+        counted since its last call into this object's counters and histograms."""
+        self._sources.append(flush)
+
+    def sync(self) -> None:
+        """Bring in what the sources counted since the last sync (every snapshot does)."""
+        for flush in self._sources:
+            flush(self)
+
     def snapshot(self) -> TelemetrySnapshot:
         """Copy every counter and histogram into a frozen :class:`TelemetrySnapshot`."""
+        self.sync()
         in_flight, queued = self._in_flight()
         pools = self._pools() if self._pools is not None else PoolCounters()
         return TelemetrySnapshot(
             dispatches=self.dispatches,
+            fast_path_dispatches=self.fast_path_dispatches,
             dispatches_completed=self.dispatches_completed,
             dispatches_failed=self.dispatches_failed,
             in_flight=in_flight,

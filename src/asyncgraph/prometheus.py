@@ -38,6 +38,12 @@ _LAST = 180  # index of the 100 s bound
 
 _COUNTERS: tuple[tuple[str, str, str, dict[str, str]], ...] = (
     ("dispatches", "dispatches", "Dispatches accepted by dispatch().", {}),
+    (
+        "fast_path_dispatches",
+        "fast_path_dispatches",
+        "Dispatches the CUDA fast path launched.",
+        {},
+    ),
     ("dispatches_completed", "dispatches_completed", "Dispatches that completed.", {}),
     ("dispatches_failed", "dispatches_failed", "Dispatches that completed with an error.", {}),
     ("transferred_bytes", "bytes_up", "Bytes copied to or from the backend.", {"direction": "up"}),

@@ -10,6 +10,7 @@ from ..capture._cache import GraphCache
 from ..capture._guard import CaptureLock
 from ..pool import HostPool, StreamOrderedDeviceMemory, StreamPool
 from ._engine import CudaEngine
+from ._events import EventStatistics
 
 __all__ = ("CudaBackend",)
 
@@ -52,6 +53,16 @@ class CudaBackend(Backend):
     def stream_pool(self) -> StreamPool[Any]:
         """The streams dispatches are placed on."""
         return self._cuda.device.stream_pool
+
+    def event_statistics(self) -> EventStatistics:
+        """How many CUDA events the backend created, and how many are back in its pools."""
+        device = self._cuda.device
+        return EventStatistics(
+            created=device.events.created,
+            idle=len(device.events.idle),
+            timing_created=device.timing_events.created,
+            timing_idle=len(device.timing_events.idle),
+        )
 
     @property
     def capture_lock(self) -> CaptureLock:

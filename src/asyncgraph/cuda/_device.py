@@ -17,6 +17,7 @@ from .._exceptions import CudaError, DeviceFaultError
 from .._options import BackendOptions
 from .._telemetry import PoolCounters, Telemetry
 from ..pool import HostPool, PinnedPool, StreamOrderedDeviceMemory, StreamPool
+from ._cores import core
 from ._driver import check
 from ._events import EventPool
 from ._lanes import SCRATCH_BYTES, Lane
@@ -39,6 +40,7 @@ class Device:
         limits: the launch limits dispatches are checked against.
         arch: e.g. ``"sm_90"``; name: e.g. ``"NVIDIA H100 80GB HBM3"``.
         lanes: one :class:`Lane` per stream of ``stream_pool``, by index.
+        watches: what the reactor watches, per lane (the core's ``Watches``).
         stream_pool: placement and leases of the lanes' streams.
         pinned: the pinned host pool; memory: stream-ordered device memory.
         events / timing_events: event pools (blocking-sync without timing / with timing).
@@ -96,6 +98,8 @@ class Device:
             Lane(self, slot, self.memory.reserve(SCRATCH_BYTES, slot.stream))
             for slot in self.stream_pool.lanes
         ]
+        # The reactor's hot half, made now: the fast path and the reactor share it.
+        self.watches = core.Watches(len(self.lanes), self.events.idle, options.spin_window)
 
     @property
     def loop(self) -> asyncio.AbstractEventLoop:
@@ -112,7 +116,7 @@ class Device:
             reactor = self.reactor_ = Reactor(
                 self.loop,
                 self.context,
-                len(self.lanes),
+                self.watches,
                 self.events,
                 self.options.poll_window,
                 self.on_fault,

@@ -17,7 +17,8 @@ import numpy as np
 
 from .. import _loop
 from .._bound import BoundCall
-from .._exceptions import BackendClosedError, DeviceFaultError
+from .._engine import FastFront
+from .._exceptions import AllocationError, BackendClosedError, DeviceFaultError
 from .._kernel import Kernel
 from .._lease import StreamLease, end_lease
 from .._options import BackendOptions
@@ -25,6 +26,7 @@ from .._resident import ResidentBuffer, Use
 from .._scheduler import Job, JobState
 from .._telemetry import PoolCounters, Telemetry
 from ..pool import PinnedPool
+from ._cores import core
 from ._device import Device, join
 from ._graphs import Graphs
 from ._kernels import Kernels
@@ -55,6 +57,7 @@ class CudaEngine:
         self.storage = Storage(device)
         self.graphs = Graphs(device, self.launches, self.kernels, self.storage)
         self._sink: Any = None
+        self.fast: Any = None  # the dispatch core's FastPath, once the front asked for it
 
     @property
     def failure(self) -> DeviceFaultError | None:
@@ -79,6 +82,36 @@ class CudaEngine:
             arch=device.arch,
             streams=device.options.streams,
         )
+
+    def fast_path(self, front: FastFront) -> Any:
+        """The dispatch core's fast path over this device (``None`` when turned off, with NVTX
+        ranges or per-dispatch log events, which it does not make, or without pinned memory
+        for the lanes' staging rings)."""
+        device = self.device
+        options = device.options
+        if not options.fast_path_enabled or options.nvtx_enabled or options.dispatch_events_enabled:
+            return None
+        rings: list[Any] = []
+        try:
+            for _ in device.lanes:
+                rings.append(device.pinned.acquire(core.RING_BYTES))
+        except AllocationError as exc:
+            for block in rings:
+                device.pinned.release(block)
+            device.log.warning("backend.no_fast_path", error=str(exc))
+            return None
+        fast = self.fast = core.FastPath(
+            device.lanes,
+            rings,
+            device.watches,
+            device.events,
+            device.stream_pool,
+            front,
+            core.Launcher,
+        )
+        self.launches.fast = fast
+        device.telemetry.add_source(fast.flush)
+        return fast
 
     # -- the scheduler's predicates ----------------------------------------------------------------
 
@@ -325,7 +358,13 @@ class CudaEngine:
             device.pinned.wait_freed().result()
 
     def _release_all(self) -> None:
-        self.device.release_all([self.graphs.capture_stream])
+        device = self.device
+        fast, self.fast = self.fast, None
+        if fast is not None:
+            self.launches.fast = None
+            for block in fast.close():  # the staging rings, idle now
+                device.pinned.release(block)
+        device.release_all([self.graphs.capture_stream])
         self.launches.clear()
 
     def release_unclosed(self) -> None:

@@ -4,11 +4,30 @@ from __future__ import annotations
 
 from typing import Any
 
+import attrs
 from cuda.bindings import driver as drv
 
 from ._driver import check
 
-__all__ = ("EventPool",)
+__all__ = ("EventPool", "EventStatistics")
+
+
+@attrs.frozen(kw_only=True)
+class EventStatistics:
+    """Counts of a CUDA backend's event pools, frozen at ``CudaBackend.event_statistics()``.
+
+    Attributes:
+        created: completion events created so far (a steady state creates none: they are
+            recycled).
+        idle: completion events back in the pool.
+        timing_created: timing events (``timing=True``) created so far.
+        timing_idle: timing events back in the pool.
+    """
+
+    created: int
+    idle: int
+    timing_created: int
+    timing_idle: int
 
 
 class EventPool:
@@ -16,22 +35,24 @@ class EventPool:
 
     def __init__(self, flags: Any) -> None:
         self._flags = flags
-        self._free: list[Any] = []
+        # The idle events; the reactor's hot half and the fast path take and give them here
+        # directly (a list's pop and append), the rest through take() and give().
+        self.idle: list[Any] = []
         self.created = 0
 
     def take(self) -> Any:
         """An event, reused or new."""
-        if self._free:
-            return self._free.pop()
+        if self.idle:
+            return self.idle.pop()
         self.created += 1
         return check(drv.cuEventCreate(self._flags), "cuEventCreate")
 
     def give(self, event: Any) -> None:
         """Return an event no one waits on any more."""
-        self._free.append(event)
+        self.idle.append(event)
 
     def close(self) -> None:
         """Destroy the idle events."""
-        for event in self._free:
+        for event in self.idle:
             drv.cuEventDestroy(event)
-        self._free.clear()
+        self.idle.clear()

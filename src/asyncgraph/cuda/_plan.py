@@ -19,6 +19,7 @@ from typing import Any
 import numpy as np
 
 from .._bound import BoundCall
+from .._resident import Download
 from .._scheduler import Job, JobState
 from ..pool import HostPool, PinnedBlock
 from ..pool._pinned import pinned_memory_of
@@ -94,15 +95,12 @@ def dep_event(dep: Any) -> Any:
     Returns the event to wait on, ``None`` when *dep* already finished (nothing to wait for), or
     ``False`` when *dep* has no event yet (not launched: wait until it is).
     """
-    if isinstance(dep, Job):
-        if dep.state is JobState.DONE or getattr(dep, "gpu_done", False):
+    if type(dep) is Download:
+        if dep.finished.is_set():
             return None
-        event = getattr(dep, "event", None)
-        return event if event is not None else False
-    finished = getattr(dep, "finished", None)
-    if finished is not None and finished.is_set():
+    elif dep.state is JobState.DONE or dep.gpu_done:  # a job: a CudaJob, or the fast path's
         return None
-    event = getattr(dep, "event", None)
+    event = dep.event
     return event if event is not None else False
 
 

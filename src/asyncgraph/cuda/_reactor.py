@@ -18,6 +18,10 @@ event to that lane's waiter thread, which blocks in ``cuEventSynchronize`` on a 
 or Python threads through an inbox); the loop wakes once per batch and polls again, so a fault
 surfaces as the query's error, not a hang.
 
+The part that runs once per completion — finding what completed, finishing it, the spin of a
+lone await — is the dispatch core's :class:`Watches` (compiled, or ``_watches`` in Python);
+this module is the policy around it.
+
 No Python runs inside a driver callback. An event handed to a waiter is not recycled until the
 waiter returned it, even if a poll saw it complete first.
 """
@@ -35,24 +39,20 @@ from cuda.bindings import driver as drv
 from .. import _loop
 from .._exceptions import CudaError
 from .._inbox import off_loop_lock
-from .._telemetry import Telemetry, logger
+from .._telemetry import Telemetry
 from ._cores import core
-from ._driver import NOT_READY, SUCCESS, check, error_for, is_sticky
+from ._driver import SUCCESS, check, error_for, is_sticky
 from ._events import EventPool
 from ._waiters import Joinable, Waiters
-from ._watches import Callback, Watch, WatchLane, next_completed
+from ._watches import FAILED, HOLD_LIMIT, MIN_COMPLETIONS, STOPPED, Callback, WatchLane
 
-__all__ = ("HOLD_LIMIT", "Reactor")
+__all__ = ("HOLD_LIMIT", "MIN_COMPLETIONS", "Reactor")
 
-# Inline completions (Reactor.spin) may keep a task from yielding for this long at most.
-HOLD_LIMIT = 500e-6
 # A poll's own work (completing dispatches) stops before it would pass this, once
 # MIN_COMPLETIONS are done.
 POLL_BUDGET = 150e-6
 # The loop time the tasks one poll wakes may take, judged by what woken tasks cost lately.
 ITERATION_BUDGET = 2e-3
-# A poll completes at least this many (of those completed), however slow the tasks are.
-MIN_COMPLETIONS = 4
 # Polls further apart than this ran other callbacks between them: the loop is not idle.
 IDLE_GAP = 50e-6
 
@@ -63,7 +63,8 @@ class Reactor:
     Args:
         loop: the event loop callbacks run on.
         context: the CUDA context the waiter threads make current.
-        lanes: how many streams (lanes) there are.
+        lanes: how many streams (lanes) there are, or the :class:`Watches` of the device
+            (which the fast path shares).
         events: the pool watched events come from and go back to.
         poll_window: seconds of polling without progress before the waiters take over.
         on_fault: called once with the first sticky error seen.
@@ -75,7 +76,7 @@ class Reactor:
         self,
         loop: asyncio.AbstractEventLoop,
         context: Any,
-        lanes: int,
+        lanes: int | Any,
         events: EventPool,
         poll_window: float,
         on_fault: Callable[[CudaError], None],
@@ -84,56 +85,50 @@ class Reactor:
     ) -> None:
         self._loop = loop
         self._context = context
-        self._lanes = [WatchLane(i) for i in range(lanes)]
+        watches = core.Watches(lanes, events.idle, spin_window) if isinstance(lanes, int) else lanes
+        self._w = watches
+        self._lanes: list[WatchLane] = watches.lanes
         self._events = events
         self._window = poll_window
-        self._spin_window = spin_window
-        self._held_since = 0.0  # first inline completion since the loop last polled
         self._on_fault = on_fault
         self._telemetry = telemetry
         self._waiters = Waiters(
             loop, context, self._lanes, self._woken, self._woken_off_loop, self._closed_loop
         )
-        self._poll_scheduled = False
-        self._window_start = 0.0
-        self._pending = 0
         self._poll_end = 0.0  # when the last poll returned
         self._woke = 0  # dispatches the last poll completed, if it scheduled the next poll
-        self._seq = 0  # watches so far
         self.task_cost = 50e-6  # loop time a woken task takes, measured (moving average)
-        self._fault: CudaError | None = None
         self.polls = 0
         self.handoffs = 0
-        self.spins = 0  # dispatches completed by spin() before their task yielded
-        self._paused = False  # a capture runs: no event queries on the loop's thread
-        self._pause_waiters = False  # ... and no hand-offs either (a "global" capture)
+        self._pause_waiters = False  # a "global" capture: no hand-offs either
         self._stopped = False  # close() stopped the waiter threads (until adopt())
+        watches.schedule = self._schedule
+        watches.failed = self._failed
+        watches.poll_scheduled = False
+        # A lone awaited dispatch polls its event right here before its task yields.
+        self.spin = watches.spin
 
     def __repr__(self) -> str:
         waiting = sum(1 for lane in self._lanes if lane.handed is not None)
-        return f"<Reactor pending={self._pending} handed_off={waiting} polls={self.polls}>"
+        return f"<Reactor pending={self._w.pending} handed_off={waiting} polls={self.polls}>"
 
     @property
     def pending(self) -> int:
         """Events watched and not yet completed."""
-        return self._pending
+        return int(self._w.pending)
+
+    @property
+    def spins(self) -> int:
+        """Dispatches completed by :meth:`spin` before their task yielded."""
+        return int(self._w.spins)
 
     def watch(self, lane: int, event: Any, callback: Callback) -> None:
         """Call ``callback(None)`` once *event* (recorded on lane *lane*) completed, or
         ``callback(error)`` if the device failed. The event returns to the pool afterwards."""
-        self._seq = seq = self._seq + 1
-        watch = Watch(seq, event, callback)
-        if self._fault is not None:
-            self._finish(watch, self._fault)
-            return
-        self._lanes[lane].pending.append(watch)
-        self._pending += 1
-        if not self._poll_scheduled:
-            self._poll_scheduled = True
-            self._window_start = perf_counter()
-            self._loop.call_soon(self._poll)
+        self._w.watch(lane, event, callback)
 
-    # -- loop thread -----------------------------------------------------------------------
+    def _schedule(self) -> None:
+        self._loop.call_soon(self._poll)
 
     # -- pausing for captures ---------------------------------------------------------------
 
@@ -141,17 +136,16 @@ class Reactor:
         """Stop querying events on the loop's thread (a capture in ``thread_local`` mode would
         be invalidated by them): waiter threads wait for every event meanwhile. With *waiters*
         (``global`` mode) hand them nothing either until :meth:`resume`."""
-        self._paused = True
+        self._w.paused = True
         self._pause_waiters = waiters
 
     def resume(self) -> None:
         """Query events on the loop's thread again, and catch up."""
-        self._paused = False
+        w = self._w
+        w.paused = False
         self._pause_waiters = False
-        if self._pending and not self._poll_scheduled:
-            self._poll_scheduled = True
-            self._window_start = perf_counter()
-            self._loop.call_soon(self._poll)
+        if w.pending and not w.poll_scheduled:
+            w.request_poll()
 
     async def waiters_idle(self) -> None:
         """Return once no waiter thread waits on an event (after :meth:`pause` with waiters)."""
@@ -165,12 +159,15 @@ class Reactor:
             if lane.pending and lane.handed is None:
                 self._hand_off(lane)
 
+    # -- loop thread -----------------------------------------------------------------------
+
     def _poll(self) -> None:
-        self._poll_scheduled = False
-        if self._paused:
+        w = self._w
+        w.poll_scheduled = False
+        if w.paused:
             self._poll_paused()
             return
-        self._held_since = 0.0  # the loop is running callbacks: nothing holds it
+        w.held_since = 0.0  # the loop is running callbacks: nothing holds it
         self.polls += 1
         # The loop iteration since the last poll ran the tasks that poll woke: learn from it
         # what a woken task costs, and wake as many as fit in ITERATION_BUDGET (at least
@@ -184,47 +181,25 @@ class Reactor:
             # Other callbacks ran since the last poll: the loop is busy, so polling once an
             # iteration costs it little, and waiter threads would only add wake-ups. They are
             # armed only once polls follow each other with nothing else to run (below).
-            self._window_start = now
+            w.window_start = now
         limit = max(MIN_COMPLETIONS, int(ITERATION_BUDGET / max(self.task_cost, 1e-6)))
-        deadline = now + POLL_BUDGET
-        lanes = self._lanes
-        # Deliver completed watches oldest first across the lanes (each lane's complete in
-        # order, so the oldest completed one is at the head of some lane), querying lazily: a
-        # head is queried only when it is the oldest candidate left, and a lane whose head is
-        # still running is left alone for the rest of this poll. Under load the budget below
-        # leaves some for the next poll, and none waits behind newer ones of busier lanes.
-        running = [False] * len(lanes)  # the lane's head is still running
-        checked = [False] * len(lanes)  # the lane's newest event was queried in this poll
-        done = 0
-        while True:
-            if done >= limit or (
-                # One more would end past the deadline, judged by what these took on average.
-                done >= MIN_COMPLETIONS and (t := perf_counter()) + (t - now) / done > deadline
-            ):
-                # Enough for one loop iteration: the tasks these woke run before the next
-                # poll, so the loop's other work never waits behind all of them.
-                self._window_start = perf_counter()
-                self._again(done)
-                return
-            lane, code = next_completed(lanes, running, checked)
-            if lane is None:
-                break
-            watch = lane.pending.popleft()
-            self._pending -= 1
-            done += 1
-            if code != SUCCESS:
-                lane.ready = 0
-                self._failed(watch, code)
-                return  # a poll is scheduled if more are pending
-            lane.ready -= 1
-            self._finish(watch, None)
-        busy = any(running)
-        if not busy and not self._pending:
+        # Deliver completed watches oldest first across the lanes, bounded by the budget: the
+        # tasks these woke run before the next poll, so the loop's other work never waits
+        # behind all of them, and none waits behind newer ones of busier lanes.
+        done, how = w.drain(limit, now, now + POLL_BUDGET)
+        if how == STOPPED:
+            w.window_start = perf_counter()
+            self._again(done)
+            return
+        if how == FAILED:
+            return  # _failed scheduled a poll if more are pending
+        busy = how != 0  # BUSY: some lane's oldest event is still running
+        if not busy and not w.pending:
             return
         now = perf_counter()
         if done:
-            self._window_start = now
-        if now - self._window_start < self._window or not busy:
+            w.window_start = now
+        if now - w.window_start < self._window or not busy:
             self._again(done)
             return
         # Polls followed each other for a whole window with nothing completing and nothing else
@@ -237,53 +212,10 @@ class Reactor:
         """Poll again in the next loop iteration, after the *done* dispatches' tasks ran."""
         self._woke = done
         self._poll_end = perf_counter()
-        if not self._poll_scheduled:  # a watch() of a callback may have scheduled it already
-            self._poll_scheduled = True
+        w = self._w
+        if not w.poll_scheduled:  # a watch() of a callback may have scheduled it already
+            w.poll_scheduled = True
             self._loop.call_soon(self._poll)
-
-    def spin(self) -> None:
-        """Poll the only watched event right here for up to ``spin_window`` seconds.
-
-        For a lone awaited dispatch: its task asks before it yields, and if the event completes
-        within the window the dispatch resolves without a trip around the event loop (two
-        loop iterations, about as long as a short kernel). With more than one event watched
-        the loop's regular polling serves them all, so this returns at once. A task whose
-        dispatches keep completing inline is made to yield once ``HOLD_LIMIT`` passed since
-        the loop last ran the reactor, so a tight loop of awaits cannot starve other tasks.
-        """
-        if self._pending != 1 or self._spin_window <= 0.0 or self._paused:
-            return
-        now = perf_counter()
-        held = self._held_since
-        if held and now - held > HOLD_LIMIT:
-            # Inline completions kept one task from yielding for a while (a tight loop of
-            # awaited dispatches): let the loop run its other callbacks first.
-            return
-        for lane in self._lanes:
-            if lane.pending:
-                break
-        watch = lane.pending[0]
-        if watch.held:
-            return
-        event = watch.event
-        query = core.query
-        deadline = now + self._spin_window
-        while True:
-            code = query(event)[0]
-            if code != NOT_READY:
-                break
-            if perf_counter() > deadline:
-                return
-        lane.pending.popleft()
-        lane.ready = 0
-        self._pending -= 1
-        self.spins += 1
-        if not held:
-            self._held_since = now
-        if code == SUCCESS:
-            self._finish(watch, None)
-        else:
-            self._failed(watch, code)
 
     def _hand_off(self, lane: WatchLane) -> None:
         watch = lane.pending[0]
@@ -295,32 +227,31 @@ class Reactor:
         self._waiters.hand(lane, watch.event)
 
     def _woken(self, lane: WatchLane) -> None:
+        w = self._w
         watch = lane.handed
         lane.handed = None
         if watch is not None:
             watch.held = False
             if watch.finished:
                 self._events.give(watch.event)
-            elif self._paused and lane.pending and lane.pending[0] is watch:
+            elif w.paused and lane.pending and lane.pending[0] is watch:
                 # No queries meanwhile: the waiter's result settles the watch.
                 lane.pending.popleft()
                 lane.ready = 0
-                self._pending -= 1
+                w.pending -= 1
                 if lane.last_code == SUCCESS:
-                    self._finish(watch, None)
+                    w.finish(watch, None)
                 else:
                     self._failed(watch, lane.last_code)
-        if self._pending and not self._poll_scheduled:
+        if w.pending and not w.poll_scheduled:
             # Schedule rather than poll here: several lanes may wake in one batch, and each
             # poll resolves a bounded batch per loop iteration.
-            self._poll_scheduled = True
-            self._window_start = perf_counter()
             try:
-                self._loop.call_soon(self._poll)
+                w.request_poll()
             except RuntimeError:
                 # The loop is closed (the inbox called this on the waiter's thread): the
                 # backend's close settles the watches on its next loop (adopt()).
-                self._poll_scheduled = False
+                w.poll_scheduled = False
 
     def _woken_off_loop(self, lane: WatchLane) -> None:
         """A waiter posted *lane* after the loop closed (on its thread, or the thread of
@@ -352,14 +283,15 @@ class Reactor:
     def _settle_off_loop(self) -> None:
         # Marked scheduled meanwhile, so a watch() of a job launched by a completion here (a
         # queued or parked one) does not call the closed loop: the loop below settles it too.
-        if not self._pending:
+        w = self._w
+        if not w.pending:
             return
         # Usually a waiter thread, whose context is current; settle() or kick() may run this on
         # another thread: make the context current there, and leave that thread as it was.
         check(drv.cuCtxPushCurrent(self._context), "cuCtxPushCurrent")
-        self._poll_scheduled = True
+        w.poll_scheduled = True
         try:
-            while self._pending:
+            while w.pending:
                 for lane in self._lanes:
                     pending = lane.pending
                     while pending:
@@ -367,63 +299,42 @@ class Reactor:
                         code = drv.cuEventSynchronize(watch.event)[0]
                         pending.popleft()
                         lane.ready = 0
-                        self._pending -= 1
+                        w.pending -= 1
                         if code == SUCCESS:
-                            self._finish(watch, None)  # a held event stays with its waiter
+                            w.finish(watch, None)  # a held event stays with its waiter
                             continue
                         error = error_for(code, "cuEventSynchronize")
                         if is_sticky(code):
                             self.fail_all(error, first=watch)
                             return
-                        self._finish(watch, error)
+                        w.finish(watch, error)
         finally:
-            self._poll_scheduled = False
+            w.poll_scheduled = False
             drv.cuCtxPopCurrent()
 
-    def _finish(self, watch: Watch, error: CudaError | None) -> None:
-        watch.finished = True
-        if not watch.held:
-            self._events.give(watch.event)
-        self._call(watch, error)
-
-    @staticmethod
-    def _call(watch: Watch, error: CudaError | None) -> None:
-        """Run a watch's callback; a failing callback never stops the reactor."""
-        try:
-            watch.callback(error)
-        except Exception as exc:
-            logger.error("reactor.callback_failed", error=repr(exc), exc_info=exc)
-
-    def _failed(self, watch: Watch, code: Any) -> None:
+    def _failed(self, watch: Any, code: Any) -> None:
+        """*watch*'s event failed with *code* (it was taken off its lane)."""
         error = error_for(code, "cuEventQuery")
         if not is_sticky(code):
-            self._finish(watch, error)
-            if self._pending and not self._poll_scheduled:
-                self._poll_scheduled = True
-                self._loop.call_soon(self._poll)
+            w = self._w
+            w.finish(watch, error)
+            if w.pending and not w.poll_scheduled:
+                w.request_poll()
             return
         self.fail_all(error, first=watch)
 
-    def fail_all(self, error: CudaError, first: Watch | None = None) -> None:
+    def fail_all(self, error: CudaError, first: Any = None) -> None:
         """Fail every watched event with *error* (the context is lost)."""
-        if self._fault is None:
-            self._fault = error
+        w = self._w
+        if w.fault is None:
+            w.fault = error
             self._on_fault(error)
         watches = [first] if first is not None else []
-        watches.extend(self._take_watches())
+        watches.extend(w.take_all())
         for watch in watches:
+            # Their events are not reused: after a fault the context is lost.
             watch.finished = True
-            self._call(watch, error)
-
-    def _take_watches(self) -> list[Watch]:
-        """Every watch of every lane, in lane order; the lanes are left empty."""
-        watches: list[Watch] = []
-        for lane in self._lanes:
-            watches.extend(lane.pending)
-            lane.pending.clear()
-            lane.ready = 0
-        self._pending = 0
-        return watches
+            w.call(watch, error)
 
     # -- the waiters' life -------------------------------------------------------------------
 
@@ -440,17 +351,18 @@ class Reactor:
         self._waiters.collect()  # what native waiters returned meanwhile: their events
         self._loop = loop
         self._waiters.adopt(loop)
-        self._poll_scheduled = self._paused = self._pause_waiters = self._stopped = False
+        w = self._w
+        w.poll_scheduled = w.paused = self._pause_waiters = self._stopped = False
         for lane in self._lanes:
             lane.handed = None
-        for watch in self._take_watches():
+        for watch in w.take_all():
             watch.held = False
             code = core.query(watch.event)[0]
             error = None if code == SUCCESS else error_for(code, "cuEventQuery")
-            if error is not None and is_sticky(code) and self._fault is None:
-                self._fault = error
+            if error is not None and is_sticky(code) and w.fault is None:
+                w.fault = error
                 self._on_fault(error)
-            self._finish(watch, error)
+            w.finish(watch, error)
 
     def close(self) -> list[Joinable]:
         """Stop the waiter threads; return what to join (nothing may be pending)."""

@@ -1,9 +1,17 @@
-"""What the completion reactor watches: events per lane, and which of them completed.
+"""What the completion reactor watches, and its hot half: polling and completing, in Python.
 
 A *lane* is one stream's watched events in submission order; work on one stream completes in
 order, so the completed ones are always a prefix (``WatchLane.ready`` of them are known).
-:func:`next_completed` finds the oldest completed watch of all lanes, querying as little as it
-can.
+:class:`Watches` holds every lane and does what runs once per completion: it takes a watch
+(:meth:`Watches.watch`, or a job of the fast path that is its own watch), finds the oldest
+completed one across the lanes, querying as little as it can (:meth:`Watches.drain`), spins on
+a lone one (:meth:`Watches.spin`), and finishes it: the event back to its pool, then the
+watch's callback, or the fast path's completion for one of its jobs. The reactor
+(``_reactor``) keeps the policy around it: when to poll, the time budgets, hand-offs to the
+waiter threads, pausing for captures, faults, closing.
+
+This is the Python core's :class:`Watches`; the compiled core (``_core``) has its twin, with
+the same attributes and methods, chosen by ``_cores``.
 """
 
 from __future__ import annotations
@@ -12,15 +20,42 @@ import queue
 import threading
 from collections import deque
 from collections.abc import Callable
+from time import perf_counter
 from typing import Any
 
+from cuda.bindings import driver as drv
+
 from .._exceptions import CudaError
-from ._cores import core
+from .._telemetry import logger
 from ._driver import NOT_READY, SUCCESS
 
-__all__ = ("Callback", "Watch", "WatchLane", "next_completed")
+__all__ = (
+    "BUSY",
+    "FAILED",
+    "HOLD_LIMIT",
+    "IDLE",
+    "MIN_COMPLETIONS",
+    "STOPPED",
+    "Callback",
+    "Watch",
+    "WatchLane",
+    "Watches",
+)
 
 Callback = Callable[[CudaError | None], None]
+
+# How a drain ended (the second value Watches.drain returns).
+IDLE = 0  # nothing else completed, and no lane has work still running
+BUSY = 1  # nothing else completed, and some lane's oldest event is still running
+STOPPED = 2  # the limit or the time budget stopped it: more may have completed
+FAILED = 3  # an event failed; ``failed`` was called with it
+
+# A drain completes at least this many (of those completed) before its budget can stop it.
+MIN_COMPLETIONS = 4
+# Inline completions (Watches.spin) may keep a task from yielding for this long at most.
+HOLD_LIMIT = 500e-6
+# cuEventQuery(event): (code,), NOT_READY while it runs (the Python core's query).
+query = drv.cuEventQuery
 
 
 class Watch:
@@ -31,7 +66,7 @@ class Watch:
     def __init__(self, seq: int, event: Any, callback: Callback) -> None:
         self.seq = seq  # the order it was watched in: completions are delivered in this order
         self.event = event
-        self.callback = callback
+        self.callback: Callback | None = callback
         self.held = False  # handed to the lane's waiter thread
         self.finished = False
 
@@ -43,50 +78,226 @@ class WatchLane:
 
     def __init__(self, index: int) -> None:
         self.index = index
-        self.pending: deque[Watch] = deque()
+        # Watches, and jobs of the fast path (which are their own watches), oldest first.
+        self.pending: deque[Any] = deque()
         self.ready = 0  # leading pending watches known complete (a newer event completed)
-        self.handed: Watch | None = None
+        self.handed: Any = None  # the watch handed to the lane's waiter thread
         self.queue: queue.SimpleQueue[Any] = queue.SimpleQueue()
         self.thread: threading.Thread | None = None
         self.last_code: Any = SUCCESS  # what the waiter's last cuEventSynchronize returned
 
 
-def next_completed(
-    lanes: list[WatchLane], running: list[bool], checked: list[bool]
-) -> tuple[WatchLane | None, Any]:
-    """The lane whose head is the oldest watch that completed, and its event's code
-    (``SUCCESS``, or the error it failed with); ``(None, NOT_READY)`` when none did.
+class Watches:
+    """The watched events of every lane, their completion, and the spin of a lone await.
 
-    Heads are queried oldest first, only when needed: a lane with ``ready`` watches needs no
-    query, and a lane whose newest event completed (queried once per poll, *checked*) has all
-    of them complete. A lane whose head is still running is marked in *running* and skipped.
+    Args:
+        lanes: how many lanes (streams) there are.
+        idle_events: the event pool's idle list; a finished watch's event goes back there.
+        spin_window: seconds :meth:`spin` polls a lone event before it gives up.
+
+    Attributes set by the reactor and the fast path once they exist:
+        schedule: asks the loop for a poll (:meth:`request_poll` calls it once per poll).
+        failed: called with a watch and the driver's code when its event failed.
+        complete: the fast path's completion, for its jobs (``callback`` is ``None``).
     """
-    query = core.query
-    while True:
-        best = None
-        seq = 0
-        for lane in lanes:
-            pending = lane.pending
-            if pending and not running[lane.index] and (best is None or pending[0].seq < seq):
-                best = lane
-                seq = pending[0].seq
-        if best is None:
-            return None, NOT_READY
-        if best.ready:
-            return best, SUCCESS
-        pending = best.pending
-        index = best.index
-        if not checked[index] and len(pending) > 1:
-            checked[index] = True
-            # Work on one stream completes in order: if its newest event completed, so did
-            # every older one, and this one query settles them all.
-            if query(pending[-1].event)[0] == SUCCESS:
-                best.ready = len(pending)
-                return best, SUCCESS
-        code = query(pending[0].event)[0]
-        if code == NOT_READY:
-            running[index] = True
-            continue
+
+    __slots__ = (
+        "complete",
+        "failed",
+        "fault",
+        "held_since",
+        "idle_events",
+        "lanes",
+        "paused",
+        "pending",
+        "poll_scheduled",
+        "schedule",
+        "seq",
+        "spin_window",
+        "spins",
+        "window_start",
+    )
+
+    def __init__(self, lanes: int, idle_events: list[Any], spin_window: float) -> None:
+        self.lanes = [WatchLane(i) for i in range(lanes)]
+        self.idle_events = idle_events
+        self.spin_window = spin_window
+        self.pending = 0  # watched and not yet completed
+        self.seq = 0  # watches so far
+        self.poll_scheduled = False
+        self.window_start = 0.0  # since when polls found nothing complete
+        self.held_since = 0.0  # first inline completion since the loop last polled
+        self.spins = 0  # completions spin() delivered before their task yielded
+        self.paused = False  # a capture runs: no queries on the loop's thread
+        self.fault: CudaError | None = None  # the sticky error every later watch fails with
+        self.schedule: Callable[[], None] | None = None
+        self.failed: Callable[[Any, Any], None] = _no_failure_handler
+        self.complete: Callable[[Any, CudaError | None], None] | None = None
+
+    # -- adding ----------------------------------------------------------------------------
+
+    def watch(self, lane: int, event: Any, callback: Callback) -> None:
+        """Call ``callback(None)`` once *event* (recorded on lane *lane*) completed, or
+        ``callback(error)`` if the device failed. The event returns to the pool afterwards."""
+        self.seq = seq = self.seq + 1
+        watch = Watch(seq, event, callback)
+        if self.fault is not None:
+            self.finish(watch, self.fault)
+            return
+        self.lanes[lane].pending.append(watch)
+        self.pending += 1
+        if not self.poll_scheduled:
+            self.request_poll()
+
+    def request_poll(self) -> None:
+        """Have the loop poll soon (once: a scheduled poll is not asked for again)."""
+        schedule = self.schedule
+        if schedule is None:
+            return  # no reactor yet
+        self.poll_scheduled = True
+        self.window_start = perf_counter()
+        schedule()
+
+    # -- completing --------------------------------------------------------------------------
+
+    def finish(self, watch: Any, error: CudaError | None) -> None:
+        """*watch*'s event completed (or failed with *error*): give the event back unless a
+        waiter thread holds it, and call what waits for it."""
+        watch.finished = True
+        if not watch.held:
+            self.idle_events.append(watch.event)
+        self.call(watch, error)
+
+    def call(self, watch: Any, error: CudaError | None) -> None:
+        """Call what waits for *watch* (its callback, or the fast path's completion of the job
+        it is); a failing callback never stops the reactor."""
+        callback = watch.callback
+        try:
+            if callback is None:
+                self.complete(watch, error)  # type: ignore[misc]  # set with the fast path
+            else:
+                callback(error)
+        except Exception as exc:
+            logger.error("reactor.callback_failed", error=repr(exc), exc_info=exc)
+
+    def drain(self, limit: int, now: float, deadline: float) -> tuple[int, int]:
+        """Finish the watches whose events completed, oldest first across the lanes.
+
+        Heads are queried oldest first, only when needed: a lane with ``ready`` watches needs
+        no query, and a lane whose newest event completed (queried once per drain) has all of
+        them complete. A lane whose head is still running is left alone for the rest of the
+        drain. At most *limit* are finished, and once :data:`MIN_COMPLETIONS` are, the drain
+        stops before one more (at the average cost of those so far, measured from *now*) would
+        end past *deadline*.
+
+        Returns:
+            ``(finished, how)``: how many, and how it ended (:data:`IDLE`, :data:`BUSY`,
+            :data:`STOPPED` or :data:`FAILED`).
+        """
+        lanes = self.lanes
+        running = [False] * len(lanes)  # the lane's head is still running
+        checked = [False] * len(lanes)  # the lane's newest event was queried in this drain
+        done = 0
+        while True:
+            if done >= limit or (
+                done >= MIN_COMPLETIONS and (t := perf_counter()) + (t - now) / done > deadline
+            ):
+                return done, STOPPED
+            best = None
+            seq = 0
+            for lane in lanes:
+                pending = lane.pending
+                if pending and not running[lane.index] and (best is None or pending[0].seq < seq):
+                    best = lane
+                    seq = pending[0].seq
+            if best is None:
+                return done, BUSY if True in running else IDLE
+            pending = best.pending
+            if best.ready:
+                code = SUCCESS
+            else:
+                index = best.index
+                code = NOT_READY
+                if not checked[index] and len(pending) > 1:
+                    checked[index] = True
+                    # Work on one stream completes in order: if its newest event completed, so
+                    # did every older one, and this one query settles them all.
+                    if query(pending[-1].event)[0] == SUCCESS:
+                        best.ready = len(pending)
+                        code = SUCCESS
+                if code != SUCCESS:
+                    code = query(pending[0].event)[0]
+                    if code == NOT_READY:
+                        running[index] = True
+                        continue
+                    if code == SUCCESS:
+                        best.ready = 1
+            watch = pending.popleft()
+            self.pending -= 1
+            done += 1
+            if code != SUCCESS:
+                best.ready = 0
+                self.failed(watch, code)
+                return done, FAILED
+            best.ready -= 1
+            watch.finished = True  # finish(), inline
+            if not watch.held:
+                self.idle_events.append(watch.event)
+            self.call(watch, None)
+
+    def spin(self) -> None:
+        """Poll the only watched event right here for up to ``spin_window`` seconds.
+
+        For a lone awaited dispatch: its task asks before it yields, and if the event completes
+        within the window the dispatch resolves without a trip around the event loop. With more
+        than one event watched the loop's regular polling serves them all, so this returns at
+        once. A task whose dispatches keep completing inline is made to yield once
+        ``HOLD_LIMIT`` passed since the loop last ran the reactor, so a tight loop of awaits
+        cannot starve other tasks.
+        """
+        if self.pending != 1 or self.spin_window <= 0.0 or self.paused:
+            return
+        now = perf_counter()
+        held = self.held_since
+        if held and now - held > HOLD_LIMIT:
+            return  # inline completions kept one task from yielding: let the loop run first
+        for lane in self.lanes:
+            if lane.pending:
+                break
+        watch = lane.pending[0]
+        if watch.held:
+            return
+        event = watch.event
+        deadline = now + self.spin_window
+        while True:
+            code = query(event)[0]
+            if code != NOT_READY:
+                break
+            if perf_counter() > deadline:
+                return
+        lane.pending.popleft()
+        lane.ready = 0
+        self.pending -= 1
+        self.spins += 1
+        if not held:
+            self.held_since = now
         if code == SUCCESS:
-            best.ready = 1
-        return best, code
+            watch.finished = True  # finish(), inline
+            self.idle_events.append(watch.event)  # not held: checked above
+            self.call(watch, None)
+        else:
+            self.failed(watch, code)
+
+    def take_all(self) -> list[Any]:
+        """Every watch of every lane, in lane order; the lanes are left empty."""
+        watches: list[Any] = []
+        for lane in self.lanes:
+            watches.extend(lane.pending)
+            lane.pending.clear()
+            lane.ready = 0
+        self.pending = 0
+        return watches
+
+
+def _no_failure_handler(watch: Any, code: Any) -> None:
+    raise RuntimeError("a watched event failed before the reactor set Watches.failed")

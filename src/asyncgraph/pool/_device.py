@@ -24,6 +24,9 @@ class DeviceMemoryStatistics:
 
     ``bytes_in_use`` counts the allocations of dispatches in flight; ``bytes_reserved`` counts
     long-lived scratch memory the backend holds until it closes (not part of ``bytes_in_use``).
+    ``pool_bytes_reserved`` is what the memory resource's pool holds from the driver (its
+    ``reserved_mem_current``: free blocks it keeps for reuse included), or ``None`` for a
+    resource that is no memory pool.
     """
 
     allocations: int
@@ -32,6 +35,7 @@ class DeviceMemoryStatistics:
     peak_bytes_in_use: int
     out_of_memory: int
     bytes_reserved: int = 0
+    pool_bytes_reserved: int | None = None
 
 
 @runtime_checkable
@@ -139,4 +143,16 @@ class StreamOrderedDeviceMemory:
             peak_bytes_in_use=self._peak,
             out_of_memory=self._oom,
             bytes_reserved=self._reserved,
+            pool_bytes_reserved=_pool_reserved(self.resource),
         )
+
+
+def _pool_reserved(resource: Any) -> int | None:
+    """The bytes a ``cuda.core`` memory pool holds from the driver, or ``None``."""
+    attributes = getattr(resource, "attributes", None)
+    if attributes is None or getattr(resource, "is_closed", False):
+        return None
+    try:
+        return int(attributes.reserved_mem_current)
+    except Exception:  # a resource without pool attributes, or a driver that refuses
+        return None

@@ -105,12 +105,12 @@ class StreamPool(Generic[T]):
             raise ValueError(f"placement must be {LEAST_OUTSTANDING!r} or {ROUND_ROBIN!r}")
         self.lanes = [StreamLane(i, s) for i, s in enumerate(streams)]
         self._placement = placement
-        self._next = 0
+        self.cursor = 0  # where the next pick() starts looking (round robin among ties)
         self._max_leases = max(1, len(self.lanes) - 1)
         self._leased = 0
         self._waiters: deque[asyncio.Future[StreamLane[T]]] = deque()
         self._leases_granted = 0
-        self._placements = 0
+        self.placements = 0  # dispatches placed so far
 
     def __repr__(self) -> str:
         return (
@@ -124,9 +124,9 @@ class StreamPool(Generic[T]):
         """The lane a new dispatch goes to."""
         lanes = self.lanes
         n = len(lanes)
-        start = self._next
-        self._next = (start + 1) % n
-        self._placements += 1
+        start = self.cursor
+        self.cursor = (start + 1) % n
+        self.placements += 1
         if self._placement == ROUND_ROBIN:
             for k in range(n):
                 lane = lanes[(start + k) % n]
@@ -213,7 +213,7 @@ class StreamPool(Generic[T]):
             waiting=len(self._waiters),
             outstanding=tuple(lane.outstanding for lane in self.lanes),
             leases_granted=self._leases_granted,
-            placements=self._placements,
+            placements=self.placements,
         )
 
     @property

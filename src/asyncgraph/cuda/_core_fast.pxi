@@ -1,0 +1,682 @@
+# The fast path, compiled (included by _core.pyx): the twin of _fast_py.py and _fast_job.py.
+#
+# The same guards, commit, enqueue and completion as there, in the same order (read that
+# module's docstrings for the contract); here the plan is a C array per argument, an array's
+# guard and staging read numpy's C API, the parameter block is written in place, every driver
+# call is made from C, and the counters and histograms are C fields added into the backend's
+# telemetry on each sync.
+
+import asyncio as _asyncio
+
+import numpy as _np
+
+from .._exceptions import AllocationError as _AllocationError
+from .._lifecycle import OPEN as _OPEN
+from .._pending import PendingDispatch as _PendingDispatch
+from .._pending import set_outcome as _set_outcome
+from .._plans import same_dims as _same_dims
+from .._resident import Download as _Download
+from .._resident import storage_of as _storage_of
+from .._resident import track as _track
+from .._resident import untrack as _untrack
+from .._resident import uses_of as _uses_of
+from .._resident import writer_of as _writer_of
+from .._scheduler import JobState as _JobState
+from .._telemetry import BUCKET_BOUNDS as _BUCKET_BOUNDS
+from ._driver import error_for as _error_for
+from ._fast_plan import K_IN, K_IN_OUT, K_INTO, K_OUT, K_RESIDENT, K_SCALAR
+from ._fast_plan import MAX_PLANS as _MAX_PLANS
+from ._fast_plan import RING_BYTES
+from ._fast_plan import FastPlan as _FastPlan
+from ._fast_plan import eligible as _eligible
+
+cdef enum:
+    A_SCALAR = 0
+    A_IN = 1
+    A_IN_OUT = 2
+    A_OUT = 3
+    A_RESIDENT = 4
+    A_INTO = 5
+    MAX_DIMS = 8
+    N_BUCKETS = 201
+
+assert (K_SCALAR, K_IN, K_IN_OUT, K_OUT, K_RESIDENT, K_INTO) == (0, 1, 2, 3, 4, 5)
+
+cdef object _LAUNCHED = _JobState.LAUNCHED
+cdef object _DONE = _JobState.DONE
+cdef object _running_loop = _asyncio._get_running_loop
+cdef object _NEVER = "never"
+cdef object _ndarray = _np.ndarray
+cdef object _EMPTY = ()
+cdef uint64_t _RING = RING_BYTES
+cdef int _OOM = <int>cydriver.CUDA_ERROR_OUT_OF_MEMORY
+cdef double _BOUNDS[N_BUCKETS]
+for _i, _bound in enumerate(_BUCKET_BOUNDS):
+    _BOUNDS[_i] = _bound
+
+
+cdef inline void _record_value(HistogramC* h, double value) noexcept:
+    """Sort *value* into the telemetry's buckets (``Histogram``'s: the first bucket whose
+    upper bound is at least the value; NaN in the last)."""
+    cdef int lo = 0, hi = N_BUCKETS - 1, mid
+    while lo < hi:
+        mid = (lo + hi) >> 1
+        if _BOUNDS[mid] >= value:
+            hi = mid
+        else:
+            lo = mid + 1
+    h.counts[lo] += 1
+    h.count += 1
+    h.total += value
+    if value < h.low:
+        h.low = value
+    if value > h.high:
+        h.high = value
+
+
+cdef inline void _clear(HistogramC* h) noexcept:
+    memset(h, 0, sizeof(HistogramC))
+    h.low = float("inf")
+
+
+cdef _flush_histogram(HistogramC* h, histogram):
+    if h.count:
+        histogram.add_counts(
+            [h.counts[i] for i in range(N_BUCKETS)], h.count, h.total, h.low, h.high
+        )
+        _clear(h)
+
+
+cdef class FastJob(WatchItem):
+    """A dispatch the fast path launched: its job in the scheduler, and its own watch in the
+    reactor; see ``_fast_job.FastJob``."""
+
+    deps = ()
+    nvtx_range = None
+    timing = False
+    streamed = False
+    replay = None
+    device_buffer = None
+    t_submit = 0.0
+
+    @property
+    def plan(self):
+        """The :class:`~asyncgraph.cuda._fast_plan.FastPlan` it was launched by."""
+        return self.cplan.plan if self.cplan is not None else None
+
+    def __repr__(self):
+        return f"<FastJob #{self.id} {self.call.kernel.name!r} {self.state.value}>"
+
+
+cdef class CPlan:
+    """A :class:`~asyncgraph.cuda._fast_plan.FastPlan` in C arrays."""
+
+    def __dealloc__(self):
+        free(self.args)
+        free(self.returned)
+        free(self.residents)
+
+    def __init__(self, plan):
+        cdef ArgC* a
+        cdef ResultC* r
+        cdef Py_ssize_t i, k
+        self.plan = plan
+        self.keep = []
+        self.template = plan.template
+        self.name = plan.name
+        self.grid_key = plan.grid
+        self.block_key = plan.block
+        for k in range(3):
+            self.grid[k] = plan.grid_dims[k]
+            self.block[k] = plan.block_dims[k]
+        self.shared_mem = plan.shared_mem
+        self.in_end, self.up_end, self.total = plan.in_end, plan.up_end, plan.total
+        self.staged = plan.staged
+        self.n_args = plan.n_args
+        self.args = <ArgC*>calloc(self.n_args if self.n_args else 1, sizeof(ArgC))
+        self.n_returned = len(plan.returned)
+        self.returned = <ResultC*>calloc(self.n_returned if self.n_returned else 1, sizeof(ResultC))
+        self.n_residents = len(plan.residents)
+        self.residents = <Py_ssize_t*>calloc(
+            self.n_residents if self.n_residents else 1, sizeof(Py_ssize_t)
+        )
+        if self.args == NULL or self.returned == NULL or self.residents == NULL:
+            raise MemoryError("no memory for a fast plan")
+        for i, (code, kind, shape, dtype, strides, offset) in enumerate(plan.args):
+            a = &self.args[i]
+            a.kind = code
+            a.type = self._hold(kind)
+            a.offset = offset
+            if dtype is not None:
+                a.dtype = self._hold(dtype)
+            if code == A_OUT:
+                a.shape = self._hold(shape)
+            elif code == A_IN or code == A_IN_OUT:
+                if len(shape) > MAX_DIMS:
+                    raise ValueError(f"{len(shape)} dimensions: more than the fast path keeps")
+                a.ndim = len(shape)
+                for k in range(a.ndim):
+                    a.dims[k] = shape[k]
+                    a.strides[k] = strides[k]
+        for index, offset, nbytes, in_out in plan.uploads:
+            self.args[index].nbytes = nbytes
+            self.has_uploads = True
+        for k, (index, written, into) in enumerate(plan.residents):
+            self.residents[k] = index
+            self.args[index].write = written
+        for k, (code, index, offset, nbytes, dtype, shape) in enumerate(plan.returned):
+            r = &self.returned[k]
+            r.kind = code
+            r.index = index
+            r.offset = offset
+            r.nbytes = nbytes
+            r.dtype = self._hold(dtype)
+            r.type_num = dtype.num
+            if len(shape) > MAX_DIMS:
+                raise ValueError(f"{len(shape)} dimensions: more than the fast path keeps")
+            r.ndim = len(shape)
+            for i in range(r.ndim):
+                r.dims[i] = shape[i]
+
+    cdef PyObject* _hold(self, value):
+        self.keep.append(value)
+        return <PyObject*>value
+
+
+cdef class KnownKernel:
+    """What the fast path knows of one kernel: its launcher once loaded, and its plans."""
+
+    def __init__(self):
+        self.launcher = None
+        self.plans = []
+
+
+cdef bint _fits(CPlan plan, tuple args, object grid, object block, object shared_mem) except -1:
+    """Whether *args* and the launch shape pass *plan*'s guards (a Plan's, exactly)."""
+    cdef Py_ssize_t i, n = plan.n_args
+    cdef ArgC* a
+    cdef object value, array, kind_of, dtype
+    cdef cnp.ndarray arr
+    cdef int kind
+    if len(args) != n or type(shared_mem) is not int or shared_mem != plan.shared_mem:
+        return False
+    if (grid != plan.grid_key or type(grid) is not int) and not _same_dims(grid, plan.grid_key):
+        return False
+    if (block != plan.block_key or type(block) is not int) and not _same_dims(
+        block, plan.block_key
+    ):
+        return False
+    for i in range(n):
+        a = &plan.args[i]
+        value = args[i]
+        kind_of = type(value)
+        if <PyObject*>kind_of != a.type:
+            return False
+        kind = a.kind
+        if kind == A_SCALAR:
+            continue
+        if kind == A_IN:
+            array = value
+        elif kind == A_IN_OUT:
+            array = value.array
+            if type(array) is not _ndarray:
+                return False
+        elif kind == A_OUT:
+            if value.into is not None or value.resident or value.shape != <object>a.shape:
+                return False
+            dtype = value.dtype
+            if <PyObject*>dtype != a.dtype:
+                return False
+            continue
+        elif kind == A_RESIDENT:
+            dtype = value.dtype
+            if <PyObject*>dtype != a.dtype:
+                return False
+            continue
+        else:  # A_INTO
+            dtype = value.dtype
+            if value.into is None or <PyObject*>dtype != a.dtype:
+                return False
+            continue
+        arr = <cnp.ndarray>array
+        if cnp.PyArray_NDIM(arr) != a.ndim or <PyObject*>cnp.PyArray_DESCR(arr) != a.dtype:
+            return False
+        if memcmp(cnp.PyArray_DIMS(arr), a.dims, a.ndim * sizeof(Py_ssize_t)) != 0:
+            return False
+        if memcmp(cnp.PyArray_STRIDES(arr), a.strides, a.ndim * sizeof(Py_ssize_t)) != 0:
+            return False
+    return True
+
+
+cdef class FastPath:
+    """The steady state of a CUDA backend's dispatches, in one call; see
+    ``_fast_py.FastPath`` (the same arguments, methods and behaviour)."""
+
+    def __cinit__(self, lanes, rings, watches, events, stream_pool, front, launcher_type):
+        cdef Py_ssize_t n = len(lanes)
+        self._lane = <LaneC*>calloc(n if n else 1, sizeof(LaneC))
+        if self._lane == NULL:
+            raise MemoryError("no memory for the fast path's lanes")
+
+    def __init__(self, lanes, rings, Watches watches, events, stream_pool, front, launcher_type):
+        cdef Py_ssize_t i
+        if launcher_type is not Launcher:
+            raise TypeError("the compiled fast path packs the compiled core's launchers only")
+        self._lanes = list(lanes)
+        self._slots = [lane.slot for lane in lanes]
+        self._rings = list(rings)
+        self._n_lanes = len(self._lanes)
+        for i in range(self._n_lanes):
+            lane = self._lanes[i]
+            self._lane[i].handle = <cydriver.CUstream>_address(lane.handle)
+            self._lane[i].scratch = lane.scratch_ptr
+            self._lane[i].ring = <uint8_t*><uintptr_t>self._rings[i].ptr
+            self._lane[i].head = 0
+            self._lane[i].tail = 0
+        self._watches = watches
+        self._spin = watches.spin
+        self._idle_events = events.idle
+        self._take_event = events.take
+        self._pool = stream_pool
+        in_flight, queue, parked, limit = front.scheduler.fast_state()
+        self._in_flight = in_flight
+        self._queue = queue
+        self._parked = parked
+        self._max = limit
+        self._life = front.lifecycle
+        self._dispatcher = front.dispatcher
+        self._store = front.store
+        self._ids = front.ids
+        self._kernels = {}
+        _clear(&self._queue_wait)
+        _clear(&self._submit_time)
+        _clear(&self._latency)
+        watches.fast = self
+        watches.complete = self.complete
+
+    def __dealloc__(self):
+        free(self._lane)
+
+    # -- what it knows ---------------------------------------------------------------------
+
+    def learn(self, plan, call):
+        """A plan was made from *call*: launch later calls that fit it here, if it can."""
+        cdef KnownKernel known
+        if not _eligible(plan, call):
+            return
+        try:
+            cplan = CPlan(_FastPlan(plan, call))
+        except ValueError:
+            return  # more dimensions than a plan here keeps: the general path runs it
+        known = self._kernels.get(call.kernel)
+        if known is None:
+            known = self._kernels[call.kernel] = KnownKernel()
+        known.plans.insert(0, cplan)
+        del known.plans[_MAX_PLANS:]
+
+    def add_kernel(self, kernel, launcher):
+        """*kernel* is loaded with *launcher* (only the compiled launchers are used here)."""
+        cdef KnownKernel known
+        if type(launcher) is not Launcher:
+            return
+        known = self._kernels.get(kernel)
+        if known is None:
+            known = self._kernels[kernel] = KnownKernel()
+        known.launcher = launcher
+
+    def close(self):
+        """Forget every kernel; the ring blocks to give back to the pinned pool."""
+        self._kernels.clear()
+        blocks, self._rings = self._rings, []
+        self._n_lanes = 0
+        return blocks
+
+    # -- the dispatch --------------------------------------------------------------------------
+
+    def dispatch(self, kernel, tuple args, grid, block, shared_mem, timing, graph):
+        """Launch the call if it is the steady state; ``None`` (having changed nothing) if not."""
+        cdef double t0 = _now()
+        cdef KnownKernel known
+        cdef CPlan plan = None
+        cdef Watches watches = self._watches
+        cdef Py_ssize_t i, k, r, count = self._n_lanes, start = 0, lane_index = -1, best_out = 0, out
+        cdef ArgC* a
+        cdef LaneC* lc
+        cdef uint64_t start_at = 0, at = 0, staged
+        cdef bint placed
+        cdef FastJob job
+        cdef object life, loop, value, buffer, dep, deps, lane = None, slot, pending
+        cdef PyObject* seen[8]
+        cdef Py_ssize_t n_seen = 0
+        found = self._kernels.get(kernel)
+        if found is None:
+            return None
+        known = <KnownKernel>found
+        if known.launcher is None or timing is not False:
+            return None
+        if graph is not _NEVER and graph != _NEVER:
+            return None
+        life = self._life
+        if life.state != _OPEN:
+            return None
+        loop = life.loop
+        if loop is None or _running_loop() is not loop:
+            return None
+        if (
+            watches.schedule is None
+            or watches.fault is not None
+            or watches.paused
+            or len(self._queue)
+            or len(self._in_flight) >= self._max
+        ):
+            return None
+        # The plan's guards: the same checks a Plan makes, with no bound argument built.
+        for candidate in known.plans:
+            if _fits(<CPlan>candidate, args, grid, block, shared_mem):
+                plan = <CPlan>candidate
+                break
+        if plan is None:
+            return None
+        # Resident buffers: live, and every unfinished use of them on one lane (or none).
+        if plan.n_residents:
+            if plan.n_residents > 8:
+                return None
+            for r in range(plan.n_residents):
+                i = plan.residents[r]
+                a = &plan.args[i]
+                value = args[i]
+                buffer = value.into if a.kind == A_INTO else value
+                for k in range(n_seen):
+                    if seen[k] == <PyObject*>buffer:
+                        return None  # twice in one call: the general path orders it
+                seen[n_seen] = <PyObject*>buffer
+                n_seen += 1
+                if not self._store.is_live(buffer):
+                    return None  # stale: the general path says why
+                deps = _uses_of(buffer) if a.write else (_writer_of(buffer),)
+                for dep in deps:
+                    if dep is None:
+                        continue
+                    if type(dep) is _Download:
+                        return None
+                    if type(dep) is FastJob:
+                        if (<FastJob>dep).state is _DONE or (<FastJob>dep).gpu_done:
+                            continue
+                        if (<FastJob>dep)._event is None:
+                            return None
+                        dep_lane = (<FastJob>dep).lane
+                    else:
+                        if dep.state is _DONE or dep.gpu_done:
+                            continue
+                        if dep.event is None:
+                            return None  # not launched yet
+                        dep_lane = dep.lane
+                    if lane is None:
+                        lane = dep_lane
+                    elif dep_lane is not lane:
+                        return None  # uses on two streams: wait by events, the general way
+            if lane is not None:
+                lane_index = lane.index
+                if self._slots[lane_index].leased:
+                    return None
+        placed = lane_index < 0
+        if placed:  # the least busy lane not leased, ties in turn (as StreamPool.pick)
+            count = self._n_lanes
+            start = self._pool.cursor
+            for k in range(count):
+                i = (start + k) % count
+                slot = self._slots[i]
+                if slot.leased:
+                    continue
+                out = slot.outstanding
+                if out == 0:
+                    lane_index = i
+                    break
+                if lane_index < 0 or out < best_out:
+                    lane_index = i
+                    best_out = out
+            if lane_index < 0:
+                return None  # every lane leased
+        # Room in the lane's staging ring.
+        lc = &self._lane[lane_index]
+        staged = plan.staged
+        start_at = lc.head
+        if staged:
+            at = start_at % _RING
+            if at + staged > _RING:
+                start_at += _RING - at
+                at = 0
+            if start_at + staged - lc.tail > _RING:
+                return None  # the ring is full: the general path stages in the pinned pool
+        # -- from here on, the dispatch happens ---------------------------------------------
+        if placed:
+            pool = self._pool
+            pool.cursor = (start + 1) % count
+            pool.placements += 1
+        job = FastJob.__new__(FastJob)
+        job.cplan = plan
+        job.call = plan.template
+        job.args = args
+        job.lane = self._lanes[lane_index]
+        job.lane_index = lane_index
+        job.t_dispatch = t0
+        job.state = _LAUNCHED
+        job.id = next(self._ids)
+        pending = _PendingDispatch(loop, job.id, plan.name, self._spin)
+        job.pending = pending
+        if plan.n_residents:
+            job.buffers = []
+            for r in range(plan.n_residents):
+                i = plan.residents[r]
+                value = args[i]
+                buffer = value.into if plan.args[i].kind == A_INTO else value
+                _track(buffer, job, plan.args[i].write)  # ordered by the lane (checked above)
+                job.buffers.append(buffer)
+        else:
+            job.buffers = _EMPTY
+        self._in_flight[job.id] = job
+        slot = self._slots[lane_index]
+        slot.outstanding += 1
+        if staged:
+            lc.head = start_at + staged
+            job.ring_start = start_at
+            job.ring_end = start_at + staged
+        self.dispatches += 1
+        try:
+            self._enqueue(job, plan, known.launcher, args, lc, at)
+            idle = self._idle_events
+            event = idle.pop() if idle else self._take_event()
+            job.event = event
+            code = <int>cydriver.cuEventRecord(job.ev, lc.handle)
+            if code != 0:
+                idle.append(event)
+                job.event = None
+                raise _error_for(code, "cuEventRecord")
+        except BaseException as exc:
+            self._not_watched(job, exc)
+            if not isinstance(exc, Exception):
+                raise
+            return pending
+        watches.seq += 1
+        job.seq = watches.seq
+        (<WatchLane>watches.lanes[lane_index]).pending.append(job)
+        watches.pending += 1
+        if not watches.poll_scheduled:
+            watches._request_poll()
+        # The whole call was its submission; it never waited in the queue.
+        _record_value(&self._queue_wait, 0.0)
+        _record_value(&self._submit_time, _now() - t0)
+        return pending
+
+    cdef int _enqueue(
+        self, FastJob job, CPlan plan, Launcher launcher, tuple args, LaneC* lc, uint64_t at
+    ) except -1:
+        """Stage *args* in the ring at *at* and enqueue the copies, the zeroing of the outputs,
+        the kernel and the download on the lane; a driver call that fails is kept as the
+        job's failure (its completion reports it)."""
+        cdef cydriver.CUstream handle = lc.handle
+        cdef uint64_t base = lc.scratch
+        cdef uint8_t* host = lc.ring + at
+        cdef cydriver.CUresult code = cydriver.CUDA_SUCCESS
+        cdef Py_ssize_t i
+        cdef ArgC* a
+        cdef cnp.ndarray arr
+        cdef uint8_t* slot
+        cdef uint64_t pointer
+        cdef object value
+        call = "cuMemcpyHtoDAsync"
+        if plan.has_uploads:
+            for i in range(plan.n_args):
+                a = &plan.args[i]
+                if a.nbytes:
+                    value = args[i]
+                    arr = <cnp.ndarray>(value.array if a.kind == A_IN_OUT else value)
+                    memcpy(host + a.offset, cnp.PyArray_DATA(arr), a.nbytes)
+        if plan.up_end:
+            code = cydriver.cuMemcpyHtoDAsync(
+                <cydriver.CUdeviceptr>base, host, plan.up_end, handle
+            )
+            if code == cydriver.CUDA_SUCCESS:
+                self.bytes_up += plan.up_end
+                self.copies_up += 1
+        if code == cydriver.CUDA_SUCCESS and plan.total > plan.up_end:
+            call = "cuMemsetD8Async"
+            code = cydriver.cuMemsetD8Async(
+                <cydriver.CUdeviceptr>(base + plan.up_end), 0, plan.total - plan.up_end, handle
+            )
+        if code == cydriver.CUDA_SUCCESS:
+            for i in range(plan.n_args):
+                a = &plan.args[i]
+                slot = launcher._slots + 16 * i
+                if a.kind == A_SCALAR:
+                    cnp.PyArray_ScalarAsCtype(args[i], slot)
+                elif a.kind <= A_OUT:
+                    (<uint64_t*>slot)[0] = base + <uint64_t>a.offset
+                elif a.kind == A_RESIDENT:
+                    (<uint64_t*>slot)[0] = <uint64_t>int(_storage_of(args[i]).handle)
+                else:  # A_INTO: zeroed first
+                    value = args[i]
+                    pointer = <uint64_t>int(_storage_of(value.into).handle)
+                    if code == cydriver.CUDA_SUCCESS:
+                        code = cydriver.cuMemsetD8Async(
+                            <cydriver.CUdeviceptr>pointer, 0, <size_t>value.nbytes, handle
+                        )
+                    (<uint64_t*>slot)[0] = pointer
+        if code == cydriver.CUDA_SUCCESS:
+            call = "cuLaunchKernel"
+            code = cydriver.cuLaunchKernel(
+                launcher._function,
+                plan.grid[0], plan.grid[1], plan.grid[2],
+                plan.block[0], plan.block[1], plan.block[2],
+                plan.shared_mem, handle, launcher._params, NULL,
+            )
+        if code == cydriver.CUDA_SUCCESS and plan.total > plan.in_end:
+            call = "cuMemcpyDtoHAsync"
+            code = cydriver.cuMemcpyDtoHAsync(
+                host + plan.in_end,
+                <cydriver.CUdeviceptr>(base + plan.in_end),
+                plan.total - plan.in_end,
+                handle,
+            )
+            if code == cydriver.CUDA_SUCCESS:
+                self.bytes_down += plan.total - plan.in_end
+                self.copies_down += 1
+        if code != cydriver.CUDA_SUCCESS:
+            if <int>code == _OOM:
+                job.failure = _AllocationError(f"{call} failed: device out of memory")
+            else:
+                job.failure = _error_for(<int>code, call)
+        return 0
+
+    cdef int _not_watched(self, FastJob job, object error) except -1:
+        """The job's event could not be recorded: nothing will complete it, so undo its ring
+        region (the newest) and finish it with *error* the general way."""
+        if job.ring_end:
+            self._lane[job.lane_index].head = job.ring_start
+        slot = self._slots[job.lane_index]
+        slot.outstanding -= 1
+        job.gpu_done = True
+        self._dispatcher.done(job, error, None)
+        return 0
+
+    # -- the completion ------------------------------------------------------------------------
+
+    def complete(self, FastJob job, error):
+        """*job*'s event completed (or the device failed with *error*); see
+        ``_fast_py.FastPath.complete``."""
+        self._complete(job, error)
+
+    cdef int _complete(self, FastJob job, object error) except -1:
+        cdef LaneC* lc
+        cdef object outcome, life
+        job.gpu_done = True
+        if job.failure is not None:
+            error = job.failure
+        if error is not None:
+            outcome = error
+        elif job.cplan.n_returned:
+            try:
+                outcome = self._results(job)
+            except Exception as exc:
+                outcome = exc  # whatever went wrong fails this dispatch, visibly
+        else:
+            outcome = _EMPTY
+        if job.ring_end and job.lane_index < self._n_lanes:
+            lc = &self._lane[job.lane_index]
+            if <uint64_t>job.ring_end > lc.tail:
+                lc.tail = job.ring_end
+        slot = self._slots[job.lane_index]
+        slot.outstanding -= 1
+        life = self._life
+        if len(self._queue) or len(self._parked) or life.state != _OPEN or len(life.room.parked):
+            # Something waits for this slot, or for the backend to drain: the general way.
+            self._dispatcher.done(job, outcome, None)
+            return 0
+        self._in_flight.pop(job.id, None)
+        job.state = _DONE
+        job.outcome = outcome
+        for buffer in job.buffers:
+            _untrack(buffer, job)
+        if isinstance(outcome, BaseException):
+            self.failed += 1
+        else:
+            self.completed += 1
+        _record_value(&self._latency, _now() - job.t_dispatch)
+        _set_outcome(job.pending, outcome, None)
+        return 0
+
+    cdef object _results(self, FastJob job):
+        """The results: new arrays copied out of the ring, and the ``Out(into=)`` buffers."""
+        cdef CPlan plan = job.cplan
+        cdef ResultC* r
+        cdef Py_ssize_t k
+        cdef uint8_t* host = self._lane[job.lane_index].ring + <uint64_t>job.ring_start % _RING
+        cdef cnp.ndarray arr
+        results = []
+        for k in range(plan.n_returned):
+            r = &plan.returned[k]
+            if r.kind == A_INTO:
+                results.append(job.args[r.index].into)
+            else:
+                arr = <cnp.ndarray>cnp.PyArray_EMPTY(r.ndim, <cnp.npy_intp*>r.dims, r.type_num, 0)
+                memcpy(cnp.PyArray_DATA(arr), host + r.offset, r.nbytes)
+                results.append(arr)
+        return tuple(results)
+
+    # -- telemetry -----------------------------------------------------------------------------
+
+    def flush(self, telemetry):
+        """Add what this path counted since the last flush into *telemetry*."""
+        telemetry.dispatches += self.dispatches
+        telemetry.fast_path_dispatches += self.dispatches
+        telemetry.dispatches_completed += self.completed
+        telemetry.dispatches_failed += self.failed
+        telemetry.bytes_up += self.bytes_up
+        telemetry.bytes_down += self.bytes_down
+        telemetry.copies_up += self.copies_up
+        telemetry.copies_down += self.copies_down
+        self.dispatches = self.completed = self.failed = 0
+        self.bytes_up = self.bytes_down = self.copies_up = self.copies_down = 0
+        _flush_histogram(&self._queue_wait, telemetry.queue_wait)
+        _flush_histogram(&self._submit_time, telemetry.submit_time)
+        _flush_histogram(&self._latency, telemetry.completion_latency)

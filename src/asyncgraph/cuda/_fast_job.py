@@ -1,0 +1,118 @@
+"""The Python fast path's records: its job (which is also its watch) and the lanes' rings.
+
+The compiled core has the same in C (``_core``); :class:`FastJob` has the attributes the rest
+of the backend reads of any job, so general-path code treats the two paths' jobs alike.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+from .._scheduler import JobState
+from ._fast_plan import RING_BYTES
+
+if TYPE_CHECKING:
+    from .._pending import PendingDispatch
+    from .._resident import ResidentBuffer
+    from ..pool import PinnedBlock
+    from ._fast_plan import FastPlan
+    from ._lanes import Lane
+
+__all__ = ("FastJob", "KnownKernel", "Ring")
+
+_LAUNCHED = JobState.LAUNCHED
+
+
+class FastJob:
+    """A dispatch the fast path launched: its job in the scheduler, and its own watch in the
+    reactor (``callback`` is ``None``: :meth:`FastPath.complete` completes it).
+
+    It has what the rest of the backend reads of a job (``state``, ``event``, ``lane``,
+    ``gpu_done``, ``pending``, ``call``, ``buffers``...), so a later dispatch on the general path
+    orders itself after it like after any other.
+    """
+
+    __slots__ = (
+        "args",
+        "buffers",
+        "call",
+        "device_time",
+        "event",
+        "failure",
+        "finished",
+        "gpu_done",
+        "held",
+        "id",
+        "lane",
+        "outcome",
+        "pending",
+        "plan",
+        "ring_end",
+        "ring_start",
+        "seq",
+        "state",
+        "t_dispatch",
+    )
+
+    # What every job has, the same for each of these.
+    callback = None
+    deps: tuple[Any, ...] = ()
+    nvtx_range = None
+    timing = False
+    streamed = False
+    replay = None
+    device_buffer = None
+    t_submit = 0.0
+
+    def __init__(self, plan: FastPlan, args: tuple[object, ...], lane: Lane, t: float) -> None:
+        self.plan = plan
+        self.call = plan.template
+        self.args = args
+        self.lane = lane
+        self.t_dispatch = t
+        self.state = _LAUNCHED
+        self.buffers: list[ResidentBuffer] = []
+        self.event: Any = None
+        self.seq = 0
+        self.held = False
+        self.finished = False
+        self.gpu_done = False
+        self.failure: BaseException | None = None
+        self.outcome: Any = None
+        self.device_time: float | None = None
+        self.ring_start = 0
+        self.ring_end = 0
+        self.id = 0
+        self.pending: PendingDispatch = None  # type: ignore[assignment]  # set at once
+
+    def __repr__(self) -> str:
+        return f"<FastJob #{self.id} {self.call.kernel.name!r} {self.state.value}>"
+
+
+class Ring:
+    """A lane's pinned staging ring: dispatches take consecutive regions and give them back in
+    the order they took them (work on one stream completes in order).
+
+    ``head`` and ``tail`` count bytes since the ring was made; a region never wraps, so one that
+    would is moved to the start of the next lap.
+    """
+
+    __slots__ = ("block", "head", "ptr", "size", "tail", "view")
+
+    def __init__(self, block: PinnedBlock) -> None:
+        self.block = block
+        self.ptr = block.ptr
+        self.size = RING_BYTES
+        self.view = block.array
+        self.head = 0
+        self.tail = 0
+
+
+class KnownKernel:
+    """What the fast path knows of one kernel: its launcher once loaded, and its plans."""
+
+    __slots__ = ("launcher", "plans")
+
+    def __init__(self) -> None:
+        self.launcher: Any = None
+        self.plans: list[FastPlan] = []

@@ -1,0 +1,140 @@
+"""What the fast path knows of a signature: a plan's guards and layout, flattened.
+
+When ``Plans`` makes a plan for ``dispatch()`` it tells the engine's fast path
+(``FastDispatch.learn``), which keeps a :class:`FastPlan` of it if :func:`eligible`: per
+argument its kind, exact type and what the plan's guard compares (shape, dtype and strides of
+an array; shape and dtype of an ``Out``; the dtype of a resident buffer), its offset in the
+staging layout; the staged uploads; the resident buffers and whether the kernel writes them;
+and how each result is made. Both cores' fast paths read it (the compiled one copies it into C
+arrays once); it holds no array or buffer, only types, shapes and dtypes, as a plan does.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+from .._bound import InArg, InOutArg, OutArg, ResidentArg, ResidentOutArg, ScalarArg
+
+if TYPE_CHECKING:
+    from .._bound import BoundCall
+    from .._plans import Plan
+
+__all__ = (
+    "K_IN",
+    "K_INTO",
+    "K_IN_OUT",
+    "K_OUT",
+    "K_RESIDENT",
+    "K_SCALAR",
+    "MAX_PLANS",
+    "MAX_SHARED",
+    "MAX_STAGED",
+    "RING_BYTES",
+    "FastPlan",
+    "eligible",
+)
+
+RING_BYTES = 1 << 20  # each lane's pinned staging ring
+MAX_STAGED = RING_BYTES >> 3  # bytes a dispatch may stage to take the fast path
+MAX_SHARED = 48 * 1024  # dynamic shared memory a kernel has without asking for more
+MAX_PLANS = 4  # signatures kept per kernel, most recently used first
+_ALIGN = 256
+
+# Argument kinds of a plan (what each position takes, and so how it is checked and passed).
+K_SCALAR, K_IN, K_IN_OUT, K_OUT, K_RESIDENT, K_INTO = range(6)
+_KIND_OF: dict[type, int] = {
+    ScalarArg: K_SCALAR,
+    InArg: K_IN,
+    InOutArg: K_IN_OUT,
+    OutArg: K_OUT,
+    ResidentArg: K_RESIDENT,
+    ResidentOutArg: K_INTO,
+}
+
+
+def eligible(plan: Plan, call: BoundCall) -> bool:
+    """Whether the fast path can launch calls of *plan* (*call* is the one it was made from):
+    a plan of ``dispatch()`` whose staging fits a lane's ring, with no more dynamic shared
+    memory than a kernel has without asking, and arguments of the kinds above."""
+    return (
+        plan.resident_results
+        and call.total <= MAX_STAGED
+        and call.shared_mem <= MAX_SHARED
+        and all(type(arg) in _KIND_OF for arg in call.args)
+    )
+
+
+class FastPlan:
+    """One signature of one kernel that the fast path can launch.
+
+    Attributes:
+        template: the plan's bound call without arguments (the jobs' ``call``).
+        name: the kernel's name.
+        grid, block: the launch shape as the plan's guard compares it (int or tuple);
+            grid_dims, block_dims: as three ints.
+        shared_mem: bytes of dynamic shared memory.
+        in_end, up_end, total: the staging layout's bounds (``_bound.lay_out``).
+        staged: bytes of ring a dispatch takes (``total``, 256-byte aligned).
+        n_args: how many arguments.
+        args: per argument ``(kind, exact type, shape, dtype, strides, offset)``, ``None``
+            where the kind has no such guard.
+        uploads: per staged input ``(index, offset, nbytes, is an InOut)``.
+        residents: per resident buffer ``(index, written, is an Out(into=))``.
+        returned: per result ``(kind, index, offset, nbytes, dtype, shape)``.
+    """
+
+    __slots__ = (
+        "args",
+        "block",
+        "block_dims",
+        "grid",
+        "grid_dims",
+        "in_end",
+        "n_args",
+        "name",
+        "residents",
+        "returned",
+        "shared_mem",
+        "staged",
+        "template",
+        "total",
+        "up_end",
+        "uploads",
+    )
+
+    def __init__(self, plan: Plan, call: BoundCall) -> None:
+        template = plan.template
+        self.template = template
+        self.name = template.kernel.name
+        self.grid, self.block, self.shared_mem = plan.grid, plan.block, plan.shared_mem
+        self.grid_dims, self.block_dims = template.grid, template.block
+        self.in_end, self.up_end, self.total = call.in_end, call.up_end, call.total
+        self.staged = (call.total + _ALIGN - 1) & ~(_ALIGN - 1)
+        self.n_args = len(call.args)
+        args: list[tuple[Any, ...]] = []
+        uploads: list[tuple[int, int, int, bool]] = []
+        residents: list[tuple[int, bool, bool]] = []
+        for arg, kind in zip(call.args, plan.types, strict=True):
+            code = _KIND_OF[type(arg)]
+            value = arg.value
+            if code in (K_IN, K_IN_OUT):
+                args.append((code, kind, value.shape, value.dtype, value.strides, arg.offset))
+                uploads.append((arg.index, arg.offset, arg.nbytes, code == K_IN_OUT))
+            elif code == K_OUT:
+                args.append((code, kind, value.shape, value.dtype, None, arg.offset))
+            elif code in (K_RESIDENT, K_INTO):
+                args.append((code, kind, None, value.dtype, None, 0))
+                residents.append((arg.index, arg.writes, code == K_INTO))
+            else:
+                args.append((code, kind, None, None, None, 0))
+        self.args = tuple(args)
+        self.uploads = tuple(uploads)
+        self.residents = tuple(residents)
+        self.returned = tuple(
+            (_KIND_OF[type(arg)], arg.index, arg.offset, arg.nbytes, arg.value.dtype,
+             arg.value.shape)
+            for arg in call.returned
+        )  # fmt: skip
+
+    def __repr__(self) -> str:
+        return f"<FastPlan {self.name!r} {self.n_args} arguments, {self.staged} bytes staged>"
