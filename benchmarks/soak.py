@@ -20,7 +20,6 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-from cuda.bindings import driver as drv
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
@@ -37,16 +36,8 @@ def rss_bytes() -> int:
         return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
 
 
-def pool_reserved(gpu: Any) -> int:
-    handle = getattr(gpu._memory_resource, "handle", None)
-    if handle is None:
-        return 0
-    attribute = drv.CUmemPool_attribute.CU_MEMPOOL_ATTR_RESERVED_MEM_CURRENT
-    code, value = drv.cuMemPoolGetAttribute(drv.CUmemoryPool(int(handle)), attribute)
-    return int(value) if code == drv.CUresult.CUDA_SUCCESS else 0
-
-
 def sample(gpu: Any, done: int) -> dict[str, int]:
+    """What the backend holds now, through its public statistics."""
     pinned = gpu.pinned_pool.statistics()
     device = gpu.device_memory.statistics()
     return {
@@ -54,8 +45,8 @@ def sample(gpu: Any, done: int) -> dict[str, int]:
         "rss": rss_bytes(),
         "pinned": pinned.bytes_in_use + pinned.bytes_idle,
         "device": device.bytes_in_use + device.bytes_reserved,
-        "pool_reserved": pool_reserved(gpu),
-        "events": gpu._events.created,
+        "pool_reserved": device.pool_bytes_reserved or 0,
+        "events": gpu.event_statistics().created,
     }
 
 

@@ -164,6 +164,7 @@ cdef class FastPath:
     cdef list _rings
     cdef LaneC* _lane
     cdef Py_ssize_t _n_lanes
+    cdef Py_ssize_t _cursor
     cdef Watches _watches
     cdef object _spin
     cdef list _idle_events

@@ -16,11 +16,7 @@ from .._pending import PendingDispatch as _PendingDispatch
 from .._pending import set_outcome as _set_outcome
 from .._plans import same_dims as _same_dims
 from .._resident import Download as _Download
-from .._resident import storage_of as _storage_of
-from .._resident import track as _track
 from .._resident import untrack as _untrack
-from .._resident import uses_of as _uses_of
-from .._resident import writer_of as _writer_of
 from .._scheduler import JobState as _JobState
 from .._telemetry import BUCKET_BOUNDS as _BUCKET_BOUNDS
 from ._driver import error_for as _error_for
@@ -85,6 +81,77 @@ cdef _flush_histogram(HistogramC* h, histogram):
             [h.counts[i] for i in range(N_BUCKETS)], h.count, h.total, h.low, h.high
         )
         _clear(h)
+
+
+# -- mirrors of the front's bookkeeping, for the hot path ----------------------------------------
+#
+# What these do is the front's (``ResidentStore.is_live``, ``ResidentBuffer._track`` and
+# ``_untrack``, ``PendingDispatch.__init__`` and ``set_outcome``); reading and writing the fields
+# from C saves a Python call each. The rare cases (a closed buffer's last use, a pending result
+# someone waits on) call the front's own functions. tests/test_fast_path.py checks that both
+# ways leave the same state.
+
+
+cdef inline bint _is_live(object store, object buffer) except -1:
+    cdef object slot
+    if buffer._store is not store:
+        return False
+    slot = buffer._slot
+    return store._generations[slot] == buffer._generation and store._buffers[slot] is buffer
+
+
+cdef inline int _track_use(object buffer, object use, bint write) except -1:
+    buffer._in_use = buffer._in_use + 1
+    if write:
+        buffer._writer = use
+        buffer._readers = []
+    else:
+        buffer._readers.append(use)
+    return 0
+
+
+cdef inline int _untrack_use(object store, object buffer, object use) except -1:
+    cdef object readers
+    if not _is_live(store, buffer):
+        _untrack(buffer, use)  # closed meanwhile: its last use frees it, the front's way
+        return 0
+    buffer._in_use = buffer._in_use - 1
+    if buffer._writer is use:
+        buffer._writer = None
+    else:
+        readers = buffer._readers
+        if use in readers:
+            readers.remove(use)
+    return 0
+
+
+cdef inline object _new_pending(object loop, object dispatch_id, object name, object spin):
+    cdef object pending = _PendingDispatch.__new__(_PendingDispatch)
+    pending._loop = loop
+    pending._state = 0
+    pending._outcome = None
+    pending._waiters = None
+    pending._callbacks = None
+    pending._event = None
+    pending._device_time = None
+    pending._spin = spin
+    pending.dispatch_id = dispatch_id
+    pending.kernel_name = name
+    return pending
+
+
+cdef inline int _resolve(object pending, object outcome) except -1:
+    if pending._waiters is None and pending._callbacks is None and pending._event is None:
+        pending._outcome = outcome  # before the state, as set_outcome does
+        pending._spin = None
+        if isinstance(outcome, BaseException):
+            pending._traceback = outcome.__traceback__
+            pending._state = 2
+        else:
+            pending._state = 1
+    else:
+        _set_outcome(pending, outcome, None)
+    return 0
 
 
 cdef class FastJob(WatchItem):
@@ -391,9 +458,12 @@ cdef class FastPath:
                         return None  # twice in one call: the general path orders it
                 seen[n_seen] = <PyObject*>buffer
                 n_seen += 1
-                if not self._store.is_live(buffer):
+                if not _is_live(self._store, buffer):
                     return None  # stale: the general path says why
-                deps = _uses_of(buffer) if a.write else (_writer_of(buffer),)
+                if a.write:
+                    deps = [buffer._writer, *buffer._readers]
+                else:
+                    deps = (buffer._writer,)
                 for dep in deps:
                     if dep is None:
                         continue
@@ -422,7 +492,7 @@ cdef class FastPath:
         placed = lane_index < 0
         if placed:  # the least busy lane not leased, ties in turn (as StreamPool.pick)
             count = self._n_lanes
-            start = self._pool.cursor
+            start = self._cursor
             for k in range(count):
                 i = (start + k) % count
                 slot = self._slots[i]
@@ -451,7 +521,7 @@ cdef class FastPath:
         # -- from here on, the dispatch happens ---------------------------------------------
         if placed:
             pool = self._pool
-            pool.cursor = (start + 1) % count
+            self._cursor = (start + 1) % count
             pool.placements += 1
         job = FastJob.__new__(FastJob)
         job.cplan = plan
@@ -462,7 +532,7 @@ cdef class FastPath:
         job.t_dispatch = t0
         job.state = _LAUNCHED
         job.id = next(self._ids)
-        pending = _PendingDispatch(loop, job.id, plan.name, self._spin)
+        pending = _new_pending(loop, job.id, plan.name, self._spin)
         job.pending = pending
         if plan.n_residents:
             job.buffers = []
@@ -470,7 +540,7 @@ cdef class FastPath:
                 i = plan.residents[r]
                 value = args[i]
                 buffer = value.into if plan.args[i].kind == A_INTO else value
-                _track(buffer, job, plan.args[i].write)  # ordered by the lane (checked above)
+                _track_use(buffer, job, plan.args[i].write)  # ordered by the lane (checked above)
                 job.buffers.append(buffer)
         else:
             job.buffers = _EMPTY
@@ -486,11 +556,12 @@ cdef class FastPath:
             self._enqueue(job, plan, known.launcher, args, lc, at)
             idle = self._idle_events
             event = idle.pop() if idle else self._take_event()
-            job.event = event
+            job._event = event
+            job.ev = <cydriver.CUevent>_address(event)
             code = <int>cydriver.cuEventRecord(job.ev, lc.handle)
             if code != 0:
                 idle.append(event)
-                job.event = None
+                job._event = None
                 raise _error_for(code, "cuEventRecord")
         except BaseException as exc:
             self._not_watched(job, exc)
@@ -553,10 +624,10 @@ cdef class FastPath:
                 elif a.kind <= A_OUT:
                     (<uint64_t*>slot)[0] = base + <uint64_t>a.offset
                 elif a.kind == A_RESIDENT:
-                    (<uint64_t*>slot)[0] = <uint64_t>int(_storage_of(args[i]).handle)
+                    (<uint64_t*>slot)[0] = <uint64_t>int(args[i]._storage.handle)
                 else:  # A_INTO: zeroed first
                     value = args[i]
-                    pointer = <uint64_t>int(_storage_of(value.into).handle)
+                    pointer = <uint64_t>int(value.into._storage.handle)
                     if code == cydriver.CUDA_SUCCESS:
                         code = cydriver.cuMemsetD8Async(
                             <cydriver.CUdeviceptr>pointer, 0, <size_t>value.nbytes, handle
@@ -636,13 +707,13 @@ cdef class FastPath:
         job.state = _DONE
         job.outcome = outcome
         for buffer in job.buffers:
-            _untrack(buffer, job)
+            _untrack_use(self._store, buffer, job)
         if isinstance(outcome, BaseException):
             self.failed += 1
         else:
             self.completed += 1
         _record_value(&self._latency, _now() - job.t_dispatch)
-        _set_outcome(job.pending, outcome, None)
+        _resolve(job.pending, outcome)
         return 0
 
     cdef object _results(self, FastJob job):

@@ -9,7 +9,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 from .._scheduler import JobState
-from ._fast_plan import RING_BYTES
+from ._fast_plan import K_INTO, RING_BYTES
 
 if TYPE_CHECKING:
     from .._pending import PendingDispatch
@@ -106,6 +106,20 @@ class Ring:
         self.view = block.array
         self.head = 0
         self.tail = 0
+
+    def results(self, job: FastJob) -> tuple[Any, ...]:
+        """*job*'s results: new arrays copied out of its region, and its ``Out(into=)``
+        buffers."""
+        view = self.view
+        at = job.ring_start % RING_BYTES
+        results = []
+        for kind_code, index, offset, nbytes, dtype, shape in job.plan.returned:
+            if kind_code == K_INTO:
+                results.append(job.args[index].into)  # type: ignore[attr-defined]  # an Out
+            else:
+                start = at + offset
+                results.append(view[start : start + nbytes].view(dtype).reshape(shape).copy())
+        return tuple(results)
 
 
 class KnownKernel:

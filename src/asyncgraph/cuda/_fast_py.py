@@ -49,7 +49,6 @@ from ._fast_job import FastJob, KnownKernel, Ring
 from ._fast_plan import (
     K_IN,
     K_IN_OUT,
-    K_INTO,
     K_OUT,
     K_RESIDENT,
     K_SCALAR,
@@ -91,7 +90,7 @@ class FastPath:
         rings: one pinned block of :data:`RING_BYTES` per lane, the lane's staging ring.
         watches: the reactor's hot half; the fast path adds its jobs to the lanes there.
         events: the pool of completion events (``idle`` and ``take``).
-        stream_pool: where dispatches are placed (its ``cursor`` and ``placements``).
+        stream_pool: the stream pool, whose ``placements`` count the fast path's too.
         front: the front's collaborators (scheduler, lifecycle, dispatcher, store, ids).
         launcher_type: the launchers this path packs (the core's own).
     """
@@ -108,6 +107,7 @@ class FastPath:
     ) -> None:
         self._lanes = lanes
         self._n_lanes = len(lanes)
+        self._cursor = 0  # where placement starts looking (round robin among ties)
         self._rings = [Ring(block) for block in rings]
         self._watches = watches
         self._idle_events: list[Any] = events.idle
@@ -273,7 +273,7 @@ class FastPath:
         if placed:  # the least busy lane not leased, ties in turn (as StreamPool.pick)
             lanes = self._lanes
             count = self._n_lanes
-            start = self._pool.cursor
+            start = self._cursor
             for k in range(count):
                 candidate = lanes[(start + k) % count]
                 slot = candidate.slot
@@ -300,9 +300,8 @@ class FastPath:
                 return None  # the ring is full: the general path stages in the pinned pool
         # -- from here on, the dispatch happens ---------------------------------------------
         if placed:
-            pool = self._pool
-            pool.cursor = (pool.cursor + 1) % self._n_lanes
-            pool.placements += 1
+            self._cursor = (self._cursor + 1) % self._n_lanes
+            self._pool.placements += 1
         job = FastJob(plan, args, lane, t0)
         job.id = dispatch_id = next(self._ids)
         job.pending = pending = PendingDispatch(loop, dispatch_id, plan.name, watches.spin)
@@ -437,17 +436,10 @@ class FastPath:
         if error is not None:
             outcome = error
         elif plan.returned:
-            ring = self._rings[job.lane.index]
-            view = ring.view
-            at = job.ring_start % RING_BYTES
-            results = []
-            for kind_code, index, offset, nbytes, dtype, shape in plan.returned:
-                if kind_code == K_INTO:
-                    results.append(job.args[index].into)  # type: ignore[attr-defined]  # an Out
-                else:
-                    start = at + offset
-                    results.append(view[start : start + nbytes].view(dtype).reshape(shape).copy())
-            outcome = tuple(results)
+            try:
+                outcome = self._rings[job.lane.index].results(job)
+            except Exception as exc:
+                outcome = exc  # whatever went wrong fails this dispatch, visibly
         else:
             outcome = ()
         if job.ring_end:

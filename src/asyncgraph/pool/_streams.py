@@ -105,12 +105,12 @@ class StreamPool(Generic[T]):
             raise ValueError(f"placement must be {LEAST_OUTSTANDING!r} or {ROUND_ROBIN!r}")
         self.lanes = [StreamLane(i, s) for i, s in enumerate(streams)]
         self._placement = placement
-        self.cursor = 0  # where the next pick() starts looking (round robin among ties)
+        self._next = 0
         self._max_leases = max(1, len(self.lanes) - 1)
         self._leased = 0
         self._waiters: deque[asyncio.Future[StreamLane[T]]] = deque()
         self._leases_granted = 0
-        self.placements = 0  # dispatches placed so far
+        self.placements = 0  # dispatches placed so far (the CUDA fast path counts its own here)
 
     def __repr__(self) -> str:
         return (
@@ -124,8 +124,8 @@ class StreamPool(Generic[T]):
         """The lane a new dispatch goes to."""
         lanes = self.lanes
         n = len(lanes)
-        start = self.cursor
-        self.cursor = (start + 1) % n
+        start = self._next
+        self._next = (start + 1) % n
         self.placements += 1
         if self._placement == ROUND_ROBIN:
             for k in range(n):

@@ -1,0 +1,160 @@
+"""The fast path against the general path, on the whole CUDA backend over the stand-in driver.
+
+Each dispatch core runs every scenario of ``tests/fake_driver/backend_scenario.py`` in a child
+process that loads the stand-in as ``libcuda.so.1`` (no GPU needed); the tests check what they
+observed: the same results (against numpy, on fresh random inputs) and the same errors on both
+paths, the fast path actually taken, ordering of the uses of one buffer across both paths,
+cancellation, faults, closing with work in flight, the same telemetry, and the calls a
+dispatch makes. The CUDA suite checks the same on a GPU.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tests.fake_driver import build, environment
+
+ROOT = Path(__file__).resolve().parent.parent
+
+try:
+    from asyncgraph.cuda import _core as _compiled  # type: ignore[attr-defined]  # built in place
+except ImportError:
+    _compiled = None
+
+CORES = [
+    pytest.param(
+        "compiled",
+        marks=pytest.mark.skipif(_compiled is None, reason="the compiled core is not built here"),
+    ),
+    "python",
+]
+
+# asyncgraph's own calls per awaited fast-path dispatch on the Python core (its functions, not
+# the builtins and asyncio's they call): a change to the hot path shows here first.
+PINNED_CALLS = {"empty": 13, "4 KiB": 14, "resident": 21}
+
+
+@pytest.fixture(scope="module", params=CORES)
+def seen(request: pytest.FixtureRequest) -> dict[str, Any]:
+    """What every scenario observed on one core."""
+    try:
+        directory = build()
+    except RuntimeError as exc:
+        pytest.skip(str(exc))
+    core: str = request.param
+    done = subprocess.run(
+        [sys.executable, "-m", "tests.fake_driver.backend_scenario"],
+        cwd=ROOT,
+        env=environment(directory, core),
+        capture_output=True,
+        text=True,
+        timeout=300,
+        check=False,
+    )
+    assert done.returncode == 0, done.stderr[-4000:]
+    assert "unimplemented" not in done.stderr, done.stderr[-4000:]
+    observed: dict[str, Any] = json.loads(done.stdout.strip().splitlines()[-1])
+    assert observed["compiled"] is (core == "compiled")
+    observed["core"] = core
+    return observed
+
+
+def test_both_paths_compute_what_numpy_computes(seen: dict[str, Any]) -> None:
+    results = seen["results"]
+    for path in ("fast", "general"):
+        assert all(error == 0.0 for error in results[path]["worst"].values()), results[path]
+        assert results[path]["failed"] == 0
+    assert results["general"]["fast_path_dispatches"] == 0
+    # Every kind of argument took the fast path: all but each signature's first dispatch (and
+    # the uploads' and downloads' orderings, which are no dispatches).
+    assert results["fast"]["fast_path_dispatches"] >= 0.85 * results["fast"]["dispatches"]
+
+
+def test_invalid_calls_get_the_same_errors_on_both_paths(seen: dict[str, Any]) -> None:
+    fast, general = seen["errors"]["fast"], seen["errors"]["general"]
+    assert fast == general
+    assert fast["after"] == ["ok", ""]
+    refused = {name: kind for name, (kind, _message) in fast.items() if name != "after"}
+    assert "no error" not in refused.values(), refused
+    assert refused["closed buffer"] == "StaleBufferError"
+    assert refused["another backend's buffer"] == "StaleBufferError"
+
+
+def test_many_tasks_bounds_and_full_rings_stay_right(seen: dict[str, Any]) -> None:
+    for name, case in seen["concurrency"].items():
+        assert case["wrong"] == 0, name
+        assert case["completed"] == case["dispatches"], name
+        assert case["in_flight"] == 0, name
+        assert case["events_out"] == 0, name  # every completion event back in its pool
+        assert case["pinned_in_use"] == 4 << 20, name  # the four lanes' rings, nothing else
+    steady = seen["concurrency"]["64 tasks"]
+    assert steady["fast_path_dispatches"] == steady["dispatches"] - 1  # all but the first
+    # Rings of 1 MiB hold about ten 96 KiB dispatches each: the rest went the general way.
+    full = seen["concurrency"]["rings full"]
+    assert 0 < full["fast_path_dispatches"] < full["dispatches"]
+
+
+def test_uses_of_one_buffer_keep_their_order_across_both_paths(seen: dict[str, Any]) -> None:
+    ordering = seen["ordering"]
+    assert ordering["checks"] == [True] * 4
+    assert 0 < ordering["fast_path_dispatches"] < ordering["dispatches"]  # both paths ran
+    assert ordering["tracking"] == [0, True, 0]  # no use left recorded on the buffer
+
+
+def test_a_cancelled_awaiter_leaves_the_dispatch_running(seen: dict[str, Any]) -> None:
+    cancel = seen["cancel"]
+    assert cancel == {
+        "fast": 1,
+        "done_when_cancelled": False,
+        "result": True,
+        "in_flight": 0,
+        "events_out": 0,
+    }
+
+
+def test_a_fault_fails_the_dispatch_and_the_backend_still_closes(seen: dict[str, Any]) -> None:
+    assert seen["fault"] == {
+        "failed": "DeviceFaultError",
+        "fast": 1,
+        "later": "DeviceFaultError",
+        "closed": True,
+    }
+
+
+def test_closing_waits_for_the_fast_path_and_frees_everything(seen: dict[str, Any]) -> None:
+    close = seen["close"]
+    assert close["fast"] >= 50
+    assert close["completed"] == 50
+    assert close["live"] == {"allocations": 0, "events": 0, "streams": 0}
+
+
+def test_the_telemetry_is_the_same_on_both_paths(seen: dict[str, Any]) -> None:
+    telemetry = seen["telemetry"]
+    assert telemetry["fast"] == telemetry["general"]
+    assert telemetry["fast"]["dispatches"] == telemetry["fast"]["completion_latency"] == 60
+
+
+def test_pending_results_of_the_fast_path_are_whole(seen: dict[str, Any]) -> None:
+    slots = seen["pending_slots"]
+    assert slots == {"unset": [], "type": "PendingDispatch", "fast": 2}
+
+
+def test_under_trio_the_general_path_runs_and_is_right(seen: dict[str, Any]) -> None:
+    assert seen["trio"]["fast"] == 0
+    assert all(error == 0.0 for error in seen["trio"]["worst"].values())
+
+
+def test_the_fast_path_makes_few_calls(seen: dict[str, Any]) -> None:
+    calls = seen["calls"]
+    assert calls["fast"] == calls["expected_fast"]
+    if seen["core"] == "python":
+        assert {row: calls[row]["asyncgraph"] for row in PINNED_CALLS} == PINNED_CALLS
+    else:
+        # Backend.dispatch, PendingDispatch.__await__, and the fast path's own call.
+        assert all(calls[row]["asyncgraph"] == 3 for row in PINNED_CALLS)
