@@ -31,7 +31,13 @@ async def group() -> AsyncIterator[ag.DeviceGroup]:
 
 def _scale(target: Any, x: Any, n: int, factor: float = 2.0) -> ag.PendingDispatch:
     return target.dispatch(  # type: ignore[no-any-return]  # a Backend or a DeviceGroup
-        SCALE, x, ag.Out(n, np.float32), np.float32(factor), np.int32(n), grid=1, block=n
+        SCALE,
+        x,
+        ag.Out(n, np.float32),
+        np.float32(factor),
+        np.int32(n),
+        grid=(n + 255) // 256,  # a CUDA block holds at most 1,024 threads
+        block=min(n, 256),
     )
 
 

@@ -13,6 +13,7 @@
  *   "manual" (the default): when a test calls fake_event_complete(), from any thread;
  *   "instant": at once;
  *   "queries:N": after answering NOT_READY to N queries (cuEventSynchronize returns at once).
+ * An event recorded in one mode and queried after a switch to "instant" is complete.
  * fake_fail_next_events(count, code) makes the next recorded events complete with *code*; a
  * sticky one (an illegal address, say) then answers every query, synchronize and context
  * synchronize, as a faulted context does. cuLaunchKernel records what it was given
@@ -30,6 +31,7 @@
 #define OUT_OF_MEMORY 2
 #define INVALID_DEVICE 101
 #define INVALID_CONTEXT 201
+#define INVALID_HANDLE 400
 #define NOT_FOUND 500
 #define NOT_READY 600
 #define ILLEGAL_ADDRESS 700
@@ -50,7 +52,10 @@ typedef struct {
     int outcome;            /* what a running event completes with */
     int countdown;          /* queries still answered NOT_READY ("queries:N") */
     long long completed_ns; /* CLOCK_MONOTONIC when fake_complete_after() completed it */
-    long long recorded_ns;  /* CLOCK_MONOTONIC at its last record (elapsed times) */
+    long long recorded_ns;  /* CLOCK_MONOTONIC at its last record (elapsed times), 0: never */
+    unsigned int flags;     /* as created: CU_EVENT_DISABLE_TIMING (2) refuses elapsed times */
+    void* next;             /* every live event, for a switch to "instant" */
+    void* prev;
 } fake_event;
 
 enum { MANUAL, INSTANT, QUERIES };
@@ -58,11 +63,22 @@ static int complete_mode = -1;
 static int complete_queries;
 static pthread_mutex_t fail_mutex = PTHREAD_MUTEX_INITIALIZER;
 static int fail_count, fail_code;
-static long live_events;
+static long live_events, events_created;
+static pthread_mutex_t events_mutex = PTHREAD_MUTEX_INITIALIZER;
+static fake_event* all_events;
 
 void fake_set_complete_mode(const char* mode) {
     if (mode && strcmp(mode, "instant") == 0) {
         complete_mode = INSTANT;
+        /* What runs now completes, and a thread waiting on it wakes. */
+        pthread_mutex_lock(&events_mutex);
+        for (fake_event* event = all_events; event; event = event->next) {
+            pthread_mutex_lock(&event->mutex);
+            if (event->state == NOT_READY) event->state = event->outcome;
+            pthread_cond_broadcast(&event->cond);
+            pthread_mutex_unlock(&event->mutex);
+        }
+        pthread_mutex_unlock(&events_mutex);
     } else if (mode && strncmp(mode, "queries:", 8) == 0) {
         complete_mode = QUERIES;
         complete_queries = atoi(mode + 8);
@@ -83,6 +99,14 @@ void fake_fail_next_events(int count, int code) {
     pthread_mutex_unlock(&fail_mutex);
 }
 
+/* Forget injected failures and a fault: the next scenario starts with a healthy context. */
+void fake_reset(void) {
+    pthread_mutex_lock(&fail_mutex);
+    fail_count = 0;
+    pthread_mutex_unlock(&fail_mutex);
+    sticky = SUCCESS;
+}
+
 static long long now_ns(void) {
     struct timespec now;
     clock_gettime(CLOCK_MONOTONIC, &now);
@@ -94,24 +118,49 @@ void* fake_event_new(void) {
     pthread_mutex_init(&event->mutex, NULL);
     pthread_cond_init(&event->cond, NULL);
     event->state = SUCCESS;
-    __atomic_add_fetch(&live_events, 1, __ATOMIC_SEQ_CST);
+    pthread_mutex_lock(&events_mutex);
+    event->next = all_events;
+    if (all_events) all_events->prev = event;
+    all_events = event;
+    live_events++;
+    events_created++;
+    pthread_mutex_unlock(&events_mutex);
     return event;
 }
 
-long fake_live_events(void) { return live_events; }
+/* How many events were ever created (fake_live_events(): how many are not destroyed). */
+long fake_events_created(void) {
+    pthread_mutex_lock(&events_mutex);
+    long n = events_created;
+    pthread_mutex_unlock(&events_mutex);
+    return n;
+}
 
-int cuEventCreate(void** event, unsigned int flags) {
-    (void)flags;
-    *event = fake_event_new();
+long fake_live_events(void) {
+    pthread_mutex_lock(&events_mutex);
+    long n = live_events;
+    pthread_mutex_unlock(&events_mutex);
+    return n;
+}
+
+int cuEventCreate(void** handle, unsigned int flags) {
+    fake_event* event = fake_event_new();
+    event->flags = flags;
+    *handle = event;
     return SUCCESS;
 }
 
 int cuEventDestroy(void* handle) {
     fake_event* event = handle;
+    pthread_mutex_lock(&events_mutex);
+    if (event->prev) ((fake_event*)event->prev)->next = event->next;
+    else all_events = event->next;
+    if (event->next) ((fake_event*)event->next)->prev = event->prev;
+    live_events--;
+    pthread_mutex_unlock(&events_mutex);
     pthread_mutex_destroy(&event->mutex);
     pthread_cond_destroy(&event->cond);
     free(event);
-    __atomic_sub_fetch(&live_events, 1, __ATOMIC_SEQ_CST);
     return SUCCESS;
 }
 
@@ -195,6 +244,8 @@ int cuEventQuery(void* handle) {
     if (event->state == NOT_READY && mode() == QUERIES) {
         if (event->countdown > 0) event->countdown--;
         else event->state = event->outcome;
+    } else if (event->state == NOT_READY && mode() == INSTANT) {
+        event->state = event->outcome; /* recorded in another mode: done now */
     }
     int state = event->state;
     pthread_mutex_unlock(&event->mutex);
@@ -204,16 +255,35 @@ int cuEventQuery(void* handle) {
 int cuEventSynchronize(void* handle) {
     fake_event* event = handle;
     pthread_mutex_lock(&event->mutex);
-    if (event->state == NOT_READY && mode() == QUERIES) event->state = event->outcome;
+    if (event->state == NOT_READY && mode() != MANUAL) event->state = event->outcome;
     while (event->state == NOT_READY) pthread_cond_wait(&event->cond, &event->mutex);
     int state = event->state;
     pthread_mutex_unlock(&event->mutex);
     return sticky != SUCCESS ? sticky : state;
 }
 
-int cuEventElapsedTime(float* ms, void* start, void* end) {
-    long long ns = ((fake_event*)end)->recorded_ns - ((fake_event*)start)->recorded_ns;
-    *ms = ns > 0 ? (float)ns / 1e6f : 0.001f;
+/* The milliseconds between the records of *start* and *end*, checked as the driver checks: both
+ * made with timing and recorded, and *end* complete (then so is *start*, recorded before it on
+ * the same stream; the stand-in does not ask). Outside "manual" mode *end* is complete once
+ * recorded, queried or not, as a later event's completion on its stream would imply. */
+int cuEventElapsedTime(float* ms, void* start_handle, void* end_handle) {
+    fake_event* start = start_handle;
+    fake_event* end = end_handle;
+    if (sticky != SUCCESS) return sticky;
+    if ((start->flags | end->flags) & 2) return INVALID_HANDLE;
+    pthread_mutex_lock(&start->mutex);
+    long long begun = start->recorded_ns;
+    pthread_mutex_unlock(&start->mutex);
+    pthread_mutex_lock(&end->mutex);
+    long long ended = end->recorded_ns;
+    int state = end->state;
+    /* The work ran when it was enqueued: only a test completing events by hand says otherwise. */
+    if (state == NOT_READY && mode() != MANUAL) state = end->outcome;
+    pthread_mutex_unlock(&end->mutex);
+    if (begun == 0 || ended == 0) return INVALID_HANDLE;
+    if (state != SUCCESS) return state;
+    long long ns = ended - begun;
+    *ms = ns > 0 ? (float)ns / 1e6f : 0.0005f;
     return SUCCESS;
 }
 
@@ -302,6 +372,7 @@ static const struct { const char* name; void* fn; } table[] = {
     ENTRY(cuEventRecordWithFlags), ENTRY(cuEventQuery), ENTRY(cuEventSynchronize),
     ENTRY(cuEventElapsedTime),
     ENTRY(cuLibraryLoadData), ENTRY(cuLibraryUnload), ENTRY(cuLibraryGetKernel),
+    ENTRY(cuModuleLoadData), ENTRY(cuModuleUnload), ENTRY(cuModuleGetFunction),
     ENTRY(cuLibraryGetModule), ENTRY(cuKernelGetFunction), ENTRY(cuKernelGetName),
     ENTRY(cuFuncGetName), ENTRY(cuKernelGetAttribute), ENTRY(cuFuncGetAttribute),
     ENTRY(cuKernelSetAttribute), ENTRY(cuFuncSetAttribute),
@@ -324,6 +395,11 @@ static const struct { const char* name; void* fn; } stubs[] = {
 int cuGetProcAddress_v2(const char* name, void** fn, int version, unsigned long long flags,
                         int* status) {
     (void)version; (void)flags;
+    if (strcmp(name, "cuGetProcAddress") == 0) { /* the bindings ask for it too */
+        *fn = (void*)cuGetProcAddress_v2;
+        if (status) *status = 0;
+        return SUCCESS;
+    }
     for (size_t i = 0; i < sizeof table / sizeof table[0]; i++) {
         if (strcmp(name, table[i].name) == 0) {
             *fn = table[i].fn;

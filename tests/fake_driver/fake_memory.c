@@ -53,6 +53,7 @@ static void* fake_allocate(size_t size, int type, void* pool) {
 }
 
 static int fake_release(uintptr_t ptr, int type) {
+    if (ptr == 0) return SUCCESS; /* freeing NULL does nothing, as in the driver */
     pthread_mutex_lock(&memory_mutex);
     for (size_t i = 0; i < n_allocations; i++) {
         if (allocations[i].ptr == ptr && allocations[i].type == type) {
@@ -87,6 +88,21 @@ long fake_live_allocations(void) {
     pthread_mutex_lock(&memory_mutex);
     long n = (long)n_allocations;
     pthread_mutex_unlock(&memory_mutex);
+    return n;
+}
+/* How many allocations of *type* (1: pinned host, 2: device) are live, and their bytes. */
+long fake_live_allocations_of(int type, unsigned long long* bytes) {
+    long n = 0;
+    unsigned long long total = 0;
+    pthread_mutex_lock(&memory_mutex);
+    for (size_t i = 0; i < n_allocations; i++) {
+        if (allocations[i].type == type) {
+            n++;
+            total += allocations[i].size;
+        }
+    }
+    pthread_mutex_unlock(&memory_mutex);
+    if (bytes) *bytes = total;
     return n;
 }
 long fake_live_streams(void) { return live_streams; }

@@ -1,8 +1,9 @@
 /* The stand-in's modules and kernels (included by fake_cuda.c).
  *
- * A library "loads" any code (the cubin NVRTC made); its kernels are known by name, and a
- * launch of one of these runs it on the host, at once, reading its parameters from the
- * kernelParams array (pointers are host addresses here):
+ * A library "loads" any code (the cubin NVRTC made) and keeps a copy, to answer NOT_FOUND for a
+ * kernel name the code does not hold, as the driver does. Its kernels are handles of their own
+ * that know their name, and a launch of one of these runs it on the host, at once, reading its
+ * parameters from the kernelParams array (pointers are host addresses here):
  *   empty(int n)                                         nothing
  *   scale(const float* x, float* out, float a, int n)    out[i] = a * x[i]
  *   inc(float* buf, float step, int n)                   buf[i] += step
@@ -15,52 +16,118 @@
  */
 
 typedef struct {
+    unsigned char* image; /* a copy of the code, to look kernel names up in */
+    size_t size;
+} fake_library;
+
+typedef struct {
     char name[128];
+    fake_library* library; /* NULL once unloaded (the record stays, for fake_launch_count) */
     unsigned long long launches;
 } fake_kernel;
 
 static pthread_mutex_t kernel_mutex = PTHREAD_MUTEX_INITIALIZER;
-static fake_kernel* kernels[1024];
+static fake_kernel* kernels[4096];
 static int n_kernels;
 static long live_libraries;
 
+/* How many bytes of *code* to keep: an ELF image (a cubin) to the end of its section headers,
+ * else text (PTX) to its NUL; 0 for anything else (a fatbin: every name is then accepted). */
+static size_t image_size(const unsigned char* code) {
+    if (code == NULL) return 0;
+    if (memcmp(code, "\177ELF", 4) == 0 && code[4] == 2) { /* 64-bit ELF */
+        uint64_t shoff;
+        uint16_t shentsize, shnum;
+        memcpy(&shoff, code + 0x28, 8);
+        memcpy(&shentsize, code + 0x3a, 2);
+        memcpy(&shnum, code + 0x3c, 2);
+        uint64_t size = shoff + (uint64_t)shentsize * shnum;
+        return size < (1ULL << 30) ? (size_t)size : 0;
+    }
+    for (size_t i = 0; i < 64; i++) /* PTX starts with printable text */
+        if (code[i] == 0 || code[i] > 0x7e || (code[i] < 0x20 && code[i] != '\n' && code[i] != '\t' && code[i] != '\r'))
+            return 0;
+    return strlen((const char*)code) + 1;
+}
+
+/* Whether *library* defines a kernel called *name*: the name is in the image as a word of its
+ * own (a cubin's string table: between NULs; PTX: ".entry name("), or the image is unknown. */
+static int defines(const fake_library* library, const char* name) {
+    if (library->image == NULL) return 1;
+    size_t n = strlen(name);
+    const unsigned char* image = library->image;
+    for (size_t i = 0; i + n < library->size; i++) {
+        if (memcmp(image + i, name, n) != 0) continue;
+        unsigned char before = i ? image[i - 1] : 0, after = image[i + n];
+        if ((before == 0 || before == ' ' || before == '\t') &&
+            (after == 0 || after == '(' || after == ' ' || after == '\n'))
+            return 1;
+    }
+    return 0;
+}
+
 int cuLibraryLoadData(void** library, const void* code, void* jit_options, void* jit_values,
                       unsigned int n_jit, void* options, void* values, unsigned int n_options) {
-    (void)code; (void)jit_options; (void)jit_values; (void)n_jit;
+    (void)jit_options; (void)jit_values; (void)n_jit;
     (void)options; (void)values; (void)n_options;
-    *library = calloc(1, 16);
+    if (code == NULL) return INVALID_VALUE;
+    fake_library* made = calloc(1, sizeof *made);
+    made->size = image_size(code);
+    if (made->size) {
+        made->image = malloc(made->size);
+        memcpy(made->image, code, made->size);
+    }
+    *library = made;
     __atomic_add_fetch(&live_libraries, 1, __ATOMIC_SEQ_CST);
     return SUCCESS;
 }
 
-int cuLibraryUnload(void* library) {
+int cuModuleLoadData(void** module, const void* image) {
+    return cuLibraryLoadData(module, image, NULL, NULL, 0, NULL, NULL, 0);
+}
+
+int cuLibraryUnload(void* handle) {
+    fake_library* library = handle;
+    pthread_mutex_lock(&kernel_mutex);
+    for (int i = 0; i < n_kernels; i++)
+        if (kernels[i]->library == library) kernels[i]->library = NULL;
+    pthread_mutex_unlock(&kernel_mutex);
+    free(library->image);
     free(library);
     __atomic_sub_fetch(&live_libraries, 1, __ATOMIC_SEQ_CST);
     return SUCCESS;
 }
 
+int cuModuleUnload(void* module) { return cuLibraryUnload(module); }
+
 long fake_live_libraries(void) { return live_libraries; }
 
+/* Each library's kernel of one name is one handle (as the driver's), made at the first ask. */
 int cuLibraryGetKernel(void** kernel, void* library, const char* name) {
-    (void)library;
+    if (!defines(library, name)) return NOT_FOUND;
     pthread_mutex_lock(&kernel_mutex);
     for (int i = 0; i < n_kernels; i++) {
-        if (strcmp(kernels[i]->name, name) == 0) {
+        if (kernels[i]->library == library && strcmp(kernels[i]->name, name) == 0) {
             *kernel = kernels[i];
             pthread_mutex_unlock(&kernel_mutex);
             return SUCCESS;
         }
     }
-    if (n_kernels == 1024) {
+    if (n_kernels == 4096) {
         pthread_mutex_unlock(&kernel_mutex);
         return OUT_OF_MEMORY;
     }
     fake_kernel* made = calloc(1, sizeof *made);
     snprintf(made->name, sizeof made->name, "%s", name);
+    made->library = library;
     kernels[n_kernels++] = made;
     *kernel = made;
     pthread_mutex_unlock(&kernel_mutex);
     return SUCCESS;
+}
+
+int cuModuleGetFunction(void** function, void* module, const char* name) {
+    return cuLibraryGetKernel(function, module, name);
 }
 
 int cuKernelGetFunction(void** function, void* kernel) { *function = kernel; return SUCCESS; }

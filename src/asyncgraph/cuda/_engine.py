@@ -18,7 +18,7 @@ import numpy as np
 from .. import _loop
 from .._bound import BoundCall
 from .._engine import FastFront
-from .._exceptions import AllocationError, BackendClosedError, DeviceFaultError
+from .._exceptions import BackendClosedError, DeviceFaultError
 from .._kernel import Kernel
 from .._lease import StreamLease, end_lease
 from .._options import BackendOptions
@@ -26,6 +26,7 @@ from .._resident import ResidentBuffer, Use
 from .._scheduler import Job, JobState
 from .._telemetry import PoolCounters, Telemetry
 from ..pool import PinnedPool
+from ..pool._pinned import allocate_staging, free_staging
 from ._cores import core
 from ._device import Device, join
 from ._graphs import Graphs
@@ -91,13 +92,15 @@ class CudaEngine:
         options = device.options
         if not options.fast_path_enabled or options.nvtx_enabled or options.dispatch_events_enabled:
             return None
+        # Each lane's staging ring is its own pinned allocation, held while the backend is open
+        # (like the lanes' device scratch), not a block of the pinned pool's.
         rings: list[Any] = []
         try:
             for _ in device.lanes:
-                rings.append(device.pinned.acquire(core.RING_BYTES))
-        except AllocationError as exc:
+                rings.append(allocate_staging(core.RING_BYTES))
+        except Exception as exc:  # out of pinned memory, or a driver that refuses
             for block in rings:
-                device.pinned.release(block)
+                free_staging(block)
             device.log.warning("backend.no_fast_path", error=str(exc))
             return None
         fast = self.fast = core.FastPath(
@@ -343,10 +346,10 @@ class CudaEngine:
         if threads:
             await device.loop.run_in_executor(None, join, threads)
         self._release_all()
-        if isinstance(device.pinned, PinnedPool):
-            # Return with the pinned memory released: a free still running in the background
-            # would wait for kernels of other backends and hold up their driver calls.
-            await _loop.wrap_future(device.pinned.wait_freed())
+        # Return with the pinned memory (the pool's and the staging rings) released: a free
+        # still running in the background would wait for kernels of other backends and hold
+        # up their driver calls.
+        await _loop.wrap_future(PinnedPool.wait_freed())
 
     def shutdown_now(self) -> None:
         """Release everything without a loop; nothing was ever used."""
@@ -354,8 +357,7 @@ class CudaEngine:
         self.graphs.close_all()
         join(device.close_reactor())
         self._release_all()
-        if isinstance(device.pinned, PinnedPool):
-            device.pinned.wait_freed().result()
+        PinnedPool.wait_freed().result()
 
     def _release_all(self) -> None:
         device = self.device
@@ -363,7 +365,7 @@ class CudaEngine:
         if fast is not None:
             self.launches.fast = None
             for block in fast.close():  # the staging rings, idle now
-                device.pinned.release(block)
+                free_staging(block)
         device.release_all([self.graphs.capture_stream])
         self.launches.clear()
 

@@ -149,10 +149,9 @@ class StreamOrderedDeviceMemory:
 
 def _pool_reserved(resource: Any) -> int | None:
     """The bytes a ``cuda.core`` memory pool holds from the driver, or ``None``."""
-    attributes = getattr(resource, "attributes", None)
-    if attributes is None or getattr(resource, "is_closed", False):
+    if getattr(resource, "is_closed", False):
         return None
     try:
-        return int(attributes.reserved_mem_current)
+        return int(resource.attributes.reserved_mem_current)
     except Exception:  # a resource without pool attributes, or a driver that refuses
         return None

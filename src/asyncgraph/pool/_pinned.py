@@ -36,6 +36,8 @@ __all__ = (
     "PinnedMemory",
     "PinnedPool",
     "PinnedPoolStatistics",
+    "allocate_staging",
+    "free_staging",
     "pinned_memory_of",
     "size_class",
 )
@@ -194,6 +196,19 @@ def _legacy_pinned_allocator() -> Callable[[int], tuple[Any, int]]:
         return buffer, int(buffer.handle)
 
     return allocate
+
+
+def allocate_staging(nbytes: int) -> PinnedBlock:
+    """A pinned block of exactly *nbytes* outside any pool: staging a lane keeps for its
+    lifetime (the fast path's ring). Give it back with :func:`free_staging`."""
+    owner, ptr = _legacy_pinned_allocator()(nbytes)
+    return PinnedBlock(owner, ptr, nbytes)
+
+
+def free_staging(block: PinnedBlock) -> None:
+    """Free a block from :func:`allocate_staging` once no copy uses it, off the caller's
+    thread (:meth:`PinnedPool.wait_freed` waits for it)."""
+    PinnedPool._free(block)
 
 
 class PinnedPool:
