@@ -10,7 +10,8 @@ In one run on one GPU (medians in µs after a warm-up; awaited rows on asyncio a
   and ``graph="never"``, against CuPy's synchronous ``asarray`` + kernel + ``asnumpy``;
 - changing a scalar: ``CapturedGraph.update`` against capturing the 50 dispatches again.
 Targets: replay at most 1.15x raw, faster than CuPy's and PyTorch's replays; the 4 KiB round
-trip with ``graph="auto"`` at most 0.6x CuPy's synchronous one.
+trip with ``graph="auto"`` at most 0.6x CuPy's synchronous one; the 50 dispatches awaited
+eagerly (no graph) at most 1.5x CuPy's 50 launches + synchronize.
 
 Run on a GPU:  python benchmarks/bench_graphs.py --json [PATH]
 """
@@ -184,7 +185,15 @@ def cupy_rows(reps: int) -> dict[str, float]:
             graph.launch(stream)
             stream.synchronize()
 
-        rows = {"CuPy 50-kernel graph: launch + synchronize": harness.time_sync(replay, reps)}
+        def eager() -> None:
+            for _ in range(CHAIN):
+                kernel((4,), (256,), (x, np.float32(1), np.int32(N)))
+            stream.synchronize()
+
+        rows = {
+            "CuPy 50-kernel graph: launch + synchronize": harness.time_sync(replay, reps),
+            "CuPy 50 launches + synchronize": harness.time_sync(eager, max(reps // 10, 50), 20),
+        }
     scale = cp.RawKernel(SCALE_SRC, "scale")
     h = np.random.default_rng().standard_normal(N4K, dtype=np.float32)
 
@@ -254,6 +263,13 @@ def main() -> None:
                     1.0,
                     "<",
                 )
+        if "CuPy 50 launches + synchronize" in results:
+            eager = results[f"(info) asyncgraph 50 dispatches, eager ({loop_name})"]
+            targets[f"50 eager dispatches / CuPy's 50 launches ({loop_name})"] = (
+                eager / results["CuPy 50 launches + synchronize"],
+                1.5,
+                "<=",
+            )
         if "CuPy 4 KiB round trip, synchronous" in results:
             auto = results[f"asyncgraph 4 KiB round trip, graph='auto' ({loop_name})"]
             targets[f"4 KiB round trip graph='auto' / CuPy sync ({loop_name})"] = (

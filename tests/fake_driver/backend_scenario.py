@@ -235,7 +235,11 @@ async def concurrency() -> dict[str, Any]:
             await _compiled(gpu)
             wrong = await _concurrent(gpu, tasks, rounds, size)
             snap = gpu.telemetry.snapshot()
-            events = gpu.event_statistics()
+            for _ in range(200):  # an event a waiter thread still holds comes back when it wakes
+                events = gpu.event_statistics()
+                if events.created == events.idle:
+                    break
+                await asyncio.sleep(0.01)
             seen[name] = {
                 "wrong": wrong,
                 "dispatches": snap.dispatches,
@@ -447,10 +451,15 @@ async def calls() -> dict[str, Any]:
     """Calls per awaited fast-path dispatch, from a deterministic profile (cProfile): all of
     them (the asyncio loop's own, for the poll the dispatch asks for, included), and those of
     functions of asyncgraph's own modules. Each profiled dispatch starts alike: the loop has
-    just run the reactor's poll."""
+    just run the reactor's poll, and the dispatch is a lone await straight after a result,
+    which spins (the profiler slows each dispatch past ``SPIN_RECENT``, so it is widened)."""
     import cProfile
     import pstats
 
+    from asyncgraph.cuda import _watches
+
+    for module in (_watches, sys.modules[core.Watches.__module__]):  # the Python, compiled core
+        module.SPIN_RECENT = 1.0  # type: ignore[attr-defined]
     seen: dict[str, Any] = {}
     async with _open() as gpu:
         await _compiled(gpu)

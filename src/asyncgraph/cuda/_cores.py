@@ -2,8 +2,9 @@
 
 ``ASYNCGRAPH_CORE=compiled`` chooses the compiled core when it is built and loads (else the
 Python one, with the reason); ``ASYNCGRAPH_CORE=python`` or ``ASYNCGRAPH_PURE_PYTHON=1`` the
-Python one. Without either, :data:`DEFAULT` decides: the Python core, until the compiled one
-has passed the CUDA suite and the benchmarks on a GPU (``docs/core.md``).
+Python one. Without either, :data:`DEFAULT` decides: the compiled core wherever it built and
+loads (it passes the CUDA suite and the benchmarks on a GPU, ``docs/core.md``), else the Python
+core, with the reason.
 
 The choice is made once, at import; ``python -m asyncgraph info`` reports it.
 """
@@ -20,7 +21,7 @@ __all__ = ("CORE_ENV", "DEFAULT", "PURE_ENV", "core", "describe", "why_python")
 
 CORE_ENV = "ASYNCGRAPH_CORE"
 PURE_ENV = "ASYNCGRAPH_PURE_PYTHON"
-DEFAULT = "python"
+DEFAULT = "compiled"
 
 
 def _choose() -> tuple[object, str]:
