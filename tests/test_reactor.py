@@ -201,33 +201,6 @@ async def test_waiters_are_armed_only_when_the_loop_would_sleep(
     event.done = True
 
 
-async def test_a_task_that_worked_since_its_last_result_leaves_the_wait_to_the_loop(
-    monkeypatch: pytest.MonkeyPatch,
-) -> None:
-    clock = _fake_clock(monkeypatch)
-    loop = asyncio.get_running_loop()
-    reactor = _reactor.Reactor(
-        loop, None, 1, EventPool(0), 200e-6, lambda _e: None, spin_window=50e-6
-    )
-    completed: list[object] = []
-    reactor.watch(0, FakeEvent(done=True), completed.append)
-    await asyncio.sleep(0)  # a poll completes it
-    assert (len(completed), reactor.spins) == (1, 0)
-    # 200 us of work (this task's or others') since that result: the loop has work of its
-    # own, so the next lone await does not hold it; the loop's poll completes it.
-    clock[0] += 200e-6
-    reactor.watch(0, FakeEvent(done=True), completed.append)
-    reactor.spin()
-    assert (len(completed), reactor.spins, reactor.pending) == (1, 0, 1)
-    await asyncio.sleep(0)
-    assert (len(completed), reactor.pending) == (2, 0)
-    # Straight back from that result: this await spins, and completes inline.
-    clock[0] += _watches.SPIN_RECENT / 2
-    reactor.watch(0, FakeEvent(done=True), completed.append)
-    reactor.spin()
-    assert (len(completed), reactor.spins, reactor.pending) == (3, 1, 0)
-
-
 async def test_inline_completions_count_as_progress_so_a_held_task_is_not_handed_off(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
@@ -242,15 +215,14 @@ async def test_inline_completions_count_as_progress_so_a_held_task_is_not_handed
     reactor.watch(0, FakeEvent(done=True), completed.append)
     await asyncio.sleep(0)  # a poll completes it, and schedules the next poll
     assert (len(completed), reactor.spins) == (1, 0)
-    # The woken task awaits one dispatch after another; each completes inline, 40 us apart
-    # (within SPIN_RECENT of the one before), so the loop does not run the reactor's poll for
-    # 520 us.
-    for _ in range(13):
-        clock[0] += 40e-6
+    # The woken task awaits one dispatch after another; each completes inline, 100 us apart,
+    # so the loop does not run the reactor's poll for 600 us.
+    for _ in range(6):
+        clock[0] += 100e-6
         reactor.watch(0, FakeEvent(done=True), completed.append)
         reactor.spin()
-    assert (len(completed), reactor.spins) == (14, 13)
-    clock[0] += 40e-6
+    assert (len(completed), reactor.spins) == (7, 6)
+    clock[0] += 100e-6
     reactor.watch(0, FakeEvent(done=False), completed.append)
     reactor.spin()  # held past HOLD_LIMIT: the task must yield to the loop
     assert reactor.pending == 1

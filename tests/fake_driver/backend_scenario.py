@@ -451,15 +451,10 @@ async def calls() -> dict[str, Any]:
     """Calls per awaited fast-path dispatch, from a deterministic profile (cProfile): all of
     them (the asyncio loop's own, for the poll the dispatch asks for, included), and those of
     functions of asyncgraph's own modules. Each profiled dispatch starts alike: the loop has
-    just run the reactor's poll, and the dispatch is a lone await straight after a result,
-    which spins (the profiler slows each dispatch past ``SPIN_RECENT``, so it is widened)."""
+    just run the reactor's poll."""
     import cProfile
     import pstats
 
-    from asyncgraph.cuda import _watches
-
-    for module in (_watches, sys.modules[core.Watches.__module__]):  # the Python, compiled core
-        module.SPIN_RECENT = 1.0  # type: ignore[attr-defined]
     seen: dict[str, Any] = {}
     async with _open() as gpu:
         await _compiled(gpu)

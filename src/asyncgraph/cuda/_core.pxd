@@ -54,7 +54,6 @@ cdef class Watches:
     cdef public double window_start
     cdef public double held_since
     cdef public long long spins
-    cdef public double settled
     cdef public bint paused
     cdef public object fault
     cdef public object schedule

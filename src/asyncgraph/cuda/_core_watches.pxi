@@ -8,7 +8,7 @@ from collections import deque as _deque
 import queue as _queue
 
 from .._telemetry import logger as _logger
-from ._watches import BUSY, FAILED, HOLD_LIMIT, IDLE, MIN_COMPLETIONS, SPIN_RECENT, STOPPED
+from ._watches import BUSY, FAILED, HOLD_LIMIT, IDLE, MIN_COMPLETIONS, STOPPED
 
 cdef int _NOT_READY = <int>cydriver.CUDA_ERROR_NOT_READY
 
@@ -82,7 +82,6 @@ cdef class Watches:
         self.window_start = 0.0
         self.held_since = 0.0
         self.spins = 0
-        self.settled = 0.0
         self.paused = False
         self.fault = None
         self.schedule = None
@@ -231,8 +230,6 @@ cdef class Watches:
         if self.pending != 1 or self.spin_window <= 0.0 or self.paused:
             return
         now = _now()
-        if now - self.settled > SPIN_RECENT:
-            return  # work ran since the last completion: the loop polls, free for others
         held = self.held_since
         if held and now - held > HOLD_LIMIT:
             return  # inline completions kept one task from yielding: let the loop run first
@@ -254,7 +251,6 @@ cdef class Watches:
         lane.ready = 0
         self.pending -= 1
         self.spins += 1
-        self.settled = _now()
         if not held:
             self.held_since = now
         if code == 0:

@@ -187,8 +187,6 @@ class Reactor:
         # tasks these woke run before the next poll, so the loop's other work never waits
         # behind all of them, and none waits behind newer ones of busier lanes.
         done, how = w.drain(limit, now, now + POLL_BUDGET)
-        if done:
-            w.settled = perf_counter()  # the woken tasks' next awaits may spin (SPIN_RECENT)
         if how == STOPPED:
             w.window_start = perf_counter()
             self._again(done)

@@ -35,7 +35,6 @@ __all__ = (
     "HOLD_LIMIT",
     "IDLE",
     "MIN_COMPLETIONS",
-    "SPIN_RECENT",
     "STOPPED",
     "Callback",
     "Watch",
@@ -55,11 +54,6 @@ FAILED = 3  # an event failed; ``failed`` was called with it
 MIN_COMPLETIONS = 4
 # Inline completions (Watches.spin) may keep a task from yielding for this long at most.
 HOLD_LIMIT = 500e-6
-# A lone await spins only if a completion was delivered at most this long before: the task came
-# straight back from its last result (a loop of awaits, the loop otherwise idle). A task that
-# ran longer since, or other tasks that ran meanwhile, say the loop has work of its own: it
-# polls from the loop instead of holding it while the GPU computes.
-SPIN_RECENT = 50e-6
 # cuEventQuery(event): (code,), NOT_READY while it runs (the Python core's query).
 query = drv.cuEventQuery
 
@@ -119,7 +113,6 @@ class Watches:
         "poll_scheduled",
         "schedule",
         "seq",
-        "settled",
         "spin_window",
         "spins",
         "window_start",
@@ -135,7 +128,6 @@ class Watches:
         self.window_start = 0.0  # since when polls found nothing complete
         self.held_since = 0.0  # first inline completion since the loop last polled
         self.spins = 0  # completions spin() delivered before their task yielded
-        self.settled = 0.0  # when a completion was last delivered (drain or spin)
         self.paused = False  # a capture runs: no queries on the loop's thread
         self.fault: CudaError | None = None  # the sticky error every later watch fails with
         self.schedule: Callable[[], None] | None = None
@@ -261,15 +253,11 @@ class Watches:
         than one event watched the loop's regular polling serves them all, so this returns at
         once. A task whose dispatches keep completing inline is made to yield once
         ``HOLD_LIMIT`` passed since the loop last ran the reactor, so a tight loop of awaits
-        cannot starve other tasks. Only a task that comes back within ``SPIN_RECENT`` of the
-        last completion spins: one that did more work since, or ran after other tasks, leaves
-        the wait to the loop's polls, which let the loop's other work run meanwhile.
+        cannot starve other tasks.
         """
         if self.pending != 1 or self.spin_window <= 0.0 or self.paused:
             return
         now = perf_counter()
-        if now - self.settled > SPIN_RECENT:
-            return
         held = self.held_since
         if held and now - held > HOLD_LIMIT:
             return  # inline completions kept one task from yielding: let the loop run first
@@ -291,7 +279,6 @@ class Watches:
         lane.ready = 0
         self.pending -= 1
         self.spins += 1
-        self.settled = perf_counter()
         if not held:
             self.held_since = now
         if code == SUCCESS:
