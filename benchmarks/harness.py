@@ -6,7 +6,8 @@
   median in µs; :func:`median_us` and :func:`percentile` summarise samples a script takes itself;
   :class:`Heartbeat` measures how long the event loop stalls while work runs.
 - :func:`format_table` and :func:`print_table` lay out every script's tables.
-- :func:`arguments` is the shared command line (``--json [PATH]``, ``--reps``); :func:`write_json`
+- :func:`arguments` is the shared command line (``--json [PATH]``, ``--reps``, ``--smoke``);
+  :func:`write_json`
   writes the results there, by default to ``benchmarks/results/<script>-<device>.json``, the
   device named by :func:`device_name`.
 
@@ -18,6 +19,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import os
 import re
 import statistics
 import sys
@@ -36,6 +38,15 @@ Clock = Callable[[], float]
 # Where ``--json`` with no path writes: benchmarks/results/<script>-<device>.json.
 RESULTS = Path(__file__).resolve().parent / "results"
 UVLOOP_MISSING = "uvloop is not installed: its rows are left out"
+# Set by ``--smoke`` (and inherited by a script's child processes): every timing runs a few
+# repetitions only. CI runs each script so, to catch a script that no longer runs.
+SMOKE_ENV = "ASYNCGRAPH_BENCH_SMOKE"
+SMOKE_REPS = 3
+
+
+def smoke() -> bool:
+    """Whether this is a ``--smoke`` run: a check that the script works, not a measure."""
+    return os.environ.get(SMOKE_ENV, "") not in ("", "0")
 
 
 # -- event loops -------------------------------------------------------------------------------
@@ -114,6 +125,8 @@ def time_sync(
     fn: Callable[[], object], reps: int, warmup: int = 100, *, clock: Clock = time.perf_counter
 ) -> float:
     """Calls *fn* *warmup* times, then times *reps* calls one by one; returns the median µs."""
+    if smoke():
+        reps, warmup = min(reps, SMOKE_REPS), min(warmup, 1)
     for _ in range(warmup):
         fn()
     samples = []
@@ -132,6 +145,8 @@ async def time_async(
     clock: Clock = time.perf_counter,
 ) -> float:
     """Awaits *fn()* *warmup* times, then times *reps* awaits one by one; returns the median µs."""
+    if smoke():
+        reps, warmup = min(reps, SMOKE_REPS), min(warmup, 1)
     for _ in range(warmup):
         await fn()
     samples = []
@@ -243,6 +258,18 @@ def print_table(
 # -- command line and results ------------------------------------------------------------------
 
 
+class _Parser(argparse.ArgumentParser):
+    """The scripts' parser: ``--smoke`` turns smoke runs on for the process and its children."""
+
+    def parse_args(self, *args: Any, **kwargs: Any) -> Any:
+        parsed = super().parse_args(*args, **kwargs)
+        if parsed.smoke:
+            os.environ[SMOKE_ENV] = "1"
+            if getattr(parsed, "reps", None) is not None:
+                parsed.reps = min(parsed.reps, SMOKE_REPS)
+        return parsed
+
+
 def arguments(
     doc: str | None,
     *,
@@ -258,7 +285,7 @@ def arguments(
         reps_help: what ``--reps`` counts.
         results: whether the script takes ``--json [PATH]`` (see :func:`write_json`).
     """
-    parser = argparse.ArgumentParser(description=(doc or "").strip().split("\n")[0] or None)
+    parser = _Parser(description=(doc or "").strip().split("\n")[0] or None)
     if results:
         parser.add_argument(
             "--json",
@@ -270,6 +297,12 @@ def arguments(
         )
     if reps is not None:
         parser.add_argument("--reps", type=int, default=reps, help=f"{reps_help} (default {reps})")
+    parser.add_argument(
+        "--smoke",
+        action="store_true",
+        help=f"a few repetitions of everything ({SMOKE_REPS}): checks that the script runs, "
+        "measures nothing",
+    )
     return parser
 
 

@@ -67,9 +67,10 @@ static long live_events, events_created;
 static pthread_mutex_t events_mutex = PTHREAD_MUTEX_INITIALIZER;
 static fake_event* all_events;
 
-void fake_set_complete_mode(const char* mode) {
+static void set_mode(const char* mode, int sweep) {
     if (mode && strcmp(mode, "instant") == 0) {
         complete_mode = INSTANT;
+        if (!sweep) return;
         /* What runs now completes, and a thread waiting on it wakes. */
         pthread_mutex_lock(&events_mutex);
         for (fake_event* event = all_events; event; event = event->next) {
@@ -87,8 +88,12 @@ void fake_set_complete_mode(const char* mode) {
     }
 }
 
+void fake_set_complete_mode(const char* mode) { set_mode(mode, 1); }
+
+/* The mode, read from $FAKE_CUDA_COMPLETE at the first use: nothing was recorded before, so
+ * there is nothing to complete (and the caller may hold an event's lock). */
 static int mode(void) {
-    if (complete_mode < 0) fake_set_complete_mode(getenv("FAKE_CUDA_COMPLETE"));
+    if (complete_mode < 0) set_mode(getenv("FAKE_CUDA_COMPLETE"), 0);
     return complete_mode;
 }
 
