@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
 import sys
 import time
 from collections.abc import Iterator
@@ -137,13 +138,28 @@ def test_environment_names_the_device_and_python() -> None:
 def test_arguments_json_and_reps() -> None:
     parser = harness.arguments("Title line.\n\nMore.", reps=30)
     assert parser.description == "Title line."
-    assert vars(parser.parse_args([])) == {"json": None, "reps": 30}
-    assert vars(parser.parse_args(["--json"])) == {"json": "", "reps": 30}
+    assert vars(parser.parse_args([])) == {"json": None, "reps": 30, "smoke": False}
+    assert vars(parser.parse_args(["--json"])) == {"json": "", "reps": 30, "smoke": False}
     assert vars(parser.parse_args(["--json", "x.json", "--reps", "5"])) == {
         "json": "x.json",
         "reps": 5,
+        "smoke": False,
     }
-    assert vars(harness.arguments(None, results=False).parse_args([])) == {}
+    assert vars(harness.arguments(None, results=False).parse_args([])) == {"smoke": False}
+
+
+def test_smoke_runs_a_few_repetitions_here_and_in_child_processes(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setenv(harness.SMOKE_ENV, "0")  # restored afterwards, whatever parse_args set
+    assert not harness.smoke()
+    parsed = harness.arguments("T.", reps=3000).parse_args(["--smoke"])
+    assert parsed.reps == harness.SMOKE_REPS
+    assert os.environ[harness.SMOKE_ENV] == "1"  # what child processes inherit
+    assert harness.smoke()
+    calls: list[int] = []
+    harness.time_sync(lambda: calls.append(1), 1000, 100)
+    assert len(calls) == harness.SMOKE_REPS + 1  # one warm-up
 
 
 async def _loop_kind(label: str) -> dict[str, str]:

@@ -19,7 +19,14 @@ from pathlib import Path
 __all__ = ("HERE", "build", "environment")
 
 HERE = Path(__file__).resolve().parent
-_SOURCES = ("fake_cuda.c", "fake_device.c", "fake_memory.c", "fake_modules.c", "fake_names.h")
+_SOURCES = (
+    "fake_cuda.c",
+    "fake_device.c",
+    "fake_memory.c",
+    "fake_modules.c",
+    "fake_graphs.c",
+    "fake_names.h",
+)
 
 
 def build(directory: Path | None = None) -> Path:

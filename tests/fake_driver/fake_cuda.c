@@ -3,13 +3,14 @@
  *
  * cuda.bindings loads libcuda.so.1 and asks cuGetProcAddress_v2 for every driver function; this
  * library answers with its own implementation where it has one (here and in the files it
- * includes: fake_device.c, fake_memory.c, fake_modules.c), and for every other name cuda.h
- * declares with a stub that says "fake_cuda: unimplemented <name>" on stderr and fails with
- * CUDA_ERROR_NOT_SUPPORTED, so nothing the backend needs passes silently.
+ * includes: fake_device.c, fake_memory.c, fake_modules.c, fake_graphs.c), and for every other
+ * name cuda.h declares with a stub that says "fake_cuda: unimplemented <name>" on stderr and
+ * fails with CUDA_ERROR_NOT_SUPPORTED, so nothing the backend needs passes silently.
  *
  * Work runs at once when it is enqueued (copies are memcpy, a few kernels are run on the host:
- * fake_modules.c). When a recorded event completes depends on FAKE_CUDA_COMPLETE (or
- * fake_set_complete_mode()):
+ * fake_modules.c), unless the stream captures: then it becomes a graph's node, and runs when the
+ * graph is launched (fake_graphs.c). When a recorded event completes depends on
+ * FAKE_CUDA_COMPLETE (or fake_set_complete_mode()):
  *   "manual" (the default): when a test calls fake_event_complete(), from any thread;
  *   "instant": at once;
  *   "queries:N": after answering NOT_READY to N queries (cuEventSynchronize returns at once).
@@ -36,8 +37,31 @@
 #define NOT_READY 600
 #define ILLEGAL_ADDRESS 700
 #define NOT_SUPPORTED 801
+#define ILLEGAL_STATE 401
+#define CAPTURE_UNSUPPORTED 900
+#define CAPTURE_INVALIDATED 901
+#define CAPTURE_MERGE 902
+#define CAPTURE_UNMATCHED 903
+#define CAPTURE_WRONG_THREAD 908
+#define GRAPH_EXEC_UPDATE_FAILURE 910
 
 static int sticky = SUCCESS; /* the error a faulted context answers with */
+
+/* Stream capture (fake_graphs.c). Work enqueued on a capturing stream becomes a node of the
+ * capture's graph instead of running: each enqueuing entry point asks its hook first, which
+ * answers NOT_CAPTURED when the stream does not capture (then the work runs as always), else
+ * the entry point's result. capture_forbids() guards the calls a capture does not allow. */
+#define NOT_CAPTURED (-1)
+#define MAX_TAIL 16 /* the most nodes a capturing stream's next work may depend on */
+static int capture_copy(void* stream, uintptr_t dst, uintptr_t src, size_t n);
+static int capture_memset(void* stream, uintptr_t dst, unsigned int value, unsigned int element,
+                          size_t n);
+static int capture_launch(void* stream, void* f, const unsigned int dims[7], void** params);
+static int capture_record(void* stream, void* event, unsigned int flags);
+static int capture_wait(void* stream, void* event, unsigned int flags);
+static int capture_refuses(void* stream, const char* name);
+static int capture_forbids(void* stream);
+static void capture_forget_stream(void* stream);
 
 #include "fake_device.c"
 #include "fake_memory.c"
@@ -56,6 +80,12 @@ typedef struct {
     unsigned int flags;     /* as created: CU_EVENT_DISABLE_TIMING (2) refuses elapsed times */
     void* next;             /* every live event, for a switch to "instant" */
     void* prev;
+    /* Recorded on a capturing stream (under graph_mutex, fake_graphs.c): the capture's id (0:
+     * none) and the nodes the recording stream's next work depended on, for a stream that
+     * waits for the event to join the capture there. */
+    unsigned long long capture_id;
+    void* tail[MAX_TAIL];
+    size_t n_tail;
 } fake_event;
 
 enum { MANUAL, INSTANT, QUERIES };
@@ -212,9 +242,10 @@ long long fake_completed_ns(void* handle) {
     return when;
 }
 
-int cuEventRecord(void* handle, void* stream) {
+/* Record *handle* now (it completes as the mode says): a record outside a capture, or a graph's
+ * event record node running. */
+static int record_now(void* handle) {
     fake_event* event = handle;
-    (void)stream;
     int outcome = SUCCESS;
     pthread_mutex_lock(&fail_mutex);
     if (fail_count > 0) {
@@ -238,12 +269,16 @@ int cuEventRecord(void* handle, void* stream) {
 }
 
 int cuEventRecordWithFlags(void* handle, void* stream, unsigned int flags) {
-    (void)flags;
-    return cuEventRecord(handle, stream);
+    int captured = capture_record(stream, handle, flags);
+    return captured != NOT_CAPTURED ? captured : record_now(handle);
 }
+
+int cuEventRecord(void* handle, void* stream) { return cuEventRecordWithFlags(handle, stream, 0); }
 
 int cuEventQuery(void* handle) {
     fake_event* event = handle;
+    int forbidden = capture_forbids(NULL);
+    if (forbidden != SUCCESS) return forbidden;
     if (sticky != SUCCESS) return sticky;
     pthread_mutex_lock(&event->mutex);
     if (event->state == NOT_READY && mode() == QUERIES) {
@@ -259,6 +294,8 @@ int cuEventQuery(void* handle) {
 
 int cuEventSynchronize(void* handle) {
     fake_event* event = handle;
+    int forbidden = capture_forbids(NULL);
+    if (forbidden != SUCCESS) return forbidden;
     pthread_mutex_lock(&event->mutex);
     if (event->state == NOT_READY && mode() != MANUAL) event->state = event->outcome;
     while (event->state == NOT_READY) pthread_cond_wait(&event->cond, &event->mutex);
@@ -303,13 +340,11 @@ static int param_count; /* how many slots the next launches keep: fake_expect_pa
 
 void fake_expect_params(int n) { param_count = n < 64 ? n : 64; }
 
-int cuLaunchKernel(void* f, unsigned int gx, unsigned int gy, unsigned int gz, unsigned int bx,
-                   unsigned int by, unsigned int bz, unsigned int shared, void* stream,
-                   void** params, void** extra) {
-    (void)extra;
+/* Launch *f* now: note the launch (fake_last_launch) and run it if it is emulated. A launch
+ * outside a capture, or a graph's kernel node running. */
+static int launch_now(void* f, const unsigned int dims[7], void* stream, void** params) {
     pthread_mutex_lock(&launch_mutex);
-    unsigned int dims[7] = {gx, gy, gz, bx, by, bz, shared};
-    memcpy(last_dims, dims, sizeof dims);
+    memcpy(last_dims, dims, sizeof last_dims);
     last_stream = (uintptr_t)stream;
     /* The driver knows the kernel's parameters; this stand-in is told how many there are. */
     memset(last_params, 0, sizeof last_params);
@@ -317,10 +352,20 @@ int cuLaunchKernel(void* f, unsigned int gx, unsigned int gy, unsigned int gz, u
     launches++;
     pthread_mutex_unlock(&launch_mutex);
     if (f != NULL && params != NULL) {
-        unsigned long long threads = (unsigned long long)gx * gy * gz * bx * by * bz;
+        unsigned long long threads = 1;
+        for (int i = 0; i < 6; i++) threads *= dims[i];
         emulate(f, threads, params);
     }
     return SUCCESS;
+}
+
+int cuLaunchKernel(void* f, unsigned int gx, unsigned int gy, unsigned int gz, unsigned int bx,
+                   unsigned int by, unsigned int bz, unsigned int shared, void* stream,
+                   void** params, void** extra) {
+    (void)extra;
+    unsigned int dims[7] = {gx, gy, gz, bx, by, bz, shared};
+    int captured = capture_launch(stream, f, dims, params);
+    return captured != NOT_CAPTURED ? captured : launch_now(f, dims, stream, params);
 }
 
 typedef struct {
@@ -345,6 +390,8 @@ unsigned long long fake_last_launch(unsigned int* dims, uintptr_t* stream, unsig
     pthread_mutex_unlock(&launch_mutex);
     return count;
 }
+
+#include "fake_graphs.c"
 
 /* -- the entry points ------------------------------------------------------------------------ */
 
@@ -382,6 +429,25 @@ static const struct { const char* name; void* fn; } table[] = {
     ENTRY(cuFuncGetName), ENTRY(cuKernelGetAttribute), ENTRY(cuFuncGetAttribute),
     ENTRY(cuKernelSetAttribute), ENTRY(cuFuncSetAttribute),
     ENTRY(cuLaunchKernel), ENTRY(cuLaunchKernelEx),
+    ENTRY(cuStreamBeginCapture), ENTRY(cuStreamBeginCaptureToGraph), ENTRY(cuStreamEndCapture),
+    ENTRY(cuStreamUpdateCaptureDependencies), ENTRY(cuThreadExchangeStreamCaptureMode),
+    ENTRY(cuGraphCreate), ENTRY(cuGraphDestroy), ENTRY(cuGraphAddKernelNode),
+    ENTRY(cuGraphAddMemcpyNode), ENTRY(cuGraphAddMemsetNode), ENTRY(cuGraphAddEmptyNode),
+    ENTRY(cuGraphAddEventRecordNode), ENTRY(cuGraphAddEventWaitNode), ENTRY(cuGraphAddNode),
+    ENTRY(cuGraphGetNodes), ENTRY(cuGraphGetRootNodes), ENTRY(cuGraphGetEdges),
+    ENTRY(cuGraphNodeGetDependencies), ENTRY(cuGraphNodeGetDependentNodes),
+    ENTRY(cuGraphNodeGetType), ENTRY(cuGraphNodeGetContainingGraph), ENTRY(cuGraphGetId),
+    ENTRY(cuGraphKernelNodeGetParams), ENTRY(cuGraphKernelNodeSetParams),
+    ENTRY(cuGraphMemcpyNodeGetParams), ENTRY(cuGraphMemsetNodeGetParams),
+    ENTRY(cuGraphNodeGetParams), ENTRY(cuGraphNodeSetParams),
+    {"cuGraphInstantiate", (void*)cuGraphInstantiateWithFlags}, /* cuda.h's alias of it */
+    ENTRY(cuGraphInstantiateWithFlags), ENTRY(cuGraphInstantiateWithParams),
+    ENTRY(cuGraphExecDestroy), ENTRY(cuGraphExecGetFlags), ENTRY(cuGraphExecGetId),
+    ENTRY(cuGraphUpload), ENTRY(cuGraphLaunch), ENTRY(cuGraphExecKernelNodeSetParams),
+    ENTRY(cuGraphExecMemcpyNodeSetParams), ENTRY(cuGraphExecMemsetNodeSetParams),
+    ENTRY(cuGraphExecNodeSetParams), ENTRY(cuGraphExecUpdate), ENTRY(cuUserObjectCreate),
+    ENTRY(cuUserObjectRetain), ENTRY(cuUserObjectRelease), ENTRY(cuGraphRetainUserObject),
+    ENTRY(cuGraphReleaseUserObject),
 };
 
 static void fake_unimplemented(const char* name) {

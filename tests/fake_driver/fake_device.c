@@ -156,7 +156,10 @@ int cuCtxGetStreamPriorityRange(int* least, int* greatest) {
     *greatest = -5;
     return SUCCESS;
 }
-int cuCtxSynchronize(void) { return sticky; }
+int cuCtxSynchronize(void) {
+    int forbidden = capture_forbids(NULL);
+    return forbidden != SUCCESS ? forbidden : sticky;
+}
 
 static const char* error_name(int code) {
     switch (code) {
@@ -169,6 +172,13 @@ static const char* error_name(int code) {
     case NOT_READY: return "CUDA_ERROR_NOT_READY";
     case ILLEGAL_ADDRESS: return "CUDA_ERROR_ILLEGAL_ADDRESS";
     case NOT_SUPPORTED: return "CUDA_ERROR_NOT_SUPPORTED";
+    case ILLEGAL_STATE: return "CUDA_ERROR_ILLEGAL_STATE";
+    case CAPTURE_UNSUPPORTED: return "CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED";
+    case CAPTURE_INVALIDATED: return "CUDA_ERROR_STREAM_CAPTURE_INVALIDATED";
+    case CAPTURE_MERGE: return "CUDA_ERROR_STREAM_CAPTURE_MERGE";
+    case CAPTURE_UNMATCHED: return "CUDA_ERROR_STREAM_CAPTURE_UNMATCHED";
+    case CAPTURE_WRONG_THREAD: return "CUDA_ERROR_STREAM_CAPTURE_WRONG_THREAD";
+    case GRAPH_EXEC_UPDATE_FAILURE: return "CUDA_ERROR_GRAPH_EXEC_UPDATE_FAILURE";
     default: return "CUDA_ERROR_UNKNOWN";
     }
 }

@@ -2,7 +2,8 @@
  *
  * Device memory is host memory: device pointers are real addresses, so copies and memsets are
  * memcpy and memset, done at once when enqueued. Every stream runs eagerly in enqueue order,
- * so stream order and the waits between streams hold by construction. Memory pools hand out
+ * so stream order and the waits between streams hold by construction (a capturing stream's
+ * copies and memsets become graph nodes instead: fake_graphs.c). Memory pools hand out
  * host allocations too and count their bytes; allocations are kept in a registry that answers
  * cuPointerGetAttribute(s) and fake_live_allocations().
  */
@@ -24,6 +25,11 @@ typedef struct {
     unsigned int flags;
     int priority;
     unsigned long long id;
+    /* While it takes part in a capture (under graph_mutex, fake_graphs.c): the capture, and the
+     * nodes its next work depends on. */
+    void* capture;
+    void* tail[MAX_TAIL];
+    size_t n_tail;
 } fake_stream;
 
 static pthread_mutex_t memory_mutex = PTHREAD_MUTEX_INITIALIZER;
@@ -171,32 +177,49 @@ int cuMemPoolSetAccess(void* pool, const void* map, size_t count) {
 }
 
 int cuMemAllocFromPoolAsync(uintptr_t* ptr, size_t size, void* pool, void* stream) {
-    (void)stream;
+    int captured = capture_refuses(stream, "cuMemAllocFromPoolAsync");
+    if (captured != NOT_CAPTURED) return captured;
     void* p = fake_allocate(size, 2, pool);
     if (p == NULL) return OUT_OF_MEMORY;
     *ptr = (uintptr_t)p;
     return SUCCESS;
 }
 int cuMemAllocAsync(uintptr_t* ptr, size_t size, void* stream) {
+    int captured = capture_refuses(stream, "cuMemAllocAsync");
+    if (captured != NOT_CAPTURED) return captured;
     return cuMemAllocFromPoolAsync(ptr, size, &default_pools[0], stream);
 }
-int cuMemFreeAsync(uintptr_t ptr, void* stream) { (void)stream; return fake_release(ptr, 2); }
+int cuMemFreeAsync(uintptr_t ptr, void* stream) {
+    int captured = capture_refuses(stream, "cuMemFreeAsync");
+    return captured != NOT_CAPTURED ? captured : fake_release(ptr, 2);
+}
 
 int cuMemcpy(uintptr_t dst, uintptr_t src, size_t n) { memcpy((void*)dst, (void*)src, n); return SUCCESS; }
-int cuMemcpyAsync(uintptr_t dst, uintptr_t src, size_t n, void* s) { (void)s; return cuMemcpy(dst, src, n); }
+/* The asynchronous copies and memsets: graph nodes on a capturing stream, else done now. */
+static int copy_async(uintptr_t dst, uintptr_t src, size_t n, void* s) {
+    int captured = capture_copy(s, dst, src, n);
+    return captured != NOT_CAPTURED ? captured : cuMemcpy(dst, src, n);
+}
+int cuMemcpyAsync(uintptr_t dst, uintptr_t src, size_t n, void* s) { return copy_async(dst, src, n, s); }
 int cuMemcpyHtoD(uintptr_t dst, const void* src, size_t n) { return cuMemcpy(dst, (uintptr_t)src, n); }
 int cuMemcpyDtoH(void* dst, uintptr_t src, size_t n) { return cuMemcpy((uintptr_t)dst, src, n); }
 int cuMemcpyDtoD(uintptr_t dst, uintptr_t src, size_t n) { return cuMemcpy(dst, src, n); }
-int cuMemcpyHtoDAsync(uintptr_t dst, const void* src, size_t n, void* s) { (void)s; return cuMemcpy(dst, (uintptr_t)src, n); }
-int cuMemcpyDtoHAsync(void* dst, uintptr_t src, size_t n, void* s) { (void)s; return cuMemcpy((uintptr_t)dst, src, n); }
-int cuMemcpyDtoDAsync(uintptr_t dst, uintptr_t src, size_t n, void* s) { (void)s; return cuMemcpy(dst, src, n); }
+int cuMemcpyHtoDAsync(uintptr_t dst, const void* src, size_t n, void* s) { return copy_async(dst, (uintptr_t)src, n, s); }
+int cuMemcpyDtoHAsync(void* dst, uintptr_t src, size_t n, void* s) { return copy_async((uintptr_t)dst, src, n, s); }
+int cuMemcpyDtoDAsync(uintptr_t dst, uintptr_t src, size_t n, void* s) { return copy_async(dst, src, n, s); }
 int cuMemsetD8(uintptr_t dst, unsigned char value, size_t n) { memset((void*)dst, value, n); return SUCCESS; }
-int cuMemsetD8Async(uintptr_t dst, unsigned char value, size_t n, void* s) { (void)s; return cuMemsetD8(dst, value, n); }
+int cuMemsetD8Async(uintptr_t dst, unsigned char value, size_t n, void* s) {
+    int captured = capture_memset(s, dst, value, 1, n);
+    return captured != NOT_CAPTURED ? captured : cuMemsetD8(dst, value, n);
+}
 int cuMemsetD32(uintptr_t dst, unsigned int value, size_t n) {
     for (size_t i = 0; i < n; i++) ((unsigned int*)dst)[i] = value;
     return SUCCESS;
 }
-int cuMemsetD32Async(uintptr_t dst, unsigned int value, size_t n, void* s) { (void)s; return cuMemsetD32(dst, value, n); }
+int cuMemsetD32Async(uintptr_t dst, unsigned int value, size_t n, void* s) {
+    int captured = capture_memset(s, dst, value, 4, n);
+    return captured != NOT_CAPTURED ? captured : cuMemsetD32(dst, value, n);
+}
 
 static int pointer_attribute(void* data, int attribute, uintptr_t ptr) {
     fake_allocation found = fake_find(ptr);
@@ -236,6 +259,7 @@ int cuStreamCreateWithPriority(void** stream, unsigned int flags, int priority) 
 int cuStreamCreate(void** stream, unsigned int flags) { return cuStreamCreateWithPriority(stream, flags, 0); }
 int cuStreamDestroy(void* stream) {
     if (stream) {
+        capture_forget_stream(stream);
         free(stream);
         __atomic_sub_fetch(&live_streams, 1, __ATOMIC_SEQ_CST);
     }
@@ -248,23 +272,16 @@ int cuStreamGetPriority(void* stream, int* priority) { *priority = is_special(st
 int cuStreamGetId(void* stream, unsigned long long* id) { *id = is_special(stream) ? (uintptr_t)stream : ((fake_stream*)stream)->id; return SUCCESS; }
 int cuStreamGetCtx(void* stream, void** context) { (void)stream; *context = &contexts[0]; return SUCCESS; }
 int cuStreamGetDevice(void* stream, int* device) { (void)stream; *device = 0; return SUCCESS; }
-int cuStreamSynchronize(void* stream) { (void)stream; return sticky; }
-int cuStreamQuery(void* stream) { (void)stream; return sticky; }
-int cuStreamWaitEvent(void* stream, void* event, unsigned int flags) {
-    (void)stream; (void)event; (void)flags;
-    return SUCCESS;
+int cuStreamSynchronize(void* stream) {
+    int forbidden = capture_forbids(stream);
+    return forbidden != SUCCESS ? forbidden : sticky;
 }
-
-/* No stream ever captures here (graphs are not emulated). */
-int cuStreamIsCapturing(void* stream, int* status) { (void)stream; *status = 0; return SUCCESS; }
-int cuStreamGetCaptureInfo(void* stream, int* status, unsigned long long* id, void** graph,
-                           const void** deps, const void** edges, size_t* n) {
-    (void)stream;
-    *status = 0;
-    if (id) *id = 0;
-    if (graph) *graph = NULL;
-    if (deps) *deps = NULL;
-    if (edges) *edges = NULL;
-    if (n) *n = 0;
-    return SUCCESS;
+int cuStreamQuery(void* stream) {
+    int forbidden = capture_forbids(stream);
+    return forbidden != SUCCESS ? forbidden : sticky;
+}
+/* Every stream ran its work already: a wait does nothing, unless a capture is concerned. */
+int cuStreamWaitEvent(void* stream, void* event, unsigned int flags) {
+    int captured = capture_wait(stream, event, flags);
+    return captured != NOT_CAPTURED ? captured : SUCCESS;
 }

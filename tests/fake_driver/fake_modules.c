@@ -166,6 +166,28 @@ unsigned long long fake_launch_count(const char* name) {
     return n;
 }
 
+/* The sizes of the parameters of *kernel* (at most 8), as emulate() reads them, in *sizes*; how
+ * many it has, or -1 for a kernel the stand-in does not run (a graph's kernel node keeps its
+ * parameter values by these sizes: fake_graphs.c). */
+static int param_sizes(const fake_kernel* kernel, size_t* sizes) {
+    static const struct {
+        const char* name;
+        int n;
+        size_t sizes[8];
+    } known[] = {
+        {"empty", 1, {4}},        {"scale", 4, {8, 8, 4, 4}}, {"inc", 3, {8, 4, 4}},
+        {"fill", 3, {8, 4, 8}},   {"spin", 2, {8, 8}},        {"copy4", 3, {8, 8, 8}},
+        {"saxpy", 5, {8, 8, 8, 4, 4}},
+    };
+    for (size_t i = 0; i < sizeof known / sizeof known[0]; i++) {
+        if (strcmp(kernel->name, known[i].name) == 0) {
+            memcpy(sizes, known[i].sizes, sizeof known[i].sizes);
+            return known[i].n;
+        }
+    }
+    return -1;
+}
+
 #define ARG(type, i) (*(type*)params[i])
 
 static void emulate(fake_kernel* kernel, unsigned long long threads, void** params) {

@@ -1,0 +1,88 @@
+"""Every script under ``benchmarks/`` runs once at a tiny size (``--smoke``), so that a change that
+breaks one fails CI rather than the next GPU run.
+
+Scripts that measure the CUDA backend run on the CPU against the stand-in driver
+(``tests/fake_driver``); the others on the host backend. A smoke run measures nothing: it
+checks that the script runs to its end and writes its JSON.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from tests.fake_driver import build, environment
+
+ROOT = Path(__file__).resolve().parents[1]
+BENCHMARKS = ROOT / "benchmarks"
+
+STAND_IN, HOST = "stand-in driver", "host backend"
+# script -> (where it runs, its arguments for a tiny run, whether it writes --json)
+SCRIPTS: dict[str, tuple[str, list[str], bool]] = {
+    "bench_core.py": (STAND_IN, [], True),
+    "bench_dispatch.py": (STAND_IN, [], True),
+    "bench_graphs.py": (STAND_IN, [], True),
+    "bench_host_path.py": (STAND_IN, ["--profiled", "20"], True),
+    "bench_load.py": (
+        HOST,
+        [
+            "--device",
+            "host",
+            "--tasks",
+            "4",
+            "--rounds",
+            "3",
+            "--requests",
+            "20",
+            "--load-clients",
+            "1",
+        ],
+        True,
+    ),
+    "bench_ray.py": (HOST, ["--device", "host"], True),
+    "bench_resident.py": (STAND_IN, [], True),
+    "bench_transfer.py": (STAND_IN, [], True),
+    "primitives.py": (STAND_IN, [], True),
+    "profile_dispatch.py": (STAND_IN, [], False),
+    "soak.py": (STAND_IN, ["--dispatches", "2000", "--every", "500"], True),
+}
+# Modules the scripts import, not scripts themselves.
+MODULES = {"__init__.py", "harness.py", "ray_pipelines.py"}
+
+
+def test_every_script_is_run_here() -> None:
+    found = {path.name for path in BENCHMARKS.glob("*.py")}
+    assert found - MODULES == set(SCRIPTS), "add the new script to SCRIPTS (or MODULES)"
+
+
+@pytest.mark.parametrize("script", sorted(SCRIPTS))
+def test_a_script_runs_at_a_tiny_size(script: str, tmp_path: Path) -> None:
+    where, arguments, writes_json = SCRIPTS[script]
+    if script == "bench_ray.py" and importlib.util.find_spec("ray") is None:
+        pytest.skip("Ray is not installed (pip install -e '.[ray]')")
+    core = os.environ.get("ASYNCGRAPH_CORE") or "compiled"
+    if where == STAND_IN:
+        try:
+            env = environment(build(), core)
+        except RuntimeError as exc:  # no C compiler
+            pytest.skip(str(exc))
+    else:
+        env = {**os.environ, "ASYNCGRAPH_CORE": core}
+    out = tmp_path / "results.json"
+    command = [sys.executable, str(BENCHMARKS / script), "--smoke", *arguments]
+    if writes_json:
+        command += ["--json", str(out)]
+    done = subprocess.run(
+        command, cwd=ROOT, env=env, capture_output=True, text=True, timeout=300, check=False
+    )
+    assert done.returncode == 0, f"{script} failed:\n{done.stdout[-3000:]}\n{done.stderr[-3000:]}"
+    if writes_json:
+        results = json.loads(out.read_text())
+        assert isinstance(results, dict)
+        assert results
