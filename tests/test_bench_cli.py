@@ -77,7 +77,7 @@ def test_bench_prints_asyncgraph_rows_and_why_each_peer_was_skipped(
     assert "dispatches/s" in out
     assert f"json           {tmp_path / 'out.json'}" in out
     assert not any(line.startswith("plot") for line in out.splitlines())  # --no-plot
-    assert "[##############################]  11/11  done" in err  # the progress bar, on stderr
+    assert "[##############################]  12/12  done" in err  # the progress bar, on stderr
 
 
 def test_bench_json_has_the_documented_structure(tmp_path: Path) -> None:
@@ -125,7 +125,7 @@ def test_bench_json_has_the_documented_structure(tmp_path: Path) -> None:
                 "reason": "no CUDA device",
             }
     kinds = [row["kind"] for row in rows]
-    assert (kinds.count("latency"), kinds.count("rate"), kinds.count("skipped")) == (4, 1, 5)
+    assert (kinds.count("latency"), kinds.count("rate"), kinds.count("skipped")) == (5, 1, 5)
 
 
 def test_bench_writes_its_files_into_the_current_directory_by_default(
@@ -180,7 +180,7 @@ def test_python_m_asyncgraph_bench_exits_0(tmp_path: Path) -> None:
     )
     assert done.returncode == 0, done.stderr
     assert "asyncgraph: await dispatch" in done.stdout
-    assert "11/11  done" in done.stderr
+    assert "12/12  done" in done.stderr
     assert read(tmp_path / "asyncgraph-bench-host.json")["device"] == "host"
 
 

@@ -38,6 +38,8 @@ SCRIPTS: dict[str, tuple[str, list[str], bool]] = {
             "4",
             "--rounds",
             "3",
+            "--pairs",
+            "2",
             "--requests",
             "20",
             "--load-clients",

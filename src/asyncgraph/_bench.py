@@ -5,8 +5,9 @@ Four scenarios, each a group of rows in the table (:data:`SCENARIOS`):
 - *empty kernel*: ``await backend.dispatch(EMPTY, np.int32(1), grid=1, block=1)``;
 - *4 KiB round trip*: the ``scale`` kernel over a 4 KiB float32 array in and a new one out,
   awaited, with and without ``graph="auto"``;
-- *4 KiB resident*: the same kernel from a resident buffer into another
-  (``Out(into=buffer)``), awaited;
+- *4 KiB resident*: the same kernel from a resident buffer into another, awaited: the output
+  buffer passed as it is (written in place, as the CuPy row does), and as
+  ``Out(into=buffer)``, which zero-fills it first (one more memset);
 - *64 tasks, empty kernel*: 64 tasks awaiting the empty kernel one dispatch after another,
   in dispatches per second.
 
@@ -240,21 +241,27 @@ def _round_trip(graph: str) -> Callable[[Target], Awaitable[list[float]]]:
     return measure
 
 
-async def _resident(target: Target) -> list[float]:
-    backend = target.backend
-    x = await backend.upload(target.x)
-    out = backend.empty(N, np.float32)
-    try:
-        into = Out(into=out)
-        samples = await time_async(
-            lambda: backend.dispatch(SCALE, x, into, FACTOR, COUNT, grid=GRID, block=BLOCK),
-            target.settings,
-        )
-        expect_scaled("4 KiB resident", await backend.download(out), target.x)
-    finally:
-        await x.aclose()
-        await out.aclose()
-    return samples
+def _resident(into: bool) -> Callable[[Target], Awaitable[list[float]]]:
+    """The kernel from one resident buffer into another: passed as it is (the kernel writes
+    it in place, as CuPy's does), or as ``Out(into=buffer)``, which zero-fills it first."""
+
+    async def measure(target: Target) -> list[float]:
+        backend = target.backend
+        x = await backend.upload(target.x)
+        out = backend.empty(N, np.float32)
+        try:
+            arg: object = Out(into=out) if into else out
+            samples = await time_async(
+                lambda: backend.dispatch(SCALE, x, arg, FACTOR, COUNT, grid=GRID, block=BLOCK),
+                target.settings,
+            )
+            expect_scaled("4 KiB resident", await backend.download(out), target.x)
+        finally:
+            await x.aclose()
+            await out.aclose()
+        return samples
+
+    return measure
 
 
 async def _concurrent(target: Target) -> tuple[int, float]:
@@ -280,8 +287,13 @@ ASYNCGRAPH_ROWS: tuple[Spec, ...] = (
     ),
     Awaited(
         scenario=RESIDENT,
-        label="asyncgraph: await dispatch, buffer in, Out(into=buffer) out",
-        measure=_resident,
+        label="asyncgraph: await dispatch, buffer in, buffer out",
+        measure=_resident(into=False),
+    ),
+    Awaited(
+        scenario=RESIDENT,
+        label="asyncgraph: await dispatch, buffer in, Out(into=buffer) out (zero-filled first)",
+        measure=_resident(into=True),
     ),
     Throughput(
         scenario=CONCURRENT, label="asyncgraph: 64 tasks awaiting at once", measure=_concurrent

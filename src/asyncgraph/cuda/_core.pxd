@@ -131,6 +131,7 @@ cdef class CPlan:
     cdef bint has_uploads
     cdef uint64_t in_end
     cdef uint64_t up_end
+    cdef uint64_t up_copy  # bytes of the upload: up_end, or total with the outputs zeroed
     cdef uint64_t total
     cdef uint64_t staged
 

@@ -246,6 +246,7 @@ cdef class CPlan:
             self.block[k] = plan.block_dims[k]
         self.shared_mem = plan.shared_mem
         self.in_end, self.up_end, self.total = plan.in_end, plan.up_end, plan.total
+        self.up_copy = plan.up_copy
         self.staged = plan.staged
         self.n_args = plan.n_args
         self.args = <ArgC*>calloc(self.n_args if self.n_args else 1, sizeof(ArgC))
@@ -651,17 +652,19 @@ cdef class FastPath:
                     value = args[i]
                     arr = <cnp.ndarray>(value.array if a.kind == A_IN_OUT else value)
                     memcpy(host + a.offset, cnp.PyArray_DATA(arr), a.nbytes)
-        if plan.up_end:
+        if plan.up_copy:
+            if plan.up_copy > plan.up_end:  # small outputs go up zeroed with the inputs
+                memset(host + plan.up_end, 0, plan.up_copy - plan.up_end)
             code = cydriver.cuMemcpyHtoDAsync(
-                <cydriver.CUdeviceptr>base, host, plan.up_end, handle
+                <cydriver.CUdeviceptr>base, host, plan.up_copy, handle
             )
             if code == cydriver.CUDA_SUCCESS:
-                self.bytes_up += plan.up_end
+                self.bytes_up += plan.up_copy
                 self.copies_up += 1
-        if code == cydriver.CUDA_SUCCESS and plan.total > plan.up_end:
+        if code == cydriver.CUDA_SUCCESS and plan.total > plan.up_copy:
             call = "cuMemsetD8Async"
             code = cydriver.cuMemsetD8Async(
-                <cydriver.CUdeviceptr>(base + plan.up_end), 0, plan.total - plan.up_end, handle
+                <cydriver.CUdeviceptr>(base + plan.up_copy), 0, plan.total - plan.up_copy, handle
             )
         if code == cydriver.CUDA_SUCCESS:
             for i in range(plan.n_args):

@@ -14,6 +14,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 from .._bound import InArg, InOutArg, OutArg, ResidentArg, ResidentOutArg, ScalarArg
+from ._plan import upload_bytes
 
 if TYPE_CHECKING:
     from .._bound import BoundCall
@@ -74,6 +75,8 @@ class FastPlan:
             grid_dims, block_dims: as three ints.
         shared_mem: bytes of dynamic shared memory.
         in_end, up_end, total: the staging layout's bounds (``_bound.lay_out``).
+        up_copy: bytes the upload takes (``_plan.upload_bytes``): ``up_end``, or ``total``
+            where the outputs are zeroed in the ring and go up with the inputs.
         staged: bytes of ring a dispatch takes (``total``, 256-byte aligned).
         n_args: how many arguments.
         args: per argument ``(kind, exact type, shape, dtype, strides, offset)``, ``None``
@@ -98,6 +101,7 @@ class FastPlan:
         "staged",
         "template",
         "total",
+        "up_copy",
         "up_end",
         "uploads",
     )
@@ -109,6 +113,7 @@ class FastPlan:
         self.grid, self.block, self.shared_mem = plan.grid, plan.block, plan.shared_mem
         self.grid_dims, self.block_dims = template.grid, template.block
         self.in_end, self.up_end, self.total = call.in_end, call.up_end, call.total
+        self.up_copy = upload_bytes(call.up_end, call.total)
         self.staged = (call.total + _ALIGN - 1) & ~(_ALIGN - 1)
         self.n_args = len(call.args)
         args: list[tuple[Any, ...]] = []

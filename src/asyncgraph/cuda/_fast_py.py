@@ -364,16 +364,18 @@ class FastPath:
             value: Any = args[index]
             array = value.array if in_out else value
             view[at + offset : at + offset + nbytes] = array.reshape(-1).view(np.uint8)
-        up_end = plan.up_end
-        if up_end:
-            code = _up(base, host, up_end, handle)[0]
+        up_copy = plan.up_copy
+        if up_copy:
+            if up_copy > plan.up_end:  # small outputs go up zeroed with the inputs
+                view[at + plan.up_end : at + up_copy] = 0
+            code = _up(base, host, up_copy, handle)[0]
             if code == SUCCESS:
-                self.bytes_up += up_end
+                self.bytes_up += up_copy
                 self.copies_up += 1
         total = plan.total
-        if code == SUCCESS and total > up_end:
+        if code == SUCCESS and total > up_copy:
             call = "cuMemsetD8Async"
-            code = _memset(base + up_end, 0, total - up_end, handle)[0]
+            code = _memset(base + up_copy, 0, total - up_copy, handle)[0]
         values: list[Any] = [None] * plan.n_args
         if code == SUCCESS:
             kinds = plan.args
