@@ -22,7 +22,7 @@ from tests.fake_driver import build, environment
 ROOT = Path(__file__).resolve().parents[1]
 BENCHMARKS = ROOT / "benchmarks"
 
-STAND_IN, HOST = "stand-in driver", "host backend"
+STAND_IN, HOST, GPU = "stand-in driver", "host backend", "a CUDA GPU with PyTorch"
 # script -> (where it runs, its arguments for a tiny run, whether it writes --json)
 SCRIPTS: dict[str, tuple[str, list[str], bool]] = {
     "bench_core.py": (STAND_IN, [], True),
@@ -49,6 +49,7 @@ SCRIPTS: dict[str, tuple[str, list[str], bool]] = {
     ),
     "bench_ray.py": (HOST, ["--device", "host"], True),
     "bench_resident.py": (STAND_IN, [], True),
+    "bench_serve_torch.py": (GPU, ["--clients", "4"], True),
     "bench_transfer.py": (STAND_IN, [], True),
     "primitives.py": (STAND_IN, [], True),
     "profile_dispatch.py": (STAND_IN, [], False),
@@ -68,6 +69,12 @@ def test_a_script_runs_at_a_tiny_size(script: str, tmp_path: Path) -> None:
     where, arguments, writes_json = SCRIPTS[script]
     if script == "bench_ray.py" and importlib.util.find_spec("ray") is None:
         pytest.skip("Ray is not installed (pip install -e '.[ray]')")
+    if where == GPU:
+        # PyTorch on a GPU is the whole subject of the script: on the GPU suite's machine it
+        # runs here; CI (no GPU, no PyTorch) skips it, saying so.
+        torch = pytest.importorskip("torch", reason="PyTorch is not installed")
+        if not torch.cuda.is_available():
+            pytest.skip("no CUDA GPU for PyTorch")
     core = os.environ.get("ASYNCGRAPH_CORE") or "compiled"
     if where == STAND_IN:
         try:

@@ -16,7 +16,6 @@ import itertools
 import sys
 import warnings
 from collections.abc import Callable, Generator
-from contextlib import AbstractAsyncContextManager
 from time import perf_counter
 from types import TracebackType
 from typing import Any, Final, NoReturn, cast
@@ -36,7 +35,6 @@ from ._exceptions import (
 )
 from ._export import EngineExporter
 from ._kernel import Kernel
-from ._lease import StreamLease
 from ._lifecycle import CLOSED, OPEN, Lifecycle
 from ._nvtx import NvtxRanges
 from ._options import BackendOptions
@@ -47,6 +45,7 @@ from ._resident import (
     ResidentStore,
 )
 from ._scheduler import Job, track_buffers
+from ._streams_api import StreamsAndGraphs
 from ._telemetry import Telemetry, logger
 from ._transfers import Transfers
 
@@ -55,7 +54,7 @@ __all__ = ("Backend",)
 _GRAPH_CHOICES: Final = ("never", "auto", "always")
 
 
-class Backend:
+class Backend(StreamsAndGraphs):
     """A place to run kernels: a CUDA device, or the host in worker threads.
 
     Open one with :func:`asyncgraph.open_backend`. A backend is an async resource: use
@@ -170,6 +169,7 @@ class Backend:
         shared_mem: int = 0,
         timing: bool = False,
         graph: str = "never",
+        after: object = None,
     ) -> PendingDispatch:
         """Launch *kernel* on *args* and return at once; ``await`` the result for the outputs.
 
@@ -188,6 +188,9 @@ class Backend:
                 same signature was dispatched ``BackendOptions.graph_repeats`` times) or
                 ``"always"`` (record on first sight); see ``docs/graphs.md``. The host backend
                 has no graphs and runs every dispatch; ``timing=True`` runs without one too.
+            after: a CUDA stream or event of another library (see :meth:`wait`), or a list of
+                them: the dispatch runs after the work enqueued on them before this call,
+                ordered on the GPU, with no host round trip (CUDA backend).
 
         Returns:
             A :class:`PendingDispatch`; ``await`` it for one result per ``Out``/``InOut``.
@@ -198,12 +201,12 @@ class Backend:
             QueueFullError: ``BackendOptions.max_queued`` dispatches are queued already; nothing
                 was started (:meth:`submit` waits for room instead).
             UnsupportedError: the backend cannot run this (e.g. no ``host=`` on the host
-                backend), or the call is not on the backend's event loop.
+                backend, or ``after=`` there), or the call is not on the backend's event loop.
             BackendClosedError: the backend is closed.
             DeviceFaultError: the backend failed earlier with a device fault.
         """
         fast = self._fast
-        if fast is not None:
+        if fast is not None and after is None:
             pending = fast(kernel, args, grid, block, shared_mem, timing, graph)
             if pending is not None:
                 return pending
@@ -230,6 +233,13 @@ class Backend:
         except BaseException:
             call.discard_buffers(self._store.discard)  # nothing started: give them back
             raise
+        if after is not None:
+            try:
+                self._engine.fence(job, after)
+            except BaseException:
+                self._engine.release(job)
+                call.discard_buffers(self._store.discard)
+                raise
         return self._enqueue_job(job, loop)
 
     def _enqueue_job(self, job: Job, loop: asyncio.AbstractEventLoop) -> PendingDispatch:
@@ -252,6 +262,7 @@ class Backend:
         shared_mem: int = 0,
         timing: bool = False,
         graph: str = "never",
+        after: object = None,
     ) -> PendingDispatch:
         """Like :meth:`dispatch`, but first wait while ``max_queued`` dispatches are queued.
 
@@ -276,7 +287,7 @@ class Backend:
         try:
             return self.dispatch(
                 kernel, *args, grid=grid, block=block, shared_mem=shared_mem, timing=timing,
-                graph=graph,
+                graph=graph, after=after,
             )  # fmt: skip
         finally:
             if room and self._scheduler.queued < self._max_queued:
@@ -362,55 +373,6 @@ class Backend:
         """
         self._loop_for_use()
         return await self._transfers.download(buffer, out)
-
-    # -- graphs and streams (what the engine has) ------------------------------------------------
-
-    async def record(
-        self,
-        kernel: Kernel,
-        *args: object,
-        grid: int | tuple[int, ...],
-        block: int | tuple[int, ...],
-        shared_mem: int = 0,
-    ) -> Any:
-        """Record one dispatch as a CUDA graph to replay (CUDA backend); see ``docs/graphs.md``.
-
-        Returns:
-            A :class:`~asyncgraph.capture.CachedGraph`.
-
-        Raises:
-            UnsupportedError: the backend has no CUDA graphs (the host backend).
-        """
-        self._loop_for_use()
-        return await self._engine.record(kernel, args, grid, block, shared_mem)
-
-    def capture(self, mode: object = "thread_local") -> AbstractAsyncContextManager[Any]:
-        """Capture dispatches on resident buffers into a CUDA graph (CUDA backend).
-
-        See ``docs/graphs.md`` and the CUDA backend's ``capture``.
-
-        Raises:
-            UnsupportedError: the backend has no CUDA graphs (the host backend).
-        """
-        self._loop_for_use()
-        return self._engine.capture(mode)
-
-    def stream(self) -> AbstractAsyncContextManager[StreamLease]:
-        """Lease one of the backend's CUDA streams for work other libraries enqueue.
-
-        ``async with backend.stream() as lease:`` waits (FIFO, cancellation-safe) for a stream
-        no one else leases; no dispatch is placed on it meanwhile, and it is given back at the
-        end. ``lease.handle`` is the ``CUstream`` as an int, ``lease`` has
-        ``__cuda_stream__``, and ``await lease.synchronize()`` waits for the work enqueued so
-        far without blocking the loop. ``aclose()`` waits for leases to end before it destroys
-        the streams. See :class:`StreamLease`.
-
-        Raises:
-            UnsupportedError: the backend has no CUDA streams (the host backend).
-            BackendClosedError: the backend is closed.
-        """
-        self._loop_for_use()
-        return self._engine.stream()
 
     def _bind_like(
         self,

@@ -268,6 +268,18 @@ class Engine(Protocol):
         """Capture dispatches into a graph (raises ``UnsupportedError`` without graphs)."""
         ...
 
+    def wait_foreign(self, work: object) -> Awaitable[None]:
+        """An awaitable for the work on another library's stream or event so far."""
+        ...
+
+    def fence(self, job: Job, after: object) -> None:
+        """Have *job* run after the work on *after* (streams or events) so far."""
+        ...
+
+    def order_foreign(self, stream: object, job: Job | None) -> bool:
+        """Order *stream* after *job* on the device; ``False`` if *job* has not launched."""
+        ...
+
     def pool_counters(self) -> PoolCounters:
         """The pinned pool's counters for the telemetry snapshot."""
         ...

@@ -15,7 +15,7 @@ import inspect
 import math
 import os
 import threading
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import AbstractAsyncContextManager
 from time import perf_counter
@@ -44,6 +44,13 @@ __all__ = ("HostBackend", "HostEngine")
 
 # Copies larger than this run in a worker thread rather than on the loop's thread.
 _INLINE_COPY_BYTES = 1 << 20
+
+
+_NO_STREAMS = (
+    "{what}: backend host has no CUDA streams to wait for; open a CUDA backend "
+    "(open_backend('cuda')), or wait for the other library's GPU work in a thread, e.g. "
+    "await asyncio.to_thread(torch.cuda.synchronize)"
+)
 
 
 class _HostJob(Job):
@@ -363,6 +370,30 @@ class HostEngine:
             UnsupportedError: always.
         """
         raise UnsupportedError("capture(): the host backend has no CUDA graphs")
+
+    def wait_foreign(self, work: object) -> Awaitable[None]:
+        """No CUDA streams here.
+
+        Raises:
+            UnsupportedError: always.
+        """
+        raise UnsupportedError(_NO_STREAMS.format(what="wait()"))
+
+    def fence(self, job: Job, after: object) -> None:
+        """No CUDA streams here.
+
+        Raises:
+            UnsupportedError: always.
+        """
+        raise UnsupportedError(_NO_STREAMS.format(what="dispatch(after=...)"))
+
+    def order_foreign(self, stream: object, job: Job | None) -> bool:
+        """No CUDA streams here.
+
+        Raises:
+            UnsupportedError: always.
+        """
+        raise UnsupportedError(_NO_STREAMS.format(what="order()"))
 
     def pool_counters(self) -> PoolCounters:
         """No pinned pool: zeros."""

@@ -190,6 +190,10 @@ class Scheduler:
         """The admitted jobs, oldest first (a copy)."""
         return list(self._in_flight.values())
 
+    def admitted(self, dispatch_id: int) -> Job | None:
+        """The admitted job numbered *dispatch_id*, or ``None`` (queued, or finished)."""
+        return self._in_flight.get(dispatch_id)
+
     def fast_state(self) -> tuple[dict[int, Job], deque[Job], list[Job], int]:
         """The containers the engine's fast path changes: in flight, queued, parked; and the
         in-flight bound.

@@ -16,10 +16,11 @@ from .._args import LaunchLimits
 from .._exceptions import CudaError, DeviceFaultError
 from .._options import BackendOptions
 from .._telemetry import PoolCounters, Telemetry
-from ..pool import HostPool, PinnedPool, StreamOrderedDeviceMemory, StreamPool
+from ..pool import HostPool, PinnedPool, StreamLane, StreamOrderedDeviceMemory, StreamPool
 from ._cores import core
 from ._driver import check
 from ._events import EventPool
+from ._foreign import WAIT_LANES, ForeignWork
 from ._lanes import SCRATCH_BYTES, Lane
 from ._reactor import Reactor
 from ._waiters import Joinable
@@ -40,6 +41,8 @@ class Device:
         limits: the launch limits dispatches are checked against.
         arch: e.g. ``"sm_90"``; name: e.g. ``"NVIDIA H100 80GB HBM3"``.
         lanes: one :class:`Lane` per stream of ``stream_pool``, by index.
+        wait_lanes: the lanes awaited foreign work completes on (``_foreign``), after them.
+        foreign: waits for, and ordering with, other libraries' streams and events.
         watches: what the reactor watches, per lane (the core's ``Watches``).
         stream_pool: placement and leases of the lanes' streams.
         pinned: the pinned host pool; memory: stream-ordered device memory.
@@ -98,8 +101,16 @@ class Device:
             Lane(self, slot, self.memory.reserve(SCRATCH_BYTES, slot.stream))
             for slot in self.stream_pool.lanes
         ]
+        # Streams of their own that awaited foreign work completes on (``_foreign``): the
+        # reactor's lanes after the pool's, outside the pool, so no dispatch waits behind it.
+        n = len(self.lanes)
+        self.wait_lanes = [
+            Lane(self, StreamLane(n + k, device.create_stream(options=stream_options)), None)
+            for k in range(WAIT_LANES)
+        ]
+        self.foreign = ForeignWork(self)
         # The reactor's hot half, made now: the fast path and the reactor share it.
-        self.watches = core.Watches(len(self.lanes), self.events.idle, options.spin_window)
+        self.watches = core.Watches(n + WAIT_LANES, self.events.idle, options.spin_window)
 
     @property
     def loop(self) -> asyncio.AbstractEventLoop:
@@ -202,7 +213,8 @@ class Device:
                 if self.failure is None:
                     raise  # after a device fault the context is lost and frees fail
         self.closed = True
-        for stream in [*self.stream_pool.streams, self.alloc_stream, *extra_streams]:
+        waits = [lane.stream for lane in self.wait_lanes]
+        for stream in [*self.stream_pool.streams, self.alloc_stream, *waits, *extra_streams]:
             stream.close()
         if self.owns_memory:
             self.memory_resource.close()

@@ -278,6 +278,19 @@ class CudaEngine:
         event = lane.record()
         await lane.future(event, lambda _error, _cancelled: None)
 
+    def wait_foreign(self, work: object) -> asyncio.Future[None]:
+        """``backend.wait()``: a future for another library's stream or event."""
+        return self.device.foreign.wait(work)
+
+    def fence(self, job: Job, after: object) -> None:
+        """``dispatch(after=)``: events *job*'s stream waits for before it runs."""
+        cuda_job: CudaJob = job  # type: ignore[assignment]  # every job here is a CudaJob
+        cuda_job.fences = self.device.foreign.fences(after)
+
+    def order_foreign(self, stream: object, job: Job | None) -> bool:
+        """``backend.order()``: *stream* waits for *job* on the device."""
+        return self.device.foreign.order(stream, job)
+
     async def record(
         self,
         kernel: Kernel,

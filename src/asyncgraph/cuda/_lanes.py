@@ -43,14 +43,14 @@ class Lane:
 
     __slots__ = ("_device", "handle", "index", "scratch", "scratch_ptr", "slot", "stream")
 
-    def __init__(self, device: Device, slot: StreamLane[Any], scratch: Any) -> None:
+    def __init__(self, device: Device, slot: StreamLane[Any], scratch: Any | None) -> None:
         self._device = device
         self.slot = slot
         self.index = slot.index
         self.stream = slot.stream
         self.handle = drv.CUstream(int(slot.stream.handle))
-        self.scratch = scratch
-        self.scratch_ptr = int(scratch.handle)
+        self.scratch = scratch  # None on a wait lane (``_foreign``), which runs no dispatch
+        self.scratch_ptr = int(scratch.handle) if scratch is not None else 0
 
     def __repr__(self) -> str:
         return f"<Lane {self.index} outstanding={self.slot.outstanding}>"

@@ -67,6 +67,7 @@ class CudaJob(Job):
         "direct",
         "end_event",
         "event",
+        "fences",
         "gpu_done",
         "in_end",
         "lane",
@@ -104,6 +105,8 @@ class CudaJob(Job):
         self.gpu_done = False  # its event completed (its outputs may still be copied out)
         self.streamed = False  # its arrays go up and down in chunks (``_streamed``)
         self.replay: Any = None  # the graph it replays (CachedGraph / CapturedGraph), if any
+        # What its stream waits for before it runs (``dispatch(after=)``): (event, ours) pairs.
+        self.fences: list[tuple[Any, bool]] | None = None
 
 
 def dep_event(dep: Any) -> Any:

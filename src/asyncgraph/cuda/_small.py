@@ -118,6 +118,8 @@ class SmallPath:
             self._claim_result_memory(job)
             if job.deps:
                 wait_deps(job.deps, lane)
+            if job.fences:
+                device.foreign.wait_fences(job.fences, lane)
             base = 0
             if job.total:
                 if job.stage_hi > job.stage_lo:
@@ -212,6 +214,8 @@ class SmallPath:
         try:
             if job.deps:
                 wait_deps(job.deps, lane)
+            if job.fences:
+                self._device.foreign.wait_fences(job.fences, lane)
             job.replay.launch_on(lane.handle)
         except Exception:
             self.release(job)
@@ -343,8 +347,11 @@ class SmallPath:
     # -- releasing -----------------------------------------------------------------------------
 
     def release(self, job: CudaJob) -> None:
-        """Give back what *job* holds: pinned blocks, timing events, its lane, its graph."""
+        """Give back what *job* holds: pinned blocks, timing events, fences, its lane, its
+        graph."""
         device = self._device
+        if job.fences:
+            device.foreign.drop(job.fences)
         if job.block is not None:
             device.pinned.release(job.block)
             job.block = None

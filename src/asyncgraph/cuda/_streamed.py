@@ -88,6 +88,8 @@ class StreamedPath:
             handle = lane.handle
             if job.deps:
                 wait_deps(job.deps, lane)
+            if job.fences:
+                device.foreign.wait_fences(job.fences, lane)
             job.device_buffer = device.memory.allocate(job.total, stream)
             base = int(job.device_buffer.handle)
             for arg in call.args:
