@@ -91,17 +91,22 @@ async def mlp(request: Request) -> JSONResponse:
         return _bad(error)
     state = request.app.state
     pinned_in, pinned_out = pair = state.buffers.take()
+    rows = x.shape[0]
+    pinned_in.numpy()[:rows] = x
+    with torch.no_grad():
+        y = state.model(pinned_in[:rows].cuda(non_blocking=True))
+        pinned_out[:rows].copy_(y, non_blocking=True)
+    # The loop serves other requests until the GPU finished the model and the copy.
+    done = state.backend.wait(torch.cuda.current_stream())
     try:
-        rows = x.shape[0]
-        pinned_in.numpy()[:rows] = x
-        with torch.no_grad():
-            y = state.model(pinned_in[:rows].cuda(non_blocking=True))
-            pinned_out[:rows].copy_(y, non_blocking=True)
-        # The loop serves other requests until the GPU finished the model and the copy.
-        await state.backend.wait(torch.cuda.current_stream())
-        return JSONResponse({"y": pinned_out[:rows].numpy().tolist()})
-    finally:
-        state.buffers.give(pair)
+        await asyncio.shield(done)
+    except asyncio.CancelledError:
+        # The client went away: the copies still run, so the buffers go back once they ran.
+        done.add_done_callback(lambda _: state.buffers.give(pair))
+        raise
+    answer = pinned_out[:rows].numpy().tolist()
+    state.buffers.give(pair)
+    return JSONResponse({"y": answer})
 
 
 async def mlp_thread(request: Request) -> JSONResponse:
