@@ -117,6 +117,46 @@ async def test_every_form_of_a_stream_is_accepted(gpu: Any, foreign: Foreign, fo
     assert foreign.idle()
 
 
+async def test_waits_on_two_streams_do_not_wait_for_each_other(gpu: Any, foreign: Foreign) -> None:
+    """One stream's waits are watched as they are, another's meanwhile are relayed: a short
+    wait on the second completes while the first stream still runs."""
+    other = Foreign(gpu)
+    try:
+        foreign.spin(200)
+        slow = gpu.wait(foreign.stream)  # takes the direct lane
+        other.spin(1)
+        await gpu.wait(other.stream)  # relayed; done long before the first
+        assert other.idle()
+        assert not slow.done()
+        assert not foreign.idle()
+        await slow
+        assert foreign.idle()
+        other.spin(1)
+        await gpu.wait(other.stream)  # the direct lane is free again: now it takes this one
+    finally:
+        other.close()
+    stats = gpu.event_statistics()
+    assert stats.idle == stats.created
+
+
+async def test_one_stream_at_a_time_is_watched_directly(gpu: Any, foreign: Foreign) -> None:
+    """Where the waits go (the reactor's two foreign lanes), read from its lanes."""
+    device = gpu._cuda.device
+    relay, direct = (device.watches.lanes[lane.index] for lane in device.wait_lanes)
+    other = Foreign(gpu)
+    try:
+        first = [gpu.wait(foreign.stream) for _ in range(3)]
+        meanwhile = [gpu.wait(other.stream), gpu.wait(other.stream.record())]
+        assert (len(direct.pending), len(relay.pending)) == (3, 2)
+        await asyncio.gather(*first, *meanwhile)
+        assert (len(direct.pending), len(relay.pending)) == (0, 0)
+        later = gpu.wait(other.stream)  # the direct lane was free: it takes this stream now
+        assert (len(direct.pending), len(relay.pending)) == (1, 0)
+        await later
+    finally:
+        other.close()
+
+
 async def test_a_recorded_event_is_awaited(gpu: Any, foreign: Foreign) -> None:
     event = foreign.stream.record()  # a cuda.core Event
     foreign.spin(30)  # after the event: not waited for

@@ -3,13 +3,14 @@
 Three things, all without blocking the event loop or the device:
 
 - :meth:`ForeignWork.wait` (``backend.wait(stream_or_event)``): records one of the backend's
-  pooled events on the caller's stream (or takes the caller's event), makes one of the
-  backend's *wait lanes* wait for it on the device (``cuStreamWaitEvent``) and hands an event
-  recorded there to the completion reactor, like a dispatch's. The wait lanes are streams of
-  their own, outside the stream pool, so no dispatch queues behind foreign work; the reactor
-  needs each lane's events to complete in order, which a lane of its own gives whatever streams
-  the waits come from. Waits on one stream go to one wait lane (by its handle), so they stay in
-  order and never wait behind each other's streams needlessly.
+  pooled events on the caller's stream and hands it to the completion reactor, like a
+  dispatch's. The reactor needs each of its lanes' events to complete in order, and has two
+  lanes for foreign waits, outside the stream pool (no dispatch ever queues behind foreign
+  work): the *direct* lane watches the events of one stream at a time (the stream of the
+  first wait that finds it empty; a service waits on PyTorch's one stream, usually), in order
+  since they are one stream's; waits on other streams meanwhile, and waits for events, go
+  through the *relay* lane, a stream of the backend's own, which waits for them on the device
+  (``cuStreamWaitEvent``) and records the event the reactor watches.
 - :meth:`ForeignWork.fences` (``dispatch(..., after=...)``): events recorded on the caller's
   streams at ``dispatch()`` (or the caller's events), which the dispatch's stream waits for on
   the device before its copies and kernel.
@@ -30,6 +31,7 @@ from typing import TYPE_CHECKING, Any
 from cuda.bindings import driver as drv
 
 from .._exceptions import ArgumentTypeError, DispatchError
+from ._cores import core
 from ._driver import SUCCESS, check, error_for
 from ._plan import dep_event
 
@@ -41,10 +43,12 @@ if TYPE_CHECKING:
 
 __all__ = ("WAIT_LANES", "ForeignWork", "resolve")
 
-WAIT_LANES = 2  # streams of the backend's own that foreign waits complete on
+WAIT_LANES = 2  # reactor lanes of foreign waits: the relay lane (a stream), the direct one
+_RELAY, _DIRECT = 0, 1
 # Handles that name the calling thread's default streams rather than one stream.
 _LEGACY, _PER_THREAD = 1, 2
 _STREAM, _EVENT = "stream", "event"
+record = core.record
 
 
 def resolve(work: object) -> tuple[str, int]:
@@ -119,6 +123,7 @@ class ForeignWork:
 
     def __init__(self, device: Device) -> None:
         self._device = device
+        self._direct_stream: int | None = None  # the stream the direct wait lane serves
 
     def _stream(self, handle: int) -> Any:
         """*handle* as a ``CUstream`` of the backend's context.
@@ -159,25 +164,29 @@ class ForeignWork:
         kind, handle = resolve(work)
         if kind == _EVENT:
             return drv.CUevent(handle), False
-        stream = self._stream(handle)
+        return self._record_on(self._stream(handle)), True
+
+    def _record_on(self, stream: Any) -> Any:
+        """One of the pool's events, recorded on *stream* (given back if the record fails)."""
         events = self._device.events
         event = events.take()
-        code = drv.cuEventRecord(event, stream)[0]
+        code = record(event, stream)[0]
         if code != SUCCESS:
             events.give(event)
             raise error_for(code, "cuEventRecord")
-        return event, True
-
-    def _lane_for(self, work: object) -> Lane:
-        lanes = self._device.wait_lanes
-        key = resolve(work)[1]
-        return lanes[(key >> 4) % len(lanes)]
+        return event
 
     # -- backend.wait -------------------------------------------------------------------------
 
     def wait(self, work: object) -> asyncio.Future[None]:
         """A future that completes once the work on *work* (a stream or an event) so far
         completed; the event loop keeps running meanwhile.
+
+        The event recorded on a stream is watched straight on the *direct* wait lane while that
+        lane serves this one stream (it takes the stream when it has nothing pending): one
+        stream's events complete in order, as the reactor needs. Waits for another stream
+        while it serves one, and waits for events, go through the *relay* lane: it waits for
+        them on the device (``cuStreamWaitEvent``) and an event recorded on it is watched.
 
         Cancelling the future stops nothing on the device; the events return to their pool
         once the work completed. A device fault fails it (and the backend) with
@@ -189,20 +198,34 @@ class ForeignWork:
         """
         device = self._device
         device.check_healthy()
-        lane = self._lane_for(work)
-        event, ours = self._fence(work)
+        kind, handle = resolve(work)
+        if kind == _STREAM:
+            stream = self._stream(handle)
+            direct = device.wait_lanes[_DIRECT]
+            if handle != self._direct_stream and not self._pending(direct):
+                self._direct_stream = handle
+            if handle == self._direct_stream:
+                return self._watch(direct, self._record_on(stream))
+            event, ours = self._record_on(stream), True
+        else:
+            event, ours = drv.CUevent(handle), False
+        relay = device.wait_lanes[_RELAY]
         try:
-            check(drv.cuStreamWaitEvent(lane.handle, event, 0), "cuStreamWaitEvent")
-        except BaseException:
-            if ours:
+            check(drv.cuStreamWaitEvent(relay.handle, event, 0), "cuStreamWaitEvent")
+        finally:
+            if ours:  # the wait took the work recorded so far
                 device.events.give(event)
-            raise
-        if ours:
-            device.events.give(event)  # the wait took the work recorded so far
-        done = lane.record()
+        return self._watch(relay, relay.record())
+
+    def _pending(self, lane: Lane) -> bool:
+        """Whether the reactor still watches events on *lane*."""
+        return bool(self._device.watches.lanes[lane.index].pending)
+
+    def _watch(self, lane: Lane, event: Any) -> asyncio.Future[None]:
+        device = self._device
         # Closing waits for foreign waits in flight, as for stream leases.
         device.lease_started()
-        return lane.future(done, lambda _error, _cancelled: device.lease_ended())
+        return lane.future(event, lambda _error, _cancelled: device.lease_ended())
 
     # -- dispatch(after=) ---------------------------------------------------------------------
 
