@@ -9,11 +9,14 @@ A group opens one backend per device on the caller's loop and places each dispat
 
 The group knows its members only through the public :class:`~asyncgraph.Backend` API, plus two
 predicates the backends expose for it (``outstanding`` and ``holds``). A member's failure is its
-own: a device fault fails the work of that member, and the others go on.
+own: a device fault fails the work of that member; the group places no more work there (nor on
+a closed member), a dispatch on buffers that lived there fails with its error, and the others
+go on. The group refuses work only when no member is left.
 """
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Iterator, Sequence
 from types import TracebackType
 from typing import Any
@@ -24,7 +27,7 @@ import numpy as np
 
 from ._args import Out
 from ._backend import Backend
-from ._exceptions import BackendClosedError, GroupError, StaleBufferError
+from ._exceptions import BackendClosedError, DeviceFaultError, GroupError, StaleBufferError
 from ._kernel import Kernel
 from ._options import BackendOptions
 from ._pending import PendingDispatch
@@ -32,6 +35,15 @@ from ._resident import ResidentBuffer
 from ._telemetry import TelemetrySnapshot
 
 __all__ = ("DeviceGroup", "GroupSnapshot", "Replicated", "open_group")
+
+
+def _out_why(member: Backend) -> str | None:
+    """Why *member* takes no work (its device fault, or closed), or ``None``."""
+    if member.failure is not None:
+        return f"failed: {member.failure}"
+    if member.is_closed:
+        return "closed"
+    return None
 
 
 def open_group(
@@ -121,11 +133,14 @@ class GroupSnapshot:
 
     Attributes:
         members: ``(member name, its TelemetrySnapshot)`` in member order.
+        failed: ``(member index, member name, why)`` of each member that failed (its device
+            fault) or was closed; the group places no work there.
         dispatches, dispatches_completed, dispatches_failed, in_flight, queued, bytes_up,
             bytes_down: the members' counters added up.
     """
 
     members: tuple[tuple[str, TelemetrySnapshot], ...]
+    failed: tuple[tuple[int, str, str], ...]
     dispatches: int
     dispatches_completed: int
     dispatches_failed: int
@@ -142,31 +157,42 @@ class Replicated:
     on the member it runs on, so a replicated array never decides where a dispatch goes.
 
     Attributes:
-        buffers: the copies, in member order.
+        buffers: the copies, in member order; ``None`` for a member that had failed or was
+            closed when the array was replicated (dispatches are not placed there).
         shape, dtype, nbytes: the array's.
     """
 
     __slots__ = ("_group", "buffers", "dtype", "nbytes", "shape")
 
-    def __init__(self, group: DeviceGroup, buffers: tuple[ResidentBuffer, ...]) -> None:
+    def __init__(self, group: DeviceGroup, buffers: tuple[ResidentBuffer | None, ...]) -> None:
         self._group = group
         self.buffers = buffers
-        self.shape = buffers[0].shape
-        self.dtype = buffers[0].dtype
-        self.nbytes = buffers[0].nbytes
+        first = next(b for b in buffers if b is not None)
+        self.shape = first.shape
+        self.dtype = first.dtype
+        self.nbytes = first.nbytes
 
     def on(self, member: Backend) -> ResidentBuffer:
         """The copy on *member*.
 
         Raises:
-            GroupError: *member* is not a member of the group.
+            GroupError: *member* is not a member of the group, or has no copy (it had failed
+                or was closed when the array was replicated).
         """
-        return self.buffers[self._group.index(member)]
+        buffer = self.buffers[self._group.index(member)]
+        if buffer is None:
+            raise GroupError(
+                f"{member.name} has no copy of this replicated array: it had failed or was "
+                "closed when the array was replicated"
+            )
+        return buffer
 
     async def aclose(self) -> None:
-        """Free every copy."""
+        """Free every copy (a failed member's copy goes with its member)."""
         for buffer in self.buffers:
-            await buffer.aclose()
+            if buffer is not None and not buffer.is_closed:
+                with contextlib.suppress(DeviceFaultError, BackendClosedError):
+                    await buffer.aclose()
 
     def __repr__(self) -> str:
         return f"<Replicated {self.dtype} {self.shape} on {len(self.buffers)} members>"
@@ -287,11 +313,15 @@ class DeviceGroup:
 
     def place(self, *args: object) -> Backend:
         """The member a dispatch of *args* goes to: the one holding its resident buffers, else
-        the one with the fewest dispatches in flight or queued.
+        the one with the fewest dispatches in flight or queued among those that neither
+        failed nor were closed.
 
         Raises:
-            GroupError: its resident buffers live on different members.
+            GroupError: its resident buffers live on different members, or no member can take
+                work (each failed or was closed; the message says which and why).
             StaleBufferError: a resident buffer lives on no member.
+            DeviceFaultError: its resident buffers live on a member that failed (its error).
+            BackendClosedError: the group is closed.
         """
         members = self._open_members()
         holder: Backend | None = None
@@ -308,13 +338,24 @@ class DeviceGroup:
                 )
             holder = owner
         if holder is not None:
+            if holder.failure is not None:
+                raise holder.failure  # its buffers went with its device
             return holder
+        # The least busy of the members that are neither failed nor closed; equal ones take
+        # turns. A failed member has nothing in flight: without this it would take everything.
         n = len(members)
-        best = self._turn % n
-        for k in range(1, n):
+        best = -1
+        for k in range(n):
             i = (self._turn + k) % n
-            if members[i].outstanding < members[best].outstanding:
+            if _out_why(members[i]) is None and (
+                best < 0 or members[i].outstanding < members[best].outstanding
+            ):
                 best = i
+        if best < 0:
+            if self._closed:
+                raise BackendClosedError("the group is closed")
+            reasons = "; ".join(f"{m.name}: {_out_why(m)}" for m in members)
+            raise GroupError(f"no member of the group can take work: {reasons}")
         self._turn = best + 1
         return members[best]
 
@@ -379,6 +420,9 @@ class DeviceGroup:
             Exception: what a member's ``upload`` raises; the copies made are freed first.
         """
         members = self._open_members()
+        live = [i for i, m in enumerate(members) if _out_why(m) is None]
+        if not live:
+            self.place()  # raises, saying why each member cannot take work
         buffers: list[ResidentBuffer | None] = [None] * len(members)
 
         async def one(i: int) -> None:
@@ -386,14 +430,14 @@ class DeviceGroup:
 
         try:
             async with anyio.create_task_group() as tasks:
-                for i in range(len(members)):
+                for i in live:
                     tasks.start_soon(one, i)
         except BaseException:
             for buffer in buffers:
                 if buffer is not None:
                     await buffer.aclose()
             raise
-        return Replicated(self, tuple(b for b in buffers if b is not None))
+        return Replicated(self, tuple(buffers))
 
     async def upload(
         self, array: np.ndarray[Any, Any], member: Backend | None = None
@@ -432,9 +476,13 @@ class DeviceGroup:
 
     def snapshot(self) -> GroupSnapshot:
         """Each member's telemetry snapshot, and the group's totals."""
-        snaps = [(m.name, m.telemetry.snapshot()) for m in self._open_members()]
+        members = self._open_members()
+        snaps = [(m.name, m.telemetry.snapshot()) for m in members]
         return GroupSnapshot(
             members=tuple(snaps),
+            failed=tuple(
+                (i, m.name, why) for i, m in enumerate(members) if (why := _out_why(m)) is not None
+            ),
             dispatches=sum(s.dispatches for _, s in snaps),
             dispatches_completed=sum(s.dispatches_completed for _, s in snaps),
             dispatches_failed=sum(s.dispatches_failed for _, s in snaps),
