@@ -27,24 +27,15 @@ Run on a GPU:  python benchmarks/bench_load.py --device cuda --json [PATH]
 from __future__ import annotations
 
 import asyncio
-import contextlib
-import functools
-import importlib.util
 import logging
-import os
-import signal
-import socket
 import statistics
-import subprocess
 import sys
 import time
-from collections.abc import Awaitable, Callable, Iterable, Iterator, Sequence
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from pathlib import Path
-from types import ModuleType, TracebackType
 from typing import Any
 
-import httpx
 import numpy as np
 import structlog
 
@@ -54,9 +45,10 @@ import asyncgraph as ag
 from asyncgraph._inbox import Inbox
 from asyncgraph.cuda._reactor import Reactor
 from benchmarks import bench_dispatch, harness
+from benchmarks.callback_timer import CallbackTimer, callback_summary
+from benchmarks.example_service import server_rows
 
 Array = np.ndarray[Any, Any]
-SERVER = Path(__file__).resolve().parents[1] / "examples" / "server"
 N4K = bench_dispatch.N4K  # float32 elements: 4 KiB
 
 
@@ -79,97 +71,6 @@ OWN_CALLBACKS: tuple[tuple[type[Any], str], ...] = ((Reactor, "_poll"), (Inbox, 
 
 
 # -- asyncgraph's own callbacks ----------------------------------------------------------------
-
-
-class CallbackTimer:
-    """Times every call of some methods, through a wrapper put on their classes meanwhile.
-
-    ``with CallbackTimer(OWN_CALLBACKS) as timer:`` installs the wrappers; leaving the block puts
-    the original methods back, whatever happened in it.
-
-    Args:
-        targets: ``(class, method name)`` pairs; each class must define the method itself.
-        clock: the clock the wrappers read.
-
-    Attributes:
-        samples: the seconds each call took, in order, by ``"Class.method"``.
-    """
-
-    def __init__(
-        self,
-        targets: Iterable[tuple[type[Any], str]],
-        *,
-        clock: harness.Clock = time.perf_counter,
-    ) -> None:
-        self._targets = tuple(targets)
-        self._clock = clock
-        self._installed: list[tuple[type[Any], str, Any]] = []
-        self.samples: dict[str, list[float]] = {
-            f"{cls.__name__}.{name}": [] for cls, name in self._targets
-        }
-
-    def reset(self) -> None:
-        """Forget the calls timed so far."""
-        for samples in self.samples.values():
-            samples.clear()
-
-    def __enter__(self) -> CallbackTimer:
-        if self._installed:
-            raise RuntimeError("this CallbackTimer is installed already")
-        try:
-            for cls, name in self._targets:
-                original = cls.__dict__.get(name)
-                if original is None:
-                    raise AttributeError(
-                        f"{cls.__name__} defines no method {name!r} any more; update "
-                        "OWN_CALLBACKS to what asyncgraph schedules on the loop (grep call_soon "
-                        "in src/asyncgraph)"
-                    )
-                wrapper = self._wrap(original, self.samples[f"{cls.__name__}.{name}"])
-                setattr(cls, name, wrapper)
-                self._installed.append((cls, name, original))
-        except BaseException:
-            self._restore()
-            raise
-        return self
-
-    def __exit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
-        self._restore()
-
-    def _restore(self) -> None:
-        while self._installed:
-            cls, name, original = self._installed.pop()
-            setattr(cls, name, original)
-
-    def _wrap(self, original: Callable[..., Any], samples: list[float]) -> Callable[..., Any]:
-        clock = self._clock
-        record = samples.append
-
-        @functools.wraps(original)
-        def timed(*args: Any, **kwargs: Any) -> Any:
-            t0 = clock()
-            try:
-                return original(*args, **kwargs)
-            finally:
-                record(clock() - t0)
-
-        return timed
-
-
-def callback_summary(samples: Sequence[float]) -> dict[str, float]:
-    """``calls``, ``p99_us`` and ``max_us`` of one callback's *samples* (seconds; NaN if none)."""
-    if not samples:
-        return {"calls": 0, "p99_us": float("nan"), "max_us": float("nan")}
-    return {
-        "calls": len(samples),
-        "p99_us": harness.percentile(samples, 99) * 1e6,
-        "max_us": max(samples) * 1e6,
-    }
 
 
 async def dispatch_load(fn: Callable[[], Awaitable[object]], tasks: int, rounds: int) -> float:
@@ -321,86 +222,6 @@ async def loop_rows(
         name = backend.name
         device_name = str(getattr(backend, "device_name", "host"))
     return {"backend": name, "device": device_name, "callbacks": callbacks, "mixed": mixed}
-
-
-# -- the example service -----------------------------------------------------------------------
-
-
-def load_module() -> ModuleType:
-    """examples/server/load.py, imported from its file (it is no package)."""
-    spec = importlib.util.spec_from_file_location("asyncgraph_example_load", SERVER / "load.py")
-    if spec is None or spec.loader is None:
-        raise ImportError(f"cannot load {SERVER / 'load.py'}")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
-def free_port() -> int:
-    """A port of 127.0.0.1 that was free a moment ago."""
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.bind(("127.0.0.1", 0))
-        port: int = sock.getsockname()[1]
-    return port
-
-
-@contextlib.contextmanager
-def serve(loop: str, device: str, start_timeout: float = 120.0) -> Iterator[str]:
-    """The example service under uvicorn (on *loop*) on a free port of 127.0.0.1; yields its URL.
-
-    Stopped with SIGINT, so the lifespan closes the backend; an unclean stop raises.
-    """
-    port = free_port()
-    url = f"http://127.0.0.1:{port}"
-    command = [sys.executable, "-m", "uvicorn", "--app-dir", str(SERVER)]
-    command += ["--host", "127.0.0.1", "--port", str(port), "--loop", loop]
-    command += ["--timeout-keep-alive", "60", "--log-level", "warning", "--no-access-log"]
-    command += ["app:app"]
-    env = {**os.environ, "ASYNCGRAPH_DEVICE": device}
-    child = subprocess.Popen(
-        command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env
-    )
-    try:
-        deadline = time.monotonic() + start_timeout  # the first start compiles the kernels
-        while True:
-            if child.poll() is not None:
-                output = child.stdout.read() if child.stdout is not None else ""
-                raise SystemExit(f"the example service exited with {child.returncode}:\n{output}")
-            try:
-                if httpx.get(f"{url}/health", timeout=1.0).status_code == 200:
-                    break
-            except httpx.TransportError:
-                pass
-            if time.monotonic() > deadline:
-                raise SystemExit(f"the example service did not answer /health in {start_timeout} s")
-            time.sleep(0.1)
-        yield url
-    finally:
-        if child.poll() is None:
-            child.send_signal(signal.SIGINT)
-        try:
-            output, _ = child.communicate(timeout=60)
-        except subprocess.TimeoutExpired:
-            child.kill()
-            output, _ = child.communicate()
-            raise SystemExit(f"the example service did not stop within 60 s:\n{output}") from None
-    if child.returncode != 0 or "Traceback" in output:
-        raise SystemExit(f"the example service stopped with {child.returncode}:\n{output}")
-
-
-def server_rows(
-    loops: Sequence[str], device: str, requests: int, clients: int
-) -> dict[str, dict[str, Any]]:
-    """``load.py``'s report of the example service under each loop in *loops*."""
-    load = load_module()
-    reports: dict[str, dict[str, Any]] = {}
-    for loop in loops:
-        with serve(loop, device) as url:
-            report: dict[str, Any] = harness.run(
-                load.run_load(url, requests=requests, clients=clients)
-            )
-        reports[loop] = report
-    return reports
 
 
 # -- targets and output ------------------------------------------------------------------------

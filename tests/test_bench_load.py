@@ -8,7 +8,7 @@ from collections.abc import Iterator
 
 import numpy as np
 import pytest
-from benchmarks import bench_load
+from benchmarks import bench_load, callback_timer
 
 import asyncgraph as ag
 from asyncgraph._inbox import Inbox
@@ -32,7 +32,7 @@ def test_callback_timer_times_each_call_and_restores_the_method() -> None:
     original = Ticker.__dict__["tick"]
     ticker = Ticker()
     clock = readings(0.0, 2.0, 10.0, 15.0)
-    with bench_load.CallbackTimer([(Ticker, "tick")], clock=lambda: next(clock)) as timer:
+    with callback_timer.CallbackTimer([(Ticker, "tick")], clock=lambda: next(clock)) as timer:
         assert Ticker.__dict__["tick"] is not original
         assert ticker.tick() == 1
         assert ticker.tick(by=2) == 3  # arguments and the result pass through
@@ -49,7 +49,7 @@ def test_callback_timer_times_a_call_that_raises_and_restores_after_an_error() -
     clock = readings(0.0, 1.0)
     with (
         pytest.raises(TypeError),
-        bench_load.CallbackTimer([(Ticker, "tick")], clock=lambda: next(clock)) as timer,
+        callback_timer.CallbackTimer([(Ticker, "tick")], clock=lambda: next(clock)) as timer,
     ):
         Ticker().tick("x")  # type: ignore[arg-type]  # fails inside the timed method
     assert timer.samples == {"Ticker.tick": [1.0]}
@@ -58,7 +58,7 @@ def test_callback_timer_times_a_call_that_raises_and_restores_after_an_error() -
 
 def test_callback_timer_refuses_a_method_the_class_does_not_define() -> None:
     original = Ticker.__dict__["tick"]
-    timer = bench_load.CallbackTimer([(Ticker, "tick"), (Ticker, "tock")])
+    timer = callback_timer.CallbackTimer([(Ticker, "tick"), (Ticker, "tock")])
     with pytest.raises(AttributeError, match=r"^Ticker defines no method 'tock' any more; "), timer:
         pass
     assert Ticker.__dict__["tick"] is original  # the one installed first was put back

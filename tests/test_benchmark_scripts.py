@@ -56,7 +56,13 @@ SCRIPTS: dict[str, tuple[str, list[str], bool]] = {
     "soak.py": (STAND_IN, ["--dispatches", "2000", "--every", "500"], True),
 }
 # Modules the scripts import, not scripts themselves.
-MODULES = {"__init__.py", "harness.py", "ray_pipelines.py"}
+MODULES = {
+    "__init__.py",
+    "callback_timer.py",
+    "example_service.py",
+    "harness.py",
+    "ray_pipelines.py",
+}
 
 
 def test_every_script_is_run_here() -> None:

@@ -207,4 +207,5 @@ def query(event):
 
 include "_core_waiter.pxi"
 include "_core_watches.pxi"
+include "_core_plan.pxi"
 include "_core_fast.pxi"
