@@ -403,6 +403,7 @@ static const struct { const char* name; void* fn; } table[] = {
     ENTRY(cuDeviceCanAccessPeer), ENTRY(cuDevicePrimaryCtxRetain),
     ENTRY(cuDevicePrimaryCtxRelease), ENTRY(cuDevicePrimaryCtxGetState),
     ENTRY(cuDeviceGetDefaultMemPool), ENTRY(cuDeviceGetMemPool),
+    ENTRY(cuCtxCreate), ENTRY(cuCtxDestroy),
     ENTRY(cuCtxGetCurrent), ENTRY(cuCtxSetCurrent), ENTRY(cuCtxPushCurrent),
     ENTRY(cuCtxPopCurrent), ENTRY(cuCtxGetDevice), ENTRY(cuCtxGetId), ENTRY(cuCtxGetApiVersion),
     ENTRY(cuCtxGetFlags), ENTRY(cuCtxSynchronize), ENTRY(cuCtxGetStreamPriorityRange),

@@ -1,8 +1,9 @@
 /* The stand-in's device, contexts and error names (included by fake_cuda.c).
  *
  * FAKE_CUDA_DEVICES devices (1 unless set), each "asyncgraph stand-in" of compute capability 9.0
- * with an H100's launch limits, one primary context each, and a current-context stack per
- * thread.
+ * with an H100's launch limits, one primary context each, up to 8 more contexts made with
+ * cuCtxCreate (as another library would), and a current-context stack per thread. A stream
+ * belongs to the context current when it was made (cuStreamGetCtx).
  */
 
 typedef struct {
@@ -11,6 +12,9 @@ typedef struct {
 } fake_context;
 
 static fake_context contexts[8];
+static fake_context created[8]; /* contexts of cuCtxCreate; device -1 while free */
+static pthread_mutex_t created_mutex = PTHREAD_MUTEX_INITIALIZER;
+static int created_used[8];
 static __thread fake_context* ctx_stack[16];
 static __thread int ctx_depth; /* the current context is ctx_stack[ctx_depth - 1] */
 
@@ -133,6 +137,39 @@ int cuCtxPopCurrent(void** context) {
     return SUCCESS;
 }
 
+/* A context of its own, made current (pushed), as cuCtxCreate does; *params* is ignored. */
+int cuCtxCreate(void** context, void* params, unsigned int flags, int device) {
+    (void)params;
+    (void)flags;
+    if (device < 0 || device >= device_count()) return INVALID_DEVICE;
+    if (ctx_depth >= 16) return INVALID_VALUE;
+    pthread_mutex_lock(&created_mutex);
+    int i = 0;
+    while (i < 8 && created_used[i]) i++;
+    if (i == 8) {
+        pthread_mutex_unlock(&created_mutex);
+        return OUT_OF_MEMORY;
+    }
+    created_used[i] = 1;
+    created[i].device = device;
+    created[i].retained = 1;
+    pthread_mutex_unlock(&created_mutex);
+    *context = &created[i];
+    ctx_stack[ctx_depth++] = &created[i];
+    return SUCCESS;
+}
+
+/* Destroy a context of cuCtxCreate; popped off the calling thread's stack if current there. */
+int cuCtxDestroy(void* context) {
+    fake_context* c = context;
+    if (c < created || c >= created + 8) return INVALID_CONTEXT;
+    if (ctx_depth && ctx_stack[ctx_depth - 1] == context) ctx_depth--;
+    pthread_mutex_lock(&created_mutex);
+    created_used[c - created] = 0;
+    pthread_mutex_unlock(&created_mutex);
+    return SUCCESS;
+}
+
 int cuCtxGetDevice(int* device) {
     if (!ctx_depth || ctx_stack[ctx_depth - 1] == NULL) return INVALID_CONTEXT;
     *device = ((fake_context*)ctx_stack[ctx_depth - 1])->device;
@@ -140,7 +177,10 @@ int cuCtxGetDevice(int* device) {
 }
 
 int cuCtxGetId(void* context, unsigned long long* id) {
-    *id = context ? (unsigned long long)(((fake_context*)context) - contexts) + 1 : 0;
+    fake_context* c = context;
+    if (c == NULL) *id = 0;
+    else if (c >= created && c < created + 8) *id = 100 + (unsigned long long)(c - created);
+    else *id = (unsigned long long)(c - contexts) + 1;
     return SUCCESS;
 }
 

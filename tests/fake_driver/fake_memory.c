@@ -25,6 +25,7 @@ typedef struct {
     unsigned int flags;
     int priority;
     unsigned long long id;
+    void* context; /* the context current when it was made (the first primary one if none) */
     /* While it takes part in a capture (under graph_mutex, fake_graphs.c): the capture, and the
      * nodes its next work depends on. */
     void* capture;
@@ -252,6 +253,7 @@ int cuStreamCreateWithPriority(void** stream, unsigned int flags, int priority) 
     s->flags = flags;
     s->priority = priority;
     s->id = __atomic_fetch_add(&next_stream_id, 1, __ATOMIC_SEQ_CST);
+    s->context = ctx_depth && ctx_stack[ctx_depth - 1] ? ctx_stack[ctx_depth - 1] : &contexts[0];
     __atomic_add_fetch(&live_streams, 1, __ATOMIC_SEQ_CST);
     *stream = s;
     return SUCCESS;
@@ -270,7 +272,15 @@ static int is_special(void* stream) { return (uintptr_t)stream < 0x1000; }
 int cuStreamGetFlags(void* stream, unsigned int* flags) { *flags = is_special(stream) ? 0 : ((fake_stream*)stream)->flags; return SUCCESS; }
 int cuStreamGetPriority(void* stream, int* priority) { *priority = is_special(stream) ? 0 : ((fake_stream*)stream)->priority; return SUCCESS; }
 int cuStreamGetId(void* stream, unsigned long long* id) { *id = is_special(stream) ? (uintptr_t)stream : ((fake_stream*)stream)->id; return SUCCESS; }
-int cuStreamGetCtx(void* stream, void** context) { (void)stream; *context = &contexts[0]; return SUCCESS; }
+int cuStreamGetCtx(void* stream, void** context) {
+    if (!is_special(stream)) {
+        *context = ((fake_stream*)stream)->context;
+        return SUCCESS;
+    }
+    if (!ctx_depth || ctx_stack[ctx_depth - 1] == NULL) return INVALID_CONTEXT;
+    *context = ctx_stack[ctx_depth - 1]; /* a default stream: the current context's */
+    return SUCCESS;
+}
 int cuStreamGetDevice(void* stream, int* device) { (void)stream; *device = 0; return SUCCESS; }
 int cuStreamSynchronize(void* stream) {
     int forbidden = capture_forbids(stream);
