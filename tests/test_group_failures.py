@@ -105,3 +105,29 @@ def test_a_device_fault_stays_with_its_member() -> None:
     assert seen["failed"] == [[0, "cuda:0"]]
     assert "illegal" in seen["why"].lower() or "700" in seen["why"]
     assert seen["closed"] is True
+
+
+def test_a_failed_backend_lets_go_of_its_memory_quietly() -> None:
+    """After a device fault every free fails, and cuda.core warned once per buffer (150 lines
+    for 150 resident buffers); now the backend logs one event and nothing else is printed."""
+    try:
+        directory = build()
+    except RuntimeError as exc:
+        pytest.skip(str(exc))
+    done = subprocess.run(
+        [sys.executable, "-m", "tests.fake_driver.fault_close"],
+        cwd=ROOT,
+        env=environment(directory, "python"),
+        capture_output=True,
+        text=True,
+        timeout=300,
+        check=False,
+    )
+    assert done.returncode == 0, done.stderr[-4000:]
+    seen: dict[str, Any] = json.loads(done.stdout.strip().splitlines()[-1])
+    assert seen["fault"] == "DeviceFaultError"
+    assert seen["abandoned_events"] == 1
+    assert seen["device_buffers"] >= 150  # the resident buffers, and the lanes' scratch
+    assert seen["bytes"] >= 150 * 4096
+    assert "Warning" not in done.stderr, done.stderr[-2000:]
+    assert "failed" not in done.stderr.lower(), done.stderr[-2000:]

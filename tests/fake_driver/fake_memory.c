@@ -121,7 +121,7 @@ int cuMemAlloc(uintptr_t* ptr, size_t size) {
     *ptr = (uintptr_t)p;
     return SUCCESS;
 }
-int cuMemFree(uintptr_t ptr) { return fake_release(ptr, 2); }
+int cuMemFree(uintptr_t ptr) { return sticky != SUCCESS ? sticky : fake_release(ptr, 2); }
 
 int cuMemHostAlloc(void** ptr, size_t size, unsigned int flags) {
     (void)flags;
@@ -190,9 +190,11 @@ int cuMemAllocAsync(uintptr_t* ptr, size_t size, void* stream) {
     if (captured != NOT_CAPTURED) return captured;
     return cuMemAllocFromPoolAsync(ptr, size, &default_pools[0], stream);
 }
+/* After a sticky fault device memory cannot be freed any more: it goes with the context. */
 int cuMemFreeAsync(uintptr_t ptr, void* stream) {
     int captured = capture_refuses(stream, "cuMemFreeAsync");
-    return captured != NOT_CAPTURED ? captured : fake_release(ptr, 2);
+    if (captured != NOT_CAPTURED) return captured;
+    return sticky != SUCCESS ? sticky : fake_release(ptr, 2);
 }
 
 int cuMemcpy(uintptr_t dst, uintptr_t src, size_t n) { memcpy((void*)dst, (void*)src, n); return SUCCESS; }

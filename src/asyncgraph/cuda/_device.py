@@ -17,6 +17,7 @@ from .._exceptions import CudaError, DeviceFaultError
 from .._options import BackendOptions
 from .._telemetry import PoolCounters, Telemetry
 from ..pool import HostPool, PinnedPool, StreamLane, StreamOrderedDeviceMemory, StreamPool
+from ..pool._abandon import abandon
 from ._cores import core
 from ._driver import check
 from ._events import EventPool
@@ -77,7 +78,10 @@ class Device:
         self.memory_resource = (
             _own_memory_pool(device) if options.device_memory is None else options.device_memory
         )
-        self.memory = StreamOrderedDeviceMemory(self.memory_resource, trim=self.trim)
+        self.memory = StreamOrderedDeviceMemory(
+            self.memory_resource, trim=self.trim, release=self.release_buffer
+        )
+        self.abandoned = [0, 0]  # device buffers and bytes left to a failed context
         self.pinned: HostPool = (
             options.host_pool
             if options.host_pool is not None
@@ -142,6 +146,15 @@ class Device:
             self.failure = error
             self.log.error("backend.failed", error=str(error), code=error.name)
 
+    def release_buffer(self, buffer: Any, stream: Any) -> None:
+        """Free a ``cuda.core`` device buffer ordered on *stream*; once the device failed,
+        abandon it instead (``_abandon``: the failed context keeps it, quietly)."""
+        if self.failure is None:
+            buffer.close(stream)
+            return
+        self.abandoned[0] += 1
+        self.abandoned[1] += abandon(buffer)
+
     def check_healthy(self) -> None:
         """Raise the device fault, if the device failed."""
         if self.failure is not None:
@@ -203,21 +216,33 @@ class Device:
             return
         if self.reactor_ is not None:
             self.reactor_.collect()  # events the joined waiters still held go back first
-        self.pinned.close()
+        let_go = getattr(self.pinned, "abandon", None)
+        if self.failure is not None and let_go is not None:
+            self.abandoned[1] += let_go()  # its frees would fail too
+        else:
+            self.pinned.close()
         self.events.close()
         self.timing_events.close()
         for lane in self.lanes:
-            try:
-                lane.free_scratch(self.memory)
-            except Exception:
-                if self.failure is None:
-                    raise  # after a device fault the context is lost and frees fail
+            lane.free_scratch(self.memory)  # abandoned, after a fault
         self.closed = True
         waits = [lane.stream for lane in self.wait_lanes]
         for stream in [*self.stream_pool.streams, self.alloc_stream, *waits, *extra_streams]:
             stream.close()
         if self.owns_memory:
-            self.memory_resource.close()
+            if self.failure is None:
+                self.memory_resource.close()
+            else:
+                abandon(self.memory_resource)  # its pool went with the context
+        if self.failure is not None and any(self.abandoned):
+            buffers, nbytes = self.abandoned
+            self.log.warning(
+                "backend.memory_abandoned",
+                device_buffers=buffers,
+                bytes=nbytes,
+                reason="the device failed: its device memory goes with the context, and its "
+                "pinned blocks are not freed either",
+            )
 
 
 def join(threads: list[Joinable]) -> None:

@@ -26,7 +26,7 @@ from .._resident import ResidentBuffer, Use
 from .._scheduler import Job, JobState
 from .._telemetry import PoolCounters, Telemetry
 from ..pool import PinnedPool
-from ..pool._pinned import allocate_staging, free_staging
+from ..pool._pinned import abandon_block, allocate_staging, free_staging
 from ._cores import core
 from ._device import Device, join
 from ._graphs import Graphs
@@ -378,7 +378,10 @@ class CudaEngine:
         if fast is not None:
             self.launches.fast = None
             for block in fast.close():  # the staging rings, idle now
-                free_staging(block)
+                if device.failure is None:
+                    free_staging(block)
+                else:  # their frees would fail: let go of them (``pool._abandon``)
+                    device.abandoned[1] += abandon_block(block)
         device.release_all([self.graphs.capture_stream])
         self.launches.clear()
 

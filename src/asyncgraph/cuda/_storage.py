@@ -113,7 +113,7 @@ class Storage:
         # After close (a DLPack consumer let go of a buffer late) the streams are gone; the
         # memory resource then frees without one.
         device = self._device
-        storage.close(None if device.closed else device.alloc_stream)
+        device.release_buffer(storage, None if device.closed else device.alloc_stream)
 
     async def download(
         self,

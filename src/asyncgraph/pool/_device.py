@@ -64,9 +64,17 @@ class StreamOrderedDeviceMemory:
             the one retry.
     """
 
-    def __init__(self, resource: Any, trim: Callable[[], None] | None = None) -> None:
+    def __init__(
+        self,
+        resource: Any,
+        trim: Callable[[], None] | None = None,
+        release: Callable[[Any, Any], None] | None = None,
+    ) -> None:
         self.resource = resource
         self._trim = trim
+        # How a buffer is given back: ``buffer.close(stream)`` unless the owner says otherwise
+        # (a backend whose device failed abandons its buffers instead: ``cuda._abandon``).
+        self._release = release if release is not None else _close
         self._allocations = 0
         self._frees = 0
         self._in_use = 0
@@ -107,7 +115,7 @@ class StreamOrderedDeviceMemory:
     def unreserve(self, buffer: Any, stream: Any) -> None:
         """Free a buffer from :meth:`reserve`, ordered on *stream*."""
         self._reserved -= int(buffer.size)
-        buffer.close(stream)
+        self._release(buffer, stream)
 
     def _allocate(self, nbytes: int, stream: Any) -> Any:
         try:
@@ -132,7 +140,7 @@ class StreamOrderedDeviceMemory:
         """Free *buffer* ordered on *stream*."""
         self._in_use -= int(buffer.size)
         self._frees += 1
-        buffer.close(stream)
+        self._release(buffer, stream)
 
     def statistics(self) -> DeviceMemoryStatistics:
         """Frozen counts."""
@@ -155,3 +163,7 @@ def _pool_reserved(resource: Any) -> int | None:
         return int(resource.attributes.reserved_mem_current)
     except Exception:  # a resource without pool attributes, or a driver that refuses
         return None
+
+
+def _close(buffer: Any, stream: Any) -> None:
+    buffer.close(stream)

@@ -29,6 +29,7 @@ import attrs
 import numpy as np
 
 from .._exceptions import AllocationError
+from ._abandon import abandon
 
 __all__ = (
     "HostPool",
@@ -36,6 +37,7 @@ __all__ = (
     "PinnedMemory",
     "PinnedPool",
     "PinnedPoolStatistics",
+    "abandon_block",
     "allocate_staging",
     "free_staging",
     "pinned_memory_of",
@@ -211,6 +213,15 @@ def free_staging(block: PinnedBlock) -> None:
     PinnedPool._free(block)
 
 
+def abandon_block(block: PinnedBlock) -> int:
+    """Let go of *block* without freeing it (its device failed, and the free would fail and
+    warn: ``_abandon``); returns its size."""
+    owner, block._owner = block._owner, None
+    if owner is not None:
+        abandon(owner)
+    return block.size
+
+
 class PinnedPool:
     """The default :class:`HostPool`: legacy pinned blocks in size classes, under a byte cap.
 
@@ -239,6 +250,7 @@ class PinnedPool:
         self._trimmed = 0
         self._allocated_total = 0
         self._closed = False
+        self._abandoned = False  # closed after a device fault: blocks are let go of, not freed
 
     def __repr__(self) -> str:
         return (
@@ -295,7 +307,10 @@ class PinnedPool:
             raise ValueError(f"{block!r} is not in use in this pool")
         self._bytes_in_use -= block.size
         if self._closed or block.size > self._cap:
-            self._free(block)
+            if self._abandoned:
+                abandon_block(block)
+            else:
+                self._free(block)
             return
         self._idle.setdefault(block.size, []).append(block)
         self._lru[id(block)] = block
@@ -333,6 +348,19 @@ class PinnedPool:
         """Free every idle block; blocks still in use are freed when released."""
         self._closed = True
         self.trim(0)
+
+    def abandon(self) -> int:
+        """Close, letting go of every idle block without freeing it, and of blocks in use
+        when they are released (the device failed: frees would fail, each with a warning;
+        ``_abandon``). Returns the bytes let go of now."""
+        self._closed = self._abandoned = True
+        let_go = 0
+        for block in self._lru.values():
+            let_go += abandon_block(block)
+        self._lru.clear()
+        self._idle.clear()
+        self._bytes_idle = 0
+        return let_go
 
     @staticmethod
     def wait_freed() -> Future[None]:
