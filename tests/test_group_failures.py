@@ -105,6 +105,10 @@ def test_a_device_fault_stays_with_its_member() -> None:
     assert seen["failed"] == [[0, "cuda:0"]]
     assert "illegal" in seen["why"].lower() or "700" in seen["why"]
     assert seen["closed"] is True
+    assert seen["shared_pool"] is True  # the group's one pinned pool, its cap counted once
+    assert seen["pool_after_close"] is None
+    assert seen["given_pool_idle_after_close"] > 0  # left open, its blocks cached
+    assert seen["given_pool_idle_after_its_close"] == 0
 
 
 def test_a_failed_backend_lets_go_of_its_memory_quietly() -> None:

@@ -16,7 +16,6 @@ go on. The group refuses work only when no member is left.
 
 from __future__ import annotations
 
-import contextlib
 from collections.abc import Iterator, Sequence
 from types import TracebackType
 from typing import Any
@@ -27,12 +26,13 @@ import numpy as np
 
 from ._args import Out
 from ._backend import Backend
-from ._exceptions import BackendClosedError, DeviceFaultError, GroupError, StaleBufferError
+from ._exceptions import BackendClosedError, GroupError, StaleBufferError
 from ._kernel import Kernel
 from ._options import BackendOptions
 from ._pending import PendingDispatch
+from ._replicated import GroupSnapshot, Replicated
 from ._resident import ResidentBuffer
-from ._telemetry import TelemetrySnapshot
+from .pool import PinnedPool
 
 __all__ = ("DeviceGroup", "GroupSnapshot", "Replicated", "open_group")
 
@@ -127,77 +127,6 @@ def _refuse_several_gpus(names: list[str]) -> None:
         )
 
 
-@attrs.frozen
-class GroupSnapshot:
-    """The group's telemetry: each member's snapshot, and the group's totals.
-
-    Attributes:
-        members: ``(member name, its TelemetrySnapshot)`` in member order.
-        failed: ``(member index, member name, why)`` of each member that failed (its device
-            fault) or was closed; the group places no work there.
-        dispatches, dispatches_completed, dispatches_failed, in_flight, queued, bytes_up,
-            bytes_down: the members' counters added up.
-    """
-
-    members: tuple[tuple[str, TelemetrySnapshot], ...]
-    failed: tuple[tuple[int, str, str], ...]
-    dispatches: int
-    dispatches_completed: int
-    dispatches_failed: int
-    in_flight: int
-    queued: int
-    bytes_up: int
-    bytes_down: int
-
-
-class Replicated:
-    """One resident copy of an array on every member of a group (``group.replicate(array)``).
-
-    Pass it to :meth:`DeviceGroup.dispatch` as a read-only argument: each dispatch uses the copy
-    on the member it runs on, so a replicated array never decides where a dispatch goes.
-
-    Attributes:
-        buffers: the copies, in member order; ``None`` for a member that had failed or was
-            closed when the array was replicated (dispatches are not placed there).
-        shape, dtype, nbytes: the array's.
-    """
-
-    __slots__ = ("_group", "buffers", "dtype", "nbytes", "shape")
-
-    def __init__(self, group: DeviceGroup, buffers: tuple[ResidentBuffer | None, ...]) -> None:
-        self._group = group
-        self.buffers = buffers
-        first = next(b for b in buffers if b is not None)
-        self.shape = first.shape
-        self.dtype = first.dtype
-        self.nbytes = first.nbytes
-
-    def on(self, member: Backend) -> ResidentBuffer:
-        """The copy on *member*.
-
-        Raises:
-            GroupError: *member* is not a member of the group, or has no copy (it had failed
-                or was closed when the array was replicated).
-        """
-        buffer = self.buffers[self._group.index(member)]
-        if buffer is None:
-            raise GroupError(
-                f"{member.name} has no copy of this replicated array: it had failed or was "
-                "closed when the array was replicated"
-            )
-        return buffer
-
-    async def aclose(self) -> None:
-        """Free every copy (a failed member's copy goes with its member)."""
-        for buffer in self.buffers:
-            if buffer is not None and not buffer.is_closed:
-                with contextlib.suppress(DeviceFaultError, BackendClosedError):
-                    await buffer.aclose()
-
-    def __repr__(self) -> str:
-        return f"<Replicated {self.dtype} {self.shape} on {len(self.buffers)} members>"
-
-
 class DeviceGroup:
     """Backends on one event loop, one per device, with dispatches placed among them.
 
@@ -211,6 +140,8 @@ class DeviceGroup:
         self._members: tuple[Backend, ...] = ()
         self._turn = 0  # where the search for the least busy member starts
         self._closed = False
+        # One pinned pool for every member, its cap counted once, unless the options give one.
+        self._pinned: PinnedPool | None = None
 
     # -- opening and closing ---------------------------------------------------------------
 
@@ -225,16 +156,37 @@ class DeviceGroup:
 
         if self._members or self._closed:
             raise GroupError("a group opens once; make another with open_group()")
+        options = self._options
+        if options.host_pool is None:
+            self._pinned = PinnedPool(options.pinned_pool_bytes)
+            options = attrs.evolve(options, host_pool=self._pinned)
         members: list[Backend] = []
         try:
             for device in self._devices:
-                members.append(open_backend(device, options=self._options))
+                members.append(open_backend(device, options=options))
         except BaseException:
             for member in members:
                 await member.aclose()
+            await self._close_pool(members)
             raise
         self._members = tuple(members)
         return self
+
+    @property
+    def pinned_pool(self) -> PinnedPool | None:
+        """The pinned host pool the members share (its cap counted once for the group), or
+        ``None`` when the options gave the members a pool of their own choosing."""
+        return self._pinned
+
+    async def _close_pool(self, members: Sequence[Backend]) -> None:
+        pool, self._pinned = self._pinned, None
+        if pool is None:
+            return
+        if any(m.failure is not None for m in members):
+            pool.abandon()  # a failed member's frees would fail: ``pool._abandon``
+        else:
+            pool.close()
+        await anyio.to_thread.run_sync(lambda: PinnedPool.wait_freed().result())
 
     async def aclose(self, timeout: float | None = None) -> None:  # noqa: ASYNC109  # passed on to each member's aclose
         """Close every member at once; each finishes its work in flight first (see
@@ -243,6 +195,7 @@ class DeviceGroup:
         async with anyio.create_task_group() as tasks:
             for member in self._members:
                 tasks.start_soon(member.aclose, timeout)
+        await self._close_pool(self._members)
 
     async def __aenter__(self) -> DeviceGroup:
         return await self.open()

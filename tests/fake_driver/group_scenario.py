@@ -1,4 +1,5 @@
-"""A device group of a CUDA member (the stand-in driver) and a host one, after a device fault.
+"""A device group of a CUDA member (the stand-in driver) and a host one, after a device fault;
+and who closes a pinned pool given in the options.
 
 ``python -m tests.fake_driver.group_scenario`` prints what it observed as one JSON line;
 ``tests/test_group_failures.py`` runs it with the stand-in loaded as ``libcuda.so.1`` and
@@ -16,6 +17,7 @@ import numpy as np
 
 import asyncgraph as ag
 from asyncgraph._bench import SCALE
+from asyncgraph.pool import PinnedPool
 
 _lib = ctypes.CDLL("libcuda.so.1")
 _lib.fake_fail_next_events.argtypes = [ctypes.c_int, ctypes.c_int]
@@ -35,7 +37,11 @@ async def main() -> dict[str, Any]:
     x = rng.standard_normal(N, dtype=np.float32)
     group = ag.open_group(["cuda", "host"])
     async with group:
-        cuda, host = group[0], group[1]
+        cuda: Any = group[0]  # the CUDA backend: it has a pinned pool
+        host = group[1]
+        seen["shared_pool"] = (
+            group.pinned_pool is not None and cuda.pinned_pool is group.pinned_pool
+        )
         await group.compile(SCALE)
         on_cuda = await group.upload(x, cuda)
         replicated = await group.replicate(x)
@@ -72,6 +78,15 @@ async def main() -> dict[str, Any]:
         seen["why"] = snap.failed[0][2] if snap.failed else ""
         await replicated.aclose()
     seen["closed"] = all(m.is_closed for m in group)
+    seen["pool_after_close"] = group.pinned_pool
+    # A pool given in the options is its giver's: the backend leaves it open when it closes.
+    pool = PinnedPool(1 << 20)
+    _lib.fake_reset()
+    async with ag.open_backend("cuda", options=ag.BackendOptions(host_pool=pool)) as gpu:
+        await gpu.download(await gpu.upload(x))
+    seen["given_pool_idle_after_close"] = pool.statistics().bytes_idle
+    pool.close()
+    seen["given_pool_idle_after_its_close"] = pool.statistics().bytes_idle
     return seen
 
 

@@ -82,10 +82,11 @@ class Device:
             self.memory_resource, trim=self.trim, release=self.release_buffer
         )
         self.abandoned = [0, 0]  # device buffers and bytes left to a failed context
+        # A pool given in the options (a device group's, shared by its members) is its
+        # giver's to close, as a memory resource given in the options is.
+        self.owns_pinned = options.host_pool is None
         self.pinned: HostPool = (
-            options.host_pool
-            if options.host_pool is not None
-            else PinnedPool(options.pinned_pool_bytes)
+            PinnedPool(options.pinned_pool_bytes) if self.owns_pinned else options.host_pool
         )
         flags = drv.CUevent_flags
         self.events = EventPool(flags.CU_EVENT_BLOCKING_SYNC | flags.CU_EVENT_DISABLE_TIMING)
@@ -216,11 +217,12 @@ class Device:
             return
         if self.reactor_ is not None:
             self.reactor_.collect()  # events the joined waiters still held go back first
-        let_go = getattr(self.pinned, "abandon", None)
-        if self.failure is not None and let_go is not None:
-            self.abandoned[1] += let_go()  # its frees would fail too
-        else:
-            self.pinned.close()
+        if self.owns_pinned:
+            let_go = getattr(self.pinned, "abandon", None)
+            if self.failure is not None and let_go is not None:
+                self.abandoned[1] += let_go()  # its frees would fail too
+            else:
+                self.pinned.close()
         self.events.close()
         self.timing_events.close()
         for lane in self.lanes:

@@ -1,0 +1,89 @@
+"""What a device group hands out besides its members: replicated arrays and its snapshot."""
+
+from __future__ import annotations
+
+import contextlib
+from typing import TYPE_CHECKING
+
+import attrs
+
+from ._exceptions import BackendClosedError, DeviceFaultError, GroupError
+from ._resident import ResidentBuffer
+from ._telemetry import TelemetrySnapshot
+
+if TYPE_CHECKING:
+    from ._backend import Backend
+    from ._group import DeviceGroup
+
+__all__ = ("GroupSnapshot", "Replicated")
+
+
+@attrs.frozen
+class GroupSnapshot:
+    """The group's telemetry: each member's snapshot, and the group's totals.
+
+    Attributes:
+        members: ``(member name, its TelemetrySnapshot)`` in member order.
+        failed: ``(member index, member name, why)`` of each member that failed (its device
+            fault) or was closed; the group places no work there.
+        dispatches, dispatches_completed, dispatches_failed, in_flight, queued, bytes_up,
+            bytes_down: the members' counters added up.
+    """
+
+    members: tuple[tuple[str, TelemetrySnapshot], ...]
+    failed: tuple[tuple[int, str, str], ...]
+    dispatches: int
+    dispatches_completed: int
+    dispatches_failed: int
+    in_flight: int
+    queued: int
+    bytes_up: int
+    bytes_down: int
+
+
+class Replicated:
+    """One resident copy of an array on every member of a group (``group.replicate(array)``).
+
+    Pass it to :meth:`DeviceGroup.dispatch` as a read-only argument: each dispatch uses the copy
+    on the member it runs on, so a replicated array never decides where a dispatch goes.
+
+    Attributes:
+        buffers: the copies, in member order; ``None`` for a member that had failed or was
+            closed when the array was replicated (dispatches are not placed there).
+        shape, dtype, nbytes: the array's.
+    """
+
+    __slots__ = ("_group", "buffers", "dtype", "nbytes", "shape")
+
+    def __init__(self, group: DeviceGroup, buffers: tuple[ResidentBuffer | None, ...]) -> None:
+        self._group = group
+        self.buffers = buffers
+        first = next(b for b in buffers if b is not None)
+        self.shape = first.shape
+        self.dtype = first.dtype
+        self.nbytes = first.nbytes
+
+    def on(self, member: Backend) -> ResidentBuffer:
+        """The copy on *member*.
+
+        Raises:
+            GroupError: *member* is not a member of the group, or has no copy (it had failed
+                or was closed when the array was replicated).
+        """
+        buffer = self.buffers[self._group.index(member)]
+        if buffer is None:
+            raise GroupError(
+                f"{member.name} has no copy of this replicated array: it had failed or was "
+                "closed when the array was replicated"
+            )
+        return buffer
+
+    async def aclose(self) -> None:
+        """Free every copy (a failed member's copy goes with its member)."""
+        for buffer in self.buffers:
+            if buffer is not None and not buffer.is_closed:
+                with contextlib.suppress(DeviceFaultError, BackendClosedError):
+                    await buffer.aclose()
+
+    def __repr__(self) -> str:
+        return f"<Replicated {self.dtype} {self.shape} on {len(self.buffers)} members>"
