@@ -119,8 +119,12 @@ static long live_graphs, live_execs;
 static __thread int thread_mode = MODE_GLOBAL; /* cuThreadExchangeStreamCaptureMode */
 static const unsigned char no_edge_data[8 * MAX_TAIL]; /* CUgraphEdgeData: all default edges */
 
-/* How many graphs and executable graphs are not destroyed (for leak tests). */
+static long refused_destroys; /* cuGraphDestroy of a graph destroyed already */
+
+/* How many graphs and executable graphs are not destroyed (for leak tests), and how many
+ * destroys named a graph destroyed already (a double free on a real driver). */
 long fake_live_graphs(void) { return __atomic_load_n(&live_graphs, __ATOMIC_SEQ_CST); }
+long fake_refused_graph_destroys(void) { return __atomic_load_n(&refused_destroys, __ATOMIC_SEQ_CST); }
 long fake_live_graph_execs(void) { return __atomic_load_n(&live_execs, __ATOMIC_SEQ_CST); }
 
 /* -- graphs and nodes ------------------------------------------------------------------------ */
@@ -778,7 +782,10 @@ int cuGraphDestroy(void* graph) {
     pthread_mutex_lock(&graph_mutex);
     int live = graph_unlink(graph, 0);
     pthread_mutex_unlock(&graph_mutex);
-    if (!live) return INVALID_VALUE;
+    if (!live) {
+        __atomic_add_fetch(&refused_destroys, 1, __ATOMIC_SEQ_CST);
+        return INVALID_VALUE;
+    }
     graph_free(graph);
     return SUCCESS;
 }

@@ -203,11 +203,19 @@ class CaptureGuard:
             raise CaptureError(self._invalidated()) from exc
 
     def _abort(self, builder: Any) -> None:
-        """End the capture whatever state it is in and discard what it recorded."""
+        """End the capture whatever state it is in and discard what it recorded.
+
+        The builder captures into a graph of its own (``cuStreamBeginCaptureToGraph``), which
+        ending the capture hands back and the builder's ``close()`` destroys: destroying it
+        here as well freed it twice (the stand-in driver counts such destroys; a real driver
+        does not say). An active capture is ended through the builder; an invalidated one,
+        which the builder cannot end, with ``cuStreamEndCapture``, which then gives no graph.
+        """
+        if capture_status(self._handle) is CaptureStatus.ACTIVE:
+            with contextlib.suppress(Exception):
+                builder.end_building()
         if capture_status(self._handle) is not CaptureStatus.NONE:
-            _code, graph = drv.cuStreamEndCapture(self._handle)
-            if graph is not None and int(graph):
-                drv.cuGraphDestroy(graph)
+            drv.cuStreamEndCapture(self._handle)
         with contextlib.suppress(Exception):
             builder.close()
         if capture_status(self._handle) is not CaptureStatus.NONE:

@@ -1,0 +1,48 @@
+"""A capture that ends early frees the graph it captured into once, on the stand-in driver.
+
+The capture builder captures into a graph of its own, which ending the capture hands back and
+the builder's ``close()`` destroys. Aborting an active capture (an error inside ``async with
+backend.capture()``) destroyed it a second time; a real driver does not say, the stand-in
+counts it (``fake_refused_graph_destroys``). ``test_cuda_graphs.py`` runs the same captures on
+a GPU.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tests.fake_driver import build, environment
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+@pytest.mark.parametrize("core", ["python", "compiled"])
+def test_an_aborted_capture_destroys_its_graph_once(core: str) -> None:
+    if core == "compiled":
+        pytest.importorskip("asyncgraph.cuda._core", reason="the compiled core is not built here")
+    try:
+        directory = build()
+    except RuntimeError as exc:
+        pytest.skip(str(exc))
+    done = subprocess.run(
+        [sys.executable, "-m", "tests.fake_driver.capture_scenario"],
+        cwd=ROOT,
+        env=environment(directory, core),
+        capture_output=True,
+        text=True,
+        timeout=300,
+        check=False,
+    )
+    assert done.returncode == 0, done.stderr[-4000:]
+    seen: dict[str, Any] = json.loads(done.stdout.strip().splitlines()[-1])
+    assert seen["active_aborted"] is True
+    assert seen["active_refused_destroys"] == 0
+    assert seen["invalidated"] is True
+    assert seen["live_graphs"] == 0  # every graph of the two captures is gone
+    assert seen["usable"] is True
