@@ -9,38 +9,16 @@ a GPU.
 
 from __future__ import annotations
 
-import json
-import subprocess
-import sys
-from pathlib import Path
-from typing import Any
-
 import pytest
 
-from tests.fake_driver import build, environment
-
-ROOT = Path(__file__).resolve().parent.parent
+from tests.fake_driver import run_scenario
 
 
 @pytest.mark.parametrize("core", ["python", "compiled"])
 def test_an_aborted_capture_destroys_its_graph_once(core: str) -> None:
     if core == "compiled":
         pytest.importorskip("asyncgraph.cuda._core", reason="the compiled core is not built here")
-    try:
-        directory = build()
-    except RuntimeError as exc:
-        pytest.skip(str(exc))
-    done = subprocess.run(
-        [sys.executable, "-m", "tests.fake_driver.capture_scenario"],
-        cwd=ROOT,
-        env=environment(directory, core),
-        capture_output=True,
-        text=True,
-        timeout=300,
-        check=False,
-    )
-    assert done.returncode == 0, done.stderr[-4000:]
-    seen: dict[str, Any] = json.loads(done.stdout.strip().splitlines()[-1])
+    seen = run_scenario("tests.fake_driver.capture_scenario", core)
     assert seen["active_aborted"] is True
     assert seen["active_refused_destroys"] == 0
     assert seen["invalidated"] is True

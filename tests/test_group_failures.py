@@ -7,22 +7,16 @@ so it runs without a GPU too.
 
 from __future__ import annotations
 
-import json
-import subprocess
-import sys
 from collections.abc import AsyncIterator
-from pathlib import Path
-from typing import Any
 
 import numpy as np
 import pytest
 
 import asyncgraph as ag
-from tests.fake_driver import build, environment
+from tests.fake_driver import run_scenario
 
 from .kernels import SCALE
 
-ROOT = Path(__file__).resolve().parent.parent
 N = 256
 
 
@@ -83,21 +77,7 @@ async def test_a_replicated_array_skips_a_member_that_was_out(group: ag.DeviceGr
 def test_a_device_fault_stays_with_its_member() -> None:
     """``open_group(["cuda", "host"])`` on the stand-in driver: a kernel faults on the CUDA
     member; the next 100 dispatches of the group all run, on the host member."""
-    try:
-        directory = build()
-    except RuntimeError as exc:
-        pytest.skip(str(exc))
-    done = subprocess.run(
-        [sys.executable, "-m", "tests.fake_driver.group_scenario"],
-        cwd=ROOT,
-        env=environment(directory, "python"),
-        capture_output=True,
-        text=True,
-        timeout=300,
-        check=False,
-    )
-    assert done.returncode == 0, done.stderr[-4000:]
-    seen: dict[str, Any] = json.loads(done.stdout.strip().splitlines()[-1])
+    seen = run_scenario("tests.fake_driver.group_scenario", "python")
     assert seen["fault"] == "DeviceFaultError"
     assert seen["after"] == {"ok": 100, "right": 100, "on_host": 100}
     assert seen["resident_on_failed"] == "DeviceFaultError"
@@ -114,24 +94,10 @@ def test_a_device_fault_stays_with_its_member() -> None:
 def test_a_failed_backend_lets_go_of_its_memory_quietly() -> None:
     """After a device fault every free fails, and cuda.core warned once per buffer (150 lines
     for 150 resident buffers); now the backend logs one event and nothing else is printed."""
-    try:
-        directory = build()
-    except RuntimeError as exc:
-        pytest.skip(str(exc))
-    done = subprocess.run(
-        [sys.executable, "-m", "tests.fake_driver.fault_close"],
-        cwd=ROOT,
-        env=environment(directory, "python"),
-        capture_output=True,
-        text=True,
-        timeout=300,
-        check=False,
-    )
-    assert done.returncode == 0, done.stderr[-4000:]
-    seen: dict[str, Any] = json.loads(done.stdout.strip().splitlines()[-1])
+    seen = run_scenario("tests.fake_driver.fault_close", "python")
     assert seen["fault"] == "DeviceFaultError"
     assert seen["abandoned_events"] == 1
     assert seen["device_buffers"] >= 150  # the resident buffers, and the lanes' scratch
     assert seen["bytes"] >= 150 * 4096
-    assert "Warning" not in done.stderr, done.stderr[-2000:]
-    assert "failed" not in done.stderr.lower(), done.stderr[-2000:]
+    assert "Warning" not in seen["stderr"], seen["stderr"][-2000:]
+    assert "failed" not in seen["stderr"].lower(), seen["stderr"][-2000:]

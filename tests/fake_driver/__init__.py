@@ -3,20 +3,23 @@
 A process whose ``LD_LIBRARY_PATH`` starts with :func:`build`'s directory loads the stand-in as
 ``libcuda.so.1``, so asyncgraph's CUDA backend runs on the CPU (see ``fake_cuda.c`` for what it
 does and does not do). The tests and ``benchmarks/bench_core.py`` and ``bench_host_path.py``
-start such processes with :func:`environment`.
+start such processes with :func:`environment`; :func:`run_scenario` runs one of the
+scenario modules here in such a process.
 """
 
 from __future__ import annotations
 
 import hashlib
+import json
 import os
 import shutil
 import subprocess
 import sys
 import tempfile
 from pathlib import Path
+from typing import Any
 
-__all__ = ("HERE", "build", "environment")
+__all__ = ("HERE", "build", "environment", "run_scenario")
 
 HERE = Path(__file__).resolve().parent
 _SOURCES = (
@@ -68,3 +71,27 @@ def environment(directory: Path, core: str, complete: str = "instant") -> dict[s
         "ASYNCGRAPH_CORE": core,
         "FAKE_CUDA_COMPLETE": complete,
     }
+
+
+def run_scenario(module: str, core: str) -> dict[str, Any]:
+    """Run ``python -m <module>`` against the stand-in with *core*; the JSON object its last
+    line of output holds. Skips the test where the stand-in cannot be built."""
+    import pytest  # only the tests run scenarios
+
+    try:
+        directory = build()
+    except RuntimeError as exc:
+        pytest.skip(str(exc))
+    done = subprocess.run(
+        [sys.executable, "-m", module],
+        cwd=HERE.parent.parent,
+        env=environment(directory, core),
+        capture_output=True,
+        text=True,
+        timeout=300,
+        check=False,
+    )
+    assert done.returncode == 0, done.stderr[-4000:]
+    seen: dict[str, Any] = json.loads(done.stdout.strip().splitlines()[-1])
+    seen["stderr"] = done.stderr
+    return seen

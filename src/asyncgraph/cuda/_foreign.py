@@ -30,6 +30,7 @@ from typing import TYPE_CHECKING, Any
 
 from cuda.bindings import driver as drv
 
+from .._checks import describe_value
 from .._exceptions import ArgumentTypeError, DispatchError
 from ._cores import core
 from ._driver import SUCCESS, check, error_for
@@ -95,7 +96,7 @@ def resolve(work: object) -> tuple[str, int]:
     if module.startswith("cupy") and hasattr(work, "ptr"):
         return _STREAM, int(work.ptr)
     raise ArgumentTypeError(
-        f"{describe(work)} is not a CUDA stream or event; pass a stream (torch.cuda.Stream, "
+        f"{describe_value(work)} is not a CUDA stream or event; pass a stream (torch.cuda.Stream, "
         "cupy.cuda.Stream, anything with __cuda_stream__, a CUstream or its handle as an int) "
         "or an event (torch.cuda.Event, cupy.cuda.Event, cuda.core Event, CUevent)"
     )
@@ -109,13 +110,6 @@ def _event_handle(work: Any, module: str) -> int | None:
     if module.startswith("cuda.core"):
         return int(work.handle)
     return None
-
-
-def describe(work: object) -> str:
-    """How an error names *work*: its type, and its value where short."""
-    text = repr(work)
-    kind = f"{type(work).__module__}.{type(work).__qualname__}"
-    return f"{kind} {text}" if len(text) <= 60 else kind
 
 
 class ForeignWork:

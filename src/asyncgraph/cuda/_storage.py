@@ -53,8 +53,8 @@ class Storage:
             try:
                 await chunked(device, lane).upload(as_bytes(array), int(storage.handle))
             except BaseException:
-                with contextlib.suppress(Exception):  # after a device fault the free fails too
-                    storage.close(lane.stream)  # ordered after the copies in flight
+                with contextlib.suppress(Exception):
+                    device.release_buffer(storage, lane.stream)  # after the copies in flight
                 raise
             return storage
         block = device.pinned.acquire(nbytes)
@@ -68,13 +68,13 @@ class Storage:
         except CudaError:
             device.pinned.release(block)
             with contextlib.suppress(Exception):
-                storage.close(lane.stream)
+                device.release_buffer(storage, lane.stream)
             raise
 
         def on_done(error: CudaError | None, cancelled: bool) -> Any:
             device.pinned.release(block)
             if error is not None or cancelled:
-                storage.close(device.alloc_stream)
+                device.release_buffer(storage, device.alloc_stream)
             return storage
 
         return await lane.future(event, on_done)
