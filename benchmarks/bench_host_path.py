@@ -194,6 +194,11 @@ async def _measure(reps: int, profiled: int) -> dict[str, Any]:
         ag.open_backend("cuda") as fast,
         ag.open_backend("cuda", fast_path_enabled=False) as general,
     ):
+        # The device's context current on the thread, as in a program that uses the device
+        # already: the bare sequences need it, and the backends then find theirs current.
+        from cuda.bindings import driver as drv
+
+        drv.cuCtxSetCurrent(fast._cuda.device.context)  # type: ignore[attr-defined]  # a CUDA backend
         paths = {
             "fast": (fast, await _calls_of(fast)),
             "general": (general, await _calls_of(general)),

@@ -122,6 +122,9 @@ async def test_waits_on_two_streams_do_not_wait_for_each_other(gpu: Any, foreign
     wait on the second completes while the first stream still runs."""
     other = Foreign(gpu)
     try:
+        # Loaded first: the first launch of a module loads it, waiting for the whole device.
+        other.spin(1)
+        other.stream.sync()
         foreign.spin(200)
         slow = gpu.wait(foreign.stream)  # takes the direct lane
         other.spin(1)

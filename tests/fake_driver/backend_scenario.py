@@ -455,8 +455,13 @@ async def calls() -> dict[str, Any]:
     import cProfile
     import pstats
 
+    from cuda.bindings import driver as drv
+
     seen: dict[str, Any] = {}
     async with _open() as gpu:
+        # The device's context current on the thread, as in a program that used the device
+        # already (PyTorch, CuPy): the backend finds its own current and pushes nothing.
+        drv.cuCtxSetCurrent(gpu._cuda.device.context)
         await _compiled(gpu)
         x = np.ones(N, np.float32)
         buf = await gpu.upload(x)

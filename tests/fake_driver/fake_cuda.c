@@ -179,6 +179,7 @@ long fake_live_events(void) {
 }
 
 int cuEventCreate(void** handle, unsigned int flags) {
+    need_context("cuEventCreate");
     fake_event* event = fake_event_new();
     event->flags = flags;
     *handle = event;
@@ -269,6 +270,7 @@ static int record_now(void* handle) {
 }
 
 int cuEventRecordWithFlags(void* handle, void* stream, unsigned int flags) {
+    need_stream_context(stream, "cuEventRecord");
     int captured = capture_record(stream, handle, flags);
     return captured != NOT_CAPTURED ? captured : record_now(handle);
 }
@@ -363,6 +365,7 @@ int cuLaunchKernel(void* f, unsigned int gx, unsigned int gy, unsigned int gz, u
                    unsigned int by, unsigned int bz, unsigned int shared, void* stream,
                    void** params, void** extra) {
     (void)extra;
+    need_stream_context(stream, "cuLaunchKernel");
     unsigned int dims[7] = {gx, gy, gz, bx, by, bz, shared};
     int captured = capture_launch(stream, f, dims, params);
     return captured != NOT_CAPTURED ? captured : launch_now(f, dims, stream, params);
@@ -413,7 +416,8 @@ static const struct { const char* name; void* fn; } table[] = {
     ENTRY(cuMemPoolGetAttribute), ENTRY(cuMemPoolSetAccess), ENTRY(cuMemAllocFromPoolAsync),
     ENTRY(cuMemAllocAsync), ENTRY(cuMemFreeAsync), ENTRY(cuMemcpy), ENTRY(cuMemcpyAsync),
     ENTRY(cuMemcpyHtoD), ENTRY(cuMemcpyDtoH), ENTRY(cuMemcpyDtoD), ENTRY(cuMemcpyHtoDAsync),
-    ENTRY(cuMemcpyDtoHAsync), ENTRY(cuMemcpyDtoDAsync), ENTRY(cuMemsetD8),
+    ENTRY(cuMemcpyDtoHAsync), ENTRY(cuMemcpyDtoDAsync), ENTRY(cuMemcpyPeerAsync),
+    ENTRY(cuMemcpyPeer), ENTRY(cuCtxEnablePeerAccess), ENTRY(cuMemsetD8),
     ENTRY(cuMemsetD8Async), ENTRY(cuMemsetD32), ENTRY(cuMemsetD32Async),
     ENTRY(cuPointerGetAttribute), ENTRY(cuPointerGetAttributes),
     ENTRY(cuStreamCreate), ENTRY(cuStreamCreateWithPriority), ENTRY(cuStreamDestroy),

@@ -18,6 +18,29 @@ static int created_used[8];
 static __thread fake_context* ctx_stack[16];
 static __thread int ctx_depth; /* the current context is ctx_stack[ctx_depth - 1] */
 
+/* Driver calls made outside the context they need (fake_wrong_context_calls): with no context
+ * current, or with a context of cuCtxCreate current (the stand-in's backends use primary ones),
+ * or on a stream of another context than the current one. A real driver fails some of these
+ * and quietly works in the wrong context for others. Event and stream queries and
+ * synchronizations, which a real driver answers in any context, are not counted. */
+static long wrong_context;
+static const char* first_wrong_call;
+long fake_wrong_context_calls(void) { return __atomic_load_n(&wrong_context, __ATOMIC_SEQ_CST); }
+const char* fake_first_wrong_context_call(void) { return first_wrong_call ? first_wrong_call : ""; }
+static void wrong(const char* call) {
+    if (__atomic_fetch_add(&wrong_context, 1, __ATOMIC_SEQ_CST) == 0) first_wrong_call = call;
+    if (getenv("FAKE_CUDA_ABORT_ON_WRONG_CONTEXT")) { /* python -X faulthandler: who called */
+        fprintf(stderr, "fake_cuda: %s outside its context\n", call);
+        abort();
+    }
+}
+static void* current_context(void) { return ctx_depth ? ctx_stack[ctx_depth - 1] : NULL; }
+/* A call that needs a primary context current. */
+static void need_context(const char* call) {
+    fake_context* c = current_context();
+    if (c == NULL || c < contexts || c >= contexts + 8) wrong(call);
+}
+
 static int device_count(void) {
     const char* text = getenv("FAKE_CUDA_DEVICES");
     int n = text ? atoi(text) : 1;
@@ -197,6 +220,7 @@ int cuCtxGetStreamPriorityRange(int* least, int* greatest) {
     return SUCCESS;
 }
 int cuCtxSynchronize(void) {
+    need_context("cuCtxSynchronize");
     int forbidden = capture_forbids(NULL);
     return forbidden != SUCCESS ? forbidden : sticky;
 }

@@ -541,6 +541,7 @@ static int begin_capture(void* stream, fake_graph* graph, fake_node* const* deps
 }
 
 int cuStreamBeginCapture(void* stream, int mode) {
+    need_stream_context(stream, "cuStreamBeginCapture");
     return begin_capture(stream, NULL, NULL, 0, mode);
 }
 
@@ -1124,6 +1125,7 @@ static fake_graph* instantiate(const fake_graph* graph) {
 }
 
 int cuGraphInstantiateWithFlags(void** exec, void* graph, unsigned long long flags) {
+    need_context("cuGraphInstantiate");
     (void)flags;
     if (graph == NULL) return INVALID_VALUE;
     pthread_mutex_lock(&graph_mutex);
@@ -1141,6 +1143,7 @@ typedef struct {
 } fake_instantiate_params;
 
 int cuGraphInstantiateWithParams(void** exec, void* graph, fake_instantiate_params* params) {
+    need_context("cuGraphInstantiate");
     int code = cuGraphInstantiateWithFlags(exec, graph, params ? params->flags : 0);
     if (params) {
         params->hErrNode_out = NULL;
@@ -1168,12 +1171,14 @@ int cuGraphExecGetId(void* exec, unsigned int* id) { return cuGraphGetId(exec, i
 
 /* Every node is uploaded: it is all host memory. */
 int cuGraphUpload(void* exec, void* stream) {
+    need_stream_context(stream, "cuGraphUpload");
     (void)stream;
     return exec ? SUCCESS : INVALID_VALUE;
 }
 
 /* Run the executable graph's nodes now, in order (see the top of this file). */
 int cuGraphLaunch(void* exec, void* stream) {
+    need_stream_context(stream, "cuGraphLaunch");
     if (exec == NULL) return INVALID_VALUE;
     if (__atomic_load_n(&active_captures, __ATOMIC_ACQUIRE) != 0) {
         pthread_mutex_lock(&graph_mutex);

@@ -33,6 +33,14 @@ typedef struct {
     size_t n_tail;
 } fake_stream;
 
+/* A call on *stream* needs its context current (a default stream: a primary one). Handles
+ * below 0x10000 are special streams, or made-up ones of tests: no objects of ours. */
+static void need_stream_context(void* stream, const char* call) {
+    need_context(call);
+    if ((uintptr_t)stream >= 0x10000 && ((fake_stream*)stream)->context != current_context())
+        wrong(call);
+}
+
 static pthread_mutex_t memory_mutex = PTHREAD_MUTEX_INITIALIZER;
 static fake_allocation* allocations;
 static size_t n_allocations, room_allocations;
@@ -116,6 +124,7 @@ long fake_live_streams(void) { return live_streams; }
 long fake_live_pools(void) { return live_pools; }
 
 int cuMemAlloc(uintptr_t* ptr, size_t size) {
+    need_context("cuMemAlloc");
     void* p = fake_allocate(size, 2, NULL);
     if (p == NULL) return OUT_OF_MEMORY;
     *ptr = (uintptr_t)p;
@@ -124,6 +133,7 @@ int cuMemAlloc(uintptr_t* ptr, size_t size) {
 int cuMemFree(uintptr_t ptr) { return sticky != SUCCESS ? sticky : fake_release(ptr, 2); }
 
 int cuMemHostAlloc(void** ptr, size_t size, unsigned int flags) {
+    need_context("cuMemHostAlloc");
     (void)flags;
     *ptr = fake_allocate(size, 1, NULL);
     return *ptr ? SUCCESS : OUT_OF_MEMORY;
@@ -137,6 +147,7 @@ int cuMemHostGetDevicePointer(uintptr_t* device, void* host, unsigned int flags)
 }
 
 int cuMemPoolCreate(void** pool, const void* props) {
+    need_context("cuMemPoolCreate");
     (void)props;
     *pool = calloc(1, sizeof(fake_pool));
     __atomic_add_fetch(&live_pools, 1, __ATOMIC_SEQ_CST);
@@ -178,6 +189,7 @@ int cuMemPoolSetAccess(void* pool, const void* map, size_t count) {
 }
 
 int cuMemAllocFromPoolAsync(uintptr_t* ptr, size_t size, void* pool, void* stream) {
+    need_stream_context(stream, "cuMemAllocFromPoolAsync");
     int captured = capture_refuses(stream, "cuMemAllocFromPoolAsync");
     if (captured != NOT_CAPTURED) return captured;
     void* p = fake_allocate(size, 2, pool);
@@ -192,6 +204,7 @@ int cuMemAllocAsync(uintptr_t* ptr, size_t size, void* stream) {
 }
 /* After a sticky fault device memory cannot be freed any more: it goes with the context. */
 int cuMemFreeAsync(uintptr_t ptr, void* stream) {
+    need_stream_context(stream, "cuMemFreeAsync");
     int captured = capture_refuses(stream, "cuMemFreeAsync");
     if (captured != NOT_CAPTURED) return captured;
     return sticky != SUCCESS ? sticky : fake_release(ptr, 2);
@@ -200,6 +213,7 @@ int cuMemFreeAsync(uintptr_t ptr, void* stream) {
 int cuMemcpy(uintptr_t dst, uintptr_t src, size_t n) { memcpy((void*)dst, (void*)src, n); return SUCCESS; }
 /* The asynchronous copies and memsets: graph nodes on a capturing stream, else done now. */
 static int copy_async(uintptr_t dst, uintptr_t src, size_t n, void* s) {
+    need_stream_context(s, "cuMemcpy*Async");
     int captured = capture_copy(s, dst, src, n);
     return captured != NOT_CAPTURED ? captured : cuMemcpy(dst, src, n);
 }
@@ -210,8 +224,32 @@ int cuMemcpyDtoD(uintptr_t dst, uintptr_t src, size_t n) { return cuMemcpy(dst, 
 int cuMemcpyHtoDAsync(uintptr_t dst, const void* src, size_t n, void* s) { return copy_async(dst, (uintptr_t)src, n, s); }
 int cuMemcpyDtoHAsync(void* dst, uintptr_t src, size_t n, void* s) { return copy_async((uintptr_t)dst, src, n, s); }
 int cuMemcpyDtoDAsync(uintptr_t dst, uintptr_t src, size_t n, void* s) { return copy_async(dst, src, n, s); }
+/* Between contexts: one address space, so a copy as any other (counted: fake_peer_copies). */
+static long peer_copies;
+long fake_peer_copies(void) { return __atomic_load_n(&peer_copies, __ATOMIC_SEQ_CST); }
+int cuMemcpyPeerAsync(uintptr_t dst, void* dst_ctx, uintptr_t src, void* src_ctx, size_t n, void* s) {
+    if (dst_ctx == NULL || src_ctx == NULL) return INVALID_CONTEXT;
+    __atomic_add_fetch(&peer_copies, 1, __ATOMIC_SEQ_CST);
+    return copy_async(dst, src, n, s);
+}
+int cuMemcpyPeer(uintptr_t dst, void* dst_ctx, uintptr_t src, void* src_ctx, size_t n) {
+    if (dst_ctx == NULL || src_ctx == NULL) return INVALID_CONTEXT;
+    return cuMemcpy(dst, src, n);
+}
+/* Peer access of the current context to *peer*'s memory, once (fake_peer_enables). */
+static long peer_enables;
+long fake_peer_enables(void) { return __atomic_load_n(&peer_enables, __ATOMIC_SEQ_CST); }
+int cuCtxEnablePeerAccess(void* peer, unsigned int flags) {
+    (void)flags;
+    need_context("cuCtxEnablePeerAccess");
+    if (peer == NULL || peer == current_context()) return INVALID_VALUE;
+    __atomic_add_fetch(&peer_enables, 1, __ATOMIC_SEQ_CST);
+    return SUCCESS;
+}
+
 int cuMemsetD8(uintptr_t dst, unsigned char value, size_t n) { memset((void*)dst, value, n); return SUCCESS; }
 int cuMemsetD8Async(uintptr_t dst, unsigned char value, size_t n, void* s) {
+    need_stream_context(s, "cuMemsetD8Async");
     int captured = capture_memset(s, dst, value, 1, n);
     return captured != NOT_CAPTURED ? captured : cuMemsetD8(dst, value, n);
 }
@@ -220,6 +258,7 @@ int cuMemsetD32(uintptr_t dst, unsigned int value, size_t n) {
     return SUCCESS;
 }
 int cuMemsetD32Async(uintptr_t dst, unsigned int value, size_t n, void* s) {
+    need_stream_context(s, "cuMemsetD32Async");
     int captured = capture_memset(s, dst, value, 4, n);
     return captured != NOT_CAPTURED ? captured : cuMemsetD32(dst, value, n);
 }
@@ -251,6 +290,7 @@ int cuPointerGetAttributes(unsigned int count, int* attributes, void** data, uin
 }
 
 int cuStreamCreateWithPriority(void** stream, unsigned int flags, int priority) {
+    need_context("cuStreamCreate");
     fake_stream* s = calloc(1, sizeof *s);
     s->flags = flags;
     s->priority = priority;
@@ -294,6 +334,7 @@ int cuStreamQuery(void* stream) {
 }
 /* Every stream ran its work already: a wait does nothing, unless a capture is concerned. */
 int cuStreamWaitEvent(void* stream, void* event, unsigned int flags) {
+    need_stream_context(stream, "cuStreamWaitEvent");
     int captured = capture_wait(stream, event, flags);
     return captured != NOT_CAPTURED ? captured : SUCCESS;
 }

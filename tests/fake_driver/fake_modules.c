@@ -83,6 +83,7 @@ int cuLibraryLoadData(void** library, const void* code, void* jit_options, void*
 }
 
 int cuModuleLoadData(void** module, const void* image) {
+    need_context("cuModuleLoadData"); /* a library (cuLibraryLoadData) needs none */
     return cuLibraryLoadData(module, image, NULL, NULL, 0, NULL, NULL, 0);
 }
 
@@ -130,7 +131,11 @@ int cuModuleGetFunction(void** function, void* module, const char* name) {
     return cuLibraryGetKernel(function, module, name);
 }
 
-int cuKernelGetFunction(void** function, void* kernel) { *function = kernel; return SUCCESS; }
+int cuKernelGetFunction(void** function, void* kernel) {
+    need_context("cuKernelGetFunction"); /* the kernel's function in the current context */
+    *function = kernel;
+    return SUCCESS;
+}
 int cuLibraryGetModule(void** module, void* library) { *module = library; return SUCCESS; }
 
 int cuKernelGetName(const char** name, void* kernel) {

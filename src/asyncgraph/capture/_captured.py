@@ -92,7 +92,8 @@ class CapturedGraph:
     def upload(self) -> None:
         """Upload the executable graph to the device now, so the first replay does not."""
         self._check_open()
-        self._graph.upload(self._backend.capture_stream)
+        with self._backend.ctx:
+            self._graph.upload(self._backend.capture_stream)
 
     async def replay(self) -> None:
         """Run the captured work once more; returns when it completed on the device.
@@ -135,7 +136,8 @@ class CapturedGraph:
                     "buffers)"
                 )
         values = launch_values(call, 0)
-        backend.update_nodes([dispatch._exec_node], call, values)
+        with backend.ctx:
+            backend.update_nodes([dispatch._exec_node], call, values)
         dispatch._call = call
         self.updates += 1
 
@@ -163,7 +165,8 @@ class CapturedGraph:
         if self._closed:
             return
         self._closed = True
-        self._graph.close()
+        with self._backend.ctx:
+            self._graph.close()
         for recorded in self.dispatches:
             recorded._exec_node = None
         self._graph = None

@@ -187,9 +187,10 @@ class CachedGraph:
         """Upload the executable graphs to the device now, so the first replay does not."""
         self._check_open()
         stream = self._backend.capture_stream
-        self._full.upload(stream)
-        if self._resident is not None:
-            self._resident.upload(stream)
+        with self._backend.ctx:
+            self._full.upload(stream)
+            if self._resident is not None:
+                self._resident.upload(stream)
 
     async def replay(self, *args: object) -> tuple[Any, ...]:
         """Run the recorded dispatch on *args*; returns what the dispatch would.
@@ -214,7 +215,8 @@ class CachedGraph:
                     self._pass_turn()  # it was woken: the next waiter goes instead
                 raise
             self._check_open()
-        job = self._prepare(call)
+        with backend.ctx:
+            job = self._prepare(call)
         result: tuple[Any, ...] = await backend.run_replay(job)
         return result
 
@@ -347,7 +349,8 @@ class CachedGraph:
         if self._busy:
             self._close_when_idle = True
             return
-        self._free()
+        with self._backend.ctx:
+            self._free()
 
     def _free(self) -> None:
         if self._closed:

@@ -25,6 +25,7 @@ class GraphHost(Protocol):
     pinned: HostPool  # pinned blocks a recorded graph copies through
     capture_stream: Any  # the stream graphs are captured and uploaded on (cuda.core)
     capture_handle: Any  # its CUstream
+    ctx: Any  # the backend's context: ``with ctx:`` around a graph's own driver calls
 
     def alloc_bytes(self, nbytes: int) -> Any:
         """Device storage of *nbytes* bytes, usable from every stream."""

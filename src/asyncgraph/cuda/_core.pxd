@@ -59,6 +59,7 @@ cdef class Watches:
     cdef public object schedule
     cdef public object failed
     cdef public object complete
+    cdef public size_t context  # the backend's CUcontext, made current around spin(); 0: none
     cdef FastPath fast
     cdef char* _running
     cdef char* _checked

@@ -245,6 +245,12 @@ cdef class FastPath:
             job.ring_start = start_at
             job.ring_end = start_at + staged
         self.dispatches += 1
+        # The backend's own context, current for the driver calls whatever the thread had.
+        cdef cydriver.CUcontext own = <cydriver.CUcontext>watches.context, current = NULL
+        cdef bint pushed = False
+        if own != NULL:
+            cydriver.cuCtxGetCurrent(&current)
+            pushed = current != own and cydriver.cuCtxPushCurrent(own) == 0
         try:
             self._enqueue(job, plan, known.launcher, args, lc, at)
             idle = self._idle_events
@@ -261,6 +267,9 @@ cdef class FastPath:
             if not isinstance(exc, Exception):
                 raise
             return pending
+        finally:
+            if pushed:
+                cydriver.cuCtxPopCurrent(&current)
         watches.seq += 1
         job.seq = watches.seq
         (<WatchLane>watches.lanes[lane_index]).pending.append(job)

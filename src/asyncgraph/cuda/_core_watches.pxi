@@ -87,6 +87,7 @@ cdef class Watches:
         self.schedule = None
         self.failed = None
         self.complete = None
+        self.context = 0
 
     def __dealloc__(self):
         free(self._running)
@@ -240,23 +241,33 @@ cdef class Watches:
         watch = <WatchItem>lane.pending[0]
         if watch.held:
             return
-        deadline = now + self.spin_window
-        while True:
-            code = _query(watch)
-            if code != _NOT_READY:
-                break
-            if _now() > deadline:
-                return
-        lane.pending.popleft()
-        lane.ready = 0
-        self.pending -= 1
-        self.spins += 1
-        if not held:
-            self.held_since = now
-        if code == 0:
-            self._finish(watch, None)
-        else:
-            self.failed(watch, code)
+        cdef cydriver.CUcontext current = NULL
+        cdef bint pushed = False
+        if self.context:  # the backend's own context, whatever the thread had current
+            cydriver.cuCtxGetCurrent(&current)
+            if current != <cydriver.CUcontext>self.context:
+                pushed = cydriver.cuCtxPushCurrent(<cydriver.CUcontext>self.context) == 0
+        try:
+            deadline = now + self.spin_window
+            while True:
+                code = _query(watch)
+                if code != _NOT_READY:
+                    break
+                if _now() > deadline:
+                    return
+            lane.pending.popleft()
+            lane.ready = 0
+            self.pending -= 1
+            self.spins += 1
+            if not held:
+                self.held_since = now
+            if code == 0:
+                self._finish(watch, None)
+            else:
+                self.failed(watch, code)
+        finally:
+            if pushed:
+                cydriver.cuCtxPopCurrent(&current)
 
     def take_all(self):
         """Every watch of every lane, in lane order; the lanes are left empty."""

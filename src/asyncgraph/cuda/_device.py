@@ -18,6 +18,7 @@ from .._options import BackendOptions
 from .._telemetry import PoolCounters, Telemetry
 from ..pool import HostPool, PinnedPool, StreamLane, StreamOrderedDeviceMemory, StreamPool
 from ..pool._abandon import abandon
+from ._context import OwnContext
 from ._cores import core
 from ._driver import check
 from ._events import EventPool
@@ -38,7 +39,9 @@ class Device:
     """The resources of one CUDA backend, shared by its collaborators.
 
     Attributes:
-        device: the ``cuda.core`` Device.
+        device: the ``cuda.core`` Device; handle: its ``CUdevice``.
+        context, ctx: its primary context, as a ``CUcontext`` and as the :class:`OwnContext`
+            made current around the backend's driver calls.
         limits: the launch limits dispatches are checked against.
         arch: e.g. ``"sm_90"``; name: e.g. ``"NVIDIA H100 80GB HBM3"``.
         lanes: one :class:`Lane` per stream of ``stream_pool``, by index.
@@ -53,10 +56,13 @@ class Device:
     """
 
     def __init__(self, ordinal: int, options: BackendOptions) -> None:
+        """Set up in the device's primary context, which this makes current on the calling
+        thread (the engine gives the thread back the context it had: ``CudaEngine``)."""
         from cuda.core import Device as CoreDevice
         from cuda.core import StreamOptions
 
         device = self.device = CoreDevice(ordinal)
+        self.handle = check(drv.cuDeviceGet(ordinal), "cuDeviceGet")
         device.set_current()
         props = device.properties
         self.limits = LaunchLimits(
@@ -70,6 +76,7 @@ class Device:
         self.name = device.name
         self.options = options
         self.context = drv.CUcontext(int(device.context.handle))
+        self.ctx = OwnContext(self.context)
         stream_options = StreamOptions(nonblocking=True)
         streams = [device.create_stream(options=stream_options) for _ in range(options.streams)]
         self.stream_pool: StreamPool[Any] = StreamPool(streams)
@@ -116,6 +123,7 @@ class Device:
         self.foreign = ForeignWork(self)
         # The reactor's hot half, made now: the fast path and the reactor share it.
         self.watches = core.Watches(n + WAIT_LANES, self.events.idle, options.spin_window)
+        self.watches.context = self.ctx.address
 
     @property
     def loop(self) -> asyncio.AbstractEventLoop:
@@ -207,8 +215,11 @@ class Device:
 
     def synchronize(self, threads: list[Joinable]) -> None:
         """Wait for the whole device, then for *threads* (a worker thread of a later loop)."""
-        drv.cuCtxSetCurrent(self.context)
-        drv.cuCtxSynchronize()  # a fault's error surfaces in the events' queries
+        pushed = self.ctx.enter()  # a thread of the loop's executor: left as it was
+        try:
+            drv.cuCtxSynchronize()  # a fault's error surfaces in the events' queries
+        finally:
+            self.ctx.leave(pushed)
         join(threads)
 
     def release_all(self, extra_streams: list[Any]) -> None:

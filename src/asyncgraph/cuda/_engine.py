@@ -14,6 +14,7 @@ from contextlib import AbstractAsyncContextManager
 from typing import Any
 
 import numpy as np
+from cuda.bindings import driver as drv
 
 from .. import _loop
 from .._bound import BoundCall
@@ -27,8 +28,10 @@ from .._scheduler import Job, JobState
 from .._telemetry import PoolCounters, Telemetry
 from ..pool import PinnedPool
 from ..pool._pinned import abandon_block, allocate_staging, free_staging
+from ._context import in_context
 from ._cores import core
 from ._device import Device, join
+from ._driver import check
 from ._graphs import Graphs
 from ._kernels import Kernels
 from ._launch import Launches, chained_lane
@@ -47,6 +50,16 @@ class CudaEngine:
     takes_device_arrays = True
 
     def __init__(self, ordinal: int, options: BackendOptions) -> None:
+        # Set up in the device's primary context (``Device`` makes it current); the thread gets
+        # back the context it had (``_context``).
+        code, before = drv.cuCtxGetCurrent()
+        check((code,), "cuCtxGetCurrent")
+        try:
+            self._set_up(ordinal, options)
+        finally:
+            drv.cuCtxSetCurrent(before)
+
+    def _set_up(self, ordinal: int, options: BackendOptions) -> None:
         self.name = f"cuda:{ordinal}"
         device = self.device = Device(ordinal, options)
         self.limits = device.limits
@@ -84,6 +97,7 @@ class CudaEngine:
             streams=device.options.streams,
         )
 
+    @in_context
     def fast_path(self, front: FastFront) -> Any:
         """The dispatch core's fast path over this device (``None`` when turned off, with NVTX
         ranges or per-dispatch log events, which it does not make, or without pinned memory
@@ -147,15 +161,18 @@ class CudaEngine:
     def check_kernel(self, kernel: Kernel) -> None:
         """Any kernel with source can run here."""
 
+    @in_context
     def prepare(self, call: BoundCall, timing: bool) -> Job:
         """Plan *call*: layout, streaming, direct inputs, foreign arrays."""
         return plan(call, timing, self.device.pinned, self.graphs.stream_above)
 
+    @in_context
     def graph_job(self, call: BoundCall, always: bool) -> Job | None:
         """A replay from the graph cache, or ``None``."""
         job: Job | None = self.graphs.cache.job_for(call, always)
         return job
 
+    @in_context
     async def compile(self, kernel: Kernel) -> None:
         """Compile and load *kernel* now.
 
@@ -167,14 +184,17 @@ class CudaEngine:
             return
         await self.kernels.load(kernel)
 
+    @in_context
     def start_compile(self, job: Job) -> None:
         """Compile *job*'s kernel in a task; the sink hears when it is loaded."""
         self.kernels.start(job.call.kernel, self._sink)
 
+    @in_context
     def stage(self, job: Job) -> None:
         """Stage *job*'s big inputs in threads."""
         self.small.stage(job)  # type: ignore[arg-type]  # every job here is a CudaJob
 
+    @in_context
     def launch(self, job: Job) -> None:
         """Launch *job* on the lane of the uses it depends on when they all run on one, else on
         the least busy lane (a streamed job: in a task of its own).
@@ -199,20 +219,24 @@ class CudaEngine:
         else:
             self.small.launch(cuda_job, lane)
 
+    @in_context
     def release(self, job: Job) -> None:
         """Give back what *job* holds (it failed before it ran)."""
         self.small.release(job)  # type: ignore[arg-type]  # every job here is a CudaJob
 
     # -- resident storage --------------------------------------------------------------------------
 
+    @in_context
     async def upload_storage(self, array: np.ndarray[Any, Any]) -> Any:
         """Device storage holding a copy of *array*."""
         return await self.storage.upload(array)
 
+    @in_context
     def alloc_storage(self, shape: tuple[int, ...], dtype: np.dtype[Any]) -> Any:
         """Uninitialised device storage."""
         return self.storage.alloc(shape, dtype)
 
+    @in_context
     async def download_storage(
         self,
         buffer: ResidentBuffer,
@@ -223,6 +247,7 @@ class CudaEngine:
         """Copy *buffer* out after the writers in *deps*."""
         return await self.storage.download(buffer, use, deps, out)
 
+    @in_context
     def free_storage(self, storage: Any) -> None:
         """Free device storage."""
         self.storage.free(storage)
@@ -231,6 +256,7 @@ class CudaEngine:
         """The device address of resident storage."""
         return int(storage.handle)
 
+    @in_context
     def host_array(self, shape: tuple[int, ...], dtype: np.dtype[Any]) -> np.ndarray[Any, Any]:
         """A numpy array in pinned memory."""
         return self.small.host_array(shape, dtype)
@@ -241,6 +267,7 @@ class CudaEngine:
         """DLPack device of resident buffers."""
         return self.storage.export_device()
 
+    @in_context
     def export_wait(self, buffer: ResidentBuffer, stream: int | None) -> None:
         """DLPack: order the consumer's stream after the uses in flight."""
         self.storage.export_wait(buffer, stream)
@@ -251,7 +278,7 @@ class CudaEngine:
 
     def stream(self) -> AbstractAsyncContextManager[StreamLease]:
         """Lease a stream for foreign work."""
-        return self._lease()
+        return self.device.ctx.manager(self._lease())
 
     @contextlib.asynccontextmanager
     async def _lease(self) -> AsyncIterator[StreamLease]:
@@ -266,6 +293,7 @@ class CudaEngine:
             device.stream_pool.give_back(slot)
             device.lease_ended()
 
+    @in_context
     async def synchronize_lane(self, slot: Any) -> None:
         """Wait for the work enqueued on a leased stream so far (``lease.synchronize()``).
 
@@ -291,6 +319,7 @@ class CudaEngine:
         """``backend.order()``: *stream* waits for *job* on the device."""
         return self.device.foreign.order(stream, job)
 
+    @in_context
     async def record(
         self,
         kernel: Kernel,
@@ -304,7 +333,7 @@ class CudaEngine:
 
     def capture(self, mode: object) -> AbstractAsyncContextManager[Any]:
         """Capture dispatches into a graph."""
-        return self.graphs.capture(mode)
+        return self.device.ctx.manager(self.graphs.capture(mode))
 
     def pool_counters(self) -> PoolCounters:
         """The pinned pool's counters."""
@@ -312,6 +341,7 @@ class CudaEngine:
 
     # -- closing -----------------------------------------------------------------------------------
 
+    @in_context
     async def settle_after(self, ended: asyncio.AbstractEventLoop, jobs: list[Job]) -> None:
         """The loop ended with *jobs* in flight: wait for the device, settle the watched events
         on this loop, and fail the jobs the ended loop's callbacks carried (streamed transfers,
@@ -348,6 +378,7 @@ class CudaEngine:
                 None,
             )
 
+    @in_context
     async def shutdown(self) -> None:
         """Release everything; nothing is in flight. Each step is safe to repeat."""
         device = self.device
@@ -364,6 +395,7 @@ class CudaEngine:
         # up their driver calls.
         await _loop.wrap_future(PinnedPool.wait_freed())
 
+    @in_context
     def shutdown_now(self) -> None:
         """Release everything without a loop; nothing was ever used."""
         device = self.device
@@ -385,6 +417,7 @@ class CudaEngine:
         device.release_all([self.graphs.capture_stream])
         self.launches.clear()
 
+    @in_context
     def release_unclosed(self) -> None:
         """Best-effort release of a backend dropped without closing."""
         self.device.close_reactor()

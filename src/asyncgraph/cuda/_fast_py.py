@@ -17,7 +17,7 @@ transition taken without the general pass, and its completion when nothing is qu
 parked; otherwise completion goes through the dispatcher (``Dispatcher.done``) as any job's.
 
 This is the Python core's fast path; the compiled core (``_core``) has its twin with the same
-methods and behaviour, one Python function per stage here as there.
+methods and behaviour.
 """
 
 from __future__ import annotations
@@ -75,10 +75,9 @@ _LAUNCHED = JobState.LAUNCHED
 _DONE = JobState.DONE
 _OOM = drv.CUresult.CUDA_ERROR_OUT_OF_MEMORY
 
-_memset = drv.cuMemsetD8Async
-_up = drv.cuMemcpyHtoDAsync
-_down = drv.cuMemcpyDtoHAsync
+_memset, _up, _down = drv.cuMemsetD8Async, drv.cuMemcpyHtoDAsync, drv.cuMemcpyDtoHAsync
 _record = drv.cuEventRecord
+_current, _push, _pop = drv.cuCtxGetCurrent, drv.cuCtxPushCurrent, drv.cuCtxPopCurrent
 _running_loop = asyncio._get_running_loop
 
 
@@ -110,6 +109,8 @@ class FastPath:
         self._cursor = 0  # where placement starts looking (round robin among ties)
         self._rings = [Ring(block) for block in rings]
         self._watches = watches
+        # The backend's own context (``_context``): made current around the driver calls.
+        self._context = drv.CUcontext(watches.context) if watches.context else None
         self._idle_events: list[Any] = events.idle
         self._take_event: Callable[[], Any] = events.take
         self._pool = stream_pool
@@ -318,6 +319,8 @@ class FastPath:
             ring.head = job.ring_end = start_at + staged
             job.ring_start = start_at
         self.dispatches += 1
+        own = self._context  # the backend's, current for the driver calls (``_context``)
+        pushed = own is not None and _current()[1] != own and _push(own)[0] == SUCCESS
         try:
             self._enqueue(job, plan, known.launcher, args, lane, ring.view, ring.ptr + at, at)
             idle = self._idle_events
@@ -331,6 +334,9 @@ class FastPath:
             if not isinstance(exc, Exception):
                 raise
             return pending
+        finally:
+            if pushed:
+                _pop()
         job.event = event
         watches.seq = job.seq = watches.seq + 1
         watches.lanes[lane.index].pending.append(job)

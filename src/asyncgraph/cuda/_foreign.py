@@ -193,8 +193,13 @@ class ForeignWork:
         device = self._device
         device.check_healthy()
         kind, handle = resolve(work)
-        if kind == _STREAM:
-            stream = self._stream(handle)
+        stream = self._stream(handle) if kind == _STREAM else None  # the caller's context
+        with device.ctx:
+            return self._wait(handle, stream)
+
+    def _wait(self, handle: int, stream: Any) -> asyncio.Future[None]:
+        device = self._device
+        if stream is not None:
             direct = device.wait_lanes[_DIRECT]
             if handle != self._direct_stream and not self._pending(direct):
                 self._direct_stream = handle
@@ -238,8 +243,9 @@ class ForeignWork:
         self._device.check_healthy()
         fences: list[Any] = []
         try:
-            for item in items:
-                fences.append(self._fence(item))
+            with self._device.ctx:
+                for item in items:
+                    fences.append(self._fence(item))
         except BaseException:
             self.drop(fences)
             raise
@@ -281,5 +287,6 @@ class ForeignWork:
             return True  # completed: nothing to wait for
         if event is False:
             return False
-        check(drv.cuStreamWaitEvent(stream, event, 0), "cuStreamWaitEvent")
+        with self._device.ctx:
+            check(drv.cuStreamWaitEvent(stream, event, 0), "cuStreamWaitEvent")
         return True

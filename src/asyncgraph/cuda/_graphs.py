@@ -58,6 +58,7 @@ class Graphs:
         # Graphs are captured on a stream of their own, which nothing else uses.
         self.capture_stream = device.device.create_stream(options=StreamOptions(nonblocking=True))
         self.capture_handle = drv.CUstream(int(self.capture_stream.handle))
+        self.ctx = device.ctx
         self.lock = CaptureLock()
         self._open: set[Any] = set()  # open CachedGraph / CapturedGraph, closed at aclose
         options = device.options
@@ -305,7 +306,8 @@ class Capture:
                 f"{kernel.name!r} is not compiled; await backend.compile(kernel) before the "
                 "capture (code cannot be loaded while a stream captures)"
             )
-        node = graphs.capture_launch(call, 0, self.guard)
+        with graphs.ctx:
+            node = graphs.capture_launch(call, 0, self.guard)
         recorded = RecordedDispatch(len(self._dispatches), call, node)
         self._dispatches.append(recorded)
         for arg in call.args:

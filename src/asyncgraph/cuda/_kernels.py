@@ -56,8 +56,7 @@ class Kernels:
             self._failed[kernel] = exc
             raise
         if not self._launches.is_loaded(kernel):
-            device.device.set_current()
-            self._launches.add(kernel, load_kernel(kernel, cubin))
+            self._launches.add(kernel, device.ctx.call(load_kernel, kernel, cubin))
             telemetry = device.telemetry
             if compiler.hits > hits:
                 telemetry.compile_cache_hits += 1
@@ -70,7 +69,7 @@ class Kernels:
         if failed is not None:
             sink.compiled(kernel, lambda _job: CompileError(failed.kernel, failed.log))
             return
-        task = sink.loop.create_task(self._compile_for_jobs(kernel, sink))
+        task = sink.loop.create_task(self._device.ctx.steps(self._compile_for_jobs(kernel, sink)))
         self.tasks.add(task)
         task.add_done_callback(self.tasks.discard)
 

@@ -40,6 +40,7 @@ from .. import _loop
 from .._exceptions import CudaError
 from .._inbox import off_loop_lock
 from .._telemetry import Telemetry
+from ._context import OwnContext
 from ._cores import core
 from ._driver import SUCCESS, check, error_for, is_sticky
 from ._events import EventPool
@@ -47,6 +48,8 @@ from ._waiters import Joinable, Waiters
 from ._watches import FAILED, HOLD_LIMIT, MIN_COMPLETIONS, STOPPED, Callback, WatchLane
 
 __all__ = ("HOLD_LIMIT", "MIN_COMPLETIONS", "Reactor")
+
+_get_current = drv.cuCtxGetCurrent
 
 # A poll's own work (completing dispatches) stops before it would pass this, once
 # MIN_COMPLETIONS are done.
@@ -85,6 +88,10 @@ class Reactor:
     ) -> None:
         self._loop = loop
         self._context = context
+        # Loop callbacks make driver calls in the backend's own context (``_context``): the
+        # poll checks it itself (once a poll, the hot path), the waiters' wake-up through this.
+        self._own = context if context is not None and int(context) else None
+        self._woken = OwnContext(context).wrap(self._woken)  # type: ignore[method-assign]  # the same, in context
         watches = core.Watches(lanes, events.idle, spin_window) if isinstance(lanes, int) else lanes
         self._w = watches
         self._lanes: list[WatchLane] = watches.lanes
@@ -162,51 +169,59 @@ class Reactor:
     # -- loop thread -----------------------------------------------------------------------
 
     def _poll(self) -> None:
-        w = self._w
-        w.poll_scheduled = False
-        if w.paused:
-            self._poll_paused()
-            return
-        w.held_since = 0.0  # the loop is running callbacks: nothing holds it
-        self.polls += 1
-        # The loop iteration since the last poll ran the tasks that poll woke: learn from it
-        # what a woken task costs, and wake as many as fit in ITERATION_BUDGET (at least
-        # MIN_COMPLETIONS, so slow tasks never bring it down to one a loop iteration).
-        now = perf_counter()
-        if self._woke:
-            sample = min((now - self._poll_end) / self._woke, ITERATION_BUDGET)
-            self.task_cost += 0.25 * (sample - self.task_cost)
-            self._woke = 0
-        elif now - self._poll_end > IDLE_GAP:
-            # Other callbacks ran since the last poll: the loop is busy, so polling once an
-            # iteration costs it little, and waiter threads would only add wake-ups. They are
-            # armed only once polls follow each other with nothing else to run (below).
-            w.window_start = now
-        limit = max(MIN_COMPLETIONS, int(ITERATION_BUDGET / max(self.task_cost, 1e-6)))
-        # Deliver completed watches oldest first across the lanes, bounded by the budget: the
-        # tasks these woke run before the next poll, so the loop's other work never waits
-        # behind all of them, and none waits behind newer ones of busier lanes.
-        done, how = w.drain(limit, now, now + POLL_BUDGET)
-        if how == STOPPED:
-            w.window_start = perf_counter()
-            self._again(done)
-            return
-        if how == FAILED:
-            return  # _failed scheduled a poll if more are pending
-        busy = how != 0  # BUSY: some lane's oldest event is still running
-        if not busy and not w.pending:
-            return
-        now = perf_counter()
-        if done:
-            w.window_start = now
-        if now - w.window_start < self._window or not busy:
-            self._again(done)
-            return
-        # Polls followed each other for a whole window with nothing completing and nothing else
-        # to run: let the waiter threads sleep on the events, and the loop sleep too.
-        for lane in self._lanes:
-            if lane.pending and lane.handed is None:
-                self._hand_off(lane)
+        own = self._own
+        pushed = own is not None and _get_current()[1] != own  # ``_context``
+        if pushed:
+            check(drv.cuCtxPushCurrent(own), "cuCtxPushCurrent")
+        try:
+            w = self._w
+            w.poll_scheduled = False
+            if w.paused:
+                self._poll_paused()
+                return
+            w.held_since = 0.0  # the loop is running callbacks: nothing holds it
+            self.polls += 1
+            # The loop iteration since the last poll ran the tasks that poll woke: learn from
+            # it what a woken task costs, and wake as many as fit in ITERATION_BUDGET (at least
+            # MIN_COMPLETIONS, so slow tasks never bring it down to one a loop iteration).
+            now = perf_counter()
+            if self._woke:
+                sample = min((now - self._poll_end) / self._woke, ITERATION_BUDGET)
+                self.task_cost += 0.25 * (sample - self.task_cost)
+                self._woke = 0
+            elif now - self._poll_end > IDLE_GAP:
+                # Other callbacks ran since the last poll: the loop is busy, so polling once an
+                # iteration costs it little, and waiter threads would only add wake-ups. They
+                # are armed only once polls follow each other with nothing else to run (below).
+                w.window_start = now
+            limit = max(MIN_COMPLETIONS, int(ITERATION_BUDGET / max(self.task_cost, 1e-6)))
+            # Deliver completed watches oldest first across the lanes, bounded by the budget:
+            # the tasks these woke run before the next poll, so the loop's other work never
+            # waits behind all of them, and none waits behind newer ones of busier lanes.
+            done, how = w.drain(limit, now, now + POLL_BUDGET)
+            if how == STOPPED:
+                w.window_start = perf_counter()
+                self._again(done)
+                return
+            if how == FAILED:
+                return  # _failed scheduled a poll if more are pending
+            busy = how != 0  # BUSY: some lane's oldest event is still running
+            if not busy and not w.pending:
+                return
+            now = perf_counter()
+            if done:
+                w.window_start = now
+            if now - w.window_start < self._window or not busy:
+                self._again(done)
+                return
+            # Polls followed each other for a whole window with nothing completing and nothing
+            # else to run: let the waiter threads sleep on the events, and the loop sleep too.
+            for lane in self._lanes:
+                if lane.pending and lane.handed is None:
+                    self._hand_off(lane)
+        finally:
+            if pushed:
+                drv.cuCtxPopCurrent()
 
     def _again(self, done: int) -> None:
         """Poll again in the next loop iteration, after the *done* dispatches' tasks ran."""

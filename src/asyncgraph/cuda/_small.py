@@ -94,7 +94,7 @@ class SmallPath:
                 job.staged = True
             sink.staged(job, error)
 
-        sink.loop.run_in_executor(None, stage).add_done_callback(staged)
+        sink.loop.run_in_executor(None, stage).add_done_callback(self._device.ctx.wrap(staged))
 
     # -- the launch --------------------------------------------------------------------------------
 
@@ -314,7 +314,7 @@ class SmallPath:
                 future.set_result(self._results(job))
             except Exception as exc:
                 future.set_exception(exc)
-        future.add_done_callback(finished)
+        future.add_done_callback(self._device.ctx.wrap(finished))
 
     # -- pinned memory lent to result arrays ---------------------------------------------------
 

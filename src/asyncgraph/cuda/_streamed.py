@@ -60,7 +60,7 @@ class StreamedPath:
 
     def launch(self, job: CudaJob) -> None:
         """Start *job*'s task."""
-        task = self._sink.loop.create_task(self._run(job))
+        task = self._sink.loop.create_task(self._device.ctx.steps(self._run(job)))
         self.tasks.add(task)
         task.add_done_callback(self.tasks.discard)
 

@@ -27,7 +27,7 @@ from cuda.bindings import driver as drv
 
 from .._exceptions import CudaError
 from .._telemetry import logger
-from ._driver import NOT_READY, SUCCESS
+from ._driver import NOT_READY, SUCCESS, check
 
 __all__ = (
     "BUSY",
@@ -56,6 +56,7 @@ MIN_COMPLETIONS = 4
 HOLD_LIMIT = 500e-6
 # cuEventQuery(event): (code,), NOT_READY while it runs (the Python core's query).
 query = drv.cuEventQuery
+current_context = drv.cuCtxGetCurrent
 
 
 class Watch:
@@ -102,6 +103,7 @@ class Watches:
     """
 
     __slots__ = (
+        "_own",
         "complete",
         "failed",
         "fault",
@@ -129,6 +131,7 @@ class Watches:
         self.held_since = 0.0  # first inline completion since the loop last polled
         self.spins = 0  # completions spin() delivered before their task yielded
         self.paused = False  # a capture runs: no queries on the loop's thread
+        self._own: Any = None  # the backend's CUcontext, current around spin() (``context``)
         self.fault: CudaError | None = None  # the sticky error every later watch fails with
         self.schedule: Callable[[], None] | None = None
         self.failed: Callable[[Any, Any], None] = _no_failure_handler
@@ -245,6 +248,15 @@ class Watches:
                 self.idle_events.append(watch.event)
             self.call(watch, None)
 
+    @property
+    def context(self) -> int:
+        """The address of the backend's context, made current around :meth:`spin`; 0: none."""
+        return int(self._own) if self._own is not None else 0
+
+    @context.setter
+    def context(self, address: int) -> None:
+        self._own = drv.CUcontext(address) if address else None
+
     def spin(self) -> None:
         """Poll the only watched event right here for up to ``spin_window`` seconds.
 
@@ -267,26 +279,34 @@ class Watches:
         watch = lane.pending[0]
         if watch.held:
             return
-        event = watch.event
-        deadline = now + self.spin_window
-        while True:
-            code = query(event)[0]
-            if code != NOT_READY:
-                break
-            if perf_counter() > deadline:
-                return
-        lane.pending.popleft()
-        lane.ready = 0
-        self.pending -= 1
-        self.spins += 1
-        if not held:
-            self.held_since = now
-        if code == SUCCESS:
-            watch.finished = True  # finish(), inline
-            self.idle_events.append(watch.event)  # not held: checked above
-            self.call(watch, None)
-        else:
-            self.failed(watch, code)
+        own = self._own
+        pushed = own is not None and current_context()[1] != own  # the backend's, current
+        if pushed:
+            check(drv.cuCtxPushCurrent(own), "cuCtxPushCurrent")
+        try:
+            event = watch.event
+            deadline = now + self.spin_window
+            while True:
+                code = query(event)[0]
+                if code != NOT_READY:
+                    break
+                if perf_counter() > deadline:
+                    return
+            lane.pending.popleft()
+            lane.ready = 0
+            self.pending -= 1
+            self.spins += 1
+            if not held:
+                self.held_since = now
+            if code == SUCCESS:
+                watch.finished = True  # finish(), inline
+                self.idle_events.append(watch.event)  # not held: checked above
+                self.call(watch, None)
+            else:
+                self.failed(watch, code)
+        finally:
+            if pushed:
+                drv.cuCtxPopCurrent()
 
     def take_all(self) -> list[Any]:
         """Every watch of every lane, in lane order; the lanes are left empty."""
