@@ -36,6 +36,10 @@ def test_exceptions_form_the_documented_tree() -> None:
     assert issubclass(ag.ArgumentTypeError, TypeError)
     assert issubclass(ag.DispatchError, ValueError)
     assert issubclass(ag.AllocationError, MemoryError)
+    assert issubclass(ag.NotPicklableError, ag.UnsupportedError)
+    assert issubclass(ag.NotPicklableError, TypeError)
+    assert issubclass(ag.StartTimeoutError, TimeoutError)
+    assert issubclass(ag.GroupError, ValueError)
     for name in ag.__all__:
         value = getattr(ag, name)
         if isinstance(value, type) and issubclass(value, Exception):

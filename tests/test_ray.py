@@ -173,6 +173,13 @@ async def test_bad_use_of_a_pool_is_refused(local_ray: Any) -> None:
 
     with pytest.raises(ag.GroupError, match="a positive number of actors"):
         open_actor_pool(0)
+    for bad in (0, -1.0, float("nan"), "60", True):
+        with pytest.raises(
+            ag.GroupError,
+            match=r"^open_actor_pool\(start_timeout=.*\): pass a positive number of seconds, "
+            r"or None to wait as long as it takes$",
+        ):
+            open_actor_pool(1, start_timeout=bad)  # type: ignore[arg-type]  # on purpose
     pool = open_actor_pool(1, device="host")
     with pytest.raises(ag.GroupError, match="the pool is not open"):
         await pool.run(_scale, np.ones(4, np.float32), 1.0)
@@ -181,3 +188,114 @@ async def test_bad_use_of_a_pool_is_refused(local_ray: Any) -> None:
             await pool.run_on(3, _scale, np.ones(4, np.float32), 1.0)
         with pytest.raises(ag.GroupError, match="a pool opens once"):
             await pool.open()
+
+
+async def test_a_resident_buffer_in_a_result_says_to_download_it(local_ray: Any) -> None:
+    from asyncgraph.ray import open_actor_pool
+
+    async def make(worker: Any) -> Any:
+        return await worker.backend.upload(np.ones(4, np.float32))
+
+    async def nested(worker: Any) -> Any:
+        return {"out": [await worker.backend.upload(np.ones(4, np.float32))]}
+
+    async def fine(worker: Any) -> Any:
+        buffer = await worker.backend.upload(np.ones(4, np.float32))
+        return await worker.backend.download(buffer)
+
+    async with open_actor_pool(1, device="host") as pool:
+        for pipeline in (make, nested):
+            with pytest.raises(
+                ag.NotPicklableError,
+                match=r"^pipeline test_a_resident_buffer_in_a_result_says_to_download_it\.<locals>"
+                r"\.(make|nested) on actor 0 sent a resident buffer out of the actor \(in its "
+                r"result, say\); a resident buffer lives on its actor's backend: return 'await "
+                r"worker\.backend\.download\(buffer\)' from the pipeline instead, or keep the "
+                r"buffer in worker\.state$",
+            ) as caught:
+                await pool.run(pipeline)
+            assert isinstance(caught.value, TypeError)  # what pickling raises for such objects
+            cause = caught.value.__cause__
+            assert isinstance(cause, ag.NotPicklableError)
+            assert str(cause).startswith("a resident buffer (float32 (4,) on host) cannot be ")
+        assert pool.in_flight == (0,)
+        np.testing.assert_array_equal(await pool.run(fine), np.ones(4, np.float32))
+
+
+async def test_a_resident_buffer_as_an_argument_is_refused(local_ray: Any) -> None:
+    from asyncgraph.ray import open_actor_pool
+
+    async with open_actor_pool(1, device="host") as pool, ag.open_backend("host") as local:
+        buffer = await local.upload(np.ones(4, np.float32))
+        with pytest.raises(
+            ag.NotPicklableError,
+            match=r"^pool\.run\(_scale, \.\.\.\) got a resident buffer among its arguments; it "
+            r"lives on a backend of this process, not on the actors': pass its contents \('await "
+            r"backend\.download\(buffer\)'\), and upload them inside the pipeline if need be$",
+        ):
+            await pool.run(_scale, buffer, 2.0)
+        assert pool.in_flight == (0,)
+        _, out = await pool.run(_scale, await local.download(buffer), 2.0)
+        np.testing.assert_array_equal(out, np.full(4, 2, np.float32))
+
+
+@pytest.mark.parametrize(
+    ("size", "num_gpus", "actor_options", "message"),
+    [
+        (
+            3, 1, {},
+            r"^open_actor_pool\(3\) asks Ray for 3 actors of 1 GPU each, but its cluster has 2 "
+            r"GPU on 1 node, room for 2 of them; open at most 2, ask less of each, or add nodes$",
+        ),
+        (
+            2, 0.5, {"num_cpus": 3},
+            r"^open_actor_pool\(2\) asks Ray for 2 actors of 0\.5 GPU, 3 CPU each, but its "
+            r"cluster has 2 GPU, 4 CPU on 1 node, room for 1 of them; open at most 1, ask less "
+            r"of each, or add nodes$",
+        ),
+        (
+            1, 0, {"resources": {"TPU": 1}},
+            r"^open_actor_pool\(1\) asks Ray for 1 actor of 1 TPU each, but its cluster has 0 "
+            r"TPU on 1 node, room for none of them; ask less of each, or add nodes$",
+        ),
+    ],
+)  # fmt: skip
+async def test_a_pool_the_cluster_can_never_hold_is_refused_at_once(
+    local_ray: Any, size: int, num_gpus: float, actor_options: dict[str, Any], message: str
+) -> None:
+    from asyncgraph.ray import open_actor_pool
+
+    pool = open_actor_pool(size, device="host", num_gpus=num_gpus, actor_options=actor_options)
+    with pytest.raises(ag.GroupError, match=message):
+        await asyncio.wait_for(pool.open(), 30)  # before the check it waited forever
+    assert len(pool) == 0
+
+
+async def test_actors_that_do_not_start_in_time_are_stopped(local_ray: Any) -> None:
+    """Another actor holds both GPUs: the pool fits the cluster, but its actor cannot start."""
+    from asyncgraph.ray import open_actor_pool
+
+    @local_ray.remote(num_gpus=2)
+    class Holder:
+        def ready(self) -> bool:
+            return True
+
+    holder = Holder.remote()  # type: ignore[attr-defined]  # made by ray.remote
+    assert await holder.ready.remote()
+    try:
+        pool = open_actor_pool(1, device="host", start_timeout=0.5)
+        with pytest.raises(
+            ag.StartTimeoutError,
+            match=r"^1 of 1 actors of the pool did not start within 0\.5 s \(start_timeout\); "
+            r"each asks for 1 GPU, and Ray reports free now: [0-9.]+ of 2 GPU\. Other actors or "
+            r"tasks hold what they need, or they are slow to start; the pool's actors were "
+            r"stopped\. Free the resources, open fewer actors, or give a longer start_timeout$",
+        ) as caught:
+            await pool.open()
+        assert isinstance(caught.value, TimeoutError)
+        assert len(pool) == 0
+    finally:
+        local_ray.kill(holder)
+    # The actor that waited was stopped: were it still waiting, it would take a GPU now.
+    async with open_actor_pool(2, device="host", start_timeout=20) as pool:
+        assert sorted(str(i.gpu_ids[0]) for i in pool.infos) == ["0", "1"]

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import asyncio
+import copy
+import pickle
 
 import numpy as np
 import pytest
@@ -238,3 +240,20 @@ async def test_out_resident_refusals(host: ag.Backend) -> None:
     buf = host.empty(4, np.float32)
     with pytest.raises(ag.DispatchError, match=r"^Out\(into=buffer\) already writes a resident"):
         ag.Out(into=buf, resident=True)
+
+
+async def test_a_resident_buffer_cannot_be_pickled_or_copied(host: ag.Backend) -> None:
+    buffer = await host.upload(np.ones((2, 3), np.float32))
+    message = (
+        r"^a resident buffer \(float32 \(2, 3\) on host\) cannot be pickled: it lives on its "
+        r"backend, in the process that made it; download it first \('array = await "
+        r"backend\.download\(buffer\)'\) and send the array$"
+    )
+    for protocol in range(pickle.HIGHEST_PROTOCOL + 1):
+        with pytest.raises(ag.NotPicklableError, match=message):
+            pickle.dumps({"weights": [buffer]}, protocol=protocol)
+    with pytest.raises(TypeError, match=message):  # what pickle raises for such objects
+        copy.deepcopy(buffer)
+    with pytest.raises(ag.UnsupportedError, match=message):
+        copy.copy(buffer)
+    np.testing.assert_array_equal(await host.download(buffer), np.ones((2, 3), np.float32))

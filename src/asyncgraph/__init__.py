@@ -20,9 +20,11 @@ from ._exceptions import DeviceUnavailableError as DeviceUnavailableError
 from ._exceptions import DispatchError as DispatchError
 from ._exceptions import GroupError as GroupError
 from ._exceptions import HostFunctionError as HostFunctionError
+from ._exceptions import NotPicklableError as NotPicklableError
 from ._exceptions import QueueFullError as QueueFullError
 from ._exceptions import ShapeMismatchError as ShapeMismatchError
 from ._exceptions import StaleBufferError as StaleBufferError
+from ._exceptions import StartTimeoutError as StartTimeoutError
 from ._exceptions import UnsupportedError as UnsupportedError
 from ._group import DeviceGroup as DeviceGroup
 from ._group import GroupSnapshot as GroupSnapshot
@@ -63,6 +65,7 @@ __all__ = (
     "InOut",
     "Kernel",
     "LaunchLimits",
+    "NotPicklableError",
     "Out",
     "Param",
     "PendingDispatch",
@@ -71,6 +74,7 @@ __all__ = (
     "ResidentBuffer",
     "ShapeMismatchError",
     "StaleBufferError",
+    "StartTimeoutError",
     "StreamLease",
     "TelemetrySnapshot",
     "UnsupportedError",

@@ -29,6 +29,7 @@ __all__ = (
     "check_kernel",
     "check_pointer_dtype",
     "check_scalar",
+    "check_upload",
     "describe",
     "describe_value",
     "is_int",
@@ -159,6 +160,16 @@ def check_array(array: np.ndarray[Any, Any], where: str, *, argument: bool = Fal
         )
     if array.nbytes > MAX_BYTES:
         raise DispatchError(f"{what} of {array.nbytes} bytes, more than any device has")
+
+
+def check_upload(array: object, where: str) -> None:
+    """Refuse what *where* (``upload()``, or a group's ``replicate()``) cannot copy to a backend:
+    anything but a non-empty, C-contiguous, native-order numeric numpy array."""
+    if not isinstance(array, np.ndarray):
+        raise ArgumentTypeError(
+            f"{where} takes a numpy array, got {type(array).__name__}; pass np.asarray(x)"
+        )
+    check_array(array, where)
 
 
 def check_pointer_dtype(dtype: np.dtype[Any], where: str, param: Param | None) -> None:

@@ -18,6 +18,9 @@ working for callers who do not know this library::
      ├─ StaleBufferError                 a freed, reused or foreign resident buffer
      ├─ DeviceUnavailableError           no CUDA driver or device where one was required
      ├─ UnsupportedError                 the backend cannot do this (a kernel without host=...)
+     │   └─ NotPicklableError (TypeError) a resident buffer pickled to leave its process (Ray)
+     ├─ GroupError (ValueError)          a device group or actor pool cannot do what was asked
+     ├─ StartTimeoutError (TimeoutError) an actor pool's actors did not start in time
      └─ BackendClosedError               the backend is closed or closing
 """
 
@@ -34,10 +37,13 @@ __all__ = (
     "DeviceFaultError",
     "DeviceUnavailableError",
     "DispatchError",
+    "GroupError",
     "HostFunctionError",
+    "NotPicklableError",
     "QueueFullError",
     "ShapeMismatchError",
     "StaleBufferError",
+    "StartTimeoutError",
     "UnsupportedError",
 )
 
@@ -147,9 +153,27 @@ class UnsupportedError(AsyncGraphError):
     host backend, or a blocking call on the event loop's own thread)."""
 
 
+class NotPicklableError(UnsupportedError, TypeError):
+    """A resident buffer was pickled: to be sent to another process (a Ray actor's result or
+    argument), or copied with :mod:`copy`.
+
+    Its memory lives on its backend, in the process that made it; download it first
+    (``await backend.download(buffer)``) and send the array.
+    """
+
+
 class GroupError(AsyncGraphError, ValueError):
-    """A device group cannot do what was asked: no devices, a GPU named twice, a group used
-    before it is open, or a dispatch whose resident buffers live on different members."""
+    """A device group or an actor pool cannot do what was asked: no devices, a GPU named twice,
+    a group used before it is open, a member that is not in the group, a dispatch whose
+    resident buffers live on different members, or an actor pool that its Ray cluster can
+    never hold."""
+
+
+class StartTimeoutError(AsyncGraphError, TimeoutError):
+    """The actors of a Ray actor pool did not all start within its ``start_timeout``.
+
+    The message says what Ray reports free; the actors the pool started are stopped.
+    """
 
 
 class BackendClosedError(AsyncGraphError):

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
 import attrs
@@ -15,7 +16,7 @@ if TYPE_CHECKING:
     from ._backend import Backend
     from ._group import DeviceGroup
 
-__all__ = ("GroupSnapshot", "Replicated")
+__all__ = ("GroupSnapshot", "Replicated", "first_failure")
 
 
 @attrs.frozen
@@ -63,18 +64,19 @@ class Replicated:
         self.dtype = first.dtype
         self.nbytes = first.nbytes
 
-    def on(self, member: Backend) -> ResidentBuffer:
-        """The copy on *member*.
+    def on(self, member: Backend | int) -> ResidentBuffer:
+        """The copy on *member* (a member backend, or its index in the group).
 
         Raises:
-            GroupError: *member* is not a member of the group, or has no copy (it had failed
-                or was closed when the array was replicated).
+            GroupError: *member* is not a member of the group (or an index out of range), or
+                has no copy (it had failed or was closed when the array was replicated).
         """
-        buffer = self.buffers[self._group.index(member)]
+        index = self._group.index(member)
+        buffer = self.buffers[index]
         if buffer is None:
             raise GroupError(
-                f"{member.name} has no copy of this replicated array: it had failed or was "
-                "closed when the array was replicated"
+                f"{self._group[index].name} (member {index}) has no copy of this replicated "
+                "array: it had failed or was closed when the array was replicated"
             )
         return buffer
 
@@ -87,3 +89,17 @@ class Replicated:
 
     def __repr__(self) -> str:
         return f"<Replicated {self.dtype} {self.shape} on {len(self.buffers)} members>"
+
+
+def first_failure(
+    where: str, failures: list[tuple[int, Exception]], members: Sequence[Backend]
+) -> Exception:
+    """Of the members' errors in one call of the group's (*where*), the one to raise: the first
+    member's, in member order, with a note saying where it came from and one per other error.
+    """
+    ordered = sorted(failures, key=lambda failure: failure[0])
+    index, first = ordered[0]
+    first.add_note(f"{where}: raised by member {index} ({members[index].name})")
+    for i, other in ordered[1:]:
+        first.add_note(f"{where}: member {i} ({members[i].name}) failed too: {other!r}")
+    return first

@@ -16,13 +16,13 @@ from __future__ import annotations
 
 import threading
 from collections.abc import Callable
-from typing import Any, Protocol
+from typing import Any, NoReturn, Protocol
 
 import numpy as np
 
 from . import _loop
 from ._dlpack import make_capsule
-from ._exceptions import ArgumentTypeError, ShapeMismatchError, StaleBufferError
+from ._exceptions import ArgumentTypeError, NotPicklableError, ShapeMismatchError, StaleBufferError
 
 __all__ = (
     "Download",
@@ -223,6 +223,18 @@ class ResidentBuffer:
             "version": 3,
             "stream": stream,
         }
+
+    def __reduce__(self) -> NoReturn:
+        """Refuse pickling (and :mod:`copy`): the memory cannot leave its backend this way.
+
+        Raises:
+            NotPicklableError: always; it says to download the buffer and send the array.
+        """
+        raise NotPicklableError(
+            f"a resident buffer ({self.dtype} {self.shape} on {self.backend_name}) cannot be "
+            "pickled: it lives on its backend, in the process that made it; download it "
+            "first ('array = await backend.download(buffer)') and send the array"
+        )
 
     def __repr__(self) -> str:
         state = "closed" if self.is_closed else f"{self._in_use} in use"

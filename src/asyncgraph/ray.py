@@ -19,6 +19,9 @@ Each actor is a Ray async actor: its methods run on one event loop, where its ba
 opened, and up to Ray's ``max_concurrency`` of them at once. Ray's concurrency groups give a
 group its own event loop, which a backend refuses (``UnsupportedError``): do not use them with
 this pool. The pool awaits Ray's object refs, so call it from asyncio (not trio).
+
+A resident buffer lives on its actor's backend and cannot leave the actor: a pipeline returns
+``await worker.backend.download(buffer)``, not the buffer (``NotPicklableError``).
 """
 
 from __future__ import annotations
@@ -32,13 +35,14 @@ from typing import Any
 import attrs
 
 from ._backend import Backend
-from ._exceptions import BackendClosedError, GroupError
+from ._exceptions import BackendClosedError, GroupError, NotPicklableError, StartTimeoutError
 from ._open import open_backend
 from ._options import BackendOptions
 
 __all__ = ("ActorInfo", "ActorPool", "Worker", "open_actor_pool")
 
 Pipeline = Callable[..., Awaitable[Any]]
+Resources = dict[str, float]  # Ray's resources by name: "GPU", "CPU", "memory", custom ones
 
 
 @attrs.frozen
@@ -137,6 +141,7 @@ def open_actor_pool(
     num_gpus: float = 1,
     options: BackendOptions | None = None,
     actor_options: dict[str, Any] | None = None,
+    start_timeout: float | None = 60.0,
 ) -> ActorPool:
     """A pool of *size* Ray actors, each with a backend on *device*, opened by ``async with``.
 
@@ -149,13 +154,96 @@ def open_actor_pool(
         num_gpus: GPUs each actor asks Ray for.
         options: each backend's :class:`BackendOptions`.
         actor_options: more of Ray's actor options (``num_cpus``, ``resources``, ...).
+        start_timeout: seconds for every actor to start and open its backend (``None``: no
+            limit); see :meth:`ActorPool.open`.
 
     Raises:
-        GroupError: *size* is not a positive int.
+        GroupError: *size* is not a positive int, or *start_timeout* not a positive number.
     """
     if isinstance(size, bool) or not isinstance(size, int) or size < 1:
         raise GroupError(f"open_actor_pool({size!r}): pass a positive number of actors")
-    return ActorPool(size, device, num_gpus, options or BackendOptions(), dict(actor_options or {}))
+    if start_timeout is not None and (
+        isinstance(start_timeout, bool)
+        or not isinstance(start_timeout, int | float)
+        or not start_timeout > 0
+    ):
+        raise GroupError(
+            f"open_actor_pool(start_timeout={start_timeout!r}): pass a positive number of "
+            "seconds, or None to wait as long as it takes"
+        )
+    return ActorPool(
+        size, device, num_gpus, options or BackendOptions(), dict(actor_options or {}),
+        start_timeout,
+    )  # fmt: skip
+
+
+def _demand(actor_options: dict[str, Any]) -> Resources:
+    """What Ray holds for each actor while it lives, by resource name (an actor asks for no
+    CPU unless ``num_cpus`` says so)."""
+    asked = {
+        "GPU": actor_options.get("num_gpus"),
+        "CPU": actor_options.get("num_cpus"),
+        "memory": actor_options.get("memory"),
+        **(actor_options.get("resources") or {}),
+    }
+    return {name: float(amount) for name, amount in asked.items() if amount}
+
+
+def _amount(name: str, value: float) -> str:
+    """``"2"``, or ``"1.5 GiB"`` for Ray's memory resources (counted in bytes)."""
+    return f"{value / 2**30:.3g} GiB" if name in ("memory", "object_store_memory") else f"{value:g}"
+
+
+def _amounts(resources: Resources, names: list[str]) -> str:
+    """``"2 GPU, 1.5 GiB memory"``: *names* of *resources*, as Ray counts them."""
+    return ", ".join(f"{_amount(n, resources.get(n, 0.0))} {n}" for n in names)
+
+
+def _ray_resources() -> tuple[list[Resources], Resources, Resources]:
+    """What Ray reports now: each live node's resources, the cluster's, and those free."""
+    import ray
+
+    api: Any = ray  # nodes(), cluster_resources() and available_resources() are unannotated
+    nodes = [node["Resources"] for node in api.nodes() if node.get("Alive")]
+    return nodes, api.cluster_resources(), api.available_resources()
+
+
+def _refuse_what_cannot_fit(size: int, demand: Resources) -> None:
+    """Raise :class:`GroupError` if the Ray cluster's live nodes can never hold *size* actors
+    asking for *demand* each (an actor's resources come from one node)."""
+    if not demand:
+        return
+    nodes, total, _ = _ray_resources()
+    room = sum(
+        min(int(have.get(name, 0.0) / amount + 1e-9) for name, amount in demand.items())
+        for have in nodes
+    )
+    if room >= size:
+        return
+    names = list(demand)
+    has = _amounts(total, names)
+    fewer = f"open at most {room}, ask" if room else "ask"
+    raise GroupError(
+        f"open_actor_pool({size}) asks Ray for {size} actor{'s' * (size != 1)} of "
+        f"{_amounts(demand, names)} each, "
+        f"but its cluster has {has} on {len(nodes)} node{'s' * (len(nodes) != 1)}, room for "
+        f"{room or 'none'} of them; {fewer} less of each, or add nodes"
+    )
+
+
+def _retrieve(future: asyncio.Future[Any]) -> None:
+    """A done callback: marks the future's exception retrieved (a caller that left, or an
+    actor stopped while it started, leaves none unread)."""
+    if not future.cancelled():
+        future.exception()
+
+
+def _not_picklable(exc: BaseException) -> NotPicklableError | None:
+    """The :class:`NotPicklableError` behind Ray's error *exc*, if that is what it wraps: an
+    actor's result that held a resident buffer (``RayTaskError.cause``), or an argument that
+    did (Ray's ``TypeError``, chained)."""
+    cause = getattr(exc, "cause", None) or exc.__cause__
+    return cause if isinstance(cause, NotPicklableError) else None
 
 
 class ActorPool:
@@ -171,11 +259,13 @@ class ActorPool:
         num_gpus: float,
         options: BackendOptions,
         actor_options: dict[str, Any],
+        start_timeout: float | None = 60.0,
     ) -> None:
         self._size = size
         self._device = device
         self._actor_options = {"num_gpus": num_gpus, **actor_options}
         self._options = options
+        self._start_timeout = start_timeout
         self._actors: list[Any] = []
         self._busy: list[int] = []  # runs sent to each actor and not finished
         self._running: set[asyncio.Future[Any]] = set()
@@ -186,20 +276,31 @@ class ActorPool:
     async def open(self) -> ActorPool:
         """Start the actors and open their backends.
 
+        A pool that the cluster's live nodes can never hold (more GPUs, CPUs, memory or custom
+        resources than they have, counting that each actor takes its share from one node) is
+        refused at once, before any actor starts, unless ``actor_options`` gives a
+        ``scheduling_strategy`` (a placement group, say), which this check does not model.
+
         Raises:
-            GroupError: the pool was opened before.
-            Exception: what an actor raised while opening its backend; every actor is stopped.
+            GroupError: the pool was opened before, or the cluster can never hold it (the
+                message says what it has).
+            StartTimeoutError: the actors did not all start within ``start_timeout`` (taken by
+                other work, or slow to start); the message says what Ray reports free.
+            Exception: what an actor raised while opening its backend.
+
+            On any error, every actor started is stopped.
         """
         import ray
 
         if self._actors or self._closing:
             raise GroupError("a pool opens once; make another with open_actor_pool()")
+        demand = _demand(self._actor_options)
+        if "scheduling_strategy" not in self._actor_options:
+            _refuse_what_cannot_fit(self._size, demand)
         remote: Any = ray.remote(BackendActor).options(**self._actor_options)
         actors: list[Any] = [remote.remote(i) for i in range(self._size)]
         try:
-            infos = await asyncio.gather(
-                *(a.start.remote(self._device, self._options) for a in actors)
-            )
+            infos = await self._start(actors, demand)
         except BaseException:
             for actor in actors:
                 ray.kill(actor)
@@ -208,6 +309,37 @@ class ActorPool:
         self._busy = [0] * len(actors)
         self.infos = tuple(infos)
         return self
+
+    async def _start(self, actors: list[Any], demand: Resources) -> list[ActorInfo]:
+        """Each actor's :class:`ActorInfo`, once all started; the first error, or
+        :class:`StartTimeoutError` at ``start_timeout``."""
+        starts = [
+            asyncio.wrap_future(a.start.remote(self._device, self._options).future())
+            for a in actors
+        ]
+        for start in starts:
+            start.add_done_callback(_retrieve)
+        _, waiting = await asyncio.wait(
+            starts, timeout=self._start_timeout, return_when=asyncio.FIRST_EXCEPTION
+        )
+        for start in starts:
+            if start.done() and (error := start.exception()) is not None:
+                raise error
+        if waiting:
+            names = list(demand) or ["CPU"]
+            _, total, now = _ray_resources()
+            free = ", ".join(
+                f"{_amount(n, now.get(n, 0.0))} of {_amount(n, total.get(n, 0.0))} {n}"
+                for n in names
+            )
+            raise StartTimeoutError(
+                f"{len(waiting)} of {len(actors)} actors of the pool did not start within "
+                f"{self._start_timeout:g} s (start_timeout); each asks for "
+                f"{_amounts(demand, names)}, and Ray reports free now: {free}. Other actors or "
+                "tasks hold what they need, or they are slow to start; the pool's actors were "
+                "stopped. Free the resources, open fewer actors, or give a longer start_timeout"
+            )
+        return [start.result() for start in starts]
 
     def __len__(self) -> int:
         return len(self._actors)
@@ -232,6 +364,7 @@ class ActorPool:
         Raises:
             BackendClosedError: the pool is closing or closed.
             GroupError: the pool is not open.
+            NotPicklableError: the arguments or the result held a resident buffer.
             Exception: what the pipeline raised (Ray's error, an instance of its class too).
         """
         return await self.run_on(None, pipeline, *args, **kwargs)
@@ -246,7 +379,17 @@ class ActorPool:
             index = self._pick()
         elif not 0 <= index < len(self._actors):
             raise GroupError(f"actor {index} of a pool of {len(self._actors)}")
-        ref = self._actors[index].run.remote(pipeline, *args, **kwargs)
+        name = getattr(pipeline, "__qualname__", repr(pipeline))
+        try:
+            ref = self._actors[index].run.remote(pipeline, *args, **kwargs)
+        except TypeError as exc:
+            if (buffer_error := _not_picklable(exc)) is None:
+                raise
+            raise NotPicklableError(
+                f"pool.run({name}, ...) got a resident buffer among its arguments; it lives on "
+                "a backend of this process, not on the actors': pass its contents ('await "
+                "backend.download(buffer)'), and upload them inside the pipeline if need be"
+            ) from buffer_error
         future: asyncio.Future[Any] = asyncio.wrap_future(ref.future())
         self._busy[index] += 1
         self._running.add(future)
@@ -254,11 +397,20 @@ class ActorPool:
         def finished(done: asyncio.Future[Any], index: int = index) -> None:
             self._busy[index] -= 1
             self._running.discard(done)
-            if not done.cancelled():
-                done.exception()  # retrieved: a caller that left does not leave it unread
+            _retrieve(done)
 
         future.add_done_callback(finished)
-        return await asyncio.shield(future)
+        try:
+            return await asyncio.shield(future)
+        except Exception as exc:
+            if (buffer_error := _not_picklable(exc)) is None:
+                raise
+            raise NotPicklableError(
+                f"pipeline {name} on actor {index} sent a resident buffer out of the actor (in "
+                "its result, say); a resident buffer lives on its actor's backend: return "
+                "'await worker.backend.download(buffer)' from the pipeline instead, or keep the "
+                "buffer in worker.state"
+            ) from buffer_error
 
     async def broadcast(self, pipeline: Pipeline, *args: Any, **kwargs: Any) -> list[Any]:
         """Run *pipeline* on every actor at once (to load state into each); the results in
