@@ -10,6 +10,11 @@ For 16 MiB, 256 MiB and 1 GiB, in one run on one GPU (GB/s, medians after a warm
 For reference (not a target), at 256 MiB and 1 GiB: a dispatch of a copy kernel with a numpy
 input and output, which streams both in chunks once they exceed the pinned cap, against CuPy's
 ``asarray`` + the same kernel + ``asnumpy`` (GB/s of input + output).
+Device-to-device copies at the same sizes (GB/s of the buffer's bytes): ``cuMemcpyDtoDAsync`` +
+``cuStreamSynchronize`` through ``cuda.bindings`` between two allocations made once, against
+``await backend.copy(buf)`` within one backend and ``await group.copy_to(buf, 1)`` between two
+backends of the same device (each a new buffer: allocation and free included), and between two
+GPUs (``cuMemcpyPeerAsync``) where the machine has them.
 Target: asyncgraph at least 1.5x the pageable bandwidth at 256 MiB, both directions.
 
 Run on a GPU:  python benchmarks/bench_transfer.py --json [PATH]
@@ -157,6 +162,54 @@ async def asyncgraph_rows() -> dict[str, float]:
     return rows
 
 
+def raw_device_rows() -> dict[str, float]:
+    from cuda.core import Device
+
+    Device(0).set_current()
+    stream = drv.cuStreamCreate(1)[1]
+    rows = {}
+    for label, nbytes in SIZES.items():
+        src, dst = drv.cuMemAlloc(nbytes)[1], drv.cuMemAlloc(nbytes)[1]
+
+        def copy(src: int = src, dst: int = dst, nbytes: int = nbytes) -> None:
+            drv.cuMemcpyDtoDAsync(dst, src, nbytes, stream)
+            drv.cuStreamSynchronize(stream)
+
+        t = harness.time_sync(copy, REPS[label], 1)
+        rows[f"cuMemcpyDtoDAsync + synchronize {label}, GB/s"] = gbps(nbytes, t)
+        drv.cuMemFree(src)
+        drv.cuMemFree(dst)
+    drv.cuStreamDestroy(stream)
+    return rows
+
+
+async def device_copy_rows() -> dict[str, float]:
+    rows = {}
+    count = drv.cuDeviceGetCount()[1]
+    devices = ["cuda:0", "cuda:0"] + (["cuda:1"] if count > 1 else [])
+    async with ag.open_group(devices) as group:
+        for label, nbytes in SIZES.items():
+            host = np.random.default_rng().integers(0, 255, nbytes, np.uint8)
+            buf = await group.upload(host, 0)
+            targets = {"asyncgraph copy() within one backend": group[0]}
+            targets["asyncgraph copy_to() another backend of the device"] = group[1]
+            if count > 1:
+                targets["asyncgraph copy_to() the other GPU (peer)"] = group[2]
+            for name, member in targets.items():
+
+                async def copy(member: ag.Backend = member) -> None:
+                    copied = await group[0].copy(buf, to=member)  # noqa: B023
+                    await copied.aclose()
+
+                check = await group[0].copy(buf, to=member)
+                assert np.array_equal(await member.download(check), host)
+                await check.aclose()
+                t, _ = await median_time_async(copy, REPS[label])
+                rows[f"{name} {label}, GB/s"] = gbps(nbytes, t)
+            await buf.aclose()
+    return rows
+
+
 def main() -> None:
     args = harness.arguments(__doc__).parse_args()
     if harness.smoke():
@@ -167,6 +220,7 @@ def main() -> None:
             REPS[label] = 1
     device = harness.device_name()
     rows = {**raw_rows(), **cupy_rows(), **harness.run(asyncgraph_rows())}
+    rows |= raw_device_rows() | harness.run(device_copy_rows())
     targets = {}
     for row, raw in (
         ("upload", "HtoD"),

@@ -7,8 +7,10 @@ so it runs without a GPU too.
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Awaitable, Callable
+from typing import Any
 
+import anyio
 import numpy as np
 import pytest
 
@@ -72,6 +74,135 @@ async def test_a_replicated_array_skips_a_member_that_was_out(group: ag.DeviceGr
         np.testing.assert_array_equal(out, 2 * x)
     await replicated.aclose()
     assert all(b is None or b.is_closed for b in replicated.buffers)
+
+
+@pytest.mark.parametrize(
+    ("array", "error", "message"),
+    [
+        (
+            "not an array", ag.ArgumentTypeError,
+            r"^replicate\(\) takes a numpy array, got str; pass np\.asarray\(x\)$",
+        ),
+        (
+            np.zeros(0, np.float32), ag.DispatchError,
+            r"^replicate\(\) got an empty array of shape \(0,\); a resident buffer holds at least "
+            r"one element — skip the upload for empty input$",
+        ),
+        (
+            np.zeros(3, object), ag.ArgumentTypeError,
+            r"^replicate\(\) got an object array; a resident buffer holds numbers",
+        ),
+    ],
+)  # fmt: skip
+async def test_replicate_refuses_what_upload_refuses_before_any_copy(
+    group: ag.DeviceGroup, array: object, error: type[Exception], message: str
+) -> None:
+    with pytest.raises(error, match=message):
+        await group.replicate(array)  # type: ignore[arg-type]  # on purpose
+    assert group.snapshot().bytes_up == 0
+
+
+def _record(
+    monkeypatch: pytest.MonkeyPatch,
+    group: ag.DeviceGroup,
+    fail: dict[int, Callable[[], Awaitable[None]]],
+) -> list[ag.ResidentBuffer]:
+    """The buffers ``replicate`` makes: member 0 uploads the array, and the others get a copy
+    of its buffer (``group[0].copy(..., to=member)``); a copy to a member in *fail* first
+    awaits what *fail* gives for it (which raises, or sleeps)."""
+    made: list[ag.ResidentBuffer] = []
+    origin = group[0]
+    upload, copy = origin.upload, origin.copy
+
+    async def recording_upload(array: np.ndarray[Any, Any]) -> ag.ResidentBuffer:
+        buffer = await upload(array)
+        made.append(buffer)
+        return buffer
+
+    async def recording_copy(
+        buffer: ag.ResidentBuffer, to: ag.Backend | None = None
+    ) -> ag.ResidentBuffer:
+        assert to is not None
+        failing = fail.get(group.index(to))
+        if failing is not None:
+            await failing()
+        copied = await copy(buffer, to=to)
+        made.append(copied)
+        return copied
+
+    monkeypatch.setattr(origin, "upload", recording_upload)
+    monkeypatch.setattr(origin, "copy", recording_copy)
+    return made
+
+
+async def test_a_member_that_fails_to_replicate_raises_its_own_error(
+    group: ag.DeviceGroup, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """One member's copy fails after the others were made: its error comes alone (not an
+    ExceptionGroup), saying which member, and the copies made are freed."""
+
+    async def out_of_memory() -> None:
+        while len(made) < 2:  # noqa: ASYNC110  # the others copy first
+            await anyio.sleep(0.001)
+        raise ag.AllocationError("member 1 is out of memory")
+
+    made = _record(monkeypatch, group, {1: out_of_memory})
+    with pytest.raises(
+        ag.AllocationError,  # pytest matches the notes too, one a line
+        match=r"^member 1 is out of memory\nreplicate\(\): raised by member 1 \(host\)$",
+    ):
+        await group.replicate(np.ones(N, np.float32))
+    assert len(made) == 2
+    assert all(b.is_closed for b in made)
+
+
+async def test_a_cancelled_replicate_frees_the_copies_made(
+    group: ag.DeviceGroup, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Cancelled by an anyio scope (which cancels every await in it until it is left) while
+    member 1 still copies: the buffers of members 0 and 2 are freed all the same."""
+
+    async def slow() -> None:
+        await anyio.sleep(60)
+        raise AssertionError("cancelled before")
+
+    made = _record(monkeypatch, group, {1: slow})
+    async with anyio.create_task_group() as tasks:
+        with anyio.CancelScope() as scope:
+
+            async def cancel_once_copied() -> None:
+                while len(made) < 2:  # noqa: ASYNC110  # the copies first
+                    await anyio.sleep(0.001)
+                scope.cancel()
+
+            tasks.start_soon(cancel_once_copied)
+            await group.replicate(np.ones(N, np.float32))
+    assert scope.cancelled_caught
+    assert len(made) == 2
+    assert all(b.is_closed for b in made)
+
+
+def _failing(message: str) -> Callable[[], Awaitable[None]]:
+    async def fail() -> None:
+        raise ag.AllocationError(message)
+
+    return fail
+
+
+async def test_when_several_members_fail_the_first_ones_error_is_raised(
+    group: ag.DeviceGroup, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Members 1 and 2 fail at once: member 1's error is raised, member 2's is in its notes."""
+    fail = {1: _failing("member 1 is out of memory"), 2: _failing("member 2 is out of memory")}
+    made = _record(monkeypatch, group, fail)
+    with pytest.raises(ag.AllocationError, match=r"^member 1 is out of memory\n") as caught:
+        await group.replicate(np.ones(N, np.float32))
+    assert caught.value.__notes__ == [
+        "replicate(): raised by member 1 (host)",
+        "replicate(): member 2 (host) failed too: AllocationError('member 2 is out of memory')",
+    ]
+    assert len(made) == 1
+    assert all(b.is_closed for b in made)  # member 0's upload
 
 
 def test_a_device_fault_stays_with_its_member() -> None:

@@ -374,6 +374,28 @@ class Backend(StreamsAndGraphs):
         self._loop_for_use()
         return await self._transfers.download(buffer, out)
 
+    async def copy(self, buffer: ResidentBuffer, to: Backend | None = None) -> ResidentBuffer:
+        """A new resident buffer holding a copy of *buffer* (which lives on this backend), on
+        *to* (another backend on this event loop), or on this one.
+
+        The copy reads what the dispatches in flight that write *buffer* wrote, and dispatches
+        that write *buffer* later wait for it. Between CUDA backends (or within one) the bytes
+        never leave the devices: a device-to-device copy, peer to peer between two GPUs where
+        they allow it (``cuMemcpyPeerAsync``); any other pair copies through host memory.
+
+        Raises:
+            StaleBufferError: the buffer is closed or lives on another backend.
+            ArgumentTypeError: *to* is not a backend.
+            BackendClosedError: this backend or *to* is closed (or was, during the copy).
+            DeviceFaultError: either device failed.
+        """
+        self._loop_for_use()
+        target = self if to is None else to
+        if not isinstance(target, Backend):
+            raise ArgumentTypeError(f"copy(..., to={to!r}): pass a backend, or nothing")
+        target._loop_for_use()
+        return await self._transfers.copy(buffer, target._transfers)
+
     def _bind_like(
         self,
         kernel: Kernel,

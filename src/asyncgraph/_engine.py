@@ -223,6 +223,18 @@ class Engine(Protocol):
         """Copy *buffer* out (as *use*, into *out* if given) after the uses in *deps*."""
         ...
 
+    def copies_from(self, other: Engine) -> bool:
+        """Whether :meth:`copy_in` copies resident storage of *other* (else the front copies
+        through a host array)."""
+        ...
+
+    async def copy_in(
+        self, buffer: ResidentBuffer, use: Use, deps: list[Use], source: Engine
+    ) -> Any:
+        """New storage here holding a copy of *buffer* (storage of *source*, which this
+        :meth:`copies_from`), read as *use* after the uses in *deps*."""
+        ...
+
     def free_storage(self, storage: Any) -> None:
         """Free resident storage (every use completed)."""
         ...

@@ -26,11 +26,12 @@ import numpy as np
 
 from ._args import Out
 from ._backend import Backend
-from ._exceptions import BackendClosedError, GroupError, StaleBufferError
+from ._checks import check_upload
+from ._exceptions import ArgumentTypeError, BackendClosedError, GroupError, StaleBufferError
 from ._kernel import Kernel
 from ._options import BackendOptions
 from ._pending import PendingDispatch
-from ._replicated import GroupSnapshot, Replicated
+from ._replicated import GroupSnapshot, Replicated, first_failure
 from ._resident import ResidentBuffer
 from .pool import PinnedPool
 
@@ -44,6 +45,11 @@ def _out_why(member: Backend) -> str | None:
     if member.is_closed:
         return "closed"
     return None
+
+
+def _kind(member: Backend) -> str:
+    """``"cuda"`` or ``"host"``: members of one kind copy buffers between them directly."""
+    return member.name.partition(":")[0]
 
 
 def open_group(
@@ -64,11 +70,13 @@ def open_group(
     Returns:
         The group, not yet open: ``async with asyncgraph.open_group("cuda:*") as group:``.
 
+    A device may be named twice (two backends of one GPU, each with its own streams; they
+    share the device's primary context). Each CUDA backend makes its context current around its
+    own driver calls, so members on several GPUs share the loop's thread.
+
     Raises:
-        GroupError: no devices, or a CUDA device named twice.
+        GroupError: no devices.
         DeviceUnavailableError: ``"cuda:*"`` and no CUDA device is found.
-        UnsupportedError: more than one CUDA device (each backend would need its own context
-            made current before its driver calls; not done yet).
         TypeError: both *options* and keywords were given, or an unknown keyword.
     """
     if options is not None and option_kwargs:
@@ -93,38 +101,11 @@ def _device_list(devices: str | Sequence[str | int]) -> list[str | int]:
                 f"open_group('cuda:*') found no CUDA device: {probe.reason}; "
                 "open_group(['host', 'host']) groups host backends instead"
             )
-        names: list[str | int] = [f"cuda:{dev.ordinal}" for dev in probe.devices]
-        _refuse_several_gpus([str(n) for n in names])
-        return names
+        return [f"cuda:{dev.ordinal}" for dev in probe.devices]
     listed = list(devices)
     if not listed:
         raise GroupError("open_group([]): a group needs at least one device")
-    seen: set[str] = set()
-    for device in listed:
-        name = f"cuda:{device}" if isinstance(device, int) else str(device)
-        if name in ("cuda", "auto"):
-            name = "cuda:0"
-        if name.startswith("cuda") and name in seen:
-            raise GroupError(
-                f"open_group({listed!r}) names {name} twice; a group has one backend per GPU"
-            )
-        seen.add(name)
-    _refuse_several_gpus([str(d) for d in listed])
     return listed
-
-
-def _refuse_several_gpus(names: list[str]) -> None:
-    """Two CUDA backends on one loop need each to make its own context current before its
-    driver calls, which the CUDA backend does not do yet: refuse rather than fail later."""
-    from ._exceptions import UnsupportedError
-
-    gpus = [n for n in names if n.startswith("cuda") or n.isdigit()]
-    if len(gpus) > 1:
-        raise UnsupportedError(
-            f"a group of {len(gpus)} CUDA devices ({', '.join(gpus)}) needs per-backend CUDA "
-            "contexts, which this version does not have yet; group one CUDA device with host "
-            "backends, or open one process per GPU"
-        )
 
 
 class DeviceGroup:
@@ -224,16 +205,37 @@ class DeviceGroup:
     def __getitem__(self, index: int) -> Backend:
         return self._open_members()[index]
 
-    def index(self, member: Backend) -> int:
-        """*member*'s position in the group.
+    def index(self, member: Backend | int) -> int:
+        """*member*'s position in the group (a member backend, or its index: checked).
 
         Raises:
-            GroupError: it is not a member.
+            GroupError: it is not a member, or an index out of range.
+            ArgumentTypeError: neither a backend nor an int (a bool is not an index).
         """
-        for i, candidate in enumerate(self._open_members()):
-            if candidate is member:
-                return i
-        raise GroupError(f"{member!r} is not a member of this group")
+        target = self._member(member)
+        return next(i for i, candidate in enumerate(self._members) if candidate is target)
+
+    def _member(self, member: Backend | int) -> Backend:
+        """The member that *member* names: a member backend, or its index in the group."""
+        members = self._open_members()
+        n = len(members)
+        allowed = (
+            f"this group of {n} members (0 to {n - 1})" if n > 1 else "this group of 1 member (0)"
+        )
+        if isinstance(member, Backend):
+            if any(candidate is member for candidate in members):
+                return member
+            raise GroupError(
+                f"{member!r} is not a member of {allowed}; pass one of group.members, or its index"
+            )
+        if isinstance(member, int | np.integer) and not isinstance(member, bool):
+            if 0 <= member < n:
+                return members[member]
+            raise GroupError(f"member {member} is not in {allowed}")
+        raise ArgumentTypeError(
+            f"member={member!r}: pass a member backend (one of group.members) or its index in "
+            f"{allowed}{'; a bool is not an index' if isinstance(member, bool) else ''}"
+        )
 
     def member_of(self, buffer: ResidentBuffer) -> Backend:
         """The member *buffer* lives on.
@@ -367,45 +369,76 @@ class DeviceGroup:
     # -- resident buffers ------------------------------------------------------------------
 
     async def replicate(self, array: np.ndarray[Any, Any]) -> Replicated:
-        """Upload *array* to every member at once.
+        """Copy *array* to every member that neither failed nor was closed: uploaded once, to
+        the first of them, and copied from there on the devices (``Backend.copy``) to the
+        members of its kind; members of another kind upload it too.
 
         Raises:
-            Exception: what a member's ``upload`` raises; the copies made are freed first.
+            DispatchError: *array* is not what ``upload`` takes (checked before any copy).
+            GroupError: no member can take work.
+            Exception: what a member's ``upload`` or ``copy`` raised (the first member's if
+                several did, with notes naming each); the copies made are freed first.
         """
+        check_upload(array, "replicate()")
         members = self._open_members()
         live = [i for i, m in enumerate(members) if _out_why(m) is None]
         if not live:
             self.place()  # raises, saying why each member cannot take work
         buffers: list[ResidentBuffer | None] = [None] * len(members)
+        failures: list[tuple[int, Exception]] = []
+        origin = members[live[0]]
 
         async def one(i: int) -> None:
-            buffers[i] = await members[i].upload(array)
+            member = members[i]
+            try:
+                source = buffers[live[0]]
+                if source is not None and _kind(member) == _kind(origin):
+                    buffers[i] = await origin.copy(source, to=member)
+                else:
+                    buffers[i] = await member.upload(array)
+            except Exception as exc:
+                failures.append((i, exc))
+                raise
 
         try:
+            await one(live[0])
             async with anyio.create_task_group() as tasks:
-                for i in live:
+                for i in live[1:]:
                     tasks.start_soon(one, i)
-        except BaseException:
-            for buffer in buffers:
-                if buffer is not None:
-                    await buffer.aclose()
+        except BaseException as exc:
+            with anyio.CancelScope(shield=True):
+                for buffer in buffers:
+                    if buffer is not None:
+                        await buffer.aclose()
+            if failures and (
+                not isinstance(exc, BaseExceptionGroup) or not exc.split(Exception)[1]
+            ):
+                raise first_failure("replicate()", failures, members) from None
             raise
         return Replicated(self, tuple(buffers))
 
     async def upload(
-        self, array: np.ndarray[Any, Any], member: Backend | None = None
+        self, array: np.ndarray[Any, Any], member: Backend | int | None = None
     ) -> ResidentBuffer:
-        """Upload *array* to *member*, or to the least busy one."""
-        target = member if member is not None else self.place()
-        self.index(target)
+        """Upload *array* to *member* (a member backend or its index), or to the least busy one.
+
+        Raises:
+            GroupError: *member* is not a member, or an index out of range.
+            Exception: what the member's ``upload`` raises.
+        """
+        target = self.place() if member is None else self._member(member)
         return await target.upload(array)
 
     def empty(
-        self, shape: int | tuple[int, ...], dtype: object, member: Backend | None = None
+        self, shape: int | tuple[int, ...], dtype: object, member: Backend | int | None = None
     ) -> ResidentBuffer:
-        """An uninitialised buffer on *member*, or on the least busy one."""
-        target = member if member is not None else self.place()
-        self.index(target)
+        """An uninitialised buffer on *member* (a member backend or its index), or the least busy.
+
+        Raises:
+            GroupError: *member* is not a member, or an index out of range.
+            Exception: what the member's ``empty`` raises.
+        """
+        target = self.place() if member is None else self._member(member)
         return target.empty(shape, dtype)
 
     async def download(
@@ -414,16 +447,23 @@ class DeviceGroup:
         """Download *buffer* from the member it lives on."""
         return await self.member_of(buffer).download(buffer, out)
 
-    async def copy_to(self, buffer: ResidentBuffer, member: Backend) -> ResidentBuffer:
-        """A copy of *buffer* on *member* (the same buffer if it lives there already).
+    async def copy_to(self, buffer: ResidentBuffer, member: Backend | int) -> ResidentBuffer:
+        """A copy of *buffer* on *member*, a member backend or its index (the same buffer if it
+        lives there already).
 
-        The copy reads what the dispatches in flight that write *buffer* wrote. It goes through
-        host memory (download, then upload).
+        :meth:`Backend.copy <asyncgraph.Backend.copy>` from the member it lives on: it reads
+        what the dispatches in flight that write *buffer* wrote, on the devices between CUDA
+        members (peer to peer between GPUs that allow it), else through host memory.
+
+        Raises:
+            GroupError: *member* is not a member, or an index out of range.
+            StaleBufferError: *buffer* lives on no member.
         """
-        self.index(member)
-        if self.member_of(buffer) is member:
+        target = self._member(member)
+        owner = self.member_of(buffer)
+        if owner is target:
             return buffer
-        return await member.upload(await self.download(buffer))
+        return await owner.copy(buffer, to=target)
 
     # -- telemetry -------------------------------------------------------------------------
 

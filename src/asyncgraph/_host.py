@@ -29,7 +29,7 @@ from ._backend import Backend
 from ._bound import BoundCall, InOutArg, host_copy
 from ._checks import describe, describe_value
 from ._dlpack import KDL_CPU
-from ._engine import FastFront, Sink
+from ._engine import Engine, FastFront, Sink
 from ._exceptions import AllocationError, HostFunctionError, UnsupportedError
 from ._inbox import Inbox
 from ._kernel import Kernel
@@ -309,6 +309,16 @@ class HostEngine:
         if buffer.nbytes <= _INLINE_COPY_BYTES:
             return copy(storage)
         return await self._sink.loop.run_in_executor(None, copy, storage)
+
+    def copies_from(self, other: Engine) -> bool:
+        """Another host engine's storage is a numpy array too."""
+        return isinstance(other, HostEngine)
+
+    async def copy_in(
+        self, buffer: ResidentBuffer, use: Use, deps: list[Use], source: Engine
+    ) -> Any:
+        """A copy of *buffer*'s array, after the writers in *deps*."""
+        return await self.download_storage(buffer, use, deps, None)
 
     def free_storage(self, storage: Any) -> None:
         """Host storage is a numpy array: dropping the reference frees it."""

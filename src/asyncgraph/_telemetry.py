@@ -208,6 +208,8 @@ class TelemetrySnapshot:
         bytes_down: bytes copied out of it (downloads and dispatch results).
         copies_up: copies into the backend's memory.
         copies_down: copies out of it.
+        buffer_copies: resident buffers copied into it by ``copy()`` (from it, or another).
+        buffer_copy_bytes: their bytes.
         sync_points: times the host waited for the device (blocking waits, not polls).
         compile_cache_hits: kernels found compiled in memory or on disk.
         compile_cache_misses: kernels compiled.
@@ -237,6 +239,8 @@ class TelemetrySnapshot:
     bytes_down: int
     copies_up: int
     copies_down: int
+    buffer_copies: int
+    buffer_copy_bytes: int
     sync_points: int
     compile_cache_hits: int
     compile_cache_misses: int
@@ -267,6 +271,8 @@ class Telemetry:
         "_in_flight",
         "_pools",
         "_sources",
+        "buffer_copies",
+        "buffer_copy_bytes",
         "bytes_down",
         "bytes_up",
         "compile_cache_hits",
@@ -307,6 +313,8 @@ class Telemetry:
         self.bytes_down = 0
         self.copies_up = 0
         self.copies_down = 0
+        self.buffer_copies = 0
+        self.buffer_copy_bytes = 0
         self.sync_points = 0
         self.compile_cache_hits = 0
         self.compile_cache_misses = 0
@@ -347,6 +355,8 @@ class Telemetry:
             bytes_down=self.bytes_down,
             copies_up=self.copies_up,
             copies_down=self.copies_down,
+            buffer_copies=self.buffer_copies,
+            buffer_copy_bytes=self.buffer_copy_bytes,
             sync_points=self.sync_points,
             compile_cache_hits=self.compile_cache_hits,
             compile_cache_misses=self.compile_cache_misses,

@@ -1,4 +1,5 @@
-"""Uploads and downloads of resident buffers: checked, counted, and waited for by closing."""
+"""Uploads, downloads and copies of resident buffers: checked, counted, and waited for by
+closing."""
 
 from __future__ import annotations
 
@@ -6,7 +7,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from ._checks import check_array
+from ._checks import check_upload
 from ._exceptions import ArgumentTypeError, BackendClosedError
 from ._lifecycle import OPEN
 from ._resident import Download, ResidentBuffer, check_out, track, untrack
@@ -22,7 +23,7 @@ __all__ = ("Transfers",)
 
 
 class Transfers:
-    """``upload`` and ``download`` of one backend (the front's collaborator)."""
+    """``upload``, ``download`` and ``copy`` of one backend (the front's collaborator)."""
 
     def __init__(
         self,
@@ -42,11 +43,7 @@ class Transfers:
 
     async def upload(self, array: np.ndarray[Any, Any]) -> ResidentBuffer:
         """A new resident buffer holding a copy of *array* (``Backend.upload``)."""
-        if not isinstance(array, np.ndarray):
-            raise ArgumentTypeError(
-                f"upload() takes a numpy array, got {type(array).__name__}; pass np.asarray(x)"
-            )
-        check_array(array, "upload()")
+        check_upload(array, "upload()")
         life = self._life
         life.transfer_started()
         try:
@@ -88,3 +85,35 @@ class Transfers:
         self._telemetry.bytes_down += array.nbytes
         self._telemetry.copies_down += 1
         return array
+
+    async def copy(self, buffer: ResidentBuffer, target: Transfers) -> ResidentBuffer:
+        """A copy of *buffer* (of this backend) on *target*'s backend (``Backend.copy``): by
+        *target*'s engine where it copies from this one's storage, else through the host."""
+        if not isinstance(buffer, ResidentBuffer):
+            raise ArgumentTypeError(f"copy() takes a resident buffer, got {type(buffer).__name__}")
+        self._store.check(buffer, "copy()")
+        engine = target._engine
+        if not engine.copies_from(self._engine):
+            return await target.upload(await self.download(buffer, None))
+        use = Download()
+        deps = track(buffer, use, write=False)
+        lives = (self._life, target._life)
+        for life in lives:
+            life.transfer_started()
+        try:
+            storage = await engine.copy_in(buffer, use, deps, self._engine)
+        finally:
+            use.finished.set()
+            untrack(buffer, use)
+            for life in lives:
+                life.transfer_ended()
+            self._dispatcher.poke()  # jobs parked behind the copy may go
+        if target._life.state != OPEN:
+            engine.free_storage(storage)
+            raise BackendClosedError(
+                f"backend {target._name} was closed while copy() copied the buffer; the copy "
+                "was freed"
+            )
+        target._telemetry.buffer_copies += 1
+        target._telemetry.buffer_copy_bytes += buffer.nbytes
+        return target._store.add(storage, buffer.shape, buffer.dtype)

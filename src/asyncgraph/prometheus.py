@@ -50,6 +50,8 @@ _COUNTERS: tuple[tuple[str, str, str, dict[str, str]], ...] = (
     ("transferred_bytes", "bytes_down", "", {"direction": "down"}),
     ("copies", "copies_up", "Copies to or from the backend.", {"direction": "up"}),
     ("copies", "copies_down", "", {"direction": "down"}),
+    ("buffer_copies", "buffer_copies", "Resident buffers copied in by copy().", {}),
+    ("buffer_copy_bytes", "buffer_copy_bytes", "Bytes of resident buffers copied in.", {}),
     ("sync_points", "sync_points", "Times the host waited for the device.", {}),
     (
         "compile_cache_requests",

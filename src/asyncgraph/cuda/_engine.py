@@ -247,6 +247,16 @@ class CudaEngine:
         """Copy *buffer* out after the writers in *deps*."""
         return await self.storage.download(buffer, use, deps, out)
 
+    def copies_from(self, other: Any) -> bool:
+        """Device storage of any CUDA engine: copied on the devices."""
+        return isinstance(other, CudaEngine)
+
+    @in_context
+    async def copy_in(self, buffer: ResidentBuffer, use: Use, deps: list[Use], source: Any) -> Any:
+        """New device storage holding a copy of *buffer* (of *source*, a CUDA engine), copied
+        on this device after the writers in *deps*."""
+        return await self.storage.copy_in(buffer, use, deps, source.device)
+
     @in_context
     def free_storage(self, storage: Any) -> None:
         """Free device storage."""

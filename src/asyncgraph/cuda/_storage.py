@@ -1,8 +1,11 @@
-"""Resident storage on the device: upload, allocate, download, free, and sharing it.
+"""Resident storage on the device: upload, allocate, download, copy, free, and sharing it.
 
 Uploads and downloads of at most ``CHUNKED_ABOVE`` bytes go through one pinned block and one
 copy; larger ones stream in chunks. A download waits for the dispatches in flight that write the
 buffer; dispatches that write it later are parked until the download's copy has its event.
+A copy from another backend's buffer (``copy_in``) is one device-to-device copy, ordered the
+same way: within one context ``cuMemcpyDtoDAsync``, between two ``cuMemcpyPeerAsync``, with
+peer access enabled once per pair of contexts where the devices allow it.
 """
 
 from __future__ import annotations
@@ -169,6 +172,56 @@ class Storage:
         array: np.ndarray[Any, Any] = await lane.future(event, on_done)
         return array
 
+    async def copy_in(
+        self, buffer: ResidentBuffer, use: Use, deps: list[Use], source: Device
+    ) -> Any:
+        """New storage here holding a copy of *buffer* (storage of *source*'s backend, this
+        one's or another's), copied on the device after the writers in *deps*."""
+        device = self._device
+        device.check_healthy()
+        source.check_healthy()
+        if any(dep_event(dep) is False for dep in deps):
+            await wait_finished(deps)  # a writer is not launched yet
+        lane = device.lanes[device.stream_pool.pick().index]
+        nbytes = buffer.nbytes
+        storage = self._allocate(nbytes, lane.stream)
+        try:
+            wait_deps(deps, lane)  # events of another context are waited for all the same
+            target, origin = int(storage.handle), int(storage_of(buffer).handle)
+            if source.ctx.address == device.ctx.address:
+                check(
+                    drv.cuMemcpyDtoDAsync(target, origin, nbytes, lane.handle),
+                    "cuMemcpyDtoDAsync",
+                )
+            else:
+                enable_peer_access(device, source)
+                check(
+                    drv.cuMemcpyPeerAsync(
+                        target, device.context, origin, source.context, nbytes, lane.handle
+                    ),
+                    "cuMemcpyPeerAsync",
+                )
+            event = lane.record()
+        except CudaError:
+            with contextlib.suppress(Exception):
+                device.release_buffer(storage, lane.stream)
+            raise
+        copy: Download = use  # type: ignore[assignment]  # the front tracks a Download
+        copy.event = event  # the buffer's later writers wait for it
+
+        def on_done(error: CudaError | None, cancelled: bool) -> Any:
+            copy.event = None  # recycled by the reactor: later writers must not wait on it
+            copy.finished.set()
+            if error is not None:
+                device.release_buffer(storage, device.alloc_stream)
+                return None
+            if cancelled:  # nobody takes the copy
+                device.release_buffer(storage, device.alloc_stream)
+            return storage
+
+        copied: Any = await lane.future(event, on_done)
+        return copied
+
     # -- sharing with other libraries ------------------------------------------------------------
 
     def export_device(self) -> tuple[int, int]:
@@ -211,3 +264,27 @@ def _events_of(uses: list[Any]) -> list[Any]:
         if event is not None:
             events.append(event)
     return events
+
+
+# Pairs of contexts (accessing, accessed) whose peer access was settled: enabled or impossible.
+_peers: dict[tuple[int, int], bool] = {}
+
+
+def enable_peer_access(device: Device, peer: Device) -> bool:
+    """Let *device*'s context (current) access *peer*'s memory directly, once per pair, where
+    the devices allow it; whether it may. Without it ``cuMemcpyPeerAsync`` still copies,
+    staged through host memory by the driver."""
+    key = (device.ctx.address, peer.ctx.address)
+    known = _peers.get(key)
+    if known is not None:
+        return known
+    code, can = drv.cuDeviceCanAccessPeer(device.handle, peer.handle)
+    allowed = code == drv.CUresult.CUDA_SUCCESS and bool(can)
+    if allowed:
+        code = drv.cuCtxEnablePeerAccess(peer.context, 0)[0]
+        allowed = code in (
+            drv.CUresult.CUDA_SUCCESS,
+            drv.CUresult.CUDA_ERROR_PEER_ACCESS_ALREADY_ENABLED,
+        )
+    _peers[key] = allowed
+    return allowed
