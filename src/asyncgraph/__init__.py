@@ -8,6 +8,10 @@ from ._args import InOut as InOut
 from ._args import LaunchLimits as LaunchLimits
 from ._args import Out as Out
 from ._backend import Backend as Backend
+from ._batch import Batcher as Batcher
+from ._batch import batcher as batcher
+from ._batch_spec import BatcherStatistics as BatcherStatistics
+from ._batch_spec import Row as Row
 from ._exceptions import AllocationError as AllocationError
 from ._exceptions import ArgumentTypeError as ArgumentTypeError
 from ._exceptions import AsyncGraphError as AsyncGraphError
@@ -51,6 +55,8 @@ __all__ = (
     "Backend",
     "BackendClosedError",
     "BackendOptions",
+    "Batcher",
+    "BatcherStatistics",
     "CaptureError",
     "CompileError",
     "CudaError",
@@ -72,6 +78,7 @@ __all__ = (
     "QueueFullError",
     "Replicated",
     "ResidentBuffer",
+    "Row",
     "ShapeMismatchError",
     "StaleBufferError",
     "StartTimeoutError",
@@ -79,6 +86,7 @@ __all__ = (
     "TelemetrySnapshot",
     "UnsupportedError",
     "__version__",
+    "batcher",
     "open_backend",
     "open_group",
     "reset_device",

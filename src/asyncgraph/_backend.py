@@ -65,6 +65,8 @@ class Backend(StreamsAndGraphs):
         name: ``"cuda:0"``, ``"host"``...
         options: the :class:`BackendOptions` it was opened with.
         telemetry: its counters; ``backend.telemetry.snapshot()`` reads them.
+        on_close: ``on_close(hook)`` calls ``hook()`` as the first ``aclose()`` begins, while
+            the backend still takes work; it returns a function that unregisters the hook.
     """
 
     def __init__(
@@ -103,6 +105,7 @@ class Backend(StreamsAndGraphs):
             _loop.running_loop(),
         )  # fmt: skip
         self._life.max_queued = self._max_queued
+        self.on_close = self._life.on_close  # hooks run as aclose() begins (a batcher's flush)
         self._dispatcher.after = self._life.after_batch  # the front's own check, direct
         self._transfers = Transfers(
             name, engine, self._store, self._life, self._dispatcher, self.telemetry

@@ -10,6 +10,7 @@ and settles what the ended loop left first.
 from __future__ import annotations
 
 import asyncio
+import itertools
 import numbers
 import sys
 from collections.abc import Callable
@@ -66,7 +67,34 @@ class Lifecycle:
         self.max_queued = sys.maxsize  # the front sets BackendOptions.max_queued
         self._drained: asyncio.Future[None] | None = None  # set once nothing is in flight
         self._close_task: asyncio.Task[None] | None = None
+        self._on_close: dict[int, Callable[[], None]] = {}
+        self._hook_ids = itertools.count()
         dispatcher.bind(loop)
+
+    def on_close(self, hook: Callable[[], None]) -> Callable[[], None]:
+        """Call *hook* (on the loop, synchronously) at the start of the first ``aclose()``.
+
+        The backend still takes work then: a batcher flushes its pending items from it. A hook
+        that raises is logged and the close goes on. Hooks run once, in registration order.
+
+        Returns:
+            A function that unregisters *hook* (harmless once it ran).
+        """
+        key = next(self._hook_ids)
+        self._on_close[key] = hook
+
+        def unregister() -> None:
+            self._on_close.pop(key, None)
+
+        return unregister
+
+    def _run_close_hooks(self) -> None:
+        hooks, self._on_close = list(self._on_close.values()), {}
+        for hook in hooks:
+            try:
+                hook()
+            except Exception:
+                self._log.exception("backend.on_close_failed", hook=repr(hook))
 
     def bind(self, loop: asyncio.AbstractEventLoop) -> None:
         """Belong to *loop* (the first loop that uses the backend)."""
@@ -157,6 +185,8 @@ class Lifecycle:
                 )
             ended = self._adopt(loop)
         if self._close_task is None:
+            if ended is None and self.state == OPEN:
+                self._run_close_hooks()  # before anything is refused (a batcher's flush)
             self.loop = loop
             self._begin_closing()
             self._close_task = _loop.create_lasting_task(loop, self._close(ended))

@@ -1,0 +1,443 @@
+"""Dynamic batching: many small awaits, one launch.
+
+:func:`batcher` makes a :class:`Batcher`. Each caller awaits ``batcher(*rows)`` with one row of
+each input; the batcher collects callers for at most ``max_delay`` seconds or until
+``max_size`` are there, writes their rows straight into staging arrays from
+``backend.pinned_empty``, runs one dispatch over the batch and hands each caller its own row of
+each output.
+
+No task of its own runs the timer: the first caller of a batch (its *leader*) waits for the
+deadline, and launches the batch if nobody filled it first. A leader cancelled before the
+launch hands the deadline on to the next caller of the batch. So the batcher runs on asyncio,
+uvloop and trio alike, through ``_loop``, with no thread and no background task.
+"""
+
+from __future__ import annotations
+
+import bisect
+import weakref
+from collections.abc import Sequence
+from time import perf_counter
+from types import TracebackType
+from typing import Any, Final
+
+import numpy as np
+
+from . import _loop
+from ._args import Out
+from ._backend import Backend
+from ._batch_spec import BatcherStatistics, ItemChecker, LaunchShape, Row, check_options
+from ._exceptions import ArgumentTypeError, BackendClosedError, UnsupportedError
+from ._kernel import Kernel
+from ._pending import PendingDispatch
+from ._telemetry import Histogram, logger
+
+__all__ = ("Batcher", "batcher")
+
+Array = np.ndarray[Any, Any]
+
+# Set as the result of a caller's future to make it the leader of its batch (see _wait).
+_PROMOTED: Final = object()
+
+
+class _Slot:
+    """One caller: its rows, when it called, and the future that brings its results."""
+
+    __slots__ = ("batch", "future", "outcome", "rows", "t_call")
+
+    def __init__(self, future: Any, rows: tuple[object, ...], t_call: float) -> None:
+        self.future = future
+        self.rows = rows
+        self.t_call = t_call
+        # The results or error, kept for a caller whose future still holds _PROMOTED.
+        self.outcome: object = None
+        self.batch: _Batch = None  # type: ignore[assignment]  # set by _join at once
+
+
+class _Batch:
+    """Callers collecting for one dispatch; launched once full, at the deadline, or flushed."""
+
+    __slots__ = ("deadline", "launched", "leader", "slots")
+
+    def __init__(self, leader: _Slot, deadline: float) -> None:
+        self.leader = leader
+        self.deadline = deadline
+        self.slots: list[_Slot] = []
+        self.launched = False
+
+
+class Batcher:
+    """Collects concurrent callers' rows into batches and runs one dispatch per batch.
+
+    Made by :func:`asyncgraph.batcher`. ``await batcher(*rows)`` returns a tuple with the
+    caller's row of each output. It belongs to the event loop it is first called on, like its
+    backend. ``async with`` or ``await batcher.aclose()`` flushes it and refuses new calls;
+    closing the backend flushes it too.
+    """
+
+    def __init__(
+        self,
+        backend: Backend,
+        kernel: Kernel,
+        inputs: tuple[Row, ...],
+        outputs: tuple[Row, ...],
+        shared: tuple[object, ...],
+        launch: LaunchShape,
+        max_size: int,
+        max_delay: float,
+        buckets: tuple[int, ...],
+        graph: str,
+        shared_mem: int,
+    ) -> None:
+        self._backend = backend
+        self._kernel = kernel
+        self._inputs = inputs
+        self._outputs = outputs
+        self._shared = shared
+        self._launch_shape = launch
+        self._max_size = max_size
+        self._max_delay = max_delay
+        self._buckets = buckets
+        self._graph = graph
+        self._shared_mem = shared_mem
+        self._check = ItemChecker(kernel, inputs)
+        self._loop: Any = None  # the event loop of the first call
+        self._open: _Batch | None = None  # the batch collecting now, if any
+        self._closed = False
+        self._in_flight = 0
+        self._idle: Any = None  # a future aclose() waits on while batches are in flight
+        self._log = logger.bind(device=backend.name, kernel=kernel.name)
+        # Counters of statistics().
+        self._batches = self._items = self._padded = self._cancelled = self._failed = 0
+        self._fill = 0.0
+        self._waiting = Histogram()
+        ref = weakref.ref(self)
+
+        def flush_on_close() -> None:
+            batcher = ref()
+            if batcher is not None:
+                batcher._close_now()
+
+        unregister = backend.on_close(flush_on_close)
+        self._unregister = unregister
+        weakref.finalize(self, unregister)
+
+    # -- state -----------------------------------------------------------------------------------
+
+    @property
+    def is_closed(self) -> bool:
+        """Whether the batcher was closed (by ``aclose()`` or by its backend's close)."""
+        return self._closed
+
+    def statistics(self) -> BatcherStatistics:
+        """A frozen snapshot of what the batcher did so far (see :class:`BatcherStatistics`)."""
+        return BatcherStatistics(
+            batches=self._batches,
+            items=self._items,
+            padded_rows=self._padded,
+            mean_fill=self._fill / self._batches if self._batches else 0.0,
+            waiting=self._waiting.snapshot(),
+            cancelled_before_launch=self._cancelled,
+            failed_batches=self._failed,
+            pending=len(self._open.slots) if self._open is not None else 0,
+            in_flight=self._in_flight,
+        )
+
+    def __repr__(self) -> str:
+        state = "closed" if self._closed else "open"
+        pending = len(self._open.slots) if self._open is not None else 0
+        return (
+            f"<Batcher {self._kernel.name!r} {state} pending={pending} "
+            f"in_flight={self._in_flight} batches={self._batches}>"
+        )
+
+    # -- calls -----------------------------------------------------------------------------------
+
+    async def __call__(self, *rows: object) -> tuple[Array, ...]:
+        """Add one item (a row of each input) to a batch; return the caller's output rows.
+
+        Returns:
+            One array per output, of the output's row shape: the caller's row of the batch's
+            result (a view of it).
+
+        Raises:
+            DispatchError: the item does not fit the batcher's rows (``ArgumentTypeError`` for a
+                wrong type or dtype, ``ShapeMismatchError`` for a wrong shape); refused to this
+                caller alone, before batching.
+            BackendClosedError: the batcher or its backend is closed.
+            UnsupportedError: the call is not on the batcher's event loop.
+            Exception: whatever the batch's dispatch failed with (every caller of it gets it).
+        """
+        try:
+            self._check(rows)
+            loop = self._loop_for_use()
+        except Exception:
+            await _loop.sleep(0)  # a checkpoint, also for a refusal
+            raise
+        slot = _Slot(loop.create_future(), rows, perf_counter())
+        self._join(slot)
+        return await self._wait(slot)
+
+    def _loop_for_use(self) -> Any:
+        if self._backend.is_closed:
+            raise BackendClosedError(
+                f"backend {self._backend.name} of batcher {self._kernel.name!r} is closed; open "
+                "a new backend and make a new batcher on it"
+            )
+        if self._closed:
+            raise BackendClosedError(
+                f"batcher {self._kernel.name!r} is closed; make a new one with asyncgraph.batcher()"
+            )
+        loop = _loop.running_loop()
+        if loop is None:
+            raise UnsupportedError(
+                f"batcher {self._kernel.name!r} is called from a thread with no running event "
+                "loop; await it from async code on its backend's loop"
+            )
+        if self._loop is None:
+            self._loop = loop
+        elif loop is not self._loop:
+            raise UnsupportedError(
+                f"batcher {self._kernel.name!r} belongs to another event loop; make one "
+                "batcher per event loop"
+            )
+        return loop
+
+    def _join(self, slot: _Slot) -> None:
+        batch = self._open
+        if batch is None:
+            batch = self._open = _Batch(slot, slot.t_call + self._max_delay)
+        batch.slots.append(slot)
+        slot.batch = batch
+        if len(batch.slots) >= self._max_size:
+            self._launch(batch)
+
+    async def _wait(self, slot: _Slot) -> tuple[Array, ...]:
+        """Wait for the caller's results; the leader of a batch also keeps its deadline."""
+        while True:
+            batch = slot.batch
+            try:
+                if batch.leader is slot and not batch.launched:
+                    try:
+                        left = max(0.0, batch.deadline - perf_counter())
+                        value = await _loop.wait_for(slot.future, left)
+                    except TimeoutError:
+                        if not batch.launched:
+                            self._launch(batch)
+                        continue
+                else:
+                    value = await slot.future
+            except BaseException:
+                self._leave(slot)
+                raise
+            if value is _PROMOTED:  # the leader left: this caller keeps the deadline now
+                slot.future = self._loop.create_future()
+                if slot.outcome is not None:  # answered before this caller ran again
+                    _answer(slot, slot.outcome)
+                continue
+            return value  # type: ignore[no-any-return]  # a tuple, set by _complete
+
+    def _leave(self, slot: _Slot) -> None:
+        """The caller stopped waiting (cancelled, or its batch failed): undo what is undone."""
+        if not slot.future.done():
+            slot.future.cancel()
+        batch = slot.batch
+        if batch.launched:
+            return  # the batch goes on without this caller; its row is dropped
+        batch.slots.remove(slot)
+        self._cancelled += 1
+        if not batch.slots:
+            if self._open is batch:
+                self._open = None
+        elif batch.leader is slot:
+            heir = batch.leader = batch.slots[0]
+            if not heir.future.done():
+                heir.future.set_result(_PROMOTED)
+
+    # -- launching -------------------------------------------------------------------------------
+
+    def _launch(self, batch: _Batch) -> None:
+        """Stack the batch's rows, dispatch it, and have its completion answer its callers."""
+        batch.launched = True
+        if self._open is batch:
+            self._open = None
+        slots = batch.slots
+        n = len(slots)
+        size = self._buckets[bisect.bisect_left(self._buckets, n)] if self._buckets else n
+        now = perf_counter()
+        for slot in slots:
+            self._waiting.record(now - slot.t_call)
+        self._batches += 1
+        self._items += n
+        self._padded += size - n
+        self._fill += n / (size if self._buckets else self._max_size)
+        try:
+            args = self._stack(slots, size)
+            grid, block = self._launch_shape(size)
+            pending = self._backend.dispatch(
+                self._kernel, *args, grid=grid, block=block,  # type: ignore[arg-type]  # checked by dispatch
+                shared_mem=self._shared_mem, graph=self._graph,
+            )  # fmt: skip
+        except BaseException as exc:
+            self._fail(slots, exc)
+            if isinstance(exc, Exception):
+                return
+            raise
+        self._in_flight += 1
+        pending.add_done_callback(lambda done: self._complete(done, slots))
+        self._log.debug(
+            "batch.launched", dispatch_id=pending.dispatch_id, items=n, size=size,
+            waited_max=now - min(s.t_call for s in slots),
+        )  # fmt: skip
+
+    def _stack(self, slots: list[_Slot], size: int) -> list[object]:
+        """The dispatch's arguments: the rows written into staging arrays, outputs, shared, n."""
+        backend = self._backend
+        n = len(slots)
+        args: list[object] = []
+        for k, row in enumerate(self._inputs):
+            staging = backend.pinned_empty((size, *row.shape), row.dtype)
+            for i, slot in enumerate(slots):
+                staging[i] = slot.rows[k]
+            if size > n:
+                staging[n:] = 0  # padding up to the bucket: zeros, never returned
+            args.append(staging)
+        args.extend(Out((size, *row.shape), row.dtype) for row in self._outputs)
+        args.extend(self._shared)
+        args.append(np.int32(size))
+        return args
+
+    def _fail(self, slots: list[_Slot], exc: BaseException) -> None:
+        self._failed += 1
+        for slot in slots:
+            _answer(slot, exc)
+
+    def _complete(self, pending: PendingDispatch, slots: list[_Slot]) -> None:
+        """Hand each caller its row of each result, or the batch's error (on the loop)."""
+        self._in_flight -= 1
+        exc = pending.exception()
+        if exc is not None:
+            self._fail(slots, exc)
+        else:
+            results = pending.result()
+            for i, slot in enumerate(slots):
+                _answer(slot, tuple(result[i, ...] for result in results))
+        idle = self._idle
+        if self._in_flight == 0 and idle is not None and not idle.done():
+            idle.set_result(None)
+
+    # -- closing ---------------------------------------------------------------------------------
+
+    def flush(self) -> None:
+        """Launch the batch collecting now, if any, without waiting for its deadline."""
+        batch = self._open
+        if batch is not None:
+            self._launch(batch)
+
+    def _close_now(self) -> None:
+        """Refuse new calls and launch what is collecting (``aclose()``, the backend's close)."""
+        if not self._closed:
+            self._closed = True
+            self._unregister()
+            self.flush()
+
+    async def aclose(self) -> None:
+        """Launch the items collecting now, refuse new calls, wait for the batches in flight.
+
+        Idempotent. The flush and the refusal happen at once, so a cancelled ``aclose()``
+        only stops waiting: the batches in flight still answer their callers.
+        """
+        self._close_now()
+        if self._in_flight and self._loop is not None:
+            if self._idle is None or self._idle.done():
+                self._idle = self._loop.create_future()
+            await _loop.shield(self._idle)
+        else:
+            await _loop.sleep(0)
+
+    async def __aenter__(self) -> Batcher:
+        return self
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        await self.aclose()
+
+
+def _answer(slot: _Slot, outcome: object) -> None:
+    """Give *slot* its results (a tuple) or its error, unless it stopped waiting."""
+    future = slot.future
+    if not future.done():
+        if isinstance(outcome, BaseException):
+            future.set_exception(outcome)
+        else:
+            future.set_result(outcome)
+    elif not future.cancelled():  # it holds _PROMOTED: _wait reads the outcome from the slot
+        slot.outcome = outcome
+
+
+def batcher(
+    backend: Backend,
+    kernel: Kernel,
+    *,
+    inputs: Sequence[Row],
+    outputs: Sequence[Row],
+    shared: Sequence[object] = (),
+    launch: LaunchShape,
+    max_size: int = 64,
+    max_delay: float = 0.0005,
+    buckets: Sequence[int] | None = None,
+    graph: str = "never",
+    shared_mem: int = 0,
+) -> Batcher:
+    """Make a :class:`Batcher`: concurrent calls with one row each, one dispatch per batch.
+
+    The kernel gets, in this order: one array of shape ``(n, *row.shape)`` per input (the
+    callers' rows, in call order), one ``Out((n, *row.shape), row.dtype)`` per output, the
+    *shared* arguments, then ``np.int32(n)``, the batch size (the bucket size with *buckets*).
+    See ``docs/batching.md``.
+
+    Args:
+        backend: the backend that runs the batches.
+        kernel: the kernel, written over a batch of ``n`` rows.
+        inputs: the row of each input each caller passes (``Row(shape, dtype)``).
+        outputs: the row of each output each caller gets back.
+        shared: arguments every batch passes after the outputs: resident buffers (weights),
+            numpy scalars, arrays.
+        launch: ``launch(n) -> (grid, block)``, the launch shape of a batch of *n* rows.
+        max_size: the most items in a batch; a batch that reaches it launches at once.
+        max_delay: the most seconds the first item of a batch waits for others.
+        buckets: batch sizes to pad up to (with zero rows), so that ``graph="auto"`` replays
+            one CUDA graph per bucket; the largest must be at least *max_size*.
+        graph: passed to each dispatch: ``"never"``, ``"auto"`` or ``"always"``.
+        shared_mem: bytes of dynamic shared memory per block, passed to each dispatch.
+
+    Returns:
+        The batcher: ``await batcher(*rows)`` returns the caller's row of each output.
+
+    Raises:
+        ArgumentTypeError: an argument is of the wrong type, or a row's dtype does not match
+            the kernel's parameter.
+        DispatchError: an option's value is wrong, or the layout does not fit the kernel's
+            parameter list (where it can be read).
+        BackendClosedError: the backend is closed.
+    """
+    if not isinstance(backend, Backend):
+        raise ArgumentTypeError(
+            f"batcher() takes a backend first, got {type(backend).__name__}; open one with "
+            "asyncgraph.open_backend()"
+        )
+    if backend.is_closed:
+        raise BackendClosedError(
+            f"backend {backend.name} is closed; open a new one with asyncgraph.open_backend()"
+        )
+    ins, outs, args, sizes = check_options(
+        kernel, inputs, outputs, shared, launch, max_size, max_delay, buckets, graph
+    )
+    return Batcher(
+        backend, kernel, ins, outs, args, launch, int(max_size), float(max_delay), sizes,
+        graph, shared_mem,
+    )  # fmt: skip

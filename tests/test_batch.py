@@ -1,0 +1,479 @@
+"""The batcher (``ag.batcher``) on the host backend, under asyncio, uvloop and trio.
+
+Every test waits on counts and events, never on a duration: where a test needs a batch to
+collect, its ``max_delay`` is an hour and something else (a full batch, a flush, a close)
+launches it.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+import anyio
+import anyio.lowlevel
+import numpy as np
+import pytest
+from structlog.testing import capture_logs
+
+import asyncgraph as ag
+
+Array = np.ndarray[Any, Any]
+F = 4  # features per row
+HOUR = 3600.0
+
+# The batch kernel of docs/batching.md: y[i] = a * x[i] + bias, for each of the n rows.
+AFFINE_SRC = r"""
+extern "C" __global__ void affine_rows(const float* x, float* y, const float* bias, float a,
+                                       int features, int n)
+{
+    int i = blockIdx.x * blockDim.x + threadIdx.x;
+    if (i < n * features) y[i] = a * x[i] + bias[i % features];
+}
+"""
+
+
+class Affine:
+    """The host function: records each batch (n and its x), may hold it, fails on a poison row."""
+
+    def __init__(self) -> None:
+        self.lock = threading.Lock()
+        self.batches: list[tuple[int, Array]] = []
+        self.started = threading.Event()
+        self.release = threading.Event()
+        self.release.set()
+
+    def __call__(
+        self, x: Array, y: Array, bias: Array, a: np.float32, features: np.int32, n: np.int32
+    ) -> None:
+        rows, f = int(n), int(features)
+        xs = x.reshape(rows, f)
+        with self.lock:
+            self.batches.append((rows, xs.copy()))
+        self.started.set()
+        self.release.wait(10)
+        if (xs[:, 0] == -1).any():
+            raise ValueError("poison row")
+        np.add(a * xs, bias.reshape(f), out=y.reshape(rows, f))
+
+
+def _loops() -> list[Any]:
+    loops: list[Any] = ["asyncio"]
+    try:
+        import uvloop  # noqa: F401
+    except ImportError:
+        loops.append(pytest.param(("asyncio", {"use_uvloop": True}), marks=pytest.mark.skip))
+    else:
+        loops.append(pytest.param(("asyncio", {"use_uvloop": True}), id="uvloop"))
+    loops.append("trio")
+    return loops
+
+
+@pytest.fixture(params=_loops())
+def loop(request: pytest.FixtureRequest) -> Any:
+    """The loop to run a test's body on: a name, or a name and anyio's backend options."""
+    return request.param
+
+
+def run(loop: Any, fn: Callable[[], Awaitable[None]]) -> None:
+    name, options = (loop, {}) if isinstance(loop, str) else loop
+    anyio.run(fn, backend=name, backend_options=options)
+
+
+BIAS = np.arange(F, dtype=np.float32)
+A = np.float32(2.0)
+
+
+def make(
+    backend: ag.Backend, host: Affine, *, max_size: int = 8, max_delay: float = HOUR, **kw: Any
+) -> ag.Batcher:
+    kernel = ag.Kernel(AFFINE_SRC, "affine_rows", host=host)
+    return ag.batcher(
+        backend, kernel,
+        inputs=[ag.Row((F,), np.float32)], outputs=[ag.Row((F,), np.float32)],
+        shared=(BIAS, A, np.int32(F)),
+        launch=lambda n: ((n * F + 255) // 256, 256),
+        max_size=max_size, max_delay=max_delay, **kw,
+    )  # fmt: skip
+
+
+def row(i: int) -> Array:
+    return np.full(F, i, np.float32) + np.arange(F, dtype=np.float32) / 10
+
+
+def want(i: int) -> Array:
+    return A * row(i) + BIAS
+
+
+async def until(condition: Callable[[], bool]) -> None:
+    """Wait until *condition()* holds (counters of the batcher, a thread's event)."""
+    with anyio.fail_after(10):
+        while not condition():  # polls plain counters: no event to await
+            await anyio.lowlevel.checkpoint()
+
+
+def test_concurrent_callers_get_their_rows_in_full_batches(loop: Any) -> None:
+    async def body() -> None:
+        host = Affine()
+        async with ag.open_backend("host") as backend:
+            batch = make(backend, host, max_size=8)
+            got: dict[int, Array] = {}
+
+            async def one(i: int) -> None:
+                (got[i],) = await batch(row(i))
+
+            async with anyio.create_task_group() as tg:
+                for i in range(64):
+                    tg.start_soon(one, i)
+            for i in range(64):
+                assert got[i].shape == (F,)
+                np.testing.assert_allclose(got[i], want(i))
+            assert sorted(n for n, _ in host.batches) == [8] * 8
+            stats = batch.statistics()
+            assert (stats.batches, stats.items, stats.padded_rows) == (8, 64, 0)
+            assert stats.mean_fill == 1.0
+            assert stats.waiting.count == 64
+            assert (stats.pending, stats.in_flight, stats.failed_batches) == (0, 0, 0)
+            assert repr(batch) == "<Batcher 'affine_rows' open pending=0 in_flight=0 batches=8>"
+
+    run(loop, body)
+
+
+def test_a_lone_caller_is_dispatched_as_a_batch_of_one_after_the_delay(loop: Any) -> None:
+    async def body() -> None:
+        host = Affine()
+        async with ag.open_backend("host") as backend:
+            batch = make(backend, host, max_size=8, max_delay=0.001)
+            with anyio.fail_after(10):
+                (y,) = await batch(row(3))
+            np.testing.assert_allclose(y, want(3))
+            assert [n for n, _ in host.batches] == [1]
+            stats = batch.statistics()
+            assert (stats.batches, stats.items, stats.mean_fill) == (1, 1, 1 / 8)
+            assert stats.waiting.count == 1
+
+    run(loop, body)
+
+
+def test_a_full_batch_launches_without_waiting_for_the_delay(loop: Any) -> None:
+    async def body() -> None:
+        host = Affine()
+        async with ag.open_backend("host") as backend:
+            batch = make(backend, host, max_size=4, max_delay=HOUR)
+            got: dict[int, Array] = {}
+
+            async def one(i: int) -> None:
+                (got[i],) = await batch(row(i))
+
+            with anyio.fail_after(10):  # an hour's delay: only the full batch can launch it
+                async with anyio.create_task_group() as tg:
+                    for i in range(4):
+                        tg.start_soon(one, i)
+            assert [n for n, _ in host.batches] == [4]
+            for i in range(4):
+                np.testing.assert_allclose(got[i], want(i))
+
+    run(loop, body)
+
+
+def test_buckets_pad_with_zero_rows_that_never_show(loop: Any) -> None:
+    async def body() -> None:
+        host = Affine()
+        async with ag.open_backend("host") as backend:
+            batch = make(backend, host, max_size=8, buckets=[8, 2, 4], graph="auto")
+            got: dict[int, tuple[Array, ...]] = {}
+
+            async def one(i: int) -> None:
+                got[i] = await batch(row(i))
+
+            async with anyio.create_task_group() as tg:
+                for i in range(3):
+                    tg.start_soon(one, i)
+                await until(lambda: batch.statistics().pending == 3)
+                await batch.aclose()  # flushes the batch of 3, padded to 4
+            ((n, x),) = host.batches
+            assert n == 4
+            np.testing.assert_array_equal(x[3], np.zeros(F, np.float32))
+            for i in range(3):
+                (y,) = got[i]
+                assert y.shape == (F,)
+                np.testing.assert_allclose(y, want(i))
+            stats = batch.statistics()
+            assert (stats.batches, stats.items, stats.padded_rows) == (1, 3, 1)
+            assert stats.mean_fill == 3 / 4
+
+    run(loop, body)
+
+
+def test_an_invalid_item_is_refused_to_its_caller_alone(loop: Any) -> None:
+    async def body() -> None:
+        host = Affine()
+        async with ag.open_backend("host") as backend:
+            batch = make(backend, host, max_size=2)
+            got: dict[int, Array] = {}
+            errors: dict[int, BaseException] = {}
+
+            async def one(i: int) -> None:
+                (got[i],) = await batch(row(i))
+
+            async def bad(k: int, item: tuple[object, ...]) -> None:
+                try:
+                    await batch(*item)
+                except ag.DispatchError as exc:
+                    errors[k] = exc
+
+            async with anyio.create_task_group() as tg:
+                tg.start_soon(one, 0)
+                tg.start_soon(bad, 0, (row(1).astype(np.float64),))
+                tg.start_soon(bad, 1, (np.zeros((2, F), np.float32),))
+                tg.start_soon(bad, 2, (row(1), row(2)))
+                tg.start_soon(bad, 3, ([1.0, 2.0, 3.0, 4.0],))
+                tg.start_soon(one, 1)
+            assert [n for n, _ in host.batches] == [2]
+            np.testing.assert_allclose(got[0], want(0))
+            np.testing.assert_allclose(got[1], want(1))
+            assert [type(errors[k]) for k in range(4)] == [
+                ag.ArgumentTypeError, ag.ShapeMismatchError, ag.DispatchError, ag.ArgumentTypeError
+            ]  # fmt: skip
+            assert str(errors[0]) == (
+                "items[0] of batcher 'affine_rows' (const float* x) is a float64 array of shape "
+                "(4,); the batcher takes float32 rows of shape (4,) — pass x.astype(np.float32)"
+            )
+            assert str(errors[1]) == (
+                "items[0] of batcher 'affine_rows' (const float* x) has shape (2, 4); the "
+                "batcher takes float32 rows of shape (4,), one row per call — call it once per "
+                "row (rows of one call are not split)"
+            )
+            assert str(errors[2]) == (
+                "batcher 'affine_rows' takes 1 arrays per item (float32[4]), got 2 — pass one "
+                "row of each input per call"
+            )
+            assert batch.statistics().items == 2
+
+    run(loop, body)
+
+
+def test_a_caller_cancelled_before_launch_leaves_its_batch(loop: Any) -> None:
+    async def body() -> None:
+        host = Affine()
+        async with ag.open_backend("host") as backend:
+            batch = make(backend, host, max_size=4)
+            got: dict[int, Array] = {}
+            scopes: dict[int, anyio.CancelScope] = {}
+
+            async def one(i: int) -> None:
+                with anyio.CancelScope() as scopes[i]:
+                    (got[i],) = await batch(row(i))
+
+            async with anyio.create_task_group() as tg:
+                for i in range(3):
+                    tg.start_soon(one, i)
+                await until(lambda: batch.statistics().pending == 3)
+                scopes[1].cancel()
+                await until(lambda: batch.statistics().pending == 2)
+                for i in (3, 4):  # fill the batch again: 0, 2, 3, 4
+                    tg.start_soon(one, i)
+            assert [n for n, _ in host.batches] == [4]
+            x = host.batches[0][1]
+            assert sorted(x[:, 0].tolist()) == [0, 2, 3, 4]  # trio starts tasks in any order
+            assert sorted(got) == [0, 2, 3, 4]
+            for i in got:
+                np.testing.assert_allclose(got[i], want(i))
+            stats = batch.statistics()
+            assert (stats.cancelled_before_launch, stats.items, stats.waiting.count) == (1, 4, 4)
+
+    run(loop, body)
+
+
+def test_a_cancelled_first_caller_hands_the_deadline_on(loop: Any) -> None:
+    async def body() -> None:
+        host = Affine()
+        async with ag.open_backend("host") as backend:
+            batch = make(backend, host, max_size=8, max_delay=0.05)
+            got: dict[int, Array] = {}
+            scopes: dict[int, anyio.CancelScope] = {}
+
+            async def one(i: int) -> None:
+                with anyio.CancelScope() as scopes[i]:
+                    (got[i],) = await batch(row(i))
+
+            with anyio.fail_after(10):
+                async with anyio.create_task_group() as tg:
+                    for i in range(3):
+                        tg.start_soon(one, i)
+                    await until(lambda: batch.statistics().pending == 3)
+                    scopes[0].cancel()  # the leader, which keeps the deadline
+            assert sorted(got) == [1, 2]
+            assert [n for n, _ in host.batches] == [2]
+            assert batch.statistics().cancelled_before_launch == 1
+
+    run(loop, body)
+
+
+def test_a_caller_cancelled_after_launch_gets_nothing_and_the_batch_goes_on(loop: Any) -> None:
+    async def body() -> None:
+        host = Affine()
+        host.release.clear()
+        async with ag.open_backend("host") as backend:
+            batch = make(backend, host, max_size=4)
+            got: dict[int, Array] = {}
+            scopes: dict[int, anyio.CancelScope] = {}
+
+            async def one(i: int) -> None:
+                with anyio.CancelScope() as scopes[i]:
+                    (got[i],) = await batch(row(i))
+
+            async with anyio.create_task_group() as tg:
+                for i in range(4):
+                    tg.start_soon(one, i)
+                await until(host.started.is_set)  # launched and running
+                scopes[2].cancel()
+                await anyio.lowlevel.checkpoint()
+                host.release.set()
+            assert sorted(got) == [0, 1, 3]
+            for i in got:
+                np.testing.assert_allclose(got[i], want(i))
+            stats = batch.statistics()
+            assert (stats.cancelled_before_launch, stats.failed_batches) == (0, 0)
+            assert (stats.batches, stats.in_flight) == (1, 0)
+
+    run(loop, body)
+
+
+def test_a_failing_batch_fails_each_of_its_callers_and_the_batcher_goes_on(loop: Any) -> None:
+    async def body() -> None:
+        host = Affine()
+        async with ag.open_backend("host") as backend:
+            batch = make(backend, host, max_size=3)
+            errors: list[BaseException] = []
+            got: dict[int, Array] = {}
+
+            async def one(i: int, x: Array) -> None:
+                try:
+                    (got[i],) = await batch(x)
+                except ValueError as exc:
+                    errors.append(exc)
+
+            async with anyio.create_task_group() as tg:
+                tg.start_soon(one, 0, row(0))
+                tg.start_soon(one, 1, np.full(F, -1, np.float32))
+                tg.start_soon(one, 2, row(2))
+            assert len(errors) == 3
+            assert {str(e) for e in errors} == {"poison row"}
+            assert got == {}
+            async with anyio.create_task_group() as tg:
+                for i in range(3):
+                    tg.start_soon(one, i, row(i))
+            for i in range(3):
+                np.testing.assert_allclose(got[i], want(i))
+            stats = batch.statistics()
+            assert (stats.batches, stats.failed_batches, stats.in_flight) == (2, 1, 0)
+
+    run(loop, body)
+
+
+def test_closing_the_backend_flushes_pending_items(loop: Any) -> None:
+    async def body() -> None:
+        host = Affine()
+        backend = ag.open_backend("host")
+        batch = make(backend, host, max_size=8)
+        got: dict[int, Array] = {}
+
+        async def one(i: int) -> None:
+            (got[i],) = await batch(row(i))
+
+        async with anyio.create_task_group() as tg:
+            for i in range(3):
+                tg.start_soon(one, i)
+            await until(lambda: batch.statistics().pending == 3)
+            await backend.aclose()
+        assert [n for n, _ in host.batches] == [3]
+        for i in range(3):
+            np.testing.assert_allclose(got[i], want(i))
+        assert batch.is_closed
+        with pytest.raises(
+            ag.BackendClosedError,
+            match=r"^backend host of batcher 'affine_rows' is closed; open a new backend ",
+        ):
+            await batch(row(0))
+
+    run(loop, body)
+
+
+def test_a_closed_batcher_refuses_calls_and_closing_twice_is_harmless(loop: Any) -> None:
+    async def body() -> None:
+        host = Affine()
+        async with ag.open_backend("host") as backend:
+            async with make(backend, host) as batch:
+                pass
+            await batch.aclose()
+            with pytest.raises(
+                ag.BackendClosedError,
+                match=r"^batcher 'affine_rows' is closed; make a new one with asyncgraph\.batcher",
+            ):
+                await batch(row(0))
+            assert repr(batch).startswith("<Batcher 'affine_rows' closed pending=0")
+
+    run(loop, body)
+
+
+def test_one_debug_event_per_batch(loop: Any) -> None:
+    async def body() -> None:
+        host = Affine()
+        async with ag.open_backend("host") as backend:
+            batch = make(backend, host, max_size=2)
+            with capture_logs() as logs:
+                async with anyio.create_task_group() as tg:
+                    for i in range(4):
+                        tg.start_soon(batch, row(i))
+            events = [e for e in logs if e["event"] == "batch.launched"]
+            assert [(e["items"], e["size"], e["kernel"]) for e in events] == [
+                (2, 2, "affine_rows"), (2, 2, "affine_rows")
+            ]  # fmt: skip
+
+    run(loop, body)
+
+
+async def test_options_are_checked_when_the_batcher_is_made(host: ag.Backend) -> None:
+    kernel = ag.Kernel(AFFINE_SRC, "affine_rows", host=Affine())
+    ins, outs = [ag.Row((F,), np.float32)], [ag.Row((F,), np.float32)]
+    shared = (BIAS, A, np.int32(F))
+
+    def shape(n: int) -> tuple[int, int]:
+        return (n, 32)
+
+    with pytest.raises(ag.DispatchError, match=r"^batcher of 'affine_rows' would pass 5 "):
+        ag.batcher(host, kernel, inputs=ins, outputs=outs, shared=(BIAS, A), launch=shape)
+    with pytest.raises(
+        ag.ArgumentTypeError, match=r"^parameter 0 of 'affine_rows' \(const float\* x\) takes "
+    ):
+        ag.batcher(
+            host, kernel, inputs=[ag.Row(F, np.float64)], outputs=outs, shared=shared,
+            launch=shape,
+        )  # fmt: skip
+    with pytest.raises(ag.DispatchError, match=r"^batcher\(buckets=\[2, 4\], max_size=8\); "):
+        ag.batcher(
+            host, kernel, inputs=ins, outputs=outs, shared=shared, launch=shape, max_size=8,
+            buckets=[2, 4],
+        )  # fmt: skip
+    with pytest.raises(ag.DispatchError, match=r"^batcher\(max_delay=-1\); pass seconds"):
+        ag.batcher(
+            host, kernel, inputs=ins, outputs=outs, shared=shared, launch=shape, max_delay=-1
+        )
+    with pytest.raises(ag.ArgumentTypeError, match=r"^batcher\(launch=None\); pass a function"):
+        ag.batcher(host, kernel, inputs=ins, outputs=outs, shared=shared, launch=None)  # type: ignore[arg-type]  # the point
+    with pytest.raises(ag.ShapeMismatchError):
+        ag.Row((0,), np.float32)
+    assert ag.Row((), np.int32).shape == ()
+
+
+async def test_on_close_hooks_run_once_while_the_backend_still_takes_work() -> None:
+    backend = ag.open_backend("host")
+    seen: list[bool] = []
+    backend.on_close(lambda: seen.append(backend.is_closed))
+    gone = backend.on_close(lambda: seen.append(True))
+    gone()
+    await backend.aclose()
+    await backend.aclose()
+    assert seen == [False]
