@@ -8,7 +8,7 @@ launches it.
 from __future__ import annotations
 
 import threading
-from collections.abc import Awaitable, Callable
+from collections.abc import Callable
 from typing import Any
 
 import anyio
@@ -18,6 +18,8 @@ import pytest
 from structlog.testing import capture_logs
 
 import asyncgraph as ag
+
+from .loops import LOOPS, run
 
 Array = np.ndarray[Any, Any]
 F = 4  # features per row
@@ -58,27 +60,10 @@ class Affine:
         np.add(a * xs, bias.reshape(f), out=y.reshape(rows, f))
 
 
-def _loops() -> list[Any]:
-    loops: list[Any] = ["asyncio"]
-    try:
-        import uvloop  # noqa: F401
-    except ImportError:
-        loops.append(pytest.param(("asyncio", {"use_uvloop": True}), marks=pytest.mark.skip))
-    else:
-        loops.append(pytest.param(("asyncio", {"use_uvloop": True}), id="uvloop"))
-    loops.append("trio")
-    return loops
-
-
-@pytest.fixture(params=_loops())
+@pytest.fixture(params=LOOPS)
 def loop(request: pytest.FixtureRequest) -> Any:
     """The loop to run a test's body on: a name, or a name and anyio's backend options."""
     return request.param
-
-
-def run(loop: Any, fn: Callable[[], Awaitable[None]]) -> None:
-    name, options = (loop, {}) if isinstance(loop, str) else loop
-    anyio.run(fn, backend=name, backend_options=options)
 
 
 BIAS = np.arange(F, dtype=np.float32)

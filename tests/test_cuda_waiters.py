@@ -15,7 +15,8 @@ import asyncgraph as ag
 from asyncgraph.cuda._cores import core
 
 from .kernels import SCALE, SPIN
-from .test_loops import loop, run
+from .loops import run
+from .test_loops import loop
 
 __all__ = ("loop",)
 

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import os
 import threading
-from collections.abc import Awaitable, Callable
+from collections.abc import Callable
 from typing import Any
 
 import anyio
@@ -22,33 +22,15 @@ from asyncgraph import _loop
 from asyncgraph.testing import assert_matches_host
 
 from .kernels import HOST_CLOCK_HZ, INC, SCALE, SPIN
+from .loops import LOOPS, run
 
 Array = np.ndarray[Any, Any]
 
 
-def _loops() -> list[Any]:
-    loops: list[Any] = ["asyncio"]
-    try:
-        import uvloop  # noqa: F401
-    except ImportError:
-        loops.append(pytest.param(("asyncio", {"use_uvloop": True}), marks=pytest.mark.skip))
-    else:
-        loops.append(pytest.param(("asyncio", {"use_uvloop": True}), id="uvloop"))
-    loops.append("trio")
-    return loops
-
-
-@pytest.fixture(params=_loops())
+@pytest.fixture(params=LOOPS)
 def loop(request: pytest.FixtureRequest) -> Any:
     """The loop to run a test's body on: a name, or a name and anyio's backend options."""
     return request.param
-
-
-def run(loop: Any, fn: Callable[[], Awaitable[None]]) -> None:
-    """Run *fn* with ``anyio.run`` on *loop* (the tests are sync functions: pytest-asyncio,
-    in auto mode for the rest of the suite, would otherwise run them on its own loop)."""
-    name, options = (loop, {}) if isinstance(loop, str) else loop
-    anyio.run(fn, backend=name, backend_options=options)
 
 
 Opener = Callable[[], ag.Backend]

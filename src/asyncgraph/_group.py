@@ -47,11 +47,6 @@ def _out_why(member: Backend) -> str | None:
     return None
 
 
-def _kind(member: Backend) -> str:
-    """``"cuda"`` or ``"host"``: members of one kind copy buffers between them directly."""
-    return member.name.partition(":")[0]
-
-
 def open_group(
     devices: str | Sequence[str | int],
     *,
@@ -392,7 +387,7 @@ class DeviceGroup:
             member = members[i]
             try:
                 source = buffers[live[0]]
-                if source is not None and _kind(member) == _kind(origin):
+                if source is not None and member.kind == origin.kind:
                     buffers[i] = await origin.copy(source, to=member)
                 else:
                     buffers[i] = await member.upload(array)

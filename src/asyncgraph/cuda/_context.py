@@ -66,10 +66,6 @@ class OwnContext:
         if self._pushed.pop():
             drv.cuCtxPopCurrent()
 
-    def is_current(self) -> bool:
-        """Whether it is the calling thread's current context."""
-        return bool(_get_current()[1] == self.handle)
-
     def enter(self) -> bool:
         """Make it current unless it is; whether it was pushed (pass that to :meth:`leave`).
 
@@ -214,12 +210,14 @@ def in_context(method: F) -> F:
 
     @functools.wraps(method)
     def called(self: Any, *args: Any, **kwargs: Any) -> Any:
-        ctx: OwnContext = self.device.ctx
-        pushed = ctx.enter()
+        # OwnContext.enter, inlined: the general path of every dispatch comes through here.
+        handle = self.device.ctx.handle
+        if handle is None or _get_current()[1] == handle:
+            return method(self, *args, **kwargs)
+        check(drv.cuCtxPushCurrent(handle), "cuCtxPushCurrent")
         try:
             return method(self, *args, **kwargs)
         finally:
-            if pushed:
-                drv.cuCtxPopCurrent()
+            drv.cuCtxPopCurrent()
 
     return cast(F, called)

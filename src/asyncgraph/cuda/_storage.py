@@ -212,11 +212,9 @@ class Storage:
         def on_done(error: CudaError | None, cancelled: bool) -> Any:
             copy.event = None  # recycled by the reactor: later writers must not wait on it
             copy.finished.set()
-            if error is not None:
+            if error is not None or cancelled:  # failed, or nobody takes the copy
                 device.release_buffer(storage, device.alloc_stream)
                 return None
-            if cancelled:  # nobody takes the copy
-                device.release_buffer(storage, device.alloc_stream)
             return storage
 
         copied: Any = await lane.future(event, on_done)
