@@ -179,6 +179,8 @@ cdef class FastPath:
     cdef object _life
     cdef object _dispatcher
     cdef object _store
+    cdef list _generations
+    cdef list _buffers
     cdef object _ids
     cdef dict _kernels
     cdef public long long dispatches

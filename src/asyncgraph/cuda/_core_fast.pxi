@@ -46,6 +46,8 @@ cdef class FastPath:
         self._life = front.lifecycle
         self._dispatcher = front.dispatcher
         self._store = front.store
+        self._generations = front.store._generations  # never rebound: read in place
+        self._buffers = front.store._buffers
         self._ids = front.ids
         self._kernels = {}
         _clear(&self._queue_wait)
@@ -105,7 +107,7 @@ cdef class FastPath:
         cdef uint64_t start_at = 0, at = 0, staged
         cdef bint placed
         cdef FastJob job
-        cdef object life, loop, value, buffer, dep, deps, lane = None, slot, pending
+        cdef object life, loop, value, buffer, dep, dep_lane, lane = None, slot, pending
         cdef PyObject* seen[8]
         cdef Py_ssize_t n_seen = 0
         found = self._kernels.get(kernel)
@@ -120,7 +122,7 @@ cdef class FastPath:
         if life.state != _OPEN:
             return None
         loop = life.loop
-        if loop is None or _running_loop() is not loop:
+        if loop is None or not _runs_here(loop):
             return None
         if (
             watches.schedule is None
@@ -145,39 +147,35 @@ cdef class FastPath:
                 i = plan.residents[r]
                 a = &plan.args[i]
                 value = args[i]
-                buffer = value.into if a.kind == A_INTO else value
+                buffer = _into(value) if a.kind == A_INTO else value
+                if type(buffer) is not _ResidentBuffer:
+                    return None  # the general path checks what it is
                 for k in range(n_seen):
                     if seen[k] == <PyObject*>buffer:
                         return None  # twice in one call: the general path orders it
                 seen[n_seen] = <PyObject*>buffer
                 n_seen += 1
-                if not _is_live(self._store, buffer):
+                if not _is_live(self._store, self._generations, self._buffers, buffer):
                     return None  # stale: the general path says why
-                if a.write:
-                    deps = [buffer._writer, *buffer._readers]
-                else:
-                    deps = (buffer._writer,)
-                for dep in deps:
-                    if dep is None:
-                        continue
-                    if type(dep) is _Download:
+                dep_lane = _lane_of(_get(buffer, B_WRITER))
+                if dep_lane is not None:
+                    if dep_lane is _ELSEWHERE:
                         return None
-                    if type(dep) is FastJob:
-                        if (<FastJob>dep).state is _DONE or (<FastJob>dep).gpu_done:
-                            continue
-                        if (<FastJob>dep)._event is None:
-                            return None
-                        dep_lane = (<FastJob>dep).lane
-                    else:
-                        if dep.state is _DONE or dep.gpu_done:
-                            continue
-                        if dep.event is None:
-                            return None  # not launched yet
-                        dep_lane = dep.lane
                     if lane is None:
                         lane = dep_lane
                     elif dep_lane is not lane:
-                        return None  # uses on two streams: wait by events, the general way
+                        return None
+                if a.write:
+                    for dep in <list>_get(buffer, B_READERS):
+                        dep_lane = _lane_of(dep)
+                        if dep_lane is None:
+                            continue
+                        if dep_lane is _ELSEWHERE:
+                            return None
+                        if lane is None:
+                            lane = dep_lane
+                        elif dep_lane is not lane:
+                            return None  # uses on two streams: wait by events, the general way
             if lane is not None:
                 lane_index = lane.index
                 if self._slots[lane_index].leased:
@@ -232,7 +230,7 @@ cdef class FastPath:
             for r in range(plan.n_residents):
                 i = plan.residents[r]
                 value = args[i]
-                buffer = value.into if plan.args[i].kind == A_INTO else value
+                buffer = _into(value) if plan.args[i].kind == A_INTO else value
                 _track_use(buffer, job, plan.args[i].write)  # ordered by the lane (checked above)
                 job.buffers.append(buffer)
         else:
@@ -328,10 +326,10 @@ cdef class FastPath:
                 elif a.kind <= A_OUT:
                     (<uint64_t*>slot)[0] = base + <uint64_t>a.offset
                 elif a.kind == A_RESIDENT:
-                    (<uint64_t*>slot)[0] = <uint64_t>int(args[i]._storage.handle)
+                    (<uint64_t*>slot)[0] = <uint64_t>int(_get(args[i], B_STORAGE).handle)
                 else:  # A_INTO: zeroed first
                     value = args[i]
-                    pointer = <uint64_t>int(value.into._storage.handle)
+                    pointer = <uint64_t>int(_get(_into(value), B_STORAGE).handle)
                     if code == cydriver.CUDA_SUCCESS:
                         code = cydriver.cuMemsetD8Async(
                             <cydriver.CUdeviceptr>pointer, 0, <size_t>value.nbytes, handle
@@ -411,7 +409,7 @@ cdef class FastPath:
         job.state = _DONE
         job.outcome = outcome
         for buffer in job.buffers:
-            _untrack_use(self._store, buffer, job)
+            _untrack_use(self._store, self._generations, self._buffers, buffer, job)
         if isinstance(outcome, BaseException):
             self.failed += 1
         else:
@@ -431,7 +429,7 @@ cdef class FastPath:
         for k in range(plan.n_returned):
             r = &plan.returned[k]
             if r.kind == A_INTO:
-                results.append(job.args[r.index].into)
+                results.append(_into(job.args[r.index]))
             else:
                 arr = <cnp.ndarray>cnp.PyArray_EMPTY(r.ndim, <cnp.npy_intp*>r.dims, r.type_num, 0)
                 memcpy(cnp.PyArray_DATA(arr), host + r.offset, r.nbytes)

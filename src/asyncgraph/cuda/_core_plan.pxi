@@ -7,12 +7,14 @@ import asyncio as _asyncio
 
 import numpy as _np
 
+from .._args import Out as _Out
 from .._exceptions import AllocationError as _AllocationError
 from .._lifecycle import OPEN as _OPEN
 from .._pending import PendingDispatch as _PendingDispatch
 from .._pending import set_outcome as _set_outcome
 from .._plans import same_dims as _same_dims
 from .._resident import Download as _Download
+from .._resident import ResidentBuffer as _ResidentBuffer
 from .._resident import untrack as _untrack
 from .._scheduler import JobState as _JobState
 from .._telemetry import BUCKET_BOUNDS as _BUCKET_BOUNDS
@@ -38,6 +40,7 @@ assert (K_SCALAR, K_IN, K_IN_OUT, K_OUT, K_RESIDENT, K_INTO) == (0, 1, 2, 3, 4, 
 cdef object _LAUNCHED = _JobState.LAUNCHED
 cdef object _DONE = _JobState.DONE
 cdef object _running_loop = _asyncio._get_running_loop
+cdef object _BaseEventLoop = _asyncio.BaseEventLoop
 cdef object _NEVER = "never"
 cdef object _ndarray = _np.ndarray
 cdef object _EMPTY = ()
@@ -46,6 +49,20 @@ cdef int _OOM = <int>cydriver.CUDA_ERROR_OUT_OF_MEMORY
 cdef double _BOUNDS[N_BUCKETS]
 for _i, _bound in enumerate(_BUCKET_BOUNDS):
     _BOUNDS[_i] = _bound
+
+
+cdef inline bint _runs_here(object loop) except -1:
+    """Whether *loop* is the event loop running on this thread, without a system call where
+    the answer is certain: ``asyncio.get_running_loop()`` calls ``getpid()`` on every call on
+    Python 3.11. An asyncio loop that runs keeps its thread's id in ``_thread_id``, and asyncio
+    runs one loop per thread at most, so a match is the answer; anything else (uvloop, a loop
+    not running here) asks ``asyncio`` as before."""
+    cdef object tid
+    if isinstance(loop, _BaseEventLoop):
+        tid = getattr(loop, "_thread_id", None)
+        if tid is not None and PyLong_Check(tid) and PyLong_AsUnsignedLong(tid) == PyThread_get_thread_ident():
+            return True
+    return _running_loop() is loop
 
 
 cdef inline void _record_value(HistogramC* h, double value) noexcept:
@@ -89,42 +106,11 @@ cdef _flush_histogram(HistogramC* h, histogram):
 # ways leave the same state.
 
 
-cdef inline bint _is_live(object store, object buffer) except -1:
-    cdef object slot
-    if buffer._store is not store:
-        return False
-    slot = buffer._slot
-    return store._generations[slot] == buffer._generation and store._buffers[slot] is buffer
-
-
-cdef inline int _track_use(object buffer, object use, bint write) except -1:
-    buffer._in_use = buffer._in_use + 1
-    if write:
-        buffer._writer = use
-        buffer._readers = []
-    else:
-        buffer._readers.append(use)
-    return 0
-
-
-cdef inline int _untrack_use(object store, object buffer, object use) except -1:
-    cdef object readers
-    if not _is_live(store, buffer):
-        _untrack(buffer, use)  # closed meanwhile: its last use frees it, the front's way
-        return 0
-    buffer._in_use = buffer._in_use - 1
-    if buffer._writer is use:
-        buffer._writer = None
-    else:
-        readers = buffer._readers
-        if use in readers:
-            readers.remove(use)
-    return 0
-
-
-# PendingDispatch's slots, written and read at their offsets: a generic setattr by name looks the
-# descriptor up in the type each time, and ten of them per dispatch were a tenth of its cost on
-# the stand-in driver. The offsets come from the class's own member descriptors, at import.
+# Slots of the front's objects (PendingDispatch, ResidentBuffer, Out), read and written at their
+# offsets: a generic getattr or setattr by name looks the descriptor up in the type each time,
+# and ten of them per dispatch were a tenth of its cost on the stand-in driver. The offsets come
+# from the classes' own member descriptors, at import; they are used on objects of exactly that
+# class (a subclass may declare a slot of the same name elsewhere).
 cdef extern from "Python.h":
     ctypedef struct PyMemberDef:
         Py_ssize_t offset
@@ -133,11 +119,113 @@ cdef extern from "Python.h":
     void Py_XDECREF(PyObject*)
 
 
-cdef Py_ssize_t _offset(str name) except -1:
-    descriptor = _PendingDispatch.__dict__[name]
+cdef Py_ssize_t _slot(type cls, str name) except -1:
+    descriptor = cls.__dict__[name]
     if type(descriptor).__name__ != "member_descriptor":
-        raise TypeError(f"PendingDispatch.{name} is not a slot")
+        raise TypeError(f"{cls.__name__}.{name} is not a slot")
     return (<PyMemberDescrObject*><PyObject*>descriptor).d_member.offset
+
+
+cdef inline object _get(object obj, Py_ssize_t offset):
+    """``obj.<slot at offset>``."""
+    cdef PyObject* value = (<PyObject**>((<char*><PyObject*>obj) + offset))[0]
+    if value == NULL:
+        raise AttributeError(f"a slot of {type(obj).__name__} is not set")
+    return <object>value
+
+
+cdef inline void _put(object obj, Py_ssize_t offset, object value) noexcept:
+    """``obj.<slot at offset> = value``."""
+    cdef PyObject** field = <PyObject**>((<char*><PyObject*>obj) + offset)
+    cdef PyObject* old = field[0]
+    Py_INCREF(value)
+    field[0] = <PyObject*>value
+    Py_XDECREF(old)
+
+
+cdef Py_ssize_t B_STORE = _slot(_ResidentBuffer, "_store")
+cdef Py_ssize_t B_SLOT = _slot(_ResidentBuffer, "_slot")
+cdef Py_ssize_t B_GENERATION = _slot(_ResidentBuffer, "_generation")
+cdef Py_ssize_t B_IN_USE = _slot(_ResidentBuffer, "_in_use")
+cdef Py_ssize_t B_WRITER = _slot(_ResidentBuffer, "_writer")
+cdef Py_ssize_t B_READERS = _slot(_ResidentBuffer, "_readers")
+cdef Py_ssize_t B_STORAGE = _slot(_ResidentBuffer, "_storage")
+cdef Py_ssize_t O_INTO = _slot(_Out, "into")
+
+
+cdef inline object _into(object out):
+    """``out.into`` of an ``Out``."""
+    if type(out) is _Out:
+        return _get(out, O_INTO)
+    return out.into
+
+
+cdef inline bint _is_live(object store, list generations, list buffers, object buffer) except -1:
+    """Whether *buffer* (exactly a ``ResidentBuffer``) is live in *store*, whose generation and
+    buffer lists are *generations* and *buffers*."""
+    cdef object slot
+    if _get(buffer, B_STORE) is not store:
+        return False
+    slot = _get(buffer, B_SLOT)
+    return generations[slot] == _get(buffer, B_GENERATION) and buffers[slot] is buffer
+
+
+cdef inline int _track_use(object buffer, object use, bint write) except -1:
+    cdef list readers
+    _put(buffer, B_IN_USE, _get(buffer, B_IN_USE) + 1)
+    if write:
+        _put(buffer, B_WRITER, use)
+        readers = _get(buffer, B_READERS)
+        if len(readers):
+            _put(buffer, B_READERS, [])
+    else:
+        (<list>_get(buffer, B_READERS)).append(use)
+    return 0
+
+
+cdef object _ELSEWHERE = object()
+
+
+cdef inline object _lane_of(object use):
+    """The lane a buffer's unfinished *use* runs on; ``None`` if it finished (or there is
+    none); ``_ELSEWHERE`` if the fast path cannot order after it (a download, or a use not
+    launched yet)."""
+    if use is None:
+        return None
+    if type(use) is FastJob:
+        if (<FastJob>use).state is _DONE or (<FastJob>use).gpu_done:
+            return None
+        if (<FastJob>use)._event is None:
+            return _ELSEWHERE
+        return (<FastJob>use).lane
+    if type(use) is _Download:
+        return _ELSEWHERE
+    if use.state is _DONE or use.gpu_done:
+        return None
+    if use.event is None:
+        return _ELSEWHERE  # not launched yet
+    return use.lane
+
+
+cdef inline int _untrack_use(
+    object store, list generations, list buffers, object buffer, object use
+) except -1:
+    cdef list readers
+    if not _is_live(store, generations, buffers, buffer):
+        _untrack(buffer, use)  # closed meanwhile: its last use frees it, the front's way
+        return 0
+    _put(buffer, B_IN_USE, _get(buffer, B_IN_USE) - 1)
+    if _get(buffer, B_WRITER) is use:
+        _put(buffer, B_WRITER, None)
+    else:
+        readers = _get(buffer, B_READERS)
+        if use in readers:
+            readers.remove(use)
+    return 0
+
+
+cdef Py_ssize_t _offset(str name) except -1:
+    return _slot(_PendingDispatch, name)
 
 
 cdef Py_ssize_t P_LOOP = _offset("_loop")
@@ -153,15 +241,6 @@ cdef Py_ssize_t P_NAME = _offset("kernel_name")
 cdef object _STATE_PENDING = 0
 cdef object _STATE_DONE = 1
 cdef object _STATE_FAILED = 2
-
-
-cdef inline void _put(object pending, Py_ssize_t offset, object value) noexcept:
-    """``pending.<slot at offset> = value``."""
-    cdef PyObject** field = <PyObject**>((<char*><PyObject*>pending) + offset)
-    cdef PyObject* old = field[0]
-    Py_INCREF(value)
-    field[0] = <PyObject*>value
-    Py_XDECREF(old)
 
 
 cdef inline bint _unset(object pending, Py_ssize_t offset) noexcept:
