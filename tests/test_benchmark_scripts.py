@@ -58,6 +58,7 @@ SCRIPTS: dict[str, tuple[str, list[str], bool]] = {
 # Modules the scripts import, not scripts themselves.
 MODULES = {
     "__init__.py",
+    "batch_loads.py",
     "callback_timer.py",
     "example_service.py",
     "harness.py",
