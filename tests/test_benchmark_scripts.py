@@ -25,6 +25,7 @@ BENCHMARKS = ROOT / "benchmarks"
 STAND_IN, HOST, GPU = "stand-in driver", "host backend", "a CUDA GPU with PyTorch"
 # script -> (where it runs, its arguments for a tiny run, whether it writes --json)
 SCRIPTS: dict[str, tuple[str, list[str], bool]] = {
+    "bench_batch.py": (HOST, ["--backend", "host"], True),
     "bench_core.py": (STAND_IN, [], True),
     "bench_dispatch.py": (STAND_IN, [], True),
     "bench_graphs.py": (STAND_IN, [], True),
@@ -58,6 +59,7 @@ SCRIPTS: dict[str, tuple[str, list[str], bool]] = {
 # Modules the scripts import, not scripts themselves.
 MODULES = {
     "__init__.py",
+    "batch_loads.py",
     "callback_timer.py",
     "example_service.py",
     "harness.py",

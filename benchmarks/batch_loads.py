@@ -1,0 +1,270 @@
+"""The dense layer and the loads of ``bench_batch.py``: one request's row, two ways to serve it.
+
+- :data:`DENSE_ROWS` is the example service's dense layer (``relu(x @ W + b)``) in the batch
+  form ``ag.batcher`` calls (the stacked rows, the output, the weights, the bias, the number
+  of features, the number of rows), with a numpy host function, so the script runs on the
+  host backend too. It takes any number of features: the benchmark uses 1024 (4 KiB rows).
+- :class:`Service` holds the weights (resident on the backend), a pool of input rows and
+  their answers computed by numpy in float64, and the two ways to serve a row: one dispatch per
+  request (:meth:`Service.per_request`) and through a batcher (:meth:`Service.batched`).
+- :func:`client_load` runs clients that each await one way *rounds* times, optionally burning
+  CPU before each request, and checks every answer against numpy after the timed part;
+  :func:`in_turns` runs several ways in turns, so that the machine's drift weighs on all alike.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import statistics
+import time
+from collections.abc import Awaitable, Callable, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+import asyncgraph as ag
+from benchmarks import harness
+from benchmarks.bench_load import burn
+
+Array = np.ndarray[Any, Any]
+BLOCK = 256
+
+# The example service's dense layer for a batch of rows, in the batcher's argument order.
+DENSE_ROWS_SRC = r"""
+extern "C" __global__ void dense_relu_rows(const float* x, float* y, const float* w,
+                                           const float* b, int features, int rows)
+{
+    int i = blockIdx.x * blockDim.x + threadIdx.x;
+    if (i >= rows * features) return;
+    int row = i / features, col = i % features;
+    float acc = b[col];
+    for (int k = 0; k < features; ++k) acc += x[row * features + k] * w[k * features + col];
+    y[i] = acc > 0.0f ? acc : 0.0f;
+}
+"""
+
+
+def _dense_relu_rows(x: Array, y: Array, w: Array, b: Array, f: np.int32, rows: np.int32) -> None:
+    n, m = int(rows), int(f)
+    np.maximum(x.reshape(-1, m)[:n] @ w.reshape(m, m) + b, 0.0, out=y.reshape(-1, m)[:n])
+
+
+DENSE_ROWS = ag.Kernel(DENSE_ROWS_SRC, "dense_relu_rows", host=_dense_relu_rows)
+
+# A way to serve one row: returns the awaitable of the output rows (None for the floor).
+Way = Callable[[Array], Awaitable[tuple[Array, ...] | None]]
+
+
+class WrongAnswer(AssertionError):
+    """A request's answer differs from numpy's."""
+
+
+class Service:
+    """The dense layer's weights on a backend, the rows requests send, and their answers.
+
+    Args:
+        backend: the backend, open.
+        weights: the weights, resident on *backend* (from ``backend.upload``).
+        bias: the bias, resident on *backend*.
+        w: the weights on the host, ``(features, features)`` float32.
+        b: the bias on the host, ``(features,)`` float32.
+        max_size: the batcher's ``max_size``.
+        max_delay: the batcher's ``max_delay`` in seconds.
+        pool: how many different rows the requests send.
+    """
+
+    def __init__(
+        self,
+        backend: ag.Backend,
+        weights: ag.ResidentBuffer,
+        bias: ag.ResidentBuffer,
+        w: Array,
+        b: Array,
+        *,
+        max_size: int,
+        max_delay: float,
+        pool: int = 509,
+    ) -> None:
+        self.backend = backend
+        self.features = f = w.shape[0]
+        self.weights, self.bias = weights, bias
+        rng = np.random.default_rng(11)
+        self.rows = rng.standard_normal((pool, f), dtype=np.float32)
+        wide = self.rows.astype(np.float64) @ w.astype(np.float64) + b
+        self.answers = np.maximum(wide, 0.0).astype(np.float32)
+        self._out = ag.Out(f, np.float32)
+        self._f, self._one = np.int32(f), np.int32(1)
+        self._grid = (f + BLOCK - 1) // BLOCK
+        self.batcher = ag.batcher(
+            backend, DENSE_ROWS,
+            inputs=[ag.Row((f,), np.float32)], outputs=[ag.Row((f,), np.float32)],
+            shared=(weights, bias, self._f),
+            launch=lambda n: ((n * f + BLOCK - 1) // BLOCK, BLOCK),
+            max_size=max_size, max_delay=max_delay,
+        )  # fmt: skip
+
+    @classmethod
+    async def open(
+        cls, backend: ag.Backend, features: int, *, max_size: int, max_delay: float
+    ) -> Service:
+        """Upload weights of *features* x *features* (the example's scale) and compile."""
+        rng = np.random.default_rng(7)
+        w = (rng.standard_normal((features, features)) / np.sqrt(features)).astype(np.float32)
+        b = (0.1 * rng.standard_normal(features)).astype(np.float32)
+        weights, bias = await backend.upload(w), await backend.upload(b)
+        await backend.compile(DENSE_ROWS)
+        return cls(backend, weights, bias, w, b, max_size=max_size, max_delay=max_delay)
+
+    def per_request(self, x: Array) -> Awaitable[tuple[Array, ...]]:
+        """One dispatch of the dense layer for the row *x* alone."""
+        return self.backend.dispatch(
+            DENSE_ROWS, x, self._out, self.weights, self.bias, self._f, self._one,
+            grid=self._grid, block=BLOCK,
+        )  # fmt: skip
+
+    def batched(self, x: Array) -> Awaitable[tuple[Array, ...]]:
+        """The row *x* through the batcher, with the rows of whoever calls meanwhile."""
+        return self.batcher(x)
+
+    def check(self, picks: list[int], outputs: list[Array], what: str) -> None:
+        """Every output against numpy's answer to its row.
+
+        Raises:
+            WrongAnswer: an output differs by more than float32 rounding.
+        """
+        if not picks:
+            return
+        got, want = np.stack(outputs), self.answers[np.asarray(picks)]
+        if got.shape != want.shape or not np.allclose(got, want, rtol=1e-4, atol=1e-4):
+            bad = int(np.argmax(np.abs(got - want).max(axis=1)))
+            raise WrongAnswer(
+                f"{what}: the answer to row {picks[bad]} differs from numpy's by up to "
+                f"{float(np.abs(got[bad] - want[bad]).max()):.3g}"
+            )
+
+    async def first_check(self) -> None:
+        """Both ways against numpy once: a few rows one by one, then a full batch at once."""
+        picks = list(range(3))
+        outputs = [(await self.per_request(self.rows[i]))[0] for i in picks]
+        self.check(picks, outputs, "one dispatch per request")
+        picks = list(range(64))
+        done = await asyncio.gather(*(self.batched(self.rows[i]) for i in picks))
+        self.check(picks, [y for (y,) in done], "batched")
+
+    async def aclose(self) -> None:
+        """Close the batcher and free the weights."""
+        await self.batcher.aclose()
+        await self.weights.aclose()
+        await self.bias.aclose()
+
+
+@dataclass(frozen=True)
+class Load:
+    """What one load came to.
+
+    Attributes:
+        latencies: seconds of each request, from the call that makes its awaitable to its
+            return (the CPU burnt before it is left out).
+        requests_per_s: the requests of every client, per second of the whole load.
+        requests: requests made.
+        dispatches: dispatches the backend accepted meanwhile.
+    """
+
+    latencies: tuple[float, ...]
+    requests_per_s: float
+    requests: int
+    dispatches: int
+
+
+async def client_load(
+    service: Service, way: Way, *, clients: int, rounds: int, burn_s: float, what: str
+) -> Load:
+    """*clients* tasks, each *rounds* times burning *burn_s* of CPU, then awaiting ``way(x)``
+    for a row *x* of the service's pool; then every answer checked against numpy."""
+    latencies: list[float] = []
+    picks: list[int] = []
+    outputs: list[Array] = []
+    rows = service.rows
+    pool = len(rows)
+
+    async def client(k: int) -> None:
+        for r in range(rounds):
+            i = (k + r * clients) % pool
+            if burn_s:
+                burn(burn_s)
+            t0 = time.perf_counter()
+            answer = await way(rows[i])
+            latencies.append(time.perf_counter() - t0)
+            if answer is not None:
+                picks.append(i)
+                outputs.append(answer[0])
+
+    before = service.backend.telemetry.snapshot().dispatches
+    t0 = time.perf_counter()
+    await asyncio.gather(*(client(k) for k in range(clients)))
+    elapsed = time.perf_counter() - t0
+    dispatches = service.backend.telemetry.snapshot().dispatches - before
+    service.check(picks, outputs, what)
+    requests = clients * rounds
+    return Load(tuple(latencies), requests / elapsed, requests, dispatches)
+
+
+def summary(loads: list[Load]) -> dict[str, float]:
+    """Percentiles of every request of *loads* pooled, their median requests/s, and the rows
+    per dispatch (``nan`` where nothing was dispatched)."""
+    latencies = [t for load in loads for t in load.latencies]
+    dispatches = sum(load.dispatches for load in loads)
+    requests = sum(load.requests for load in loads)
+    return {
+        "requests_per_s": statistics.median(load.requests_per_s for load in loads),
+        "p50_us": harness.percentile(latencies, 50) * 1e6,
+        "p99_us": harness.percentile(latencies, 99) * 1e6,
+        "max_us": max(latencies) * 1e6,
+        "rows_per_dispatch": requests / dispatches if dispatches else float("nan"),
+    }
+
+
+async def in_turns(
+    service: Service,
+    ways: Mapping[str, Way],
+    *,
+    clients: int,
+    rounds: int,
+    burn_s: float,
+    pairs: int,
+) -> dict[str, Any]:
+    """Each of *ways* under the same load, after a short warm-up of each, *pairs* times in
+    turns (one load of each way, in order, then again).
+
+    Returns:
+        By way, :func:`summary` of its loads; under ``"pairs"``, by way, the requests/s of
+        each of its loads in order, for ratios taken pair by pair.
+    """
+    for name, way in ways.items():
+        warm = max(rounds // 10, 1)
+        await client_load(
+            service, way, clients=clients, rounds=warm, burn_s=burn_s, what=f"{name} warm-up"
+        )
+    runs: dict[str, list[Load]] = {name: [] for name in ways}
+    for _ in range(pairs):
+        for name, way in ways.items():
+            runs[name].append(
+                await client_load(
+                    service, way, clients=clients, rounds=rounds, burn_s=burn_s, what=name
+                )
+            )
+    rows: dict[str, Any] = {name: summary(loads) for name, loads in runs.items()}
+    rows["pairs"] = {name: [load.requests_per_s for load in loads] for name, loads in runs.items()}
+    return rows
+
+
+def pair_ratios(pairs: Mapping[str, list[float]], top: str, bottom: str) -> dict[str, Any]:
+    """The requests/s of *top* over *bottom*'s, pair by pair: median, lowest, highest, all."""
+    ratios = [t / b for t, b in zip(pairs[top], pairs[bottom], strict=True)]
+    return {
+        "median": statistics.median(ratios),
+        "low": min(ratios),
+        "high": max(ratios),
+        "pairs": ratios,
+    }

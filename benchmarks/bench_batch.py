@@ -1,0 +1,322 @@
+"""Dynamic batching (``ag.batcher``) against one dispatch per request, under concurrent clients.
+
+The work is the example service's dense layer, ``relu(x @ W + b)``, with ``W`` and ``b``
+resident on the backend, one 4 KiB row (1024 float32) per request (``batch_loads.py``). Each
+request is served one of two ways: ``per-request``, one ``backend.dispatch`` of that row alone;
+``batched``, ``await batcher(x)``, which puts the rows of concurrent callers into one dispatch
+(up to ``--max-size`` rows, waiting at most ``--max-delay-us`` for a batch to fill).
+
+Rows, on asyncio and uvloop (or the one ``--loop`` names), on the backend ``--backend`` names:
+
+- 1, 8 and 64 clients, each awaiting its requests back to back (``--rounds`` each): requests/s,
+  latency p50/p99/max (from the call to its return) and rows per dispatch, each way; the two
+  ways run in turns, ``--pairs`` times, requests/s the median of the loads, latencies pooled;
+- the mixed load: 64 clients, each burning ``--burn-us`` of CPU before each request (the
+  request's own work, holding the GIL), beside the floor (the same clients awaiting
+  ``asyncio.sleep(0)`` instead of a dispatch); floor, per-request and batched in turns;
+- the ratios issue 28's targets name: at 64 clients, batched / per-request requests/s (>= 5)
+  and p99 (<= 1); for one client, batched p50 / (per-request p50 + max_delay) (<= 1.1); in
+  the mixed load, batched / floor requests/s (median of the pairs' ratios, >= 0.95) and p99
+  (<= 1.2).
+
+Both ways are checked against numpy once at the start, and every answer of every load is
+checked after the load, outside the timed part. The header gives how long
+``asyncio.sleep(max_delay)`` takes on each loop: the batcher's deadline is a timer of the loop,
+so a lone client waits what the loop's timer does, not ``max_delay`` itself.
+
+Run on a GPU:     python benchmarks/bench_batch.py --backend cuda --json [PATH]
+On the host:      python benchmarks/bench_batch.py --backend host
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import sys
+import time
+from collections.abc import Awaitable, Coroutine
+from pathlib import Path
+from typing import Any
+
+import structlog
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+import asyncgraph as ag
+from benchmarks import harness
+from benchmarks.batch_loads import Array, Service, Way, in_turns, pair_ratios
+from benchmarks.bench_load import Target
+
+CLIENTS = (1, 8, 64)
+MIXED_CLIENTS = 64
+WAYS = ("per-request", "batched")
+
+
+def _floor(x: Array) -> Awaitable[None]:
+    """The mixed load's floor: no work, one turn of the loop (what the clients' turns cost)."""
+    return asyncio.sleep(0)
+
+
+async def rows_on(
+    loop: str,
+    device: str,
+    *,
+    features: int,
+    rounds: int,
+    pairs: int,
+    burn_s: float,
+    max_size: int,
+    max_delay: float,
+) -> dict[str, dict[str, Any]]:
+    """Every row on the running loop (named *loop*), with the backend's name and device."""
+    async with ag.open_backend(device) as backend:
+        service = await Service.open(backend, features, max_size=max_size, max_delay=max_delay)
+        try:
+            await service.first_check()
+            # The batcher's deadline is a timer of the loop, whose resolution may be coarser.
+            timer_us = await harness.time_async(lambda: asyncio.sleep(max_delay), 50, 5)
+            ways: dict[str, Way] = {
+                "per-request": service.per_request,
+                "batched": service.batched,
+            }
+            clients: dict[str, Any] = {}
+            for n in CLIENTS:
+                row = await in_turns(
+                    service, ways, clients=n, rounds=rounds, burn_s=0.0, pairs=pairs
+                )
+                row["ratio"] = pair_ratios(row.pop("pairs"), "batched", "per-request")
+                clients[str(n)] = row
+            mixed = await in_turns(
+                service,
+                {"floor": _floor, **ways},
+                clients=MIXED_CLIENTS,
+                rounds=rounds,
+                burn_s=burn_s,
+                pairs=pairs,
+            )
+            by_pair = mixed.pop("pairs")
+            mixed["ratio"] = {way: pair_ratios(by_pair, way, "floor") for way in WAYS}
+            stats = service.batcher.statistics()
+        finally:
+            await service.aclose()
+    return {
+        loop: {
+            "backend": backend.name,
+            "device": str(getattr(backend, "device_name", "host")),
+            "timer_us": timer_us,
+            "clients": clients,
+            "mixed": mixed,
+            "batcher": {
+                "batches": stats.batches,
+                "items": stats.items,
+                "mean_fill": stats.mean_fill,
+                "waiting_p99_us": stats.waiting.quantile(0.99) * 1e6,
+            },
+        }
+    }
+
+
+# -- targets and output ------------------------------------------------------------------------
+
+
+def targets_of(rows: dict[str, Any], max_delay: float) -> list[Target]:
+    """Issue 28's targets, per loop."""
+    targets: list[Target] = []
+    for loop, row in rows.items():
+        top = row["clients"]["64"]
+        lone = row["clients"]["1"]
+        mixed = row["mixed"]
+        unbatched = lone["per-request"]["p50_us"] + max_delay * 1e6
+        targets += [
+            Target(
+                f"64 clients: batched requests/s / per-request's, median of pairs ({loop})",
+                top["ratio"]["median"],
+                5.0,
+                at_most=False,
+            ),
+            Target(
+                f"64 clients: batched p99 / per-request p99 ({loop})",
+                top["batched"]["p99_us"] / top["per-request"]["p99_us"],
+                1.0,
+            ),
+            Target(
+                f"1 client: batched p50 / (per-request p50 + max_delay) ({loop})",
+                lone["batched"]["p50_us"] / unbatched,
+                1.1,
+            ),
+            Target(
+                f"mixed: batched requests/s / floor's, median of pairs ({loop})",
+                mixed["ratio"]["batched"]["median"],
+                0.95,
+                at_most=False,
+            ),
+            Target(
+                f"mixed: batched p99 / floor p99 ({loop})",
+                mixed["batched"]["p99_us"] / mixed["floor"]["p99_us"],
+                1.2,
+            ),
+        ]
+    return targets
+
+
+COLUMNS = ("requests/s", "p50 us", "p99 us", "max us", "rows/dispatch")
+FORMATS = (",.0f", ".1f", ".1f", ".1f", ".1f")
+KEYS = ("requests_per_s", "p50_us", "p99_us", "max_us", "rows_per_dispatch")
+
+
+def _clients(n: str) -> str:
+    return "1 client" if n == "1" else f"{n} clients"
+
+
+def _cells(summary: dict[str, float]) -> list[object]:
+    cells: list[object] = [summary[key] for key in KEYS]
+    if cells[-1] != cells[-1]:  # nan: nothing dispatched (the floor)
+        cells[-1] = ""
+    return cells
+
+
+def _ratio_cells(top: dict[str, float], bottom: dict[str, float], rps: dict[str, Any]) -> list[str]:
+    spread = f"{rps['median']:.2f}x ({rps['low']:.2f} to {rps['high']:.2f})"
+    latency = [f"{top[key] / bottom[key]:.2f}x" for key in KEYS[1:4]]
+    return [spread, *latency, ""]
+
+
+def print_results(rows: dict[str, Any], targets: list[Target]) -> None:
+    """The tables: clients back to back, the mixed load, the targets."""
+    closed: list[list[object]] = []
+    for loop, row in rows.items():
+        for n, load in row["clients"].items():
+            for way in WAYS:
+                closed.append([f"{_clients(n)}, {way} ({loop})", *_cells(load[way])])
+            closed.append(
+                [
+                    f"{_clients(n)}, batched / per-request ({loop})",
+                    *_ratio_cells(load["batched"], load["per-request"], load["ratio"]),
+                ]
+            )
+    harness.print_table(("clients back to back", *COLUMNS), closed, FORMATS)
+    print()
+    mixed: list[list[object]] = []
+    for loop, row in rows.items():
+        load = row["mixed"]
+        for way in ("floor", *WAYS):
+            mixed.append([f"{way} ({loop})", *_cells(load[way])])
+        for way in WAYS:
+            mixed.append(
+                [
+                    f"{way} / floor ({loop})",
+                    *_ratio_cells(load[way], load["floor"], load["ratio"][way]),
+                ]
+            )
+    harness.print_table(("mixed load", *COLUMNS), mixed, FORMATS)
+    print()
+    harness.print_table(
+        ("target", "measured", "met"),
+        [(t.label, t.measured, "yes" if t.met else "NO") for t in targets],
+        (".3f", ""),
+    )
+
+
+def main() -> None:
+    parser = harness.arguments(__doc__)
+    parser.add_argument(
+        "--backend",
+        choices=("auto", "host", "cuda"),
+        default="auto",
+        help="the backend to measure (default auto: CUDA where there is a GPU, else the host)",
+    )
+    parser.add_argument(
+        "--loop",
+        choices=("asyncio", "uvloop"),
+        help="run on this event loop only (default: asyncio, then uvloop where installed)",
+    )
+    parser.add_argument(
+        "--features", type=int, default=1024, help="floats per row (default 1024: 4 KiB)"
+    )
+    parser.add_argument(
+        "--rounds", type=int, default=100, help="requests per client in each load (default 100)"
+    )
+    parser.add_argument(
+        "--pairs", type=int, default=5, help="loads of each way, in turns (default 5)"
+    )
+    parser.add_argument(
+        "--burn-us", type=float, default=200.0, help="CPU per mixed-load request (default 200)"
+    )
+    parser.add_argument(
+        "--max-size", type=int, default=64, help="the batcher's max_size (default 64)"
+    )
+    parser.add_argument(
+        "--max-delay-us",
+        type=float,
+        default=500.0,
+        help="the batcher's max_delay in µs (default 500)",
+    )
+    args = parser.parse_args()
+    rounds, pairs = args.rounds, args.pairs
+    if harness.smoke():
+        rounds, pairs = min(rounds, harness.SMOKE_REPS), 1
+    max_delay = args.max_delay_us * 1e-6
+    # The library's debug and info events (backend opened, closed) would bury the tables.
+    structlog.configure(wrapper_class=structlog.make_filtering_bound_logger(logging.WARNING))
+
+    def on(loop: str) -> Coroutine[Any, Any, dict[str, dict[str, Any]]]:
+        return rows_on(
+            loop,
+            args.backend,
+            features=args.features,
+            rounds=rounds,
+            pairs=pairs,
+            burn_s=args.burn_us * 1e-6,
+            max_size=args.max_size,
+            max_delay=max_delay,
+        )
+
+    t_start = time.perf_counter()
+    if args.loop is not None:
+        rows = harness.run(on(args.loop), args.loop)
+    else:
+        rows, _loops = harness.run_on_loops(on)
+    first = next(iter(rows.values()))
+    device = first["device"]
+    targets = targets_of(rows, max_delay)
+
+    print(f"device: {device} (backend {first['backend']})")
+    print(
+        f"{args.features} float32 per row ({args.features * 4 / 1024:g} KiB); {rounds} requests "
+        f"per client per load, each way loaded {pairs} times in turns; batcher max_size "
+        f"{args.max_size}, max_delay {args.max_delay_us:g} us; mixed load: {MIXED_CLIENTS} "
+        f"clients, {args.burn_us:g} us of CPU per request"
+    )
+    timers = ", ".join(f"{row['timer_us']:.0f} us ({loop})" for loop, row in rows.items())
+    print(f"the loop's timer: sleep(max_delay) returns after {timers}")
+    print()
+    print_results(rows, targets)
+    print(f"\n{time.perf_counter() - t_start:.1f} s")
+    harness.write_json(
+        {
+            **harness.environment(device),
+            "backend": first["backend"],
+            "settings": {
+                "features": args.features,
+                "rounds": rounds,
+                "pairs": pairs,
+                "burn_us": args.burn_us,
+                "max_size": args.max_size,
+                "max_delay_us": args.max_delay_us,
+                "clients": list(CLIENTS),
+                "mixed_clients": MIXED_CLIENTS,
+            },
+            "loops": {
+                loop: {key: row[key] for key in ("timer_us", "clients", "mixed", "batcher")}
+                for loop, row in rows.items()
+            },
+            "targets": {t.label: {"measured": t.measured, "met": t.met} for t in targets},
+        },
+        args.json,
+        script=__file__,
+        device=device,
+    )
+
+
+if __name__ == "__main__":
+    main()
