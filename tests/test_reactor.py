@@ -8,19 +8,22 @@ from collections.abc import Callable
 from typing import Any
 
 import pytest
+from cuda.bindings import driver as drv
 
+from asyncgraph._exceptions import CudaError
 from asyncgraph.cuda import _reactor, _watches
 from asyncgraph.cuda._driver import NOT_READY, SUCCESS
 from asyncgraph.cuda._events import EventPool
 
 
 class FakeEvent:
-    def __init__(self, done: bool) -> None:
+    def __init__(self, done: bool, code: Any = SUCCESS) -> None:
         self.done = done
+        self.code = code  # what it completes with
 
 
 def _query(event: FakeEvent) -> tuple[Any]:
-    return (SUCCESS if event.done else NOT_READY,)
+    return (event.code if event.done else NOT_READY,)
 
 
 async def test_a_busy_stream_cannot_starve_another(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -314,3 +317,67 @@ async def test_inline_completions_count_as_progress_so_a_held_task_is_not_handed
     # keeps polling rather than waking a waiter thread (a wake-up costs far more).
     assert handed == []
     assert reactor.pending == 1
+
+
+async def test_a_completion_that_watches_anew_leaves_the_next_poll_after_the_woken_tasks(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    clock = _fake_clock(monkeypatch)
+    loop = asyncio.get_running_loop()
+    reactor = _reactor.Reactor(loop, None, 1, EventPool(0), 1.0, lambda _e: None)
+    ran: list[tuple[int, int]] = []  # per task: the poll that woke it, the polls when it ran
+    launches = [40]
+
+    def done(_error: object) -> None:
+        woken_by = reactor.polls
+        if launches[0]:
+            # A queued dispatch launches in the slot this one freed: its event is watched now,
+            # from inside the poll.
+            launches[0] -= 1
+            reactor.watch(0, FakeEvent(done=True), done)
+
+        def task_runs() -> None:
+            clock[0] += 500e-6
+            ran.append((woken_by, reactor.polls))
+
+        loop.call_soon(task_runs)
+
+    for _ in range(8):
+        reactor.watch(0, FakeEvent(done=True), done)
+    for _ in range(60):
+        await asyncio.sleep(0)
+    assert reactor.pending == 0
+    assert len(ran) == 48
+    # Every task ran before the next poll, which so measured all of them: 500 us a task, so
+    # each poll woke MIN_COMPLETIONS (4).
+    assert all(woken_by == polls for woken_by, polls in ran)
+    woken = [woken_by for woken_by, _ in ran]
+    per_poll = [woken.count(p) for p in sorted(set(woken))]
+    assert per_poll == [4] * 12
+
+
+async def test_a_failed_event_fails_its_watch_and_the_others_complete(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    _fake_clock(monkeypatch)
+    loop = asyncio.get_running_loop()
+    faults: list[object] = []
+    reactor = _reactor.Reactor(loop, None, 2, EventPool(0), 1.0, faults.append)
+    outcomes: dict[int, object] = {}
+
+    def done(seq: int) -> Callable[[object], None]:
+        return lambda error: outcomes.__setitem__(seq, error)
+
+    # Not a sticky error (the context is fine): only its own watch fails, and the poll that
+    # met it leaves the others to the next poll.
+    failing = drv.CUresult.CUDA_ERROR_INVALID_HANDLE
+    reactor.watch(1, FakeEvent(done=True, code=failing), done(0))
+    for seq in range(1, 10):
+        reactor.watch(0, FakeEvent(done=True), done(seq))
+    for _ in range(10):
+        await asyncio.sleep(0)
+    assert reactor.pending == 0
+    assert sorted(outcomes) == list(range(10))
+    assert isinstance(outcomes[0], CudaError)
+    assert all(outcomes[seq] is None for seq in range(1, 10))
+    assert faults == []

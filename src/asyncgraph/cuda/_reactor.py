@@ -224,8 +224,8 @@ class Reactor:
             check(drv.cuCtxPushCurrent(own), "cuCtxPushCurrent")
         try:
             w = self._w
-            w.poll_scheduled = False
             if w.paused:
+                w.poll_scheduled = False
                 self._idle()  # no tasks run meanwhile that the next poll could measure
                 self._poll_paused()
                 return
@@ -245,13 +245,22 @@ class Reactor:
             # Deliver completed watches oldest first across the lanes, bounded by the budget:
             # the tasks these woke run before the next poll, so the loop's other work never
             # waits behind all of them, and none waits behind newer ones of busier lanes.
-            done, how = w.drain(self.budget.limit(), now, now + POLL_BUDGET)
+            # The poll stays marked scheduled meanwhile: a completion that watches a new event
+            # (a queued dispatch launching) must not schedule the next poll ahead of the tasks
+            # this one wakes, which it would then measure only part of. It is scheduled below.
+            try:
+                done, how = w.drain(self.budget.limit(), now, now + POLL_BUDGET)
+            finally:
+                w.poll_scheduled = False
             if how == STOPPED:
                 w.window_start = perf_counter()
                 self._again(done)
                 return
             if how == FAILED:
-                return  # _failed scheduled a poll if more are pending
+                if w.pending:  # the others go on: completing one is progress
+                    w.window_start = perf_counter()
+                    self._again(done)
+                return
             busy = how != 0  # BUSY: some lane's oldest event is still running
             if not busy and not w.pending:
                 self._idle()
