@@ -49,6 +49,7 @@ SCRIPTS: dict[str, tuple[str, list[str], bool]] = {
         True,
     ),
     "bench_ray.py": (HOST, ["--device", "host"], True),
+    "bench_reactor.py": (STAND_IN, [], True),
     "bench_resident.py": (STAND_IN, [], True),
     "bench_serve_torch.py": (GPU, ["--clients", "4"], True),
     "bench_transfer.py": (STAND_IN, [], True),

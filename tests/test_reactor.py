@@ -8,19 +8,22 @@ from collections.abc import Callable
 from typing import Any
 
 import pytest
+from cuda.bindings import driver as drv
 
+from asyncgraph._exceptions import CudaError
 from asyncgraph.cuda import _reactor, _watches
 from asyncgraph.cuda._driver import NOT_READY, SUCCESS
 from asyncgraph.cuda._events import EventPool
 
 
 class FakeEvent:
-    def __init__(self, done: bool) -> None:
+    def __init__(self, done: bool, code: Any = SUCCESS) -> None:
         self.done = done
+        self.code = code  # what it completes with
 
 
 def _query(event: FakeEvent) -> tuple[Any]:
-    return (SUCCESS if event.done else NOT_READY,)
+    return (event.code if event.done else NOT_READY,)
 
 
 async def test_a_busy_stream_cannot_starve_another(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -69,34 +72,117 @@ def _fake_clock(monkeypatch: pytest.MonkeyPatch) -> list[float]:
     return clock
 
 
+def test_the_wake_budget_rises_to_a_costlier_task_at_once_and_falls_slowly() -> None:
+    budget = _reactor.WakeBudget()
+    assert _reactor.ITERATION_BUDGET == 2e-3
+    assert _reactor.MIN_COMPLETIONS == 4
+    assert (budget.cost, budget.limit()) == (0.0, 4)  # nothing measured: MIN_COMPLETIONS
+    budget.learn(400e-6, 4)  # 4 woken tasks took 400 us of the loop: the first measure is taken
+    assert (budget.cost, budget.limit()) == (100e-6, 20)
+    budget.learn(1e-3, 1)  # a costlier task: taken at once, the next poll wakes 2 ms of them
+    assert (budget.cost, budget.limit()) == (1e-3, 4)  # 2, but never fewer than 4
+    budget.learn(250e-6, 5)  # 50 us each: a quarter of the way down
+    assert budget.cost == pytest.approx(762.5e-6)
+    assert budget.limit() == 4
+    for _ in range(40):
+        budget.learn(500e-6, 10)
+    assert budget.cost == pytest.approx(50e-6, rel=1e-3)
+    assert budget.limit() == 39  # 2 ms / 50.01 us, rounded down
+    budget.learn(1.0, 2)  # a stall (another thread, the collector): counted as one budget a task
+    assert budget.cost == _reactor.ITERATION_BUDGET
+    budget.forget()  # the loop went idle
+    assert (budget.cost, budget.limit()) == (0.0, 4)
+    budget.learn(0.0, 4)  # 1 us is the smallest cost it assumes
+    assert (budget.cost, budget.limit()) == (1e-6, 2000)
+
+
 async def test_a_poll_wakes_what_fits_the_iteration_by_the_tasks_measured_cost(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     clock = _fake_clock(monkeypatch)
     loop = asyncio.get_running_loop()
     reactor = _reactor.Reactor(loop, None, 1, EventPool(0), 1.0, lambda _e: None)
+    per_poll = await _burst(reactor, clock, 100, 100e-6)
+    # The first poll knows no cost yet: it wakes MIN_COMPLETIONS; their tasks took 100 us each,
+    # so every later poll wakes the 20 that fit in 2 ms.
+    assert per_poll == [4, 20, 20, 20, 20, 16]
+    assert reactor.task_cost == 0.0  # the loop went idle: forgotten
+
+    per_poll = await _burst(reactor, clock, 30, 500e-6)
+    assert per_poll == [4] * 7 + [2]  # 2 ms / 500 us = 4
+
+
+async def test_a_burst_after_the_loop_was_idle_does_not_wake_by_the_last_bursts_cost(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    clock = _fake_clock(monkeypatch)
+    loop = asyncio.get_running_loop()
+    reactor = _reactor.Reactor(loop, None, 1, EventPool(0), 1.0, lambda _e: None)
+    # A burst whose tasks only return (the end of a batch of requests, say): 5 us each, so
+    # each poll after the first wakes about 400 of them.
+    per_poll = await _burst(reactor, clock, 1000, 5e-6)
+    assert per_poll[0] == 4
+    assert all(n >= 399 for n in per_poll[1:-1])
+    # The next burst's tasks take 500 us each; its first poll must not wake 400 of them (200 ms).
+    per_poll = await _burst(reactor, clock, 40, 500e-6)
+    assert per_poll == [4] * 10
+
+
+async def test_a_costlier_task_lowers_the_next_polls_count_at_once(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    clock = _fake_clock(monkeypatch)
+    loop = asyncio.get_running_loop()
+    reactor = _reactor.Reactor(loop, None, 1, EventPool(0), 1.0, lambda _e: None)
+    cost = [20e-6]
     polls: list[int] = []
 
     def task_runs(_error: object) -> None:
         polls.append(reactor.polls)
-        # The task this completion wakes runs in the next loop iteration, for 500 us.
-        loop.call_soon(lambda: clock.__setitem__(0, clock[0] + 500e-6))
+        if len(polls) == 200:
+            cost[0] = 500e-6  # the load changes while the loop is busy
+        loop.call_soon(_advance, clock, cost[0])  # its task, in the next loop iteration
 
-    for _ in range(100):
+    for _ in range(300):
         reactor.watch(0, FakeEvent(done=True), task_runs)
     for _ in range(40):
         await asyncio.sleep(0)
     per_poll = [polls.count(p) for p in sorted(set(polls))]
-    assert sum(per_poll) == 100
+    assert sum(per_poll) == 300
+    # 4 first, then 100 a poll (20 us each). The last 5 tasks the third poll wakes take 500 us:
+    # 44 us a task in that iteration, so the fourth poll wakes 45, not knowing that each takes
+    # 500 us. Their iteration (22.5 ms) raises the estimate at once: 4 a poll from then on,
+    # where a moving average would still wake 12, 8, 6, 5 first.
+    assert per_poll[:4] == [4, 100, 100, 45]
+    assert all(n == 4 for n in per_poll[4:-1])
+
+
+def _advance(clock: list[float], seconds: float) -> None:
+    clock[0] += seconds
+
+
+async def _burst(
+    reactor: _reactor.Reactor, clock: list[float], count: int, task_cost: float
+) -> list[int]:
+    """*count* completed watches whose tasks each take *task_cost* of the loop iteration after
+    the poll that woke them; how many each poll woke, until the reactor is idle again."""
+    loop = asyncio.get_running_loop()
+    polls: list[int] = []
+
+    def task_runs(_error: object) -> None:
+        polls.append(reactor.polls)
+        loop.call_soon(_advance, clock, task_cost)  # its task, in the next loop iteration
+
+    for _ in range(count):
+        reactor.watch(0, FakeEvent(done=True), task_runs)
+    for _ in range(count + 5):
+        await asyncio.sleep(0)
+        if not reactor.pending:
+            break
+    await asyncio.sleep(0)  # the last tasks run
+    assert len(polls) == count
     assert reactor.pending == 0
-    # The first poll knows no cost yet (its estimate, 50 us, lets it wake 40); then each poll
-    # wakes fewer as the measured cost nears 500 us (2 ms / 500 us = 4), never fewer than
-    # MIN_COMPLETIONS.
-    first = int(_reactor.ITERATION_BUDGET / 50e-6)
-    assert per_poll[:7] == [first, 12, 8, 6, 5, 5, 4]
-    assert _reactor.MIN_COMPLETIONS <= 4
-    assert all(n == 4 for n in per_poll[6:-1])
-    assert 400e-6 < reactor.task_cost <= 500e-6  # the moving average, closing in
+    return [polls.count(p) for p in sorted(set(polls))]
 
 
 async def test_a_poll_stops_its_own_work_after_its_time_budget(
@@ -123,7 +209,8 @@ async def test_a_poll_stops_its_own_work_after_its_time_budget(
     assert per_poll == [4] * 7 + [2]
     assert reactor.pending == 0
 
-    # 20 us each: it stops at 7 (140 us), since an 8th would end past the 150 us budget.
+    # 20 us each: it stops at 7 (140 us), since an 8th would end past the 150 us budget. (The
+    # loop went idle: the first poll knows no cost of the woken tasks yet, so it wakes 4.)
     cost[0] = 20e-6
     polls.clear()
     for _ in range(30):
@@ -131,7 +218,7 @@ async def test_a_poll_stops_its_own_work_after_its_time_budget(
     for _ in range(20):
         await asyncio.sleep(0)
     per_poll = [polls.count(p) for p in sorted(set(polls))]
-    assert per_poll == [7, 7, 7, 7, 2]
+    assert per_poll == [4, 7, 7, 7, 5]
     assert reactor.pending == 0
 
 
@@ -141,7 +228,6 @@ async def test_completions_are_delivered_oldest_first_across_lanes(
     clock = _fake_clock(monkeypatch)
     loop = asyncio.get_running_loop()
     reactor = _reactor.Reactor(loop, None, 3, EventPool(0), 1.0, lambda _e: None)
-    reactor.task_cost = 500e-6  # as measured already: each poll wakes MIN_COMPLETIONS
     order: list[int] = []
     polls: list[int] = []
 
@@ -149,7 +235,7 @@ async def test_completions_are_delivered_oldest_first_across_lanes(
         def callback(_error: object) -> None:
             order.append(seq)
             polls.append(reactor.polls)
-            # Its task takes 500 us of the next iteration: a poll then wakes only a few.
+            # Its task takes 500 us of the next iteration: each poll wakes MIN_COMPLETIONS.
             loop.call_soon(lambda: clock.__setitem__(0, clock[0] + 500e-6))
 
         return callback
@@ -231,3 +317,67 @@ async def test_inline_completions_count_as_progress_so_a_held_task_is_not_handed
     # keeps polling rather than waking a waiter thread (a wake-up costs far more).
     assert handed == []
     assert reactor.pending == 1
+
+
+async def test_a_completion_that_watches_anew_leaves_the_next_poll_after_the_woken_tasks(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    clock = _fake_clock(monkeypatch)
+    loop = asyncio.get_running_loop()
+    reactor = _reactor.Reactor(loop, None, 1, EventPool(0), 1.0, lambda _e: None)
+    ran: list[tuple[int, int]] = []  # per task: the poll that woke it, the polls when it ran
+    launches = [40]
+
+    def done(_error: object) -> None:
+        woken_by = reactor.polls
+        if launches[0]:
+            # A queued dispatch launches in the slot this one freed: its event is watched now,
+            # from inside the poll.
+            launches[0] -= 1
+            reactor.watch(0, FakeEvent(done=True), done)
+
+        def task_runs() -> None:
+            clock[0] += 500e-6
+            ran.append((woken_by, reactor.polls))
+
+        loop.call_soon(task_runs)
+
+    for _ in range(8):
+        reactor.watch(0, FakeEvent(done=True), done)
+    for _ in range(60):
+        await asyncio.sleep(0)
+    assert reactor.pending == 0
+    assert len(ran) == 48
+    # Every task ran before the next poll, which so measured all of them: 500 us a task, so
+    # each poll woke MIN_COMPLETIONS (4).
+    assert all(woken_by == polls for woken_by, polls in ran)
+    woken = [woken_by for woken_by, _ in ran]
+    per_poll = [woken.count(p) for p in sorted(set(woken))]
+    assert per_poll == [4] * 12
+
+
+async def test_a_failed_event_fails_its_watch_and_the_others_complete(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    _fake_clock(monkeypatch)
+    loop = asyncio.get_running_loop()
+    faults: list[object] = []
+    reactor = _reactor.Reactor(loop, None, 2, EventPool(0), 1.0, faults.append)
+    outcomes: dict[int, object] = {}
+
+    def done(seq: int) -> Callable[[object], None]:
+        return lambda error: outcomes.__setitem__(seq, error)
+
+    # Not a sticky error (the context is fine): only its own watch fails, and the poll that
+    # met it leaves the others to the next poll.
+    failing = drv.CUresult.CUDA_ERROR_INVALID_HANDLE
+    reactor.watch(1, FakeEvent(done=True, code=failing), done(0))
+    for seq in range(1, 10):
+        reactor.watch(0, FakeEvent(done=True), done(seq))
+    for _ in range(10):
+        await asyncio.sleep(0)
+    assert reactor.pending == 0
+    assert sorted(outcomes) == list(range(10))
+    assert isinstance(outcomes[0], CudaError)
+    assert all(outcomes[seq] is None for seq in range(1, 10))
+    assert faults == []

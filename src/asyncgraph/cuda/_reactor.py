@@ -7,9 +7,9 @@ polls. A poll completes what it finds completed, oldest first across all lanes, 
 time, never by a fixed count: its own work stops before a completion would take it past
 ``POLL_BUDGET`` (once ``MIN_COMPLETIONS`` are done; a completion's cost is measured as it
 goes), and the tasks it wakes are limited to what fits in
-``ITERATION_BUDGET`` by the measured cost of the tasks the previous poll woke, so a timer or a
-request handler never waits behind hundreds of them. What is left completes in the next poll,
-one loop iteration later, before anything that completed after it.
+``ITERATION_BUDGET`` by what woken tasks cost the loop lately (:class:`WakeBudget`), so a timer
+or a request handler never waits behind hundreds of them. What is left completes in the next
+poll, one loop iteration later, before anything that completed after it.
 While other callbacks run between polls the loop is busy and keeps polling once an iteration.
 Only when polls followed each other with nothing else to run and nothing completing for
 ``poll_window`` seconds (the loop would otherwise sleep) does each busy lane hand its oldest
@@ -58,6 +58,49 @@ POLL_BUDGET = 150e-6
 ITERATION_BUDGET = 2e-3
 # Polls further apart than this ran other callbacks between them: the loop is not idle.
 IDLE_GAP = 50e-6
+# How far a woken task's cost below the estimate moves it (a moving average); above, it is taken.
+FALL = 0.25
+
+
+class WakeBudget:
+    """How many completions one poll delivers: as many as the tasks they wake fit in
+    ``ITERATION_BUDGET``, judged by what woken tasks cost the loop lately, and at least
+    ``MIN_COMPLETIONS`` (so slow tasks never bring it down to one a loop iteration).
+
+    The reactor measures the loop iteration that ran the tasks a poll woke, and the cost per
+    task is learned (:meth:`learn`). A cost above the estimate becomes the estimate at once:
+    that iteration already ran past the budget, and waking too many makes the loop late for
+    everything else, while waking too few costs only another iteration's overhead (the next
+    poll delivers the rest). A cost below it is averaged in (by ``FALL``), so one cheap
+    iteration does not let the next poll wake many. When the loop goes idle the estimate is
+    forgotten (:meth:`forget`): the last tasks of a burst, which only return, are cheap, and
+    the next burst's need not be. A poll without an estimate delivers ``MIN_COMPLETIONS``,
+    and what their tasks cost is the estimate.
+    """
+
+    __slots__ = ("cost",)
+
+    def __init__(self) -> None:
+        self.cost = 0.0  # loop time a woken task takes, in seconds; 0.0: none measured yet
+
+    def limit(self) -> int:
+        """How many completions the next poll may deliver."""
+        cost = self.cost
+        if not cost:
+            return MIN_COMPLETIONS
+        return max(MIN_COMPLETIONS, int(ITERATION_BUDGET / cost))
+
+    def learn(self, elapsed: float, woke: int) -> None:
+        """The loop ran *elapsed* seconds between a poll that woke *woke* tasks and the next."""
+        # At least 1 us a task (at most 2000 a poll), and at most a whole budget (a stall of
+        # the loop, not the tasks' doing, must not keep it at MIN_COMPLETIONS for long).
+        sample = min(max(elapsed / woke, 1e-6), ITERATION_BUDGET)
+        cost = self.cost
+        self.cost = sample if sample > cost else cost + FALL * (sample - cost)
+
+    def forget(self) -> None:
+        """The loop went idle: the next tasks' cost is measured afresh."""
+        self.cost = 0.0
 
 
 class Reactor:
@@ -104,7 +147,7 @@ class Reactor:
         )
         self._poll_end = 0.0  # when the last poll returned
         self._woke = 0  # dispatches the last poll completed, if it scheduled the next poll
-        self.task_cost = 50e-6  # loop time a woken task takes, measured (moving average)
+        self.budget = WakeBudget()  # how many a poll completes, by what woken tasks cost
         self.polls = 0
         self.handoffs = 0
         self._pause_waiters = False  # a "global" capture: no hand-offs either
@@ -123,6 +166,12 @@ class Reactor:
     def pending(self) -> int:
         """Events watched and not yet completed."""
         return int(self._w.pending)
+
+    @property
+    def task_cost(self) -> float:
+        """Seconds of loop time a woken task takes, as measured lately (0.0: not since the loop
+        was last idle)."""
+        return self.budget.cost
 
     @property
     def spins(self) -> int:
@@ -175,38 +224,46 @@ class Reactor:
             check(drv.cuCtxPushCurrent(own), "cuCtxPushCurrent")
         try:
             w = self._w
-            w.poll_scheduled = False
             if w.paused:
+                w.poll_scheduled = False
+                self._idle()  # no tasks run meanwhile that the next poll could measure
                 self._poll_paused()
                 return
             w.held_since = 0.0  # the loop is running callbacks: nothing holds it
             self.polls += 1
             # The loop iteration since the last poll ran the tasks that poll woke: learn from
-            # it what a woken task costs, and wake as many as fit in ITERATION_BUDGET (at least
-            # MIN_COMPLETIONS, so slow tasks never bring it down to one a loop iteration).
+            # it what a woken task costs, and wake as many as fit in ITERATION_BUDGET.
             now = perf_counter()
             if self._woke:
-                sample = min((now - self._poll_end) / self._woke, ITERATION_BUDGET)
-                self.task_cost += 0.25 * (sample - self.task_cost)
+                self.budget.learn(now - self._poll_end, self._woke)
                 self._woke = 0
             elif now - self._poll_end > IDLE_GAP:
                 # Other callbacks ran since the last poll: the loop is busy, so polling once an
                 # iteration costs it little, and waiter threads would only add wake-ups. They
                 # are armed only once polls follow each other with nothing else to run (below).
                 w.window_start = now
-            limit = max(MIN_COMPLETIONS, int(ITERATION_BUDGET / max(self.task_cost, 1e-6)))
             # Deliver completed watches oldest first across the lanes, bounded by the budget:
             # the tasks these woke run before the next poll, so the loop's other work never
             # waits behind all of them, and none waits behind newer ones of busier lanes.
-            done, how = w.drain(limit, now, now + POLL_BUDGET)
+            # The poll stays marked scheduled meanwhile: a completion that watches a new event
+            # (a queued dispatch launching) must not schedule the next poll ahead of the tasks
+            # this one wakes, which it would then measure only part of. It is scheduled below.
+            try:
+                done, how = w.drain(self.budget.limit(), now, now + POLL_BUDGET)
+            finally:
+                w.poll_scheduled = False
             if how == STOPPED:
                 w.window_start = perf_counter()
                 self._again(done)
                 return
             if how == FAILED:
-                return  # _failed scheduled a poll if more are pending
+                if w.pending:  # the others go on: completing one is progress
+                    w.window_start = perf_counter()
+                    self._again(done)
+                return
             busy = how != 0  # BUSY: some lane's oldest event is still running
             if not busy and not w.pending:
+                self._idle()
                 return
             now = perf_counter()
             if done:
@@ -216,6 +273,7 @@ class Reactor:
                 return
             # Polls followed each other for a whole window with nothing completing and nothing
             # else to run: let the waiter threads sleep on the events, and the loop sleep too.
+            self._idle()
             for lane in self._lanes:
                 if lane.pending and lane.handed is None:
                     self._hand_off(lane)
@@ -231,6 +289,11 @@ class Reactor:
         if not w.poll_scheduled:  # a watch() of a callback may have scheduled it already
             w.poll_scheduled = True
             self._loop.call_soon(self._poll)
+
+    def _idle(self) -> None:
+        """The reactor stops polling: what the tasks it wakes next cost is measured afresh."""
+        self._woke = 0
+        self.budget.forget()
 
     def _hand_off(self, lane: WatchLane) -> None:
         watch = lane.pending[0]
@@ -368,6 +431,7 @@ class Reactor:
         self._waiters.adopt(loop)
         w = self._w
         w.poll_scheduled = w.paused = self._pause_waiters = self._stopped = False
+        self._idle()
         for lane in self._lanes:
             lane.handed = None
         for watch in w.take_all():
