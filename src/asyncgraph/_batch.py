@@ -107,6 +107,9 @@ class Batcher:
         self._in_flight = 0
         self._idle: Any = None  # a future aclose() waits on while batches are in flight
         self._log = logger.bind(device=backend.name, kernel=kernel.name)
+        # One event per batch, only where the backend logs one per dispatch: unconfigured,
+        # structlog prints every debug event to stdout, from the loop's thread.
+        self._events = backend.options.dispatch_events_enabled
         # Counters of statistics().
         self._batches = self._items = self._padded = self._cancelled = self._failed = 0
         self._fill = 0.0
@@ -285,10 +288,11 @@ class Batcher:
             raise
         self._in_flight += 1
         pending.add_done_callback(lambda done: self._complete(done, slots))
-        self._log.debug(
-            "batch.launched", dispatch_id=pending.dispatch_id, items=n, size=size,
-            waited_max=now - min(s.t_call for s in slots),
-        )  # fmt: skip
+        if self._events:
+            self._log.debug(
+                "batch.launched", dispatch_id=pending.dispatch_id, items=n, size=size,
+                waited_max=now - min(s.t_call for s in slots),
+            )  # fmt: skip
 
     def _stack(self, slots: list[_Slot], size: int) -> list[object]:
         """The dispatch's arguments: the rows written into staging arrays, outputs, shared, n."""

@@ -49,7 +49,8 @@ class BackendOptions:
         device_memory: a ``cuda.core`` ``MemoryResource`` for device allocations, instead of
             the memory pool the CUDA backend creates and owns (see ``docs/pools.md``).
         dispatch_events_enabled: emit a structlog debug event per dispatch (``dispatch.completed``
-            / ``dispatch.failed``). Off by default, so the hot path pays nothing for logging.
+            / ``dispatch.failed``) and per batch of a batcher (``batch.launched``). Off by
+            default, so the hot path pays nothing for logging.
         poll_window: seconds the completion reactor polls a pending CUDA event from the loop
             before it hands the wait to its waiter thread (CUDA backend).
         spin_window: seconds a task awaiting the only dispatch in flight polls its completion
