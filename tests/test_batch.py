@@ -271,7 +271,7 @@ def test_a_caller_cancelled_before_launch_leaves_its_batch(loop: Any) -> None:
     run(loop, body)
 
 
-def test_a_cancelled_first_caller_hands_the_deadline_on(loop: Any) -> None:
+def test_the_deadline_belongs_to_the_batch_not_to_its_first_caller(loop: Any) -> None:
     async def body() -> None:
         host = Affine()
         async with ag.open_backend("host") as backend:
@@ -288,7 +288,7 @@ def test_a_cancelled_first_caller_hands_the_deadline_on(loop: Any) -> None:
                     for i in range(3):
                         tg.start_soon(one, i)
                     await until(lambda: batch.statistics().pending == 3)
-                    scopes[0].cancel()  # the leader, which keeps the deadline
+                    scopes[0].cancel()  # the caller that armed the deadline
             assert sorted(got) == [1, 2]
             assert [n for n, _ in host.batches] == [2]
             assert batch.statistics().cancelled_before_launch == 1

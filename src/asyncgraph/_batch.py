@@ -6,10 +6,11 @@ each input; the batcher collects callers for at most ``max_delay`` seconds or un
 ``backend.pinned_empty``, runs one dispatch over the batch and hands each caller its own row of
 each output.
 
-No task of its own runs the timer: the first caller of a batch (its *leader*) waits for the
-deadline, and launches the batch if nobody filled it first. A leader cancelled before the
-launch hands the deadline on to the next caller of the batch. So the batcher runs on asyncio,
-uvloop and trio alike, through ``_loop``, with no thread and no background task.
+The deadline is a timer of the event loop (``call_later``), armed by the first caller of a
+batch and cancelled when the batch fills first: the loop launches the batch from the timer's
+callback, in the turn the timer fires, whatever the callers' tasks are doing. The callers only
+wait for their results. So the batcher runs on asyncio, uvloop and trio alike (``TrioLoop``
+has the timer), with no thread and no background task.
 """
 
 from __future__ import annotations
@@ -19,7 +20,7 @@ import weakref
 from collections.abc import Sequence
 from time import perf_counter
 from types import TracebackType
-from typing import Any, Final
+from typing import Any
 
 import numpy as np
 
@@ -36,32 +37,26 @@ __all__ = ("Batcher", "batcher")
 
 Array = np.ndarray[Any, Any]
 
-# Set as the result of a caller's future to make it the leader of its batch (see _wait).
-_PROMOTED: Final = object()
-
 
 class _Slot:
     """One caller: its rows, when it called, and the future that brings its results."""
 
-    __slots__ = ("batch", "future", "outcome", "rows", "t_call")
+    __slots__ = ("batch", "future", "rows", "t_call")
 
     def __init__(self, future: Any, rows: tuple[object, ...], t_call: float) -> None:
         self.future = future
         self.rows = rows
         self.t_call = t_call
-        # The results or error, kept for a caller whose future still holds _PROMOTED.
-        self.outcome: object = None
         self.batch: _Batch = None  # type: ignore[assignment]  # set by _join at once
 
 
 class _Batch:
     """Callers collecting for one dispatch; launched once full, at the deadline, or flushed."""
 
-    __slots__ = ("deadline", "launched", "leader", "slots")
+    __slots__ = ("launched", "slots", "timer")
 
-    def __init__(self, leader: _Slot, deadline: float) -> None:
-        self.leader = leader
-        self.deadline = deadline
+    def __init__(self) -> None:
+        self.timer: Any = None  # the loop's handle of the deadline's call, set by _join
         self.slots: list[_Slot] = []
         self.launched = False
 
@@ -178,8 +173,12 @@ class Batcher:
             await _loop.sleep(0)  # a checkpoint, also for a refusal
             raise
         slot = _Slot(loop.create_future(), rows, perf_counter())
-        self._join(slot)
-        return await self._wait(slot)
+        self._join(slot, loop)
+        try:
+            return await slot.future  # type: ignore[no-any-return]  # a tuple, set by _complete
+        except BaseException:
+            self._leave(slot)
+            raise
 
     def _loop_for_use(self) -> Any:
         if self._backend.is_closed:
@@ -206,39 +205,20 @@ class Batcher:
             )
         return loop
 
-    def _join(self, slot: _Slot) -> None:
+    def _join(self, slot: _Slot, loop: Any) -> None:
         batch = self._open
         if batch is None:
-            batch = self._open = _Batch(slot, slot.t_call + self._max_delay)
+            batch = self._open = _Batch()
+            batch.timer = loop.call_later(self._max_delay, self._deadline, batch)
         batch.slots.append(slot)
         slot.batch = batch
         if len(batch.slots) >= self._max_size:
             self._launch(batch)
 
-    async def _wait(self, slot: _Slot) -> tuple[Array, ...]:
-        """Wait for the caller's results; the leader of a batch also keeps its deadline."""
-        while True:
-            batch = slot.batch
-            try:
-                if batch.leader is slot and not batch.launched:
-                    try:
-                        left = max(0.0, batch.deadline - perf_counter())
-                        value = await _loop.wait_for(slot.future, left)
-                    except TimeoutError:
-                        if not batch.launched:
-                            self._launch(batch)
-                        continue
-                else:
-                    value = await slot.future
-            except BaseException:
-                self._leave(slot)
-                raise
-            if value is _PROMOTED:  # the leader left: this caller keeps the deadline now
-                slot.future = self._loop.create_future()
-                if slot.outcome is not None:  # answered before this caller ran again
-                    _answer(slot, slot.outcome)
-                continue
-            return value  # type: ignore[no-any-return]  # a tuple, set by _complete
+    def _deadline(self, batch: _Batch) -> None:
+        """The timer's callback: launch *batch* unless it was launched (or emptied) already."""
+        if not batch.launched and batch.slots:
+            self._launch(batch)
 
     def _leave(self, slot: _Slot) -> None:
         """The caller stopped waiting (cancelled, or its batch failed): undo what is undone."""
@@ -249,19 +229,17 @@ class Batcher:
             return  # the batch goes on without this caller; its row is dropped
         batch.slots.remove(slot)
         self._cancelled += 1
-        if not batch.slots:
+        if not batch.slots:  # nobody left to launch it for
+            batch.timer.cancel()
             if self._open is batch:
                 self._open = None
-        elif batch.leader is slot:
-            heir = batch.leader = batch.slots[0]
-            if not heir.future.done():
-                heir.future.set_result(_PROMOTED)
 
     # -- launching -------------------------------------------------------------------------------
 
     def _launch(self, batch: _Batch) -> None:
         """Stack the batch's rows, dispatch it, and have its completion answer its callers."""
         batch.launched = True
+        batch.timer.cancel()
         if self._open is batch:
             self._open = None
         slots = batch.slots
@@ -379,8 +357,6 @@ def _answer(slot: _Slot, outcome: object) -> None:
             future.set_exception(outcome)
         else:
             future.set_result(outcome)
-    elif not future.cancelled():  # it holds _PROMOTED: _wait reads the outcome from the slot
-        slot.outcome = outcome
 
 
 def batcher(

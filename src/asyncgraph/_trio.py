@@ -1,8 +1,9 @@
 """The asyncio loop calls the runtime makes, on trio: :class:`TrioLoop` and its futures.
 
 ``TrioToken.run_sync_soon`` runs callbacks (from any thread), :class:`TrioFuture` parks and
-reschedules trio tasks, tasks are trio system tasks, and a system task per watched file
-descriptor stands in for ``add_reader``. ``_loop`` chooses between this and asyncio.
+reschedules trio tasks, and tasks are trio system tasks; a system task per watched file
+descriptor stands in for ``add_reader``, and one per timer for ``call_later``. ``_loop``
+chooses between this and asyncio.
 """
 
 from __future__ import annotations
@@ -14,7 +15,7 @@ from typing import Any, TypeVar, cast
 
 import structlog
 
-__all__ = ("TrioFuture", "TrioLoop", "TrioTask", "copy_outcome", "trio_loop")
+__all__ = ("TrioFuture", "TrioLoop", "TrioTask", "TrioTimer", "copy_outcome", "trio_loop")
 
 T = TypeVar("T")
 
@@ -178,6 +179,19 @@ class TrioTask(TrioFuture):
             self.set_result(result)
 
 
+class TrioTimer:
+    """The handle :meth:`TrioLoop.call_later` returns, like asyncio's ``TimerHandle``."""
+
+    __slots__ = ("_scope",)
+
+    def __init__(self, scope: Any) -> None:
+        self._scope = scope
+
+    def cancel(self) -> None:
+        """Do not make the call, if it has not run yet (on the trio thread)."""
+        self._scope.cancel()
+
+
 class TrioLoop:
     """The asyncio loop calls the runtime makes, on one trio run (one instance per run)."""
 
@@ -207,6 +221,23 @@ class TrioLoop:
             raise
 
     call_soon_threadsafe = call_soon
+
+    def call_later(
+        self, delay: float, fn: Callable[..., object], *args: Any, context: object = None
+    ) -> TrioTimer:
+        """Call ``fn(*args)`` on the trio thread after *delay* seconds: a system task sleeps
+        until then (call it on the trio thread). ``cancel()`` on the handle stops it."""
+        import trio
+
+        scope = trio.CancelScope()
+
+        async def fire() -> None:
+            with scope:
+                await trio.sleep(delay)
+                _call_logged(fn, args)
+
+        trio.lowlevel.spawn_system_task(fire, name="asyncgraph-timer")
+        return TrioTimer(scope)
 
     def add_reader(self, fd: int, callback: Callable[..., object], *args: Any) -> None:
         """Call ``callback(*args)`` whenever *fd* is readable: a system task waits for it with
