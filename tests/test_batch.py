@@ -403,6 +403,139 @@ def test_a_closed_batcher_refuses_calls_and_closing_twice_is_harmless(loop: Any)
     run(loop, body)
 
 
+def plain(backend: ag.Backend, kernel: ag.Kernel, i: int) -> ag.PendingDispatch:
+    """A dispatch of the batch kernel on one row, not through the batcher."""
+    return backend.dispatch(
+        kernel, row(i)[None], ag.Out((1, F), np.float32), BIAS, A, np.int32(F), np.int32(1),
+        grid=1, block=256,
+    )  # fmt: skip
+
+
+def test_a_due_batch_waits_for_room_in_a_full_queue_and_collects_meanwhile(loop: Any) -> None:
+    # dispatch() raises QueueFullError on a full queue; a batch waits, as submit() does.
+    async def body() -> None:
+        host = Affine()
+        host.release.clear()
+        async with ag.open_backend("host", max_in_flight=1, max_queued=1) as backend:
+            batch = make(backend, host, max_size=4, max_delay=0)
+            kernel = ag.Kernel(AFFINE_SRC, "affine_rows", host=host)
+            running, queued = plain(backend, kernel, 10), plain(backend, kernel, 11)
+            await until(host.started.is_set)
+            got: dict[int, Array] = {}
+
+            async def one(i: int) -> None:
+                (got[i],) = await batch(row(i))
+
+            async with anyio.create_task_group() as tg:
+                tg.start_soon(one, 0)
+                await until(lambda: batch.statistics().waiting_for_room == 1)  # its deadline
+                for i in range(1, 6):  # 1-3 fill the batch in line; 4, 5 start the next one
+                    tg.start_soon(one, i)
+                await until(lambda: batch.statistics().waiting_for_room == 2)
+                stats = batch.statistics()
+                assert (stats.pending, stats.batches, stats.in_flight) == (6, 0, 0)
+                assert repr(batch) == (
+                    "<Batcher 'affine_rows' open pending=6 in_flight=0 batches=0>"
+                )
+                host.release.set()
+            assert [n for n, _ in host.batches] == [1, 1, 4, 2]  # in call order
+            np.testing.assert_allclose((await running)[0][0], want(10))
+            np.testing.assert_allclose((await queued)[0][0], want(11))
+            for i in range(6):
+                np.testing.assert_allclose(got[i], want(i))
+            stats = batch.statistics()
+            assert (stats.batches, stats.items, stats.failed_batches) == (2, 6, 0)
+            assert (stats.pending, stats.waiting_for_room, stats.in_flight) == (0, 0, 0)
+
+    run(loop, body)
+
+
+def test_a_batch_whose_callers_all_left_gives_its_place_in_line_up(loop: Any) -> None:
+    async def body() -> None:
+        host = Affine()
+        host.release.clear()
+        async with ag.open_backend("host", max_in_flight=1, max_queued=1) as backend:
+            batch = make(backend, host, max_size=4)
+            kernel = ag.Kernel(AFFINE_SRC, "affine_rows", host=host)
+            plain(backend, kernel, 10)
+            plain(backend, kernel, 11)
+            await until(host.started.is_set)
+            submitted: list[ag.PendingDispatch] = []
+            scopes: dict[int, anyio.CancelScope] = {}
+
+            async def one(i: int) -> None:
+                with anyio.CancelScope() as scopes[i]:
+                    await batch(row(i))
+
+            async def submit() -> None:
+                pending = await backend.submit(
+                    kernel, row(12)[None], ag.Out((1, F), np.float32), BIAS, A, np.int32(F),
+                    np.int32(1), grid=1, block=256,
+                )  # fmt: skip
+                submitted.append(pending)
+
+            async with anyio.create_task_group() as tg:
+                for i in range(2):
+                    tg.start_soon(one, i)
+                await until(lambda: batch.statistics().pending == 2)
+                batch.flush()  # due: in line for room
+                assert batch.statistics().waiting_for_room == 1
+                tg.start_soon(submit)  # in line behind the batch
+                await anyio.lowlevel.checkpoint()
+                for i in range(2):
+                    scopes[i].cancel()
+                await until(lambda: batch.statistics().pending == 0)
+                stats = batch.statistics()
+                assert (stats.waiting_for_room, stats.cancelled_before_launch) == (0, 2)
+                host.release.set()
+            np.testing.assert_allclose((await submitted[0])[0][0], want(12))
+            assert [n for n, _ in host.batches] == [1, 1, 1]  # the batch never ran
+            assert batch.statistics().batches == 0
+
+    run(loop, body)
+
+
+def test_closing_the_backend_fails_a_batch_waiting_for_room_as_it_fails_submit(
+    loop: Any,
+) -> None:
+    async def body() -> None:
+        host = Affine()
+        host.release.clear()
+        backend = ag.open_backend("host", max_in_flight=1, max_queued=1)
+        batch = make(backend, host, max_size=2)
+        kernel = ag.Kernel(AFFINE_SRC, "affine_rows", host=host)
+        plain(backend, kernel, 10)
+        plain(backend, kernel, 11)
+        await until(host.started.is_set)
+        errors: list[BaseException] = []
+
+        async def one(i: int) -> None:
+            try:
+                await batch(row(i))
+            except ag.BackendClosedError as exc:
+                errors.append(exc)
+
+        async def close() -> None:
+            await backend.aclose()
+
+        async with anyio.create_task_group() as tg:
+            for i in range(2):
+                tg.start_soon(one, i)
+            await until(lambda: batch.statistics().waiting_for_room == 1)
+            tg.start_soon(close)
+            await until(lambda: len(errors) == 2)
+            host.release.set()
+        assert [str(e) for e in errors] == [
+            "backend host was closed while a batch of 'affine_rows' waited for room in its "
+            "queue (max_queued)"
+        ] * 2
+        stats = batch.statistics()
+        assert (stats.batches, stats.failed_batches, stats.waiting_for_room) == (1, 1, 0)
+        assert [n for n, _ in host.batches] == [1, 1]
+
+    run(loop, body)
+
+
 @pytest.mark.parametrize("events", [True, False], ids=["dispatch_events", "default"])
 def test_one_debug_event_per_batch_where_the_backend_logs_its_dispatches(
     loop: Any, events: bool

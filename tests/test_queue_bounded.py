@@ -140,6 +140,43 @@ async def test_without_max_queued_the_queue_is_unbounded_and_submit_never_waits(
             await pending
 
 
+async def test_call_in_turn_waits_in_line_with_submit(full: ag.Backend, rec: Recorder) -> None:
+    # submit()'s wait for code with no task (a batcher's due batch): a callback in the line.
+    kernel = probe_kernel(rec)
+    order: list[str] = []
+    made: list[ag.PendingDispatch] = []
+
+    def turn(error: BaseException | None) -> None:
+        assert error is None
+        order.append("turn")
+        made.append(_probe(full, rec))  # the turn is for one dispatch, made at once
+
+    full.call_in_turn(turn)
+    behind = asyncio.create_task(
+        full.submit(kernel, X, ag.Out(4, np.float32), np.int32(4), grid=1, block=4)
+    )
+    behind.add_done_callback(lambda _: order.append("submit"))
+    for _ in range(3):
+        await asyncio.sleep(0)
+    room = full._lifecycle.room
+    assert (order, len(room)) == ([], 2)
+    room.wake()  # a turn while the queue is still full (a dispatch() took the room first) ...
+    for _ in range(3):
+        await asyncio.sleep(0)
+    assert (order, len(room)) == ([], 2)  # ... waits again, still first in line
+    rec.release.set()
+    await behind
+    assert order == ["turn", "submit"]
+    assert full.telemetry.snapshot().dispatches == 4
+    # With room and nobody in line it is called at once; giving the place up then is harmless.
+    await (await behind)
+    await made[0]
+    assert full.outstanding == 0
+    full.call_in_turn(turn)()
+    assert order == ["turn", "submit", "turn"]
+    await made[1]
+
+
 async def test_a_woken_waiter_that_is_cancelled_passes_its_turn_on() -> None:
     queue = WaitQueue()
     loop = asyncio.get_running_loop()

@@ -67,6 +67,9 @@ class Backend(StreamsAndGraphs):
         telemetry: its counters; ``backend.telemetry.snapshot()`` reads them.
         on_close: ``on_close(hook)`` calls ``hook()`` as the first ``aclose()`` begins, while
             the backend still takes work; it returns a function that unregisters the hook.
+        call_in_turn: ``call_in_turn(fn)`` calls ``fn(None)`` once a dispatch finds room in
+            the queue, in line with ``submit()`` (``fn(error)`` if the backend closes first);
+            it returns a function that gives the place up. A batcher's batches wait so.
     """
 
     def __init__(
@@ -106,6 +109,7 @@ class Backend(StreamsAndGraphs):
         )  # fmt: skip
         self._life.max_queued = self._max_queued
         self.on_close = self._life.on_close  # hooks run as aclose() begins (a batcher's flush)
+        self.call_in_turn = self._life.call_in_turn  # submit()'s wait with no task (a batch's)
         self._dispatcher.after = self._life.after_batch  # the front's own check, direct
         self._transfers = Transfers(
             name, engine, self._store, self._life, self._dispatcher, self.telemetry

@@ -11,13 +11,17 @@ batch and cancelled when the batch fills first: the loop launches the batch from
 callback, in the turn the timer fires, whatever the callers' tasks are doing. The callers only
 wait for their results. So the batcher runs on asyncio, uvloop and trio alike (``TrioLoop``
 has the timer), with no thread and no background task.
+
+A batch due while the backend's bounded queue is full (``max_queued``) waits for room in line
+with ``submit()`` (``backend.call_in_turn``), collecting more items meanwhile, up to
+``max_size``: under backpressure batches grow instead of failing.
 """
 
 from __future__ import annotations
 
 import bisect
 import weakref
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from time import perf_counter
 from types import TracebackType
 from typing import Any
@@ -51,14 +55,17 @@ class _Slot:
 
 
 class _Batch:
-    """Callers collecting for one dispatch; launched once full, at the deadline, or flushed."""
+    """Callers collecting for one dispatch; due once full, at the deadline, or flushed, and
+    launched then, or once the backend's queue has room."""
 
-    __slots__ = ("launched", "slots", "timer")
+    __slots__ = ("launched", "leave_line", "slots", "timer")
 
     def __init__(self) -> None:
         self.timer: Any = None  # the loop's handle of the deadline's call, set by _join
         self.slots: list[_Slot] = []
         self.launched = False
+        # Set while the batch is due and waits for room in the queue: gives its place up.
+        self.leave_line: Callable[[], None] | None = None
 
 
 class Batcher:
@@ -98,9 +105,10 @@ class Batcher:
         self._check = ItemChecker(kernel, inputs)
         self._loop: Any = None  # the event loop of the first call
         self._open: _Batch | None = None  # the batch collecting now, if any
+        self._line: list[_Batch] = []  # due batches waiting for room in the backend's queue
         self._closed = False
         self._in_flight = 0
-        self._idle: Any = None  # a future aclose() waits on while batches are in flight
+        self._idle: Any = None  # a future aclose() waits on while batches are due or in flight
         self._log = logger.bind(device=backend.name, kernel=kernel.name)
         # One event per batch, only where the backend logs one per dispatch: unconfigured,
         # structlog prints every debug event to stdout, from the loop's thread.
@@ -137,13 +145,22 @@ class Batcher:
             waiting=self._waiting.snapshot(),
             cancelled_before_launch=self._cancelled,
             failed_batches=self._failed,
-            pending=len(self._open.slots) if self._open is not None else 0,
+            pending=self._pending(),
             in_flight=self._in_flight,
+            waiting_for_room=len(self._line),
         )
+
+    def _pending(self) -> int:
+        """Items not launched: in the batch collecting and in the batches waiting for room."""
+        pending = sum(len(batch.slots) for batch in self._line)
+        batch = self._open
+        if batch is not None and batch.leave_line is None:  # (one in line is counted above)
+            pending += len(batch.slots)
+        return pending
 
     def __repr__(self) -> str:
         state = "closed" if self._closed else "open"
-        pending = len(self._open.slots) if self._open is not None else 0
+        pending = self._pending()
         return (
             f"<Batcher {self._kernel.name!r} {state} pending={pending} "
             f"in_flight={self._in_flight} batches={self._batches}>"
@@ -213,12 +230,38 @@ class Batcher:
         batch.slots.append(slot)
         slot.batch = batch
         if len(batch.slots) >= self._max_size:
-            self._launch(batch)
+            self._open = None  # full: the next call starts the next batch
+            self._due(batch)
 
     def _deadline(self, batch: _Batch) -> None:
-        """The timer's callback: launch *batch* unless it was launched (or emptied) already."""
+        """The timer's callback: *batch* is due, unless it was launched (or emptied) already."""
         if not batch.launched and batch.slots:
-            self._launch(batch)
+            self._due(batch)
+
+    def _due(self, batch: _Batch) -> None:
+        """Launch *batch* now, or once the backend's queue has room (it collects meanwhile)."""
+        batch.timer.cancel()
+        if batch.launched or batch.leave_line is not None:
+            return  # launched, or in line already
+        leave = self._backend.call_in_turn(lambda error: self._in_turn(batch, error))
+        if not batch.launched:  # no room now: in line with the backend's submit() calls
+            batch.leave_line = leave
+            self._line.append(batch)
+
+    def _in_turn(self, batch: _Batch, error: BaseException | None) -> None:
+        """The backend's queue has room for *batch* (or the backend closed before it had)."""
+        if batch.leave_line is not None:
+            batch.leave_line = None
+            self._line.remove(batch)
+        refused = None
+        if error is not None:
+            refused = BackendClosedError(
+                f"backend {self._backend.name} was closed while a batch of "
+                f"{self._kernel.name!r} waited for room in its queue (max_queued)"
+            )
+            refused.__cause__ = error
+        self._launch(batch, refused)
+        self._check_idle()
 
     def _leave(self, slot: _Slot) -> None:
         """The caller stopped waiting (cancelled, or its batch failed): undo what is undone."""
@@ -233,11 +276,17 @@ class Batcher:
             batch.timer.cancel()
             if self._open is batch:
                 self._open = None
+            if batch.leave_line is not None:
+                batch.leave_line()
+                batch.leave_line = None
+                self._line.remove(batch)
+                self._check_idle()
 
     # -- launching -------------------------------------------------------------------------------
 
-    def _launch(self, batch: _Batch) -> None:
-        """Stack the batch's rows, dispatch it, and have its completion answer its callers."""
+    def _launch(self, batch: _Batch, refused: BaseException | None = None) -> None:
+        """Stack the batch's rows, dispatch it, and have its completion answer its callers
+        (or fail them with *refused*, the reason it cannot be dispatched)."""
         batch.launched = True
         batch.timer.cancel()
         if self._open is batch:
@@ -252,6 +301,9 @@ class Batcher:
         self._items += n
         self._padded += size - n
         self._fill += n / (size if self._buckets else self._max_size)
+        if refused is not None:
+            self._fail(slots, refused)
+            return
         try:
             args = self._stack(slots, size)
             grid, block = self._launch_shape(size)
@@ -304,17 +356,22 @@ class Batcher:
             results = pending.result()
             for i, slot in enumerate(slots):
                 _answer(slot, tuple(result[i, ...] for result in results))
+        self._check_idle()
+
+    def _check_idle(self) -> None:
+        """Let a waiting ``aclose()`` return once no batch is due or in flight."""
         idle = self._idle
-        if self._in_flight == 0 and idle is not None and not idle.done():
+        if not self._in_flight and not self._line and idle is not None and not idle.done():
             idle.set_result(None)
 
     # -- closing ---------------------------------------------------------------------------------
 
     def flush(self) -> None:
-        """Launch the batch collecting now, if any, without waiting for its deadline."""
+        """Launch the batch collecting now, if any, without waiting for its deadline (where
+        the backend's queue is full: once it has room)."""
         batch = self._open
         if batch is not None:
-            self._launch(batch)
+            self._due(batch)
 
     def _close_now(self) -> None:
         """Refuse new calls and launch what is collecting (``aclose()``, the backend's close)."""
@@ -324,13 +381,14 @@ class Batcher:
             self.flush()
 
     async def aclose(self) -> None:
-        """Launch the items collecting now, refuse new calls, wait for the batches in flight.
+        """Launch the items collecting now, refuse new calls, wait for the batches in flight
+        (and for those waiting for room in the backend's queue, to launch and complete).
 
         Idempotent. The flush and the refusal happen at once, so a cancelled ``aclose()``
         only stops waiting: the batches in flight still answer their callers.
         """
         self._close_now()
-        if self._in_flight and self._loop is not None:
+        if (self._in_flight or self._line) and self._loop is not None:
             if self._idle is None or self._idle.done():
                 self._idle = self._loop.create_future()
             await _loop.shield(self._idle)

@@ -68,8 +68,11 @@ class BatcherStatistics:
             they left it.
         failed_batches: batches whose dispatch was refused or failed (their callers got the
             error).
-        pending: items collecting now, not launched yet.
+        pending: items not launched yet: collecting, or in a batch waiting for room.
         in_flight: batches launched and not completed.
+        waiting_for_room: batches due that wait for room in the backend's queue
+            (``BackendOptions.max_queued``); they take more items meanwhile, up to
+            ``max_size``.
     """
 
     batches: int
@@ -81,6 +84,7 @@ class BatcherStatistics:
     failed_batches: int
     pending: int
     in_flight: int
+    waiting_for_room: int
 
 
 def _name(param: Param | None, fallback: str) -> str:

@@ -96,6 +96,27 @@ class Lifecycle:
             except Exception:
                 self._log.exception("backend.on_close_failed", hook=repr(hook))
 
+    def call_in_turn(self, fn: Callable[[BaseException | None], object]) -> Callable[[], None]:
+        """Call ``fn(None)`` once a dispatch finds room in the queue, in line with the
+        ``submit()`` calls that wait for it: ``submit()``'s wait, for a caller with no task to
+        wait in (a batcher's batch). At once, if nobody waits and there is room.
+
+        *fn* gets the ``BackendClosedError`` of ``submit()``'s waiters instead if the backend
+        closes first. It runs on the loop and is to dispatch at once, without awaiting.
+
+        Returns:
+            A function that gives the place in line up (harmless once *fn* was called); a turn
+            it was given and did not use goes to the next in line.
+        """
+        if not self.room and self._scheduler.queued < self.max_queued:
+            fn(None)
+            return _nothing
+        return _Turn(self, fn).leave
+
+    def has_room(self) -> bool:
+        """Whether a dispatch finds room in the queue now (``max_queued``)."""
+        return self._scheduler.queued < self.max_queued
+
     def bind(self, loop: asyncio.AbstractEventLoop) -> None:
         """Belong to *loop* (the first loop that uses the backend)."""
         self.loop = loop
@@ -285,6 +306,53 @@ class Lifecycle:
         self._store.close_all()
         self._engine.shutdown_now()
         self.closed()
+
+
+class _Turn:
+    """A callback in line for room in the queue (:meth:`Lifecycle.call_in_turn`)."""
+
+    __slots__ = ("_fn", "_gone", "_life", "_room", "_waiter")
+
+    def __init__(self, life: Lifecycle, fn: Callable[[BaseException | None], object]) -> None:
+        self._life = life
+        self._fn = fn
+        self._room = life.room
+        self._gone = False  # called, or gave its place up
+        self._park(first=False)
+
+    def _park(self, first: bool) -> None:
+        self._waiter = self._room.park(self._life.loop, first)  # type: ignore[arg-type]  # bound: the queue is full
+        self._waiter.add_done_callback(self._woken)
+
+    def _woken(self, waiter: asyncio.Future[None]) -> None:
+        if waiter.cancelled():
+            return
+        error = waiter.exception()  # read even when gone: asyncio warns of one never read
+        if self._gone:
+            return
+        if error is not None:
+            self._gone = True
+            self._fn(error)
+            return
+        life, room = self._life, self._room
+        if not life.has_room():  # a dispatch() took the room first: wait again, at the front
+            self._park(first=True)
+            return
+        self._gone = True
+        try:
+            self._fn(None)
+        finally:
+            if room and life.has_room():
+                room.wake()  # room for the next one too (or this one dispatched nothing)
+
+    def leave(self) -> None:
+        if not self._gone:
+            self._gone = True
+            self._room.leave(self._waiter)
+
+
+def _nothing() -> None:
+    pass
 
 
 def _check_timeout(timeout: object) -> None:

@@ -174,7 +174,7 @@ async def through_run_end(step: Callable[[], Awaitable[object]]) -> None:
 
 
 class WaitQueue:
-    """Tasks parked in FIFO order until woken, on asyncio or trio.
+    """Tasks (or futures, :meth:`park`) waiting in FIFO order until woken, on asyncio or trio.
 
     Cancellation-safe in the manner of trio's ``CapacityLimiter``: a waiter cancelled while
     parked leaves the queue, and one cancelled after it was woken, before it ran, passes the
@@ -196,21 +196,31 @@ class WaitQueue:
         Raises:
             BaseException: what :meth:`fail` was given, or the cancellation of the caller.
         """
+        waiter = self.park(loop, first)
+        try:
+            await waiter
+        except BaseException:
+            self.leave(waiter)
+            raise
+
+    def park(self, loop: asyncio.AbstractEventLoop, first: bool = False) -> asyncio.Future[None]:
+        """Park a future instead of a task (at the back, or at the front with *first*):
+        :meth:`wake` completes it, :meth:`fail` fails it. Give it up with :meth:`leave`."""
         waiter: asyncio.Future[None] = loop.create_future()
         if first:
             self.parked.appendleft(waiter)
         else:
             self.parked.append(waiter)
-        try:
-            await waiter
-        except BaseException:
-            if waiter.done() and not waiter.cancelled() and waiter.exception() is None:
-                self.wake()  # woken, then cancelled before it could use the turn
-            else:
-                if waiter in self.parked:
-                    self.parked.remove(waiter)
-                waiter.cancel()
-            raise
+        return waiter
+
+    def leave(self, waiter: asyncio.Future[None]) -> None:
+        """Take *waiter* out of the line; a wake-up it got and will not use goes to the next."""
+        if waiter.done() and not waiter.cancelled() and waiter.exception() is None:
+            self.wake()  # woken, then given up before it could use the turn
+        else:
+            if waiter in self.parked:
+                self.parked.remove(waiter)
+            waiter.cancel()
 
     def wake(self) -> None:
         """Wake the first waiter, if any."""
