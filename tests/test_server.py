@@ -201,31 +201,60 @@ async def test_load_counts_requests_that_get_no_answer() -> None:
     assert tally.errors == ["/v1/saxpy: no answer: ConnectError('connection refused')"]
 
 
-async def test_the_service_handles_at_most_max_active_requests_at_once(
+async def test_at_most_max_active_requests_read_their_bodies_while_any_number_wait_for_the_gpu(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     import anyio
 
     app = _load_module("app")
     monkeypatch.setenv("EXAMPLE_MAX_ACTIVE", "3")
-    request = SimpleNamespace(state=SimpleNamespace(active=anyio.Semaphore(app.max_active())))
-    running: list[int] = []
+    reading: list[int] = []
     most = 0
 
-    async def work(request: Any) -> Any:
+    async def body() -> bytes:
         nonlocal most
-        running.append(1)
-        most = max(most, len(running))
+        reading.append(1)
+        most = max(most, len(reading))
         await anyio.sleep(0.01)
-        running.pop()
-        return "ok"
+        reading.pop()
+        return b'{"a": 2.0, "x": [1.0, 2.0], "y": [0.5, 0.5]}'
 
-    endpoint = app.one_of_few(work)
+    class Backend:
+        """Holds every dispatch until released; *all_held* once ten are held."""
+
+        def __init__(self) -> None:
+            self.held = 0
+            self.all_held = anyio.Event()
+            self.release = anyio.Event()
+
+        def dispatch(self, kernel: Any, *args: Any, **launch: Any) -> Any:
+            x, y, _, a = args[:4]
+
+            async def run() -> tuple[Any]:
+                self.held += 1
+                if self.held == 10:
+                    self.all_held.set()
+                await self.release.wait()
+                return (a * x + y,)
+
+            return run()
+
+    backend = Backend()
+    state = SimpleNamespace(active=anyio.Semaphore(app.max_active()), backend=backend)
+    request = SimpleNamespace(state=state, body=body)
+    answers: list[Any] = []
+
+    async def one() -> None:
+        answers.append(await app.saxpy(request))
 
     async with anyio.create_task_group() as tg:
         for _ in range(10):
-            tg.start_soon(endpoint, request)
-    assert most == 3
+            tg.start_soon(one)
+        with anyio.fail_after(10):
+            await backend.all_held.wait()  # all ten wait for the GPU at once ...
+        assert most == 3  # ... though at most three read their bodies at once
+        backend.release.set()
+    assert [json.loads(a.body) for a in answers] == [{"z": [2.5, 4.5]}] * 10
     for bad in ("0", "-2", "four"):
         monkeypatch.setenv("EXAMPLE_MAX_ACTIVE", bad)
         with pytest.raises(SystemExit, match="EXAMPLE_MAX_ACTIVE"):

@@ -7,11 +7,13 @@ backend; ``ASYNCGRAPH_DEVICE`` forces one), kernels are declared at module level
 weights are uploaded once and stay resident for every request. The event loop keeps serving
 while the GPU computes, so ``/health`` answers promptly under load.
 
-At most ``EXAMPLE_MAX_ACTIVE`` requests (default 4) are handled at once; the others wait their
-turn before any of their work starts. Each request's own work (JSON in, numpy, JSON out) runs on
-the event loop, and asyncio's loop accepts every waiting connection in one callback: without a
-bound, hundreds of handlers share each loop iteration and every completed dispatch waits behind
-all of them (``docs/serving.md``).
+At most ``EXAMPLE_MAX_ACTIVE`` requests (default 4) read and check their bodies at once (JSON
+and numpy, on the event loop); the others wait their turn before any of their work starts.
+asyncio's loop accepts every waiting connection in one callback: without a bound, hundreds of
+handlers share each loop iteration and every completed dispatch waits behind all of them
+(``docs/serving.md``). Waiting for the GPU holds no turn: it costs the loop nothing. A request
+writes its answer as soon as its result arrives; the results a loop iteration hands over are
+bounded already (the completions of one drain).
 
 Endpoints:
     POST /v1/dense   ``{"x": [[256 floats], ...]}`` (1 to 64 rows) -> ``{"y": relu(x @ W + b)}``
@@ -23,11 +25,10 @@ Endpoints:
 
 from __future__ import annotations
 
-import functools
 import json
 import math
 import os
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from typing import Any
 
@@ -141,22 +142,8 @@ async def _body(request: Request) -> dict[str, Any]:
     return body
 
 
-Endpoint = Callable[[Request], Awaitable[Response]]
-
-
-def one_of_few(endpoint: Endpoint) -> Endpoint:
-    """Run *endpoint* only while fewer than ``EXAMPLE_MAX_ACTIVE`` requests are being handled."""
-
-    @functools.wraps(endpoint)
-    async def bounded(request: Request) -> Response:
-        async with request.state.active:
-            return await endpoint(request)
-
-    return bounded
-
-
 def max_active() -> int:
-    """``EXAMPLE_MAX_ACTIVE``: how many requests are handled at once (default 4)."""
+    """``EXAMPLE_MAX_ACTIVE``: how many requests read their bodies at once (default 4)."""
     value = os.environ.get("EXAMPLE_MAX_ACTIVE", "4")
     try:
         limit = int(value)
@@ -167,14 +154,11 @@ def max_active() -> int:
     return limit
 
 
-@one_of_few
 async def dense(request: Request) -> Response:
     """relu(x @ W + b) for each row of x, with W and b resident on the backend."""
-    body = await _body(request)
-    x = _float32s(body.get("x"), "x", "a list of rows of numbers")
-    if x.ndim != 2 or x.shape[1] != FEATURES or not 1 <= x.shape[0] <= MAX_ROWS:
-        raise BadRequest(f"x must be 1 to {MAX_ROWS} rows of {FEATURES} numbers")
     state = request.state
+    async with state.active:  # the request's own work: reading and checking the body
+        x = _dense_input(await _body(request))
     rows = x.shape[0]
     (y,) = await state.backend.dispatch(
         DENSE,
@@ -190,10 +174,33 @@ async def dense(request: Request) -> Response:
     return JSONResponse({"y": _finite(y).tolist()})
 
 
-@one_of_few
+def _dense_input(body: dict[str, Any]) -> Array:
+    x = _float32s(body.get("x"), "x", "a list of rows of numbers")
+    if x.ndim != 2 or x.shape[1] != FEATURES or not 1 <= x.shape[0] <= MAX_ROWS:
+        raise BadRequest(f"x must be 1 to {MAX_ROWS} rows of {FEATURES} numbers")
+    return x
+
+
 async def saxpy(request: Request) -> Response:
     """a * x + y, elementwise."""
-    body = await _body(request)
+    state = request.state
+    async with state.active:  # the request's own work: reading and checking the body
+        x, y, a = _saxpy_input(await _body(request))
+    n = x.size
+    (z,) = await state.backend.dispatch(
+        SAXPY,
+        x,
+        y,
+        ag.Out(n, np.float32),
+        np.float32(a),
+        np.int32(n),
+        grid=(n + BLOCK - 1) // BLOCK,
+        block=BLOCK,
+    )
+    return JSONResponse({"z": _finite(z).tolist()})
+
+
+def _saxpy_input(body: dict[str, Any]) -> tuple[Array, Array, float]:
     a = body.get("a")
     if not isinstance(a, int | float) or isinstance(a, bool):
         raise BadRequest("a must be a number")
@@ -206,18 +213,7 @@ async def saxpy(request: Request) -> Response:
     y = _vector(body.get("y"), "y", MAX_SAXPY)
     if x.size != y.size:
         raise BadRequest(f"x and y must have the same length, got {x.size} and {y.size}")
-    n = x.size
-    (z,) = await request.state.backend.dispatch(
-        SAXPY,
-        x,
-        y,
-        ag.Out(n, np.float32),
-        np.float32(a),
-        np.int32(n),
-        grid=(n + BLOCK - 1) // BLOCK,
-        block=BLOCK,
-    )
-    return JSONResponse({"z": _finite(z).tolist()})
+    return x, y, float(a)
 
 
 async def model(request: Request) -> Response:
