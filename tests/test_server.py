@@ -125,6 +125,10 @@ async def test_500_concurrent_requests(server: str, request: pytest.FixtureReque
     # ... and promptly: a loop blocked behind GPU or host work would stall it for the whole run.
     # (A generous bound; the figures themselves are in the report.)
     assert report["health"]["max_ms"] < 1000.0
+    # The dense endpoint batches (EXAMPLE_BATCH defaults to on): a request's rows (1 to 4) go
+    # to the backend in one dispatch, with those of the requests waiting beside it, if any.
+    assert report["dense_rows_per_batch"] is not None
+    assert report["dense_rows_per_batch"] > 1.0
 
 
 async def test_bad_requests_get_a_clear_answer_and_the_service_goes_on(server: str) -> None:
@@ -259,3 +263,15 @@ async def test_at_most_max_active_requests_read_their_bodies_while_any_number_wa
         monkeypatch.setenv("EXAMPLE_MAX_ACTIVE", bad)
         with pytest.raises(SystemExit, match="EXAMPLE_MAX_ACTIVE"):
             app.max_active()
+
+
+def test_the_batch_delay_is_read_in_microseconds(monkeypatch: pytest.MonkeyPatch) -> None:
+    app = _load_module("app")
+    monkeypatch.delenv("EXAMPLE_BATCH_DELAY_US", raising=False)
+    assert app.batch_delay() == 0.0005
+    monkeypatch.setenv("EXAMPLE_BATCH_DELAY_US", "0")
+    assert app.batch_delay() == 0.0
+    for bad in ("-1", "soon", "2e6"):
+        monkeypatch.setenv("EXAMPLE_BATCH_DELAY_US", bad)
+        with pytest.raises(SystemExit, match="EXAMPLE_BATCH_DELAY_US"):
+            app.batch_delay()

@@ -7,13 +7,19 @@ backend; ``ASYNCGRAPH_DEVICE`` forces one), kernels are declared at module level
 weights are uploaded once and stay resident for every request. The event loop keeps serving
 while the GPU computes, so ``/health`` answers promptly under load.
 
+The dense endpoint batches: the rows of concurrent requests go to the GPU in one dispatch of
+up to 64 rows (``ag.batcher``, waiting at most ``EXAMPLE_BATCH_DELAY_US`` microseconds, 500 by
+default, for a batch to fill). ``EXAMPLE_BATCH=0`` dispatches each request on its own instead,
+to compare; ``/health`` reports the batches and rows (``docs/batching.md``).
+
 At most ``EXAMPLE_MAX_ACTIVE`` requests (default 4) read and check their bodies at once (JSON
 and numpy, on the event loop); the others wait their turn before any of their work starts.
 asyncio's loop accepts every waiting connection in one callback: without a bound, hundreds of
 handlers share each loop iteration and every completed dispatch waits behind all of them
-(``docs/serving.md``). Waiting for the GPU holds no turn: it costs the loop nothing. A request
+(``docs/serving.md``). Waiting for the GPU holds no turn: it costs the loop nothing, and the
+batcher needs the rows of many requests waiting together to fill its batches. A request
 writes its answer as soon as its result arrives; the results a loop iteration hands over are
-bounded already (the completions of one drain).
+bounded already (a batch's rows, the completions of one drain).
 
 Endpoints:
     POST /v1/dense   ``{"x": [[256 floats], ...]}`` (1 to 64 rows) -> ``{"y": relu(x @ W + b)}``
@@ -70,6 +76,28 @@ def _dense_relu(x: Array, w: Array, b: Array, y: Array, rows: np.int32, f: np.in
 
 
 DENSE = ag.Kernel(DENSE_SRC, "dense_relu", host=_dense_relu)
+
+# The same layer for a batch of rows, in the batcher's argument order: the stacked rows, the
+# output, the shared arguments (weights, bias, features), then the batch's row count.
+DENSE_ROWS_SRC = r"""
+extern "C" __global__ void dense_relu_rows(const float* x, float* y, const float* w,
+                                           const float* b, int features, int rows)
+{
+    int i = blockIdx.x * blockDim.x + threadIdx.x;
+    if (i >= rows * features) return;
+    int row = i / features, col = i % features;
+    float acc = b[col];
+    for (int k = 0; k < features; ++k) acc += x[row * features + k] * w[k * features + col];
+    y[i] = acc > 0.0f ? acc : 0.0f;
+}
+"""
+
+
+def _dense_relu_rows(x: Array, y: Array, w: Array, b: Array, f: np.int32, rows: np.int32) -> None:
+    _dense_relu(x, w, b, y, rows, f)
+
+
+DENSE_ROWS = ag.Kernel(DENSE_ROWS_SRC, "dense_relu_rows", host=_dense_relu_rows)
 
 SAXPY_SRC = r"""
 extern "C" __global__ void saxpy(const float* x, const float* y, float* z, float a, int n)
@@ -154,23 +182,39 @@ def max_active() -> int:
     return limit
 
 
+def batch_delay() -> float:
+    """``EXAMPLE_BATCH_DELAY_US`` (default 500) in seconds: how long a batch may wait to fill."""
+    value = os.environ.get("EXAMPLE_BATCH_DELAY_US", "500")
+    try:
+        delay = float(value)
+    except ValueError:
+        delay = -1.0
+    if not 0 <= delay <= 1e6:
+        raise SystemExit(f"EXAMPLE_BATCH_DELAY_US={value!r}; set it to 0 to 1000000 microseconds")
+    return delay / 1e6
+
+
 async def dense(request: Request) -> Response:
     """relu(x @ W + b) for each row of x, with W and b resident on the backend."""
     state = request.state
     async with state.active:  # the request's own work: reading and checking the body
         x = _dense_input(await _body(request))
-    rows = x.shape[0]
-    (y,) = await state.backend.dispatch(
-        DENSE,
-        x,
-        state.weights,
-        state.bias,
-        ag.Out(x.shape, np.float32),
-        np.int32(rows),
-        np.int32(FEATURES),
-        grid=(rows * FEATURES + BLOCK - 1) // BLOCK,
-        block=BLOCK,
-    )
+    batcher: ag.Batcher | None = state.dense_rows
+    if batcher is not None:
+        y = await _batched(batcher, x)
+    else:
+        rows = x.shape[0]
+        (y,) = await state.backend.dispatch(
+            DENSE,
+            x,
+            state.weights,
+            state.bias,
+            ag.Out(x.shape, np.float32),
+            np.int32(rows),
+            np.int32(FEATURES),
+            grid=(rows * FEATURES + BLOCK - 1) // BLOCK,
+            block=BLOCK,
+        )
     return JSONResponse({"y": _finite(y).tolist()})
 
 
@@ -179,6 +223,23 @@ def _dense_input(body: dict[str, Any]) -> Array:
     if x.ndim != 2 or x.shape[1] != FEATURES or not 1 <= x.shape[0] <= MAX_ROWS:
         raise BadRequest(f"x must be 1 to {MAX_ROWS} rows of {FEATURES} numbers")
     return x
+
+
+async def _batched(batcher: ag.Batcher, x: Array) -> Array:
+    """Each row of *x* through the batcher, all at once: it takes one row per call."""
+    ys: list[Array] = [x[0]] * len(x)
+
+    async def one(i: int) -> None:
+        (ys[i],) = await batcher(x[i])
+
+    try:
+        async with anyio.create_task_group() as tasks:
+            for i in range(len(x)):
+                tasks.start_soon(one, i)
+    except ExceptionGroup as group:
+        # The rows of a request go in one batch and fail alike: answer as for one dispatch.
+        raise group.exceptions[0] from None
+    return np.stack(ys)
 
 
 async def saxpy(request: Request) -> Response:
@@ -227,6 +288,8 @@ async def health(request: Request) -> Response:
     backend: ag.Backend = request.state.backend
     snapshot = backend.telemetry.snapshot()
     latency = snapshot.completion_latency
+    dense_rows: ag.Batcher | None = request.state.dense_rows
+    batched = dense_rows.statistics() if dense_rows is not None else None
     return JSONResponse(
         {
             "status": "ok",
@@ -234,6 +297,10 @@ async def health(request: Request) -> Response:
             "in_flight": snapshot.in_flight,
             "queued": snapshot.queued,
             "dispatches": snapshot.dispatches,
+            "dense_batches": batched.batches if batched is not None else None,
+            "dense_batched_rows": batched.items if batched is not None else None,
+            "dense_pending": batched.pending if batched is not None else None,
+            "dense_in_flight": batched.in_flight if batched is not None else None,
             "dispatch_latency_ms": {
                 "p50": 1e3 * latency.quantile(0.5),
                 "p99": 1e3 * latency.quantile(0.99),
@@ -289,7 +356,19 @@ async def lifespan(app: Starlette) -> AsyncIterator[dict[str, Any]]:
             SAXPY, one[0], one[0], ag.Out(FEATURES, np.float32), np.float32(1),
             np.int32(FEATURES), grid=1, block=BLOCK,
         )  # fmt: skip
+        dense_rows = None
+        if os.environ.get("EXAMPLE_BATCH", "1") != "0":
+            dense_rows = ag.batcher(
+                backend, DENSE_ROWS,
+                inputs=[ag.Row((FEATURES,), np.float32)],
+                outputs=[ag.Row((FEATURES,), np.float32)],
+                shared=(weights, bias, np.int32(FEATURES)),
+                launch=lambda n: ((n * FEATURES + BLOCK - 1) // BLOCK, BLOCK),
+                max_size=MAX_ROWS, max_delay=batch_delay(),
+            )  # fmt: skip
+            await backend.compile(DENSE_ROWS)
         yield {
+            "dense_rows": dense_rows,
             "backend": backend,
             "weights": weights,
             "bias": bias,

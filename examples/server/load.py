@@ -6,7 +6,9 @@ Sends *requests* requests to ``/v1/dense`` and ``/v1/saxpy`` (half each, fresh r
 all at once, from ``--clients`` processes (one by default), and checks every answer against
 numpy. Meanwhile a separate process asks ``/health`` every 10 ms, so the health latencies
 measure the server, not the client's own loop. Prints a JSON report: requests/s, latency
-percentiles, health-check latency under load, and the backend's own dispatch latency.
+percentiles, health-check latency under load, the backend's own dispatch latency, the
+dispatches it made, and the rows per dispatch of the dense endpoint's batcher (``null`` with
+``EXAMPLE_BATCH=0``: one dispatch per request), to compare the two.
 """
 
 from __future__ import annotations
@@ -190,7 +192,9 @@ async def run_load(
         one, an error status, or none at all, the first few described in ``errors``),
         ``transport_errors`` (requests that got no answer), ``seconds``, ``requests_per_s``,
         ``latency`` and ``health`` (count, p50, p99, max in ms), the backend's name and its own
-        ``dispatch_latency_ms`` (p50, p99, from ``dispatch()`` to completion).
+        ``dispatch_latency_ms`` (p50, p99, from ``dispatch()`` to completion), the dispatches
+        the backend made meanwhile, and ``dense_rows_per_batch`` (rows per dispatch of the
+        dense endpoint's batcher; ``None`` when the service runs with ``EXAMPLE_BATCH=0``).
     """
     async with httpx.AsyncClient(base_url=url, timeout=60.0) as client:
         info = (await client.get("/health")).json()
@@ -219,7 +223,18 @@ async def run_load(
         "health": _percentiles(health),
         "health_failures": failures,
         "dispatch_latency_ms": after["dispatch_latency_ms"],
+        "dispatches": after["dispatches"] - info["dispatches"],
+        "dense_rows_per_batch": _per_batch(info, after),
     }
+
+
+def _per_batch(before: dict[str, Any], after: dict[str, Any]) -> float | None:
+    """Rows per dispatch of the dense endpoint's batcher meanwhile (``None``: not batching)."""
+    if after.get("dense_batches") is None:
+        return None
+    batches = after["dense_batches"] - before["dense_batches"]
+    rows = after["dense_batched_rows"] - before["dense_batched_rows"]
+    return rows / batches if batches else 0.0
 
 
 def main() -> None:
