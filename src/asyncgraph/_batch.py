@@ -6,11 +6,13 @@ each input; the batcher collects callers for at most ``max_delay`` seconds or un
 ``backend.pinned_empty``, runs one dispatch over the batch and hands each caller its own row of
 each output.
 
-The deadline is a timer of the event loop (``call_later``), armed by the first caller of a
-batch and cancelled when the batch fills first: the loop launches the batch from the timer's
-callback, in the turn the timer fires, whatever the callers' tasks are doing. The callers only
-wait for their results. So the batcher runs on asyncio, uvloop and trio alike (``TrioLoop``
-has the timer), with no thread and no background task.
+The deadline is kept by the event loop (``_deadline.call_at_deadline``: a timer of the loop
+for most of the delay, then a check at each turn for the last millisecond, which the loop's
+timers cannot resolve), armed by the first caller of a batch and cancelled when the batch
+fills first: the loop launches the batch from the deadline's callback, in the first turn at
+or after the deadline, whatever the callers' tasks are doing. The callers only wait for their
+results. So the batcher runs on asyncio, uvloop and trio alike (``TrioLoop`` has the timer),
+with no thread and no background task.
 
 A batch due while the backend's bounded queue is full (``max_queued``) waits for room in line
 with ``submit()`` (``backend.call_in_turn``), collecting more items meanwhile, up to
@@ -28,7 +30,7 @@ from typing import Any
 
 import numpy as np
 
-from . import _loop
+from . import _deadline, _loop
 from ._args import Out
 from ._backend import Backend
 from ._batch_spec import BatcherStatistics, ItemChecker, LaunchShape, Row, check_options
@@ -226,7 +228,7 @@ class Batcher:
         batch = self._open
         if batch is None:
             batch = self._open = _Batch()
-            batch.timer = loop.call_later(self._max_delay, self._deadline, batch)
+            batch.timer = _deadline.call_at_deadline(loop, self._max_delay, self._deadline, batch)
         batch.slots.append(slot)
         slot.batch = batch
         if len(batch.slots) >= self._max_size:
