@@ -11,6 +11,8 @@ Rows, on asyncio and uvloop (or the one ``--loop`` names), on the backend ``--ba
 - 1, 8 and 64 clients, each awaiting its requests back to back (``--rounds`` each): requests/s,
   latency p50/p99/max (from the call to its return) and rows per dispatch, each way; the two
   ways run in turns, ``--pairs`` times, requests/s the median of the loads, latencies pooled;
+  at 64 clients with the floor too (the same clients awaiting ``asyncio.sleep(0)``: what the
+  loop itself serves, against which to judge the batched way's requests/s);
 - the mixed load: 64 clients, each burning ``--burn-us`` of CPU before each request (the
   request's own work, holding the GIL), beside the floor (the same clients awaiting
   ``asyncio.sleep(0)`` instead of a dispatch); floor, per-request and batched in turns;
@@ -49,11 +51,12 @@ from benchmarks.bench_load import Target
 
 CLIENTS = (1, 8, 64)
 MIXED_CLIENTS = 64
+FLOOR_CLIENTS = 64  # the back-to-back load that also runs the floor
 WAYS = ("per-request", "batched")
 
 
 def _floor(x: Array) -> Awaitable[None]:
-    """The mixed load's floor: no work, one turn of the loop (what the clients' turns cost)."""
+    """The floor: no work, one turn of the loop (what the clients' turns cost)."""
     return asyncio.sleep(0)
 
 
@@ -81,10 +84,14 @@ async def rows_on(
             }
             clients: dict[str, Any] = {}
             for n in CLIENTS:
+                loads = {"floor": _floor, **ways} if n == FLOOR_CLIENTS else ways
                 row = await in_turns(
-                    service, ways, clients=n, rounds=rounds, burn_s=0.0, pairs=pairs
+                    service, loads, clients=n, rounds=rounds, burn_s=0.0, pairs=pairs
                 )
-                row["ratio"] = pair_ratios(row.pop("pairs"), "batched", "per-request")
+                by_pair = row.pop("pairs")
+                row["ratio"] = pair_ratios(by_pair, "batched", "per-request")
+                if "floor" in loads:
+                    row["floor_ratio"] = pair_ratios(by_pair, "batched", "floor")
                 clients[str(n)] = row
             mixed = await in_turns(
                 service,
@@ -186,7 +193,7 @@ def print_results(rows: dict[str, Any], targets: list[Target]) -> None:
     closed: list[list[object]] = []
     for loop, row in rows.items():
         for n, load in row["clients"].items():
-            for way in WAYS:
+            for way in ("floor", *WAYS) if "floor" in load else WAYS:
                 closed.append([f"{_clients(n)}, {way} ({loop})", *_cells(load[way])])
             closed.append(
                 [
@@ -194,6 +201,13 @@ def print_results(rows: dict[str, Any], targets: list[Target]) -> None:
                     *_ratio_cells(load["batched"], load["per-request"], load["ratio"]),
                 ]
             )
+            if "floor" in load:
+                closed.append(
+                    [
+                        f"{_clients(n)}, batched / floor ({loop})",
+                        *_ratio_cells(load["batched"], load["floor"], load["floor_ratio"]),
+                    ]
+                )
     harness.print_table(("clients back to back", *COLUMNS), closed, FORMATS)
     print()
     mixed: list[list[object]] = []

@@ -6,11 +6,13 @@ each input; the batcher collects callers for at most ``max_delay`` seconds or un
 ``backend.pinned_empty``, runs one dispatch over the batch and hands each caller its own row of
 each output.
 
-The deadline is a timer of the event loop (``call_later``), armed by the first caller of a
-batch and cancelled when the batch fills first: the loop launches the batch from the timer's
-callback, in the turn the timer fires, whatever the callers' tasks are doing. The callers only
-wait for their results. So the batcher runs on asyncio, uvloop and trio alike (``TrioLoop``
-has the timer), with no thread and no background task.
+The deadline is kept by the event loop (``_deadline.call_at_deadline``: a timer of the loop
+for most of the delay, then a check at each turn for the last millisecond, which the loop's
+timers cannot resolve), armed by the first caller of a batch and cancelled when the batch
+fills first: the loop launches the batch from the deadline's callback, in the first turn at
+or after the deadline, whatever the callers' tasks are doing. The callers only wait for their
+results. So the batcher runs on asyncio, uvloop and trio alike (``TrioLoop`` has the timer),
+with no thread and no background task.
 
 A batch due while the backend's bounded queue is full (``max_queued``) waits for room in line
 with ``submit()`` (``backend.call_in_turn``), collecting more items meanwhile, up to
@@ -21,6 +23,7 @@ from __future__ import annotations
 
 import bisect
 import weakref
+from asyncio import _get_running_loop
 from collections.abc import Callable, Sequence
 from time import perf_counter
 from types import TracebackType
@@ -28,7 +31,7 @@ from typing import Any
 
 import numpy as np
 
-from . import _loop
+from . import _deadline, _loop
 from ._args import Out
 from ._backend import Backend
 from ._batch_spec import BatcherStatistics, ItemChecker, LaunchShape, Row, check_options
@@ -42,27 +45,21 @@ __all__ = ("Batcher", "batcher")
 Array = np.ndarray[Any, Any]
 
 
-class _Slot:
-    """One caller: its rows, when it called, and the future that brings its results."""
-
-    __slots__ = ("batch", "future", "rows", "t_call")
-
-    def __init__(self, future: Any, rows: tuple[object, ...], t_call: float) -> None:
-        self.future = future
-        self.rows = rows
-        self.t_call = t_call
-        self.batch: _Batch = None  # type: ignore[assignment]  # set by _join at once
-
-
 class _Batch:
     """Callers collecting for one dispatch; due once full, at the deadline, or flushed, and
-    launched then, or once the backend's queue has room."""
+    launched then, or once the backend's queue has room.
 
-    __slots__ = ("launched", "leave_line", "slots", "timer")
+    Caller *i* is three entries, kept in step (no object per caller): ``futures[i]`` brings
+    its results, ``items[i]`` holds its rows, ``t_calls[i]`` is when it called.
+    """
+
+    __slots__ = ("futures", "items", "launched", "leave_line", "t_calls", "timer")
 
     def __init__(self) -> None:
-        self.timer: Any = None  # the loop's handle of the deadline's call, set by _join
-        self.slots: list[_Slot] = []
+        self.timer: Any = None  # the handle of the deadline's call (cancel() stops it)
+        self.futures: list[Any] = []
+        self.items: list[tuple[object, ...]] = []
+        self.t_calls: list[float] = []
         self.launched = False
         # Set while the batch is due and waits for room in the queue: gives its place up.
         self.leave_line: Callable[[], None] | None = None
@@ -103,6 +100,10 @@ class Batcher:
         self._graph = graph
         self._shared_mem = shared_mem
         self._check = ItemChecker(kernel, inputs)
+        # What a call's rows must be to skip the checker: exactly an ndarray of each row.
+        self._fits = tuple((row.dtype, row.shape) for row in inputs)
+        # Whether iterating the outputs together yields each caller's rows (each a view).
+        self._by_row = bool(outputs) and all(row.shape for row in outputs)
         self._loop: Any = None  # the event loop of the first call
         self._open: _Batch | None = None  # the batch collecting now, if any
         self._line: list[_Batch] = []  # due batches waiting for room in the backend's queue
@@ -152,10 +153,10 @@ class Batcher:
 
     def _pending(self) -> int:
         """Items not launched: in the batch collecting and in the batches waiting for room."""
-        pending = sum(len(batch.slots) for batch in self._line)
+        pending = sum(len(batch.futures) for batch in self._line)
         batch = self._open
         if batch is not None and batch.leave_line is None:  # (one in line is counted above)
-            pending += len(batch.slots)
+            pending += len(batch.futures)
         return pending
 
     def __repr__(self) -> str:
@@ -183,18 +184,41 @@ class Batcher:
             UnsupportedError: the call is not on the batcher's event loop.
             Exception: whatever the batch's dispatch failed with (every caller of it gets it).
         """
+        # The steady state in line, with no call per item: on the batcher's asyncio loop, open
+        # (closing the backend closes the batcher first, through on_close), each row exactly
+        # an ndarray of its dtype and shape. Anything else takes the checks.
+        loop: Any = _get_running_loop()
+        fits = loop is self._loop and loop is not None and not self._closed
+        if fits and len(rows) == len(self._fits):
+            for value, (dtype, shape) in zip(rows, self._fits, strict=True):
+                if type(value) is not np.ndarray or value.dtype != dtype or value.shape != shape:
+                    fits = False
+                    break
+        else:
+            fits = False
+        if not fits:
+            try:
+                self._check(rows)
+                loop = self._loop_for_use()
+            except Exception:
+                await _loop.sleep(0)  # a checkpoint, also for a refusal
+                raise
+        batch = self._open
+        if batch is None:
+            batch = self._open = _Batch()
+            batch.timer = _deadline.call_at_deadline(loop, self._max_delay, self._deadline, batch)
+        future = loop.create_future()
+        futures = batch.futures
+        futures.append(future)
+        batch.items.append(rows)
+        batch.t_calls.append(perf_counter())
+        if len(futures) >= self._max_size:
+            self._open = None  # full: the next call starts the next batch
+            self._due(batch)
         try:
-            self._check(rows)
-            loop = self._loop_for_use()
-        except Exception:
-            await _loop.sleep(0)  # a checkpoint, also for a refusal
-            raise
-        slot = _Slot(loop.create_future(), rows, perf_counter())
-        self._join(slot, loop)
-        try:
-            return await slot.future  # type: ignore[no-any-return]  # a tuple, set by _complete
+            return await future  # type: ignore[no-any-return]  # a tuple, set by _complete
         except BaseException:
-            self._leave(slot)
+            self._leave(batch, future)
             raise
 
     def _loop_for_use(self) -> Any:
@@ -222,20 +246,9 @@ class Batcher:
             )
         return loop
 
-    def _join(self, slot: _Slot, loop: Any) -> None:
-        batch = self._open
-        if batch is None:
-            batch = self._open = _Batch()
-            batch.timer = loop.call_later(self._max_delay, self._deadline, batch)
-        batch.slots.append(slot)
-        slot.batch = batch
-        if len(batch.slots) >= self._max_size:
-            self._open = None  # full: the next call starts the next batch
-            self._due(batch)
-
     def _deadline(self, batch: _Batch) -> None:
-        """The timer's callback: *batch* is due, unless it was launched (or emptied) already."""
-        if not batch.launched and batch.slots:
+        """The deadline's callback: *batch* is due, unless it was launched (or emptied) already."""
+        if not batch.launched and batch.futures:
             self._due(batch)
 
     def _due(self, batch: _Batch) -> None:
@@ -263,16 +276,17 @@ class Batcher:
         self._launch(batch, refused)
         self._check_idle()
 
-    def _leave(self, slot: _Slot) -> None:
-        """The caller stopped waiting (cancelled, or its batch failed): undo what is undone."""
-        if not slot.future.done():
-            slot.future.cancel()
-        batch = slot.batch
+    def _leave(self, batch: _Batch, future: Any) -> None:
+        """The caller of *future* in *batch* stopped waiting (cancelled, or its batch failed):
+        undo what is undone."""
+        if not future.done():
+            future.cancel()
         if batch.launched:
             return  # the batch goes on without this caller; its row is dropped
-        batch.slots.remove(slot)
+        i = batch.futures.index(future)
+        del batch.futures[i], batch.items[i], batch.t_calls[i]
         self._cancelled += 1
-        if not batch.slots:  # nobody left to launch it for
+        if not batch.futures:  # nobody left to launch it for
             batch.timer.cancel()
             if self._open is batch:
                 self._open = None
@@ -291,48 +305,49 @@ class Batcher:
         batch.timer.cancel()
         if self._open is batch:
             self._open = None
-        slots = batch.slots
-        n = len(slots)
+        futures = batch.futures
+        n = len(futures)
         size = self._buckets[bisect.bisect_left(self._buckets, n)] if self._buckets else n
         now = perf_counter()
-        for slot in slots:
-            self._waiting.record(now - slot.t_call)
+        self._waiting.record_all([now - t for t in batch.t_calls])
         self._batches += 1
         self._items += n
         self._padded += size - n
         self._fill += n / (size if self._buckets else self._max_size)
         if refused is not None:
-            self._fail(slots, refused)
+            self._fail(futures, refused)
             return
         try:
-            args = self._stack(slots, size)
+            args = self._stack(batch.items, size)
             grid, block = self._launch_shape(size)
             pending = self._backend.dispatch(
                 self._kernel, *args, grid=grid, block=block,  # type: ignore[arg-type]  # checked by dispatch
                 shared_mem=self._shared_mem, graph=self._graph,
             )  # fmt: skip
         except BaseException as exc:
-            self._fail(slots, exc)
+            self._fail(futures, exc)
             if isinstance(exc, Exception):
                 return
             raise
         self._in_flight += 1
-        pending.add_done_callback(lambda done: self._complete(done, slots))
+        pending.add_done_callback(lambda done: self._complete(done, futures))
         if self._events:
             self._log.debug(
                 "batch.launched", dispatch_id=pending.dispatch_id, items=n, size=size,
-                waited_max=now - min(s.t_call for s in slots),
+                waited_max=now - batch.t_calls[0],
             )  # fmt: skip
 
-    def _stack(self, slots: list[_Slot], size: int) -> list[object]:
+    def _stack(self, items: list[tuple[object, ...]], size: int) -> list[object]:
         """The dispatch's arguments: the rows written into staging arrays, outputs, shared, n."""
         backend = self._backend
-        n = len(slots)
+        n = len(items)
         args: list[object] = []
         for k, row in enumerate(self._inputs):
             staging = backend.pinned_empty((size, *row.shape), row.dtype)
-            for i, slot in enumerate(slots):
-                staging[i] = slot.rows[k]
+            # One copy of all the rows, in order (a view of staging: it is C-contiguous). A
+            # row of shape () may be a numpy scalar, which flattens to one value as well.
+            column: Any = [item[k] for item in items]  # checked arrays (or numpy scalars)
+            np.concatenate(column, axis=None, out=staging[:n].reshape(-1))
             if size > n:
                 staging[n:] = 0  # padding up to the bucket: zeros, never returned
             args.append(staging)
@@ -341,21 +356,29 @@ class Batcher:
         args.append(np.int32(size))
         return args
 
-    def _fail(self, slots: list[_Slot], exc: BaseException) -> None:
+    def _fail(self, futures: list[Any], exc: BaseException) -> None:
         self._failed += 1
-        for slot in slots:
-            _answer(slot, exc)
+        for future in futures:
+            if not future.done():  # (a caller that stopped waiting gets nothing)
+                future.set_exception(exc)
 
-    def _complete(self, pending: PendingDispatch, slots: list[_Slot]) -> None:
+    def _complete(self, pending: PendingDispatch, futures: list[Any]) -> None:
         """Hand each caller its row of each result, or the batch's error (on the loop)."""
         self._in_flight -= 1
         exc = pending.exception()
         if exc is not None:
-            self._fail(slots, exc)
+            self._fail(futures, exc)
         else:
             results = pending.result()
-            for i, slot in enumerate(slots):
-                _answer(slot, tuple(result[i, ...] for result in results))
+            # Iterating the outputs together gives each caller its tuple of rows (views), the
+            # padding rows left over; outputs of one value per item index to 0-d views.
+            if self._by_row:
+                answers: Any = zip(*results, strict=False)
+            else:
+                answers = (tuple(result[i, ...] for result in results) for i in range(len(futures)))
+            for future, answer in zip(futures, answers, strict=False):
+                if not future.done():  # (a caller that stopped waiting gets nothing)
+                    future.set_result(answer)
         self._check_idle()
 
     def _check_idle(self) -> None:
@@ -405,16 +428,6 @@ class Batcher:
         tb: TracebackType | None,
     ) -> None:
         await self.aclose()
-
-
-def _answer(slot: _Slot, outcome: object) -> None:
-    """Give *slot* its results (a tuple) or its error, unless it stopped waiting."""
-    future = slot.future
-    if not future.done():
-        if isinstance(outcome, BaseException):
-            future.set_exception(outcome)
-        else:
-            future.set_result(outcome)
 
 
 def batcher(

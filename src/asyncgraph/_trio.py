@@ -239,6 +239,34 @@ class TrioLoop:
         trio.lowlevel.spawn_system_task(fire, name="asyncgraph-timer")
         return TrioTimer(scope)
 
+    def call_at_deadline(
+        self,
+        delay: float,
+        fn: Callable[..., object],
+        *args: Any,
+        clock: Callable[[], float],
+        slack: float,
+    ) -> TrioTimer:
+        """Call ``fn(*args)`` at the first turn at or after *delay* seconds by *clock*: a
+        system task sleeps until *slack* before, then checks at each checkpoint (trio's sleep
+        wakes whole milliseconds late). ``cancel()`` on the handle stops it."""
+        import trio
+
+        scope = trio.CancelScope()
+        at = clock() + delay
+
+        async def fire() -> None:
+            with scope:
+                left = at - clock()
+                if left > slack:
+                    await trio.sleep(left - slack)
+                while clock() < at:
+                    await trio.lowlevel.checkpoint()
+                _call_logged(fn, args)
+
+        trio.lowlevel.spawn_system_task(fire, name="asyncgraph-deadline")
+        return TrioTimer(scope)
+
     def add_reader(self, fd: int, callback: Callable[..., object], *args: Any) -> None:
         """Call ``callback(*args)`` whenever *fd* is readable: a system task waits for it with
         ``trio.lowlevel.wait_readable`` (on the trio thread)."""
