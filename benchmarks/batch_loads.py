@@ -1,9 +1,10 @@
 """The dense layer and the loads of ``bench_batch.py``: one request's row, two ways to serve it.
 
-- :data:`DENSE_ROWS` is the example service's dense layer (``relu(x @ W + b)``) in the batch
-  form ``ag.batcher`` calls (the stacked rows, the output, the weights, the bias, the number
-  of features, the number of rows), with a numpy host function, so the script runs on the
-  host backend too. It takes any number of features: the benchmark uses 1024 (4 KiB rows).
+- :data:`DENSE_ROWS` is the example service's dense layer (``relu(x @ W + b)``), loaded from
+  ``examples/server/app.py``, in the batch form ``ag.batcher`` calls (the stacked rows, the
+  output, the weights, the bias, the number of features, the number of rows), with a numpy
+  host function, so the script runs on the host backend too. It takes any number of
+  features: the benchmark uses 1024 (4 KiB rows).
 - :class:`Service` holds the weights (resident on the backend), a pool of input rows and
   their answers computed by numpy in float64, and the two ways to serve a row: one dispatch per
   request (:meth:`Service.per_request`) and through a batcher (:meth:`Service.batched`).
@@ -26,31 +27,14 @@ import numpy as np
 import asyncgraph as ag
 from benchmarks import harness
 from benchmarks.bench_load import burn
+from benchmarks.example_service import load_module
 
 Array = np.ndarray[Any, Any]
 BLOCK = 256
 
-# The example service's dense layer for a batch of rows, in the batcher's argument order.
-DENSE_ROWS_SRC = r"""
-extern "C" __global__ void dense_relu_rows(const float* x, float* y, const float* w,
-                                           const float* b, int features, int rows)
-{
-    int i = blockIdx.x * blockDim.x + threadIdx.x;
-    if (i >= rows * features) return;
-    int row = i / features, col = i % features;
-    float acc = b[col];
-    for (int k = 0; k < features; ++k) acc += x[row * features + k] * w[k * features + col];
-    y[i] = acc > 0.0f ? acc : 0.0f;
-}
-"""
-
-
-def _dense_relu_rows(x: Array, y: Array, w: Array, b: Array, f: np.int32, rows: np.int32) -> None:
-    n, m = int(rows), int(f)
-    np.maximum(x.reshape(-1, m)[:n] @ w.reshape(m, m) + b, 0.0, out=y.reshape(-1, m)[:n])
-
-
-DENSE_ROWS = ag.Kernel(DENSE_ROWS_SRC, "dense_relu_rows", host=_dense_relu_rows)
+# The example service's dense layer, in the batch form ag.batcher calls (it is the same kernel
+# the service dispatches for one request's rows).
+DENSE_ROWS: ag.Kernel = load_module("app").DENSE
 
 # A way to serve one row: returns the awaitable of the output rows (None for the floor).
 Way = Callable[[Array], Awaitable[tuple[Array, ...] | None]]

@@ -47,7 +47,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import asyncgraph as ag
 from benchmarks import harness
 from benchmarks.batch_loads import Array, Service, Way, in_turns, pair_ratios
-from benchmarks.bench_load import Target
+from benchmarks.bench_load import Target, print_targets
 
 CLIENTS = (1, 8, 64)
 MIXED_CLIENTS = 64
@@ -224,11 +224,7 @@ def print_results(rows: dict[str, Any], targets: list[Target]) -> None:
             )
     harness.print_table(("mixed load", *COLUMNS), mixed, FORMATS)
     print()
-    harness.print_table(
-        ("target", "measured", "met"),
-        [(t.label, t.measured, "yes" if t.met else "NO") for t in targets],
-        (".3f", ""),
-    )
+    print_targets(targets)
 
 
 def main() -> None:

@@ -249,6 +249,15 @@ class Target:
         return f"{self.name} {'<=' if self.at_most else '>='} {self.bound:g}"
 
 
+def print_targets(targets: list[Target]) -> None:
+    """The targets as a table: label, measured value, and whether it is met."""
+    harness.print_table(
+        ("target", "measured", "met"),
+        [(t.label, t.measured, "yes" if t.met else "NO") for t in targets],
+        (".3f", ""),
+    )
+
+
 def targets_of(rows: dict[str, Any], servers: dict[str, dict[str, Any]]) -> list[Target]:
     """The issue's targets, per loop, from the in-process *rows* and the service reports."""
     targets: list[Target] = []
@@ -345,11 +354,7 @@ def print_results(
             ("", ",.0f", ".2f", ".2f", ".2f", ".3f", ".3f"),
         )
     print()
-    harness.print_table(
-        ("target", "measured", "met"),
-        [(t.label, t.measured, "yes" if t.met else "NO") for t in targets],
-        (".3f", ""),
-    )
+    print_targets(targets)
 
 
 def main() -> None:

@@ -28,11 +28,12 @@ from benchmarks import harness
 SERVER = Path(__file__).resolve().parents[1] / "examples" / "server"
 
 
-def load_module() -> ModuleType:
-    """examples/server/load.py, imported from its file (it is no package)."""
-    spec = importlib.util.spec_from_file_location("asyncgraph_example_load", SERVER / "load.py")
+def load_module(name: str = "load") -> ModuleType:
+    """examples/server/<name>.py, imported from its file (it is no package)."""
+    path = SERVER / f"{name}.py"
+    spec = importlib.util.spec_from_file_location(f"asyncgraph_example_{name}", path)
     if spec is None or spec.loader is None:
-        raise ImportError(f"cannot load {SERVER / 'load.py'}")
+        raise ImportError(f"cannot load {path}")
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     return module

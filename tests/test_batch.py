@@ -91,6 +91,20 @@ def want(i: int) -> Array:
     return A * row(i) + BIAS
 
 
+class Callers:
+    """Callers of *batch* with ``row(i)``, each in a cancel scope of its own: what each got
+    (``got[i]``) and its scope (``scopes[i]``)."""
+
+    def __init__(self, batch: ag.Batcher) -> None:
+        self.batch = batch
+        self.got: dict[int, Array] = {}
+        self.scopes: dict[int, anyio.CancelScope] = {}
+
+    async def call(self, i: int) -> None:
+        with anyio.CancelScope() as self.scopes[i]:
+            (self.got[i],) = await self.batch(row(i))
+
+
 async def until(condition: Callable[[], bool]) -> None:
     """Wait until *condition()* holds (counters of the batcher, a thread's event)."""
     with anyio.fail_after(10):
@@ -103,10 +117,8 @@ def test_concurrent_callers_get_their_rows_in_full_batches(loop: Any) -> None:
         host = Affine()
         async with ag.open_backend("host") as backend:
             batch = make(backend, host, max_size=8)
-            got: dict[int, Array] = {}
-
-            async def one(i: int) -> None:
-                (got[i],) = await batch(row(i))
+            callers = Callers(batch)
+            got, one = callers.got, callers.call
 
             async with anyio.create_task_group() as tg:
                 for i in range(64):
@@ -146,10 +158,8 @@ def test_a_full_batch_launches_without_waiting_for_the_delay(loop: Any) -> None:
         host = Affine()
         async with ag.open_backend("host") as backend:
             batch = make(backend, host, max_size=4, max_delay=HOUR)
-            got: dict[int, Array] = {}
-
-            async def one(i: int) -> None:
-                (got[i],) = await batch(row(i))
+            callers = Callers(batch)
+            got, one = callers.got, callers.call
 
             with anyio.fail_after(10):  # an hour's delay: only the full batch can launch it
                 async with anyio.create_task_group() as tg:
@@ -244,12 +254,8 @@ def test_a_caller_cancelled_before_launch_leaves_its_batch(loop: Any) -> None:
         host = Affine()
         async with ag.open_backend("host") as backend:
             batch = make(backend, host, max_size=4)
-            got: dict[int, Array] = {}
-            scopes: dict[int, anyio.CancelScope] = {}
-
-            async def one(i: int) -> None:
-                with anyio.CancelScope() as scopes[i]:
-                    (got[i],) = await batch(row(i))
+            callers = Callers(batch)
+            got, scopes, one = callers.got, callers.scopes, callers.call
 
             async with anyio.create_task_group() as tg:
                 for i in range(3):
@@ -276,12 +282,8 @@ def test_the_deadline_belongs_to_the_batch_not_to_its_first_caller(loop: Any) ->
         host = Affine()
         async with ag.open_backend("host") as backend:
             batch = make(backend, host, max_size=8, max_delay=0.05)
-            got: dict[int, Array] = {}
-            scopes: dict[int, anyio.CancelScope] = {}
-
-            async def one(i: int) -> None:
-                with anyio.CancelScope() as scopes[i]:
-                    (got[i],) = await batch(row(i))
+            callers = Callers(batch)
+            got, scopes, one = callers.got, callers.scopes, callers.call
 
             with anyio.fail_after(10):
                 async with anyio.create_task_group() as tg:
@@ -302,12 +304,8 @@ def test_a_caller_cancelled_after_launch_gets_nothing_and_the_batch_goes_on(loop
         host.release.clear()
         async with ag.open_backend("host") as backend:
             batch = make(backend, host, max_size=4)
-            got: dict[int, Array] = {}
-            scopes: dict[int, anyio.CancelScope] = {}
-
-            async def one(i: int) -> None:
-                with anyio.CancelScope() as scopes[i]:
-                    (got[i],) = await batch(row(i))
+            callers = Callers(batch)
+            got, scopes, one = callers.got, callers.scopes, callers.call
 
             async with anyio.create_task_group() as tg:
                 for i in range(4):
@@ -363,10 +361,8 @@ def test_closing_the_backend_flushes_pending_items(loop: Any) -> None:
         host = Affine()
         backend = ag.open_backend("host")
         batch = make(backend, host, max_size=8)
-        got: dict[int, Array] = {}
-
-        async def one(i: int) -> None:
-            (got[i],) = await batch(row(i))
+        callers = Callers(batch)
+        got, one = callers.got, callers.call
 
         async with anyio.create_task_group() as tg:
             for i in range(3):
@@ -421,10 +417,8 @@ def test_a_due_batch_waits_for_room_in_a_full_queue_and_collects_meanwhile(loop:
             kernel = ag.Kernel(AFFINE_SRC, "affine_rows", host=host)
             running, queued = plain(backend, kernel, 10), plain(backend, kernel, 11)
             await until(host.started.is_set)
-            got: dict[int, Array] = {}
-
-            async def one(i: int) -> None:
-                (got[i],) = await batch(row(i))
+            callers = Callers(batch)
+            got, one = callers.got, callers.call
 
             async with anyio.create_task_group() as tg:
                 tg.start_soon(one, 0)

@@ -55,9 +55,12 @@ MAX_SAXPY = 1 << 20
 BLOCK = 256
 FLOAT32_MAX = float(np.finfo(np.float32).max)
 
+# The dense layer for a batch of rows, in the argument order ag.batcher calls it: the stacked
+# rows, the output, the shared arguments (weights, bias, features), then the number of rows.
+# A request dispatched on its own (EXAMPLE_BATCH=0) calls it the same way with its own rows.
 DENSE_SRC = r"""
-extern "C" __global__ void dense_relu(const float* x, const float* w, const float* b,
-                                      float* y, int rows, int features)
+extern "C" __global__ void dense_relu(const float* x, float* y, const float* w,
+                                      const float* b, int features, int rows)
 {
     int i = blockIdx.x * blockDim.x + threadIdx.x;
     if (i >= rows * features) return;
@@ -69,35 +72,12 @@ extern "C" __global__ void dense_relu(const float* x, const float* w, const floa
 """
 
 
-def _dense_relu(x: Array, w: Array, b: Array, y: Array, rows: np.int32, f: np.int32) -> None:
+def _dense_relu(x: Array, y: Array, w: Array, b: Array, f: np.int32, rows: np.int32) -> None:
     n, m = int(rows), int(f)
-    xs = x.reshape(-1, m)[:n]
-    np.maximum(xs @ w.reshape(m, m) + b, 0.0, out=y.reshape(-1, m)[:n])
+    np.maximum(x.reshape(-1, m)[:n] @ w.reshape(m, m) + b, 0.0, out=y.reshape(-1, m)[:n])
 
 
 DENSE = ag.Kernel(DENSE_SRC, "dense_relu", host=_dense_relu)
-
-# The same layer for a batch of rows, in the batcher's argument order: the stacked rows, the
-# output, the shared arguments (weights, bias, features), then the batch's row count.
-DENSE_ROWS_SRC = r"""
-extern "C" __global__ void dense_relu_rows(const float* x, float* y, const float* w,
-                                           const float* b, int features, int rows)
-{
-    int i = blockIdx.x * blockDim.x + threadIdx.x;
-    if (i >= rows * features) return;
-    int row = i / features, col = i % features;
-    float acc = b[col];
-    for (int k = 0; k < features; ++k) acc += x[row * features + k] * w[k * features + col];
-    y[i] = acc > 0.0f ? acc : 0.0f;
-}
-"""
-
-
-def _dense_relu_rows(x: Array, y: Array, w: Array, b: Array, f: np.int32, rows: np.int32) -> None:
-    _dense_relu(x, w, b, y, rows, f)
-
-
-DENSE_ROWS = ag.Kernel(DENSE_ROWS_SRC, "dense_relu_rows", host=_dense_relu_rows)
 
 SAXPY_SRC = r"""
 extern "C" __global__ void saxpy(const float* x, const float* y, float* z, float a, int n)
@@ -207,11 +187,11 @@ async def dense(request: Request) -> Response:
         (y,) = await state.backend.dispatch(
             DENSE,
             x,
+            ag.Out(x.shape, np.float32),
             state.weights,
             state.bias,
-            ag.Out(x.shape, np.float32),
-            np.int32(rows),
             np.int32(FEATURES),
+            np.int32(rows),
             grid=(rows * FEATURES + BLOCK - 1) // BLOCK,
             block=BLOCK,
         )
@@ -349,8 +329,8 @@ async def lifespan(app: Starlette) -> AsyncIterator[dict[str, Any]]:
         # Compile both kernels before the first request arrives.
         one = np.zeros((1, FEATURES), np.float32)
         await backend.dispatch(
-            DENSE, one, weights, bias, ag.Out(one.shape, np.float32), np.int32(1),
-            np.int32(FEATURES), grid=1, block=BLOCK,
+            DENSE, one, ag.Out(one.shape, np.float32), weights, bias, np.int32(FEATURES),
+            np.int32(1), grid=1, block=BLOCK,
         )  # fmt: skip
         await backend.dispatch(
             SAXPY, one[0], one[0], ag.Out(FEATURES, np.float32), np.float32(1),
@@ -359,14 +339,13 @@ async def lifespan(app: Starlette) -> AsyncIterator[dict[str, Any]]:
         dense_rows = None
         if os.environ.get("EXAMPLE_BATCH", "1") != "0":
             dense_rows = ag.batcher(
-                backend, DENSE_ROWS,
+                backend, DENSE,
                 inputs=[ag.Row((FEATURES,), np.float32)],
                 outputs=[ag.Row((FEATURES,), np.float32)],
                 shared=(weights, bias, np.int32(FEATURES)),
                 launch=lambda n: ((n * FEATURES + BLOCK - 1) // BLOCK, BLOCK),
                 max_size=MAX_ROWS, max_delay=batch_delay(),
             )  # fmt: skip
-            await backend.compile(DENSE_ROWS)
         yield {
             "dense_rows": dense_rows,
             "backend": backend,
