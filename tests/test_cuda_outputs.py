@@ -18,6 +18,7 @@ import numpy as np
 import pytest
 
 import asyncgraph as ag
+from asyncgraph.cuda._fast_plan import RING_BYTES
 
 pytestmark = pytest.mark.cuda
 
@@ -41,7 +42,8 @@ extern "C" __global__ void write_nothing(float* out, int n) { }
 
 # 1 KiB and 4 KiB outputs go up zeroed with the inputs; 64 KiB and 1 MiB ones are memset.
 SIZES = [256, 1024, 16 * 1024, 256 * 1024]
-LANES_STAGING = 5 << 20  # more than every lane's 1 MiB staging ring together
+# More than every lane's staging ring together (BackendOptions.streams lanes by default).
+LANES_STAGING = (ag.BackendOptions().streams + 1) * RING_BYTES
 
 
 @pytest.fixture(params=[True, False], ids=["fast", "general"])

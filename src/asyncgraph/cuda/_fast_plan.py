@@ -35,8 +35,8 @@ __all__ = (
     "eligible",
 )
 
-RING_BYTES = 1 << 20  # each lane's pinned staging ring
-MAX_STAGED = RING_BYTES >> 3  # bytes a dispatch may stage to take the fast path
+RING_BYTES = 2 << 20  # each lane's pinned staging ring
+MAX_STAGED = RING_BYTES >> 2  # bytes a dispatch may stage to take the fast path
 MAX_SHARED = 48 * 1024  # dynamic shared memory a kernel has without asking for more
 MAX_PLANS = 4  # signatures kept per kernel, most recently used first
 _ALIGN = 256
