@@ -8,6 +8,8 @@
 - :class:`Service` holds the weights (resident on the backend), a pool of input rows and
   their answers computed by numpy in float64, and the two ways to serve a row: one dispatch per
   request (:meth:`Service.per_request`) and through a batcher (:meth:`Service.batched`).
+- :class:`BatchFloor` is the floor of batching itself: futures resolved a batch at a time,
+  with no work behind them.
 - :func:`client_load` runs clients that each await one way *rounds* times, optionally burning
   CPU before each request, and checks every answer against numpy after the timed part;
   :func:`in_turns` runs several ways in turns, so that the machine's drift weighs on all alike.
@@ -38,6 +40,36 @@ DENSE_ROWS: ag.Kernel = load_module("app").DENSE
 
 # A way to serve one row: returns the awaitable of the output rows (None for the floor).
 Way = Callable[[Array], Awaitable[tuple[Array, ...] | None]]
+
+
+class BatchFloor:
+    """The floor of any batcher's callers: each call awaits a future of its own, and the
+    futures are resolved together, on the next turn of the loop, once *size* calls are in; no
+    row is copied and nothing is dispatched (the answer is ``None``, so nothing is checked).
+
+    What 64 clients cost the loop when each request waits for a batch, whatever does the
+    work: the per-caller future, its resolution and the client's wake-up.
+    """
+
+    def __init__(self, size: int) -> None:
+        self._size = size
+        self._futures: list[asyncio.Future[None]] = []
+
+    def __call__(self, x: Array) -> Awaitable[None]:
+        loop = asyncio.get_running_loop()
+        future: asyncio.Future[None] = loop.create_future()
+        futures = self._futures
+        futures.append(future)
+        if len(futures) >= self._size:
+            self._futures = []
+            loop.call_soon(_resolve, futures)
+        return future
+
+
+def _resolve(futures: list[asyncio.Future[None]]) -> None:
+    for future in futures:
+        if not future.done():
+            future.set_result(None)
 
 
 class WrongAnswer(AssertionError):

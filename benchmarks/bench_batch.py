@@ -11,8 +11,10 @@ Rows, on asyncio and uvloop (or the one ``--loop`` names), on the backend ``--ba
 - 1, 8 and 64 clients, each awaiting its requests back to back (``--rounds`` each): requests/s,
   latency p50/p99/max (from the call to its return) and rows per dispatch, each way; the two
   ways run in turns, ``--pairs`` times, requests/s the median of the loads, latencies pooled;
-  at 64 clients with the floor too (the same clients awaiting ``asyncio.sleep(0)``: what the
-  loop itself serves, against which to judge the batched way's requests/s);
+  at 64 clients with two floors too: ``floor``, the same clients awaiting
+  ``asyncio.sleep(0)`` (what the loop itself serves), and ``batch floor``, the same clients
+  each awaiting a future resolved 64 at a time with nothing behind it (what waiting for a
+  batch costs the loop, whatever the batcher; ``batch_loads.BatchFloor``);
 - the mixed load: 64 clients, each burning ``--burn-us`` of CPU before each request (the
   request's own work, holding the GIL), beside the floor (the same clients awaiting
   ``asyncio.sleep(0)`` instead of a dispatch); floor, per-request and batched in turns;
@@ -46,7 +48,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import asyncgraph as ag
 from benchmarks import harness
-from benchmarks.batch_loads import Array, Service, Way, in_turns, pair_ratios
+from benchmarks.batch_loads import Array, BatchFloor, Service, Way, in_turns, pair_ratios
 from benchmarks.bench_load import Target, print_targets
 
 CLIENTS = (1, 8, 64)
@@ -84,7 +86,9 @@ async def rows_on(
             }
             clients: dict[str, Any] = {}
             for n in CLIENTS:
-                loads = {"floor": _floor, **ways} if n == FLOOR_CLIENTS else ways
+                loads = ways
+                if n == FLOOR_CLIENTS:
+                    loads = {"floor": _floor, "batch floor": BatchFloor(n), **ways}
                 row = await in_turns(
                     service, loads, clients=n, rounds=rounds, burn_s=0.0, pairs=pairs
                 )
@@ -92,6 +96,9 @@ async def rows_on(
                 row["ratio"] = pair_ratios(by_pair, "batched", "per-request")
                 if "floor" in loads:
                     row["floor_ratio"] = pair_ratios(by_pair, "batched", "floor")
+                    row["batch_floor_ratio"] = pair_ratios(by_pair, "batched", "batch floor")
+                    # The most any batcher could reach over one dispatch per request here.
+                    row["bound_ratio"] = pair_ratios(by_pair, "batch floor", "per-request")
                 clients[str(n)] = row
             mixed = await in_turns(
                 service,
@@ -193,7 +200,7 @@ def print_results(rows: dict[str, Any], targets: list[Target]) -> None:
     closed: list[list[object]] = []
     for loop, row in rows.items():
         for n, load in row["clients"].items():
-            for way in ("floor", *WAYS) if "floor" in load else WAYS:
+            for way in ("floor", "batch floor", *WAYS) if "floor" in load else WAYS:
                 closed.append([f"{_clients(n)}, {way} ({loop})", *_cells(load[way])])
             closed.append(
                 [
@@ -206,6 +213,22 @@ def print_results(rows: dict[str, Any], targets: list[Target]) -> None:
                     [
                         f"{_clients(n)}, batched / floor ({loop})",
                         *_ratio_cells(load["batched"], load["floor"], load["floor_ratio"]),
+                    ]
+                )
+                closed.append(
+                    [
+                        f"{_clients(n)}, batched / batch floor ({loop})",
+                        *_ratio_cells(
+                            load["batched"], load["batch floor"], load["batch_floor_ratio"]
+                        ),
+                    ]
+                )
+                closed.append(
+                    [
+                        f"{_clients(n)}, batch floor / per-request ({loop})",
+                        *_ratio_cells(
+                            load["batch floor"], load["per-request"], load["bound_ratio"]
+                        ),
                     ]
                 )
     harness.print_table(("clients back to back", *COLUMNS), closed, FORMATS)

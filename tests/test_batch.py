@@ -356,6 +356,70 @@ def test_a_failing_batch_fails_each_of_its_callers_and_the_batcher_goes_on(loop:
     run(loop, body)
 
 
+def test_staging_is_used_again_only_once_its_batch_is_done(loop: Any) -> None:
+    async def body() -> None:
+        host = Affine()
+        host.release.clear()
+        async with ag.open_backend("host") as backend:
+            made: list[tuple[int, ...]] = []
+            pinned_empty = backend.pinned_empty
+
+            def counting(shape: Any, dtype: Any) -> Array:
+                made.append(shape)
+                return pinned_empty(shape, dtype)
+
+            backend.pinned_empty = counting  # type: ignore[method-assign]  # counts the sets made
+            sizes = iter([2, 2, 2, 0, 2, 2])  # the fourth batch's launch fails (grid 0)
+            kernel = ag.Kernel(AFFINE_SRC, "affine_rows", host=host)
+            batch = ag.batcher(
+                backend, kernel,
+                inputs=[ag.Row((F,), np.float32)], outputs=[ag.Row((F,), np.float32)],
+                shared=(BIAS, A, np.int32(F)), launch=lambda n: (next(sizes), 256),
+                max_size=2, max_delay=HOUR,
+            )  # fmt: skip
+            callers = Callers(batch)
+            got, one = callers.got, callers.call
+
+            async with anyio.create_task_group() as tg:
+                tg.start_soon(one, 0)
+                tg.start_soon(one, 1)
+                await until(host.started.is_set)  # the first batch holds its staging...
+                tg.start_soon(one, 2)
+                tg.start_soon(one, 3)
+                await until(lambda: batch.statistics().batches == 2)  # ...the second has its own
+                host.release.set()
+            assert made == [(2, F), (2, F)]
+            for i in range(4):  # neither batch's rows were written over by the other's
+                np.testing.assert_allclose(got[i], want(i))
+
+            async with anyio.create_task_group() as tg:  # one set again: no new one
+                tg.start_soon(one, 4)
+                tg.start_soon(one, 5)
+            assert len(made) == 2
+            errors: list[ag.DispatchError] = []
+
+            async def refused(i: int) -> None:
+                try:
+                    await batch(row(i))
+                except ag.DispatchError as exc:
+                    errors.append(exc)
+
+            async with anyio.create_task_group() as tg:  # refused: its set is dropped
+                tg.start_soon(refused, 6)
+                tg.start_soon(refused, 7)
+            assert len(errors) == 2
+            async with anyio.create_task_group() as tg:
+                tg.start_soon(one, 8)
+                tg.start_soon(one, 9)
+            assert len(made) == 2  # the other kept one
+            for i in (4, 5, 8, 9):
+                np.testing.assert_allclose(got[i], want(i))
+            assert sorted(got) == [0, 1, 2, 3, 4, 5, 8, 9]
+            assert batch.statistics().failed_batches == 1
+
+    run(loop, body)
+
+
 def test_closing_the_backend_flushes_pending_items(loop: Any) -> None:
     async def body() -> None:
         host = Affine()

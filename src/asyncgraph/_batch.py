@@ -32,8 +32,8 @@ from typing import Any
 import numpy as np
 
 from . import _deadline, _loop
-from ._args import Out
 from ._backend import Backend
+from ._batch_launch import BatchLauncher
 from ._batch_spec import BatcherStatistics, ItemChecker, LaunchShape, Row, check_options
 from ._exceptions import ArgumentTypeError, BackendClosedError, UnsupportedError
 from ._kernel import Kernel
@@ -90,20 +90,17 @@ class Batcher:
     ) -> None:
         self._backend = backend
         self._kernel = kernel
-        self._inputs = inputs
-        self._outputs = outputs
-        self._shared = shared
-        self._launch_shape = launch
         self._max_size = max_size
         self._max_delay = max_delay
         self._buckets = buckets
-        self._graph = graph
-        self._shared_mem = shared_mem
         self._check = ItemChecker(kernel, inputs)
         # What a call's rows must be to skip the checker: exactly an ndarray of each row.
         self._fits = tuple((row.dtype, row.shape) for row in inputs)
-        # Whether iterating the outputs together yields each caller's rows (each a view).
-        self._by_row = bool(outputs) and all(row.shape for row in outputs)
+        self._one = self._fits[0] if len(inputs) == 1 else None  # (the common case, inlined)
+        self._launcher = BatchLauncher(
+            backend, kernel, inputs, outputs, shared, launch,
+            buckets[-1] if buckets else max_size, graph, shared_mem,
+        )  # fmt: skip
         self._loop: Any = None  # the event loop of the first call
         self._open: _Batch | None = None  # the batch collecting now, if any
         self._line: list[_Batch] = []  # due batches waiting for room in the backend's queue
@@ -186,16 +183,17 @@ class Batcher:
         """
         # The steady state in line, with no call per item: on the batcher's asyncio loop, open
         # (closing the backend closes the batcher first, through on_close), each row exactly
-        # an ndarray of its dtype and shape. Anything else takes the checks.
+        # an ndarray of its dtype and shape (for one input: of the very dtype object, which
+        # numpy shares between arrays of a builtin dtype). Anything else takes the checks.
         loop: Any = _get_running_loop()
         fits = loop is self._loop and loop is not None and not self._closed
-        if fits and len(rows) == len(self._fits):
-            for value, (dtype, shape) in zip(rows, self._fits, strict=True):
-                if type(value) is not np.ndarray or value.dtype != dtype or value.shape != shape:
-                    fits = False
-                    break
-        else:
-            fits = False
+        if fits:
+            one = self._one
+            if one is not None and len(rows) == 1:
+                value = rows[0]
+                fits = type(value) is np.ndarray and value.dtype is one[0] and value.shape == one[1]
+            else:
+                fits = self._fit(rows)
         if not fits:
             try:
                 self._check(rows)
@@ -220,6 +218,15 @@ class Batcher:
         except BaseException:
             self._leave(batch, future)
             raise
+
+    def _fit(self, rows: tuple[object, ...]) -> bool:
+        """Whether *rows* are exactly an ndarray of each input row's dtype and shape."""
+        if len(rows) != len(self._fits):
+            return False
+        for value, (dtype, shape) in zip(rows, self._fits):  # noqa: B905  # lengths checked
+            if type(value) is not np.ndarray or value.dtype != dtype or value.shape != shape:
+                return False
+        return True
 
     def _loop_for_use(self) -> Any:
         if self._backend.is_closed:
@@ -318,43 +325,19 @@ class Batcher:
             self._fail(futures, refused)
             return
         try:
-            args = self._stack(batch.items, size)
-            grid, block = self._launch_shape(size)
-            pending = self._backend.dispatch(
-                self._kernel, *args, grid=grid, block=block,  # type: ignore[arg-type]  # checked by dispatch
-                shared_mem=self._shared_mem, graph=self._graph,
-            )  # fmt: skip
+            pending, staging = self._launcher.launch(batch.items, size)
         except BaseException as exc:
             self._fail(futures, exc)
             if isinstance(exc, Exception):
                 return
             raise
         self._in_flight += 1
-        pending.add_done_callback(lambda done: self._complete(done, futures))
+        pending.add_done_callback(lambda done: self._complete(done, futures, staging))
         if self._events:
             self._log.debug(
                 "batch.launched", dispatch_id=pending.dispatch_id, items=n, size=size,
                 waited_max=now - batch.t_calls[0],
             )  # fmt: skip
-
-    def _stack(self, items: list[tuple[object, ...]], size: int) -> list[object]:
-        """The dispatch's arguments: the rows written into staging arrays, outputs, shared, n."""
-        backend = self._backend
-        n = len(items)
-        args: list[object] = []
-        for k, row in enumerate(self._inputs):
-            staging = backend.pinned_empty((size, *row.shape), row.dtype)
-            # One copy of all the rows, in order (a view of staging: it is C-contiguous). A
-            # row of shape () may be a numpy scalar, which flattens to one value as well.
-            column: Any = [item[k] for item in items]  # checked arrays (or numpy scalars)
-            np.concatenate(column, axis=None, out=staging[:n].reshape(-1))
-            if size > n:
-                staging[n:] = 0  # padding up to the bucket: zeros, never returned
-            args.append(staging)
-        args.extend(Out((size, *row.shape), row.dtype) for row in self._outputs)
-        args.extend(self._shared)
-        args.append(np.int32(size))
-        return args
 
     def _fail(self, futures: list[Any], exc: BaseException) -> None:
         self._failed += 1
@@ -362,20 +345,16 @@ class Batcher:
             if not future.done():  # (a caller that stopped waiting gets nothing)
                 future.set_exception(exc)
 
-    def _complete(self, pending: PendingDispatch, futures: list[Any]) -> None:
+    def _complete(self, pending: PendingDispatch, futures: list[Any], staging: Any) -> None:
         """Hand each caller its row of each result, or the batch's error (on the loop)."""
         self._in_flight -= 1
+        if not self._closed:
+            self._launcher.give_back(staging)  # the dispatch is done with it
         exc = pending.exception()
         if exc is not None:
             self._fail(futures, exc)
         else:
-            results = pending.result()
-            # Iterating the outputs together gives each caller its tuple of rows (views), the
-            # padding rows left over; outputs of one value per item index to 0-d views.
-            if self._by_row:
-                answers: Any = zip(*results, strict=False)
-            else:
-                answers = (tuple(result[i, ...] for result in results) for i in range(len(futures)))
+            answers = self._launcher.answers(pending.result(), len(futures))
             for future, answer in zip(futures, answers, strict=False):
                 if not future.done():  # (a caller that stopped waiting gets nothing)
                     future.set_result(answer)
@@ -402,6 +381,7 @@ class Batcher:
             self._closed = True
             self._unregister()
             self.flush()
+            self._launcher.clear()
 
     async def aclose(self) -> None:
         """Launch the items collecting now, refuse new calls, wait for the batches in flight

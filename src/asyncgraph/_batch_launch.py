@@ -1,0 +1,171 @@
+"""Launching a batch: its rows written into reused pinned staging, one dispatch, the answers.
+
+:class:`BatchLauncher` is what a :class:`~asyncgraph._batch.Batcher` dispatches through. It
+knows the kernel, the rows and the shared arguments; the batcher keeps the callers and the
+batches' states.
+
+A batch's rows go into one array per input from ``backend.pinned_empty`` (pinned memory on the
+CUDA backend, which a dispatch uploads without a copy of its own into staging; ordinary memory
+on the host backend). Making such an array is costly (it lends a block of the pinned pool to
+numpy), so a set of them is taken when a batch launches, given back when its dispatch
+completes (its upload is done by then) and used again by a later batch. A batch whose launch
+fails drops its set instead: a copy may still read it.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+
+from ._args import Out
+
+if TYPE_CHECKING:
+    from ._backend import Backend
+    from ._batch_spec import LaunchShape, Row
+    from ._kernel import Kernel
+    from ._pending import PendingDispatch
+
+__all__ = ("BatchLauncher",)
+
+Array = np.ndarray[Any, Any]
+
+
+class BatchLauncher:
+    """Dispatches batches of rows of *kernel* on *backend* and splits their results.
+
+    Args:
+        backend: the backend that runs the batches.
+        kernel: the kernel, written over a batch of ``n`` rows.
+        inputs, outputs: the row of each input and output.
+        shared: the arguments every batch passes after the outputs.
+        launch: ``launch(n) -> (grid, block)``.
+        capacity: the most rows a batch has (``max_size``, or the largest bucket).
+        graph, shared_mem: passed to each dispatch.
+        keep: the most staging sets kept between batches (more are made while more batches
+            are in flight, and dropped when they come back).
+    """
+
+    __slots__ = (
+        "_backend",
+        "_by_row",
+        "_capacity",
+        "_graph",
+        "_inputs",
+        "_keep",
+        "_kernel",
+        "_launch",
+        "_outputs",
+        "_shared",
+        "_shared_mem",
+        "_spare",
+        "_tails",
+    )
+
+    def __init__(
+        self,
+        backend: Backend,
+        kernel: Kernel,
+        inputs: tuple[Row, ...],
+        outputs: tuple[Row, ...],
+        shared: tuple[object, ...],
+        launch: LaunchShape,
+        capacity: int,
+        graph: str,
+        shared_mem: int,
+        keep: int = 4,
+    ) -> None:
+        self._backend = backend
+        self._kernel = kernel
+        self._inputs = inputs
+        self._outputs = outputs
+        self._shared = shared
+        self._launch = launch
+        self._capacity = capacity
+        self._graph = graph
+        self._shared_mem = shared_mem
+        self._keep = keep
+        self._spare: list[list[Array]] = []
+        # The dispatch's arguments after the inputs, by batch size: the outputs, the shared
+        # arguments and the size (made once per size).
+        self._tails: dict[int, tuple[object, ...]] = {}
+        # Whether iterating the outputs together yields each caller's rows (each a view).
+        self._by_row = bool(outputs) and all(row.shape for row in outputs)
+
+    @property
+    def kept(self) -> int:
+        """How many staging sets wait for a later batch."""
+        return len(self._spare)
+
+    def launch(
+        self, items: list[tuple[object, ...]], size: int
+    ) -> tuple[PendingDispatch, list[Array]]:
+        """Write the rows of *items* into staging (zero rows up to *size*) and dispatch them.
+
+        Returns:
+            The dispatch, and the staging it reads: :meth:`give_back` it once the dispatch is
+            done.
+
+        Raises:
+            Exception: whatever the staging or the dispatch raised; the staging is dropped.
+        """
+        staging = self._take()
+        args = self._stack(staging, items, size)
+        args.extend(self._tail(size))
+        grid, block = self._launch(size)
+        pending = self._backend.dispatch(
+            self._kernel, *args, grid=grid, block=block,  # type: ignore[arg-type]  # checked by dispatch
+            shared_mem=self._shared_mem, graph=self._graph,
+        )  # fmt: skip
+        return pending, staging
+
+    def answers(self, results: tuple[Array, ...], n: int) -> Any:
+        """An iterator of each of the *n* callers' tuple of result rows (views), in order."""
+        # Iterating the outputs together gives each caller its tuple of rows, the padding rows
+        # left over; outputs of one value per item index to 0-d views.
+        if self._by_row:
+            return zip(*results, strict=False)
+        return (tuple(result[i, ...] for result in results) for i in range(n))
+
+    def give_back(self, staging: list[Array]) -> None:
+        """The dispatch that read *staging* is done: keep it for a later batch."""
+        if len(self._spare) < self._keep:
+            self._spare.append(staging)
+
+    def clear(self) -> None:
+        """Drop the kept staging (its pinned memory goes back to the pool when collected)."""
+        self._spare.clear()
+
+    def _take(self) -> list[Array]:
+        """A staging set, one array per input of ``(capacity, *row.shape)``: kept, or new."""
+        spare = self._spare
+        if spare:
+            return spare.pop()
+        backend = self._backend
+        capacity = self._capacity
+        return [backend.pinned_empty((capacity, *row.shape), row.dtype) for row in self._inputs]
+
+    @staticmethod
+    def _stack(staging: list[Array], items: list[tuple[object, ...]], size: int) -> list[object]:
+        """Write the rows of *items* in order into *staging*, zero the rows up to *size*, and
+        return the first *size* rows of each array (views: what the dispatch takes)."""
+        n = len(items)
+        batch: list[object] = []
+        for k, array in enumerate(staging):
+            # One copy of all the rows (into a C-contiguous view). A row of shape () may be a
+            # numpy scalar, which flattens to one value as well.
+            column: Any = [item[k] for item in items]  # checked arrays (or numpy scalars)
+            np.concatenate(column, axis=None, out=array[:n].reshape(-1))
+            if size > n:
+                array[n:size] = 0  # padding up to the bucket: zeros, never returned
+            batch.append(array[:size])
+        return batch
+
+    def _tail(self, size: int) -> tuple[object, ...]:
+        """The arguments after the inputs for a batch of *size* rows: the outputs, the shared
+        arguments, the size."""
+        tail = self._tails.get(size)
+        if tail is None:
+            outs = tuple(Out((size, *row.shape), row.dtype) for row in self._outputs)
+            tail = self._tails[size] = (*outs, *self._shared, np.int32(size))
+        return tail
