@@ -23,6 +23,12 @@ Rows, on asyncio and uvloop (or the one ``--loop`` names), on the backend ``--ba
   the mixed load, batched / floor requests/s (median of the pairs' ratios, >= 0.95) and p99
   (<= 1.2).
 
+Then the example service (``examples/server``) under uvicorn on each loop, its dense endpoint
+batching (``EXAMPLE_BATCH=1``) and not, ``--http-pairs`` runs each in turns, each run
+``load.py --requests --clients`` (``--http-requests``, ``--http-clients``; every answer checked
+against numpy by ``load.py``): requests/s, latency p50/p99, dispatches and dense rows per
+dispatch; ``--http-requests 0`` leaves it out.
+
 Both ways are checked against numpy once at the start, and every answer of every load is
 checked after the load, outside the timed part. The header gives how long
 ``asyncio.sleep(max_delay)`` takes on each loop: the batcher's deadline is a timer of the loop,
@@ -38,7 +44,7 @@ import asyncio
 import logging
 import sys
 import time
-from collections.abc import Awaitable, Coroutine
+from collections.abc import Awaitable, Coroutine, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -50,6 +56,7 @@ import asyncgraph as ag
 from benchmarks import harness
 from benchmarks.batch_loads import Array, BatchFloor, Service, Way, in_turns, pair_ratios
 from benchmarks.bench_load import Target, print_targets
+from benchmarks.example_service import server_rows
 
 CLIENTS = (1, 8, 64)
 MIXED_CLIENTS = 64
@@ -128,6 +135,49 @@ async def rows_on(
             },
         }
     }
+
+
+def http_rows(
+    loops: Sequence[str], device: str, *, requests: int, clients: int, pairs: int
+) -> dict[str, dict[str, list[dict[str, Any]]]]:
+    """The example service through HTTP (``load.py``), its dense endpoint batching
+    (``EXAMPLE_BATCH=1``) and not, *pairs* times in turns, on each loop: by loop, by way,
+    ``load.py``'s report of each run."""
+    rows: dict[str, dict[str, list[dict[str, Any]]]] = {}
+    for loop in loops:
+        runs: dict[str, list[dict[str, Any]]] = {"batched": [], "per-request": []}
+        for _ in range(pairs):
+            for way, flag in (("batched", "1"), ("per-request", "0")):
+                report = server_rows([loop], device, requests, clients, {"EXAMPLE_BATCH": flag})
+                runs[way].append(report[loop])
+        rows[loop] = runs
+    return rows
+
+
+def print_http(rows: dict[str, dict[str, list[dict[str, Any]]]]) -> None:
+    """One line per run of the example service: requests/s, latency, dispatches, rows each."""
+    table: list[list[object]] = []
+    for loop, runs in rows.items():
+        for way, reports in runs.items():
+            for report in reports:
+                per_batch = report.get("dense_rows_per_batch")
+                table.append(
+                    [
+                        f"{way} ({loop})",
+                        f"{report['ok']}/{report['requests']}",
+                        report["requests_per_s"],
+                        report["latency"]["p50_ms"],
+                        report["latency"]["p99_ms"],
+                        report["dispatches"],
+                        "" if per_batch is None else f"{per_batch:.1f}",
+                    ]
+                )
+    harness.print_table(
+        ("example service (load.py)", "ok", "requests/s", "p50 ms", "p99 ms", "dispatches",
+         "dense rows/dispatch"),
+        table,
+        ("", ",.0f", ".1f", ".1f", "", ""),
+    )  # fmt: skip
 
 
 # -- targets and output ------------------------------------------------------------------------
@@ -284,10 +334,24 @@ def main() -> None:
         default=500.0,
         help="the batcher's max_delay in µs (default 500)",
     )
+    parser.add_argument(
+        "--http-requests",
+        type=int,
+        default=2000,
+        help="requests per run of the example service through HTTP (default 2000; 0: none)",
+    )
+    parser.add_argument(
+        "--http-clients", type=int, default=8, help="load.py client processes (default 8)"
+    )
+    parser.add_argument(
+        "--http-pairs", type=int, default=2, help="runs of the service each way (default 2)"
+    )
     args = parser.parse_args()
     rounds, pairs = args.rounds, args.pairs
+    http_requests, http_clients, http_pairs = args.http_requests, args.http_clients, args.http_pairs
     if harness.smoke():
         rounds, pairs = min(rounds, harness.SMOKE_REPS), 1
+        http_requests, http_clients, http_pairs = min(http_requests, 20), 1, 1
     max_delay = args.max_delay_us * 1e-6
     # The library's debug and info events (backend opened, closed) would bury the tables.
     structlog.configure(wrapper_class=structlog.make_filtering_bound_logger(logging.WARNING))
@@ -305,10 +369,15 @@ def main() -> None:
         )
 
     t_start = time.perf_counter()
+    loops: Sequence[str]
     if args.loop is not None:
-        rows = harness.run(on(args.loop), args.loop)
+        rows, loops = harness.run(on(args.loop), args.loop), (args.loop,)
     else:
-        rows, _loops = harness.run_on_loops(on)
+        rows, loops = harness.run_on_loops(on)
+    http: dict[str, Any] = {}
+    if http_requests:
+        requests, clients = http_requests, http_clients
+        http = http_rows(loops, args.backend, requests=requests, clients=clients, pairs=http_pairs)
     first = next(iter(rows.values()))
     device = first["device"]
     targets = targets_of(rows, max_delay)
@@ -324,6 +393,13 @@ def main() -> None:
     print(f"the loop's timer: sleep(max_delay) returns after {timers}")
     print()
     print_results(rows, targets)
+    if http:
+        print()
+        print(
+            f"the example service through HTTP: load.py --requests {http_requests} --clients "
+            f"{http_clients}, its dense endpoint batching and not, {http_pairs} runs each in turns"
+        )
+        print_http(http)
     print(f"\n{time.perf_counter() - t_start:.1f} s")
     harness.write_json(
         {
@@ -338,11 +414,15 @@ def main() -> None:
                 "max_delay_us": args.max_delay_us,
                 "clients": list(CLIENTS),
                 "mixed_clients": MIXED_CLIENTS,
+                "http_requests": http_requests,
+                "http_clients": http_clients,
+                "http_pairs": http_pairs,
             },
             "loops": {
                 loop: {key: row[key] for key in ("timer_us", "clients", "mixed", "batcher")}
                 for loop, row in rows.items()
             },
+            "http": http,
             "targets": {t.label: {"measured": t.measured, "met": t.met} for t in targets},
         },
         args.json,

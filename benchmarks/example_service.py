@@ -16,7 +16,7 @@ import socket
 import subprocess
 import sys
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
 from types import ModuleType
 from typing import Any
@@ -48,10 +48,16 @@ def free_port() -> int:
 
 
 @contextlib.contextmanager
-def serve(loop: str, device: str, start_timeout: float = 120.0) -> Iterator[str]:
+def serve(
+    loop: str,
+    device: str,
+    start_timeout: float = 120.0,
+    settings: Mapping[str, str] | None = None,
+) -> Iterator[str]:
     """The example service under uvicorn (on *loop*) on a free port of 127.0.0.1; yields its URL.
 
-    Stopped with SIGINT, so the lifespan closes the backend; an unclean stop raises.
+    *settings* are more environment variables for it (``EXAMPLE_BATCH``...). Stopped with
+    SIGINT, so the lifespan closes the backend; an unclean stop raises.
     """
     port = free_port()
     url = f"http://127.0.0.1:{port}"
@@ -59,7 +65,7 @@ def serve(loop: str, device: str, start_timeout: float = 120.0) -> Iterator[str]
     command += ["--host", "127.0.0.1", "--port", str(port), "--loop", loop]
     command += ["--timeout-keep-alive", "60", "--log-level", "warning", "--no-access-log"]
     command += ["app:app"]
-    env = {**os.environ, "ASYNCGRAPH_DEVICE": device}
+    env = {**os.environ, **(settings or {}), "ASYNCGRAPH_DEVICE": device}
     child = subprocess.Popen(
         command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env
     )
@@ -92,13 +98,18 @@ def serve(loop: str, device: str, start_timeout: float = 120.0) -> Iterator[str]
 
 
 def server_rows(
-    loops: Sequence[str], device: str, requests: int, clients: int
+    loops: Sequence[str],
+    device: str,
+    requests: int,
+    clients: int,
+    settings: Mapping[str, str] | None = None,
 ) -> dict[str, dict[str, Any]]:
-    """``load.py``'s report of the example service under each loop in *loops*."""
+    """``load.py``'s report of the example service under each loop in *loops* (started with
+    the environment variables *settings*)."""
     load = load_module()
     reports: dict[str, dict[str, Any]] = {}
     for loop in loops:
-        with serve(loop, device) as url:
+        with serve(loop, device, settings=settings) as url:
             report: dict[str, Any] = harness.run(
                 load.run_load(url, requests=requests, clients=clients)
             )
