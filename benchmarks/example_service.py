@@ -15,11 +15,12 @@ import signal
 import socket
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
 from types import ModuleType
-from typing import Any
+from typing import IO, Any
 
 import httpx
 
@@ -69,11 +70,17 @@ def serve(
     child = subprocess.Popen(
         command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env
     )
+    # Read the service's output as it comes: a pipe nobody reads fills up (64 KiB), and then
+    # the service's loop blocks in write() and every request waits behind it.
+    lines: list[str] = []
+    reader = threading.Thread(target=_collect, args=(child.stdout, lines), daemon=True)
+    reader.start()
     try:
         deadline = time.monotonic() + start_timeout  # the first start compiles the kernels
         while True:
             if child.poll() is not None:
-                output = child.stdout.read() if child.stdout is not None else ""
+                reader.join(10)
+                output = "".join(lines)
                 raise SystemExit(f"the example service exited with {child.returncode}:\n{output}")
             try:
                 if httpx.get(f"{url}/health", timeout=1.0).status_code == 200:
@@ -88,13 +95,23 @@ def serve(
         if child.poll() is None:
             child.send_signal(signal.SIGINT)
         try:
-            output, _ = child.communicate(timeout=60)
+            child.wait(timeout=60)
         except subprocess.TimeoutExpired:
             child.kill()
-            output, _ = child.communicate()
+            child.wait()
+            reader.join(10)
+            output = "".join(lines)
             raise SystemExit(f"the example service did not stop within 60 s:\n{output}") from None
+        reader.join(10)
+    output = "".join(lines)
     if child.returncode != 0 or "Traceback" in output:
         raise SystemExit(f"the example service stopped with {child.returncode}:\n{output}")
+
+
+def _collect(stream: IO[str] | None, lines: list[str]) -> None:
+    if stream is not None:
+        with stream:
+            lines.extend(stream)
 
 
 def server_rows(
