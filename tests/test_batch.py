@@ -249,6 +249,32 @@ def test_an_invalid_item_is_refused_to_its_caller_alone(loop: Any) -> None:
     run(loop, body)
 
 
+def test_rows_of_an_equal_dtype_object_or_strided_are_accepted(loop: Any) -> None:
+    async def body() -> None:
+        host = Affine()
+        async with ag.open_backend("host") as backend:
+            batch = make(backend, host, max_size=3)
+            tagged = np.dtype(np.float32, metadata={"unit": "m"})  # == float32, not numpy's own
+            assert tagged == np.float32
+            assert tagged is not np.dtype(np.float32)
+            strided = np.stack([row(2), row(3)], axis=1)[:, 0]  # a column: every other float
+            assert not strided.flags.c_contiguous
+            items = [row(0), row(1).astype(tagged), strided]
+            got: dict[int, Array] = {}
+
+            async def one(i: int) -> None:
+                (got[i],) = await batch(items[i])
+
+            async with anyio.create_task_group() as tg:
+                for i in range(3):
+                    tg.start_soon(one, i)
+            for i in range(3):
+                np.testing.assert_allclose(got[i], want(i))
+            assert [n for n, _ in host.batches] == [3]
+
+    run(loop, body)
+
+
 def test_a_caller_cancelled_before_launch_leaves_its_batch(loop: Any) -> None:
     async def body() -> None:
         host = Affine()
