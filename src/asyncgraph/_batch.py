@@ -4,7 +4,8 @@
 each input; the batcher collects callers for at most ``max_delay`` seconds or until
 ``max_size`` are there, writes their rows straight into staging arrays from
 ``backend.pinned_empty``, runs one dispatch over the batch and hands each caller its own row of
-each output.
+each output. The batcher keeps the callers and the batches' states; ``_batch_launch``'s
+``BatchLauncher`` stages, dispatches and splits the results (reusing the staging).
 
 The deadline is kept by the event loop (``_deadline.call_at_deadline``: a timer of the loop
 for most of the delay, then a check at each turn for the last millisecond, which the loop's
@@ -345,7 +346,7 @@ class Batcher:
             if not future.done():  # (a caller that stopped waiting gets nothing)
                 future.set_exception(exc)
 
-    def _complete(self, pending: PendingDispatch, futures: list[Any], staging: Any) -> None:
+    def _complete(self, pending: PendingDispatch, futures: list[Any], staging: list[Array]) -> None:
         """Hand each caller its row of each result, or the batch's error (on the loop)."""
         self._in_flight -= 1
         if not self._closed:
