@@ -80,14 +80,10 @@ class Batcher:
         backend: Backend,
         kernel: Kernel,
         inputs: tuple[Row, ...],
-        outputs: tuple[Row, ...],
-        shared: tuple[object, ...],
-        launch: LaunchShape,
+        launcher: BatchLauncher,
         max_size: int,
         max_delay: float,
         buckets: tuple[int, ...],
-        graph: str,
-        shared_mem: int,
     ) -> None:
         self._backend = backend
         self._kernel = kernel
@@ -98,10 +94,7 @@ class Batcher:
         # What a call's rows must be to skip the checker: exactly an ndarray of each row.
         self._fits = tuple((row.dtype, row.shape) for row in inputs)
         self._one = self._fits[0] if len(inputs) == 1 else None  # (the common case, inlined)
-        self._launcher = BatchLauncher(
-            backend, kernel, inputs, outputs, shared, launch,
-            buckets[-1] if buckets else max_size, graph, shared_mem,
-        )  # fmt: skip
+        self._launcher = launcher
         self._loop: Any = None  # the event loop of the first call
         self._open: _Batch | None = None  # the batch collecting now, if any
         self._line: list[_Batch] = []  # due batches waiting for room in the backend's queue
@@ -469,7 +462,8 @@ def batcher(
     ins, outs, args, sizes = check_options(
         kernel, inputs, outputs, shared, launch, max_size, max_delay, buckets, graph
     )
-    return Batcher(
-        backend, kernel, ins, outs, args, launch, int(max_size), float(max_delay), sizes,
-        graph, shared_mem,
-    )  # fmt: skip
+    size = int(max_size)
+    launcher = BatchLauncher(
+        backend, kernel, ins, outs, args, launch, sizes[-1] if sizes else size, graph, shared_mem
+    )
+    return Batcher(backend, kernel, ins, launcher, size, float(max_delay), sizes)
