@@ -150,16 +150,12 @@ class Histogram:
         self._max = max(self._max, high)
 
     def record_all(self, values: list[float]) -> None:
-        """Add each of *values*, in seconds (a batch's at once; folded as :meth:`record`)."""
+        """Add each of *values*, in seconds, folded as :meth:`record` (a batch's waits; the
+        Python fast path's, recorded with a bare append)."""
         pending = self._pending
         pending.extend(values)
         if len(pending) >= FOLD_EVERY:
             self._fold()
-
-    def add_values(self, values: list[float]) -> None:
-        """Record each of *values* (the Python fast path's, recorded with a bare append)."""
-        self._pending.extend(values)
-        self._fold()
 
     def _fold(self) -> None:
         """Sort the values recorded since the last fold into the buckets."""

@@ -487,12 +487,12 @@ class FastPath:
         self.dispatches = self.completed = self.failed = 0
         self.bytes_up = self.bytes_down = self.copies_up = self.copies_down = 0
         if self._submitted:
-            telemetry.queue_wait.add_values([0.0] * self._submitted)
+            telemetry.queue_wait.record_all([0.0] * self._submitted)
             self._submitted = 0
         for values, histogram in (
             (self._submit_time, telemetry.submit_time),
             (self._latency, telemetry.completion_latency),
         ):
             if values:
-                histogram.add_values(values)
+                histogram.record_all(values)
                 values.clear()
