@@ -108,7 +108,7 @@ class Lifecycle:
             A function that gives the place in line up (harmless once *fn* was called); a turn
             it was given and did not use goes to the next in line.
         """
-        if not self.room and self._scheduler.queued < self.max_queued:
+        if not self.room and self.has_room():
             fn(None)
             return _nothing
         return _Turn(self, fn).leave

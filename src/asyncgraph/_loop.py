@@ -2,11 +2,12 @@
 
 The runtime is written against the small part of asyncio's loop interface it needs:
 ``call_soon``, ``call_soon_threadsafe`` (the reactor's and the host workers' cross-thread
-wake-up), ``call_later`` (a batcher's deadline, through ``_deadline``), ``create_future``,
-``create_task`` and ``run_in_executor``. Under asyncio that is the running loop itself, with
-nothing in between. Under trio, :class:`TrioLoop` provides the same
-calls on trio's primitives (``_trio``): ``TrioToken.run_sync_soon`` for callbacks (from any thread),
-:class:`TrioFuture` parks and reschedules trio tasks, and tasks are trio system tasks.
+wake-up), ``call_later`` (a batcher's deadline, through ``_deadline``; on trio
+``TrioLoop.call_at_deadline``), ``create_future``, ``create_task`` and ``run_in_executor``.
+Under asyncio that is the running loop itself, with nothing in between. Under trio,
+:class:`TrioLoop` provides the same calls on trio's primitives (``_trio``):
+``TrioToken.run_sync_soon`` for callbacks (from any thread), :class:`TrioFuture` parks and
+reschedules trio tasks, and tasks are trio system tasks.
 
 Module functions stand in for asyncio's where the loop matters (:func:`sleep`, :func:`shield`,
 :func:`wait_for`, :func:`wait_done`, :func:`wrap_future`, :func:`create_lasting_task`,

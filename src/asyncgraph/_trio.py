@@ -2,8 +2,8 @@
 
 ``TrioToken.run_sync_soon`` runs callbacks (from any thread), :class:`TrioFuture` parks and
 reschedules trio tasks, and tasks are trio system tasks; a system task per watched file
-descriptor stands in for ``add_reader``, and one per timer for ``call_later``. ``_loop``
-chooses between this and asyncio.
+descriptor stands in for ``add_reader``, and one per deadline for ``_deadline``'s timer and
+checks (:meth:`TrioLoop.call_at_deadline`). ``_loop`` chooses between this and asyncio.
 """
 
 from __future__ import annotations
@@ -180,7 +180,7 @@ class TrioTask(TrioFuture):
 
 
 class TrioTimer:
-    """The handle :meth:`TrioLoop.call_later` returns, like asyncio's ``TimerHandle``."""
+    """The handle :meth:`TrioLoop.call_at_deadline` returns, like asyncio's ``TimerHandle``."""
 
     __slots__ = ("_scope",)
 
@@ -221,23 +221,6 @@ class TrioLoop:
             raise
 
     call_soon_threadsafe = call_soon
-
-    def call_later(
-        self, delay: float, fn: Callable[..., object], *args: Any, context: object = None
-    ) -> TrioTimer:
-        """Call ``fn(*args)`` on the trio thread after *delay* seconds: a system task sleeps
-        until then (call it on the trio thread). ``cancel()`` on the handle stops it."""
-        import trio
-
-        scope = trio.CancelScope()
-
-        async def fire() -> None:
-            with scope:
-                await trio.sleep(delay)
-                _call_logged(fn, args)
-
-        trio.lowlevel.spawn_system_task(fire, name="asyncgraph-timer")
-        return TrioTimer(scope)
 
     def call_at_deadline(
         self,
