@@ -62,6 +62,14 @@ CLIENTS = (1, 8, 64)
 MIXED_CLIENTS = 64
 FLOOR_CLIENTS = 64  # the back-to-back load that also runs the floor
 WAYS = ("per-request", "batched")
+# The requests/s ratios of the back-to-back rows, (top, bottom, key), where both ways ran: the
+# last is the most any batcher could reach over one dispatch per request there.
+RATIOS = (
+    ("batched", "per-request", "ratio"),
+    ("batched", "floor", "floor_ratio"),
+    ("batched", "batch floor", "batch_floor_ratio"),
+    ("batch floor", "per-request", "bound_ratio"),
+)
 
 
 def _floor(x: Array) -> Awaitable[None]:
@@ -100,12 +108,9 @@ async def rows_on(
                     service, loads, clients=n, rounds=rounds, burn_s=0.0, pairs=pairs
                 )
                 by_pair = row.pop("pairs")
-                row["ratio"] = pair_ratios(by_pair, "batched", "per-request")
-                if "floor" in loads:
-                    row["floor_ratio"] = pair_ratios(by_pair, "batched", "floor")
-                    row["batch_floor_ratio"] = pair_ratios(by_pair, "batched", "batch floor")
-                    # The most any batcher could reach over one dispatch per request here.
-                    row["bound_ratio"] = pair_ratios(by_pair, "batch floor", "per-request")
+                for top, bottom, key in RATIOS:
+                    if top in loads and bottom in loads:
+                        row[key] = pair_ratios(by_pair, top, bottom)
                 clients[str(n)] = row
             mixed = await in_turns(
                 service,
@@ -252,35 +257,14 @@ def print_results(rows: dict[str, Any], targets: list[Target]) -> None:
         for n, load in row["clients"].items():
             for way in ("floor", "batch floor", *WAYS) if "floor" in load else WAYS:
                 closed.append([f"{_clients(n)}, {way} ({loop})", *_cells(load[way])])
-            closed.append(
-                [
-                    f"{_clients(n)}, batched / per-request ({loop})",
-                    *_ratio_cells(load["batched"], load["per-request"], load["ratio"]),
-                ]
-            )
-            if "floor" in load:
-                closed.append(
-                    [
-                        f"{_clients(n)}, batched / floor ({loop})",
-                        *_ratio_cells(load["batched"], load["floor"], load["floor_ratio"]),
-                    ]
-                )
-                closed.append(
-                    [
-                        f"{_clients(n)}, batched / batch floor ({loop})",
-                        *_ratio_cells(
-                            load["batched"], load["batch floor"], load["batch_floor_ratio"]
-                        ),
-                    ]
-                )
-                closed.append(
-                    [
-                        f"{_clients(n)}, batch floor / per-request ({loop})",
-                        *_ratio_cells(
-                            load["batch floor"], load["per-request"], load["bound_ratio"]
-                        ),
-                    ]
-                )
+            for top, bottom, key in RATIOS:
+                if key in load:
+                    closed.append(
+                        [
+                            f"{_clients(n)}, {top} / {bottom} ({loop})",
+                            *_ratio_cells(load[top], load[bottom], load[key]),
+                        ]
+                    )
     harness.print_table(("clients back to back", *COLUMNS), closed, FORMATS)
     print()
     mixed: list[list[object]] = []
