@@ -9,7 +9,8 @@
   their answers computed by numpy in float64, and the two ways to serve a row: one dispatch per
   request (:meth:`Service.per_request`) and through a batcher (:meth:`Service.batched`).
 - :class:`BatchFloor` is the floor of batching itself: futures resolved a batch at a time,
-  with no work behind them.
+  with no work behind them; :class:`DispatchFloor` resolves them with one dispatch of a batch
+  staged once behind each (what a batcher whose per-item work cost nothing would serve).
 - :func:`client_load` runs clients that each await one way *rounds* times, optionally burning
   CPU before each request, and checks every answer against numpy after the timed part;
   :func:`in_turns` runs several ways in turns, so that the machine's drift weighs on all alike.
@@ -70,6 +71,66 @@ def _resolve(futures: list[asyncio.Future[None]]) -> None:
     for future in futures:
         if not future.done():
             future.set_result(None)
+
+
+class DispatchFloor:
+    """The floor of batching with the GPU behind it: each call awaits a future of its own, and
+    once *size* calls are in, one dispatch of the dense layer runs over *size* rows staged once
+    (the service's first rows, in ``pinned_empty`` memory) and its completion resolves the
+    futures (the answer is ``None``; :meth:`check` compares the last result with numpy's).
+
+    What a batcher whose per-item work cost nothing would serve: the callers' futures, one
+    dispatch of the batch and the GPU's round trip, with no row written or handed out.
+    """
+
+    def __init__(self, service: Service, size: int) -> None:
+        self._service = service
+        self._size = size
+        self._futures: list[asyncio.Future[None]] = []
+        backend = service.backend
+        f = service.features
+        staged = backend.pinned_empty((size, f), np.float32)
+        staged[...] = service.rows[:size]
+        self._args = (
+            staged, ag.Out((size, f), np.float32), service.weights, service.bias,
+            np.int32(f), np.int32(size),
+        )  # fmt: skip
+        self._grid = (size * f + BLOCK - 1) // BLOCK
+        self._last: Array | None = None
+
+    def __call__(self, x: Array) -> Awaitable[None]:
+        loop = asyncio.get_running_loop()
+        future: asyncio.Future[None] = loop.create_future()
+        futures = self._futures
+        futures.append(future)
+        if len(futures) >= self._size:
+            self._futures = []
+            pending = self._service.backend.dispatch(
+                DENSE_ROWS, *self._args, grid=self._grid, block=BLOCK
+            )
+            pending.add_done_callback(lambda done: self._done(done, futures))
+        return future
+
+    def _done(self, done: ag.PendingDispatch, futures: list[asyncio.Future[None]]) -> None:
+        exc = done.exception()
+        if exc is None:
+            self._last = done.result()[0]
+            _resolve(futures)
+            return
+        for future in futures:
+            if not future.done():
+                future.set_exception(exc)
+
+    def check(self) -> None:
+        """The last batch's result against numpy's answers to its rows.
+
+        Raises:
+            WrongAnswer: it differs, or no batch completed.
+        """
+        if self._last is None:
+            raise WrongAnswer("dispatch floor: no batch completed")
+        picks = list(range(self._size))
+        self._service.check(picks, list(self._last), "dispatch floor")
 
 
 class WrongAnswer(AssertionError):

@@ -11,10 +11,13 @@ Rows, on asyncio and uvloop (or the one ``--loop`` names), on the backend ``--ba
 - 1, 8 and 64 clients, each awaiting its requests back to back (``--rounds`` each): requests/s,
   latency p50/p99/max (from the call to its return) and rows per dispatch, each way; the two
   ways run in turns, ``--pairs`` times, requests/s the median of the loads, latencies pooled;
-  at 64 clients with two floors too: ``floor``, the same clients awaiting
-  ``asyncio.sleep(0)`` (what the loop itself serves), and ``batch floor``, the same clients
+  at 64 clients with three floors too: ``floor``, the same clients awaiting
+  ``asyncio.sleep(0)`` (what the loop itself serves); ``batch floor``, the same clients
   each awaiting a future resolved 64 at a time with nothing behind it (what waiting for a
-  batch costs the loop, whatever the batcher; ``batch_loads.BatchFloor``);
+  batch costs the loop, whatever the batcher; ``batch_loads.BatchFloor``); ``dispatch
+  floor``, the same futures resolved by the completion of one dispatch of 64 rows staged once
+  (what a batcher whose per-item work cost nothing would serve, the GPU's round trip
+  included; ``batch_loads.DispatchFloor``, its last result checked against numpy);
 - the mixed load: 64 clients, each burning ``--burn-us`` of CPU before each request (the
   request's own work, holding the GIL), beside the floor (the same clients awaiting
   ``asyncio.sleep(0)`` instead of a dispatch); floor, per-request and batched in turns;
@@ -54,7 +57,15 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import asyncgraph as ag
 from benchmarks import harness
-from benchmarks.batch_loads import Array, BatchFloor, Service, Way, in_turns, pair_ratios
+from benchmarks.batch_loads import (
+    Array,
+    BatchFloor,
+    DispatchFloor,
+    Service,
+    Way,
+    in_turns,
+    pair_ratios,
+)
 from benchmarks.bench_load import Target, print_targets
 from benchmarks.example_service import server_rows
 
@@ -62,13 +73,17 @@ CLIENTS = (1, 8, 64)
 MIXED_CLIENTS = 64
 FLOOR_CLIENTS = 64  # the back-to-back load that also runs the floor
 WAYS = ("per-request", "batched")
+FLOORS = ("floor", "batch floor", "dispatch floor")
 # The requests/s ratios of the back-to-back rows, (top, bottom, key), where both ways ran: the
-# last is the most any batcher could reach over one dispatch per request there.
+# last two are the most any batcher could reach over one dispatch per request there, without
+# the GPU and with it.
 RATIOS = (
     ("batched", "per-request", "ratio"),
     ("batched", "floor", "floor_ratio"),
     ("batched", "batch floor", "batch_floor_ratio"),
+    ("batched", "dispatch floor", "dispatch_floor_ratio"),
     ("batch floor", "per-request", "bound_ratio"),
+    ("dispatch floor", "per-request", "dispatch_bound_ratio"),
 )
 
 
@@ -103,10 +118,16 @@ async def rows_on(
             for n in CLIENTS:
                 loads = ways
                 if n == FLOOR_CLIENTS:
-                    loads = {"floor": _floor, "batch floor": BatchFloor(n), **ways}
+                    dispatched = DispatchFloor(service, n)
+                    loads = {
+                        "floor": _floor, "batch floor": BatchFloor(n),
+                        "dispatch floor": dispatched, **ways,
+                    }  # fmt: skip
                 row = await in_turns(
                     service, loads, clients=n, rounds=rounds, burn_s=0.0, pairs=pairs
                 )
+                if n == FLOOR_CLIENTS:
+                    dispatched.check()
                 by_pair = row.pop("pairs")
                 for top, bottom, key in RATIOS:
                     if top in loads and bottom in loads:
@@ -255,7 +276,7 @@ def print_results(rows: dict[str, Any], targets: list[Target]) -> None:
     closed: list[list[object]] = []
     for loop, row in rows.items():
         for n, load in row["clients"].items():
-            for way in ("floor", "batch floor", *WAYS) if "floor" in load else WAYS:
+            for way in (*FLOORS, *WAYS) if "floor" in load else WAYS:
                 closed.append([f"{_clients(n)}, {way} ({loop})", *_cells(load[way])])
             for top, bottom, key in RATIOS:
                 if key in load:
