@@ -9,8 +9,8 @@
   their answers computed by numpy in float64, and the two ways to serve a row: one dispatch per
   request (:meth:`Service.per_request`) and through a batcher (:meth:`Service.batched`).
 - :class:`BatchFloor` is the floor of batching itself: futures resolved a batch at a time,
-  with no work behind them; :class:`DispatchFloor` resolves them with one dispatch of a batch
-  staged once behind each (what a batcher whose per-item work cost nothing would serve).
+  with no work behind them; with a :class:`DispatchFloor`'s release, by one dispatch of a batch
+  staged once (what a batcher whose per-item work cost nothing would serve).
 - :func:`client_load` runs clients that each await one way *rounds* times, optionally burning
   CPU before each request, and checks every answer against numpy after the timed part;
   :func:`in_turns` runs several ways in turns, so that the machine's drift weighs on all alike.
@@ -45,15 +45,20 @@ Way = Callable[[Array], Awaitable[tuple[Array, ...] | None]]
 
 class BatchFloor:
     """The floor of any batcher's callers: each call awaits a future of its own, and the
-    futures are resolved together, on the next turn of the loop, once *size* calls are in; no
-    row is copied and nothing is dispatched (the answer is ``None``, so nothing is checked).
+    futures are released together once *size* calls are in: by default resolved on the next
+    turn of the loop, with no row copied and nothing dispatched (the answer is ``None``, so
+    nothing is checked); with *release*, ``release(futures)`` settles them
+    (:meth:`DispatchFloor.release`).
 
     What 64 clients cost the loop when each request waits for a batch, whatever does the
     work: the per-caller future, its resolution and the client's wake-up.
     """
 
-    def __init__(self, size: int) -> None:
+    def __init__(
+        self, size: int, release: Callable[[list[asyncio.Future[None]]], object] | None = None
+    ) -> None:
         self._size = size
+        self._release = release
         self._futures: list[asyncio.Future[None]] = []
 
     def __call__(self, x: Array) -> Awaitable[None]:
@@ -63,21 +68,28 @@ class BatchFloor:
         futures.append(future)
         if len(futures) >= self._size:
             self._futures = []
-            loop.call_soon(_resolve, futures)
+            if self._release is None:
+                loop.call_soon(_settle, futures)
+            else:
+                self._release(futures)
         return future
 
 
-def _resolve(futures: list[asyncio.Future[None]]) -> None:
+def _settle(futures: list[asyncio.Future[None]], exc: BaseException | None = None) -> None:
+    """Resolve each of *futures* still pending (with ``None``, or failed with *exc*)."""
     for future in futures:
         if not future.done():
-            future.set_result(None)
+            if exc is None:
+                future.set_result(None)
+            else:
+                future.set_exception(exc)
 
 
 class DispatchFloor:
-    """The floor of batching with the GPU behind it: each call awaits a future of its own, and
-    once *size* calls are in, one dispatch of the dense layer runs over *size* rows staged once
-    (the service's first rows, in ``pinned_empty`` memory) and its completion resolves the
-    futures (the answer is ``None``; :meth:`check` compares the last result with numpy's).
+    """The floor of batching with the GPU behind it: ``BatchFloor(size, floor.release)``'s
+    futures are settled by the completion of one dispatch of the dense layer over *size* rows
+    staged once (the service's first rows, in ``pinned_empty`` memory); :meth:`check` compares
+    the last result with numpy's.
 
     What a batcher whose per-item work cost nothing would serve: the callers' futures, one
     dispatch of the batch and the GPU's round trip, with no row written or handed out.
@@ -86,7 +98,6 @@ class DispatchFloor:
     def __init__(self, service: Service, size: int) -> None:
         self._service = service
         self._size = size
-        self._futures: list[asyncio.Future[None]] = []
         backend = service.backend
         f = service.features
         staged = backend.pinned_empty((size, f), np.float32)
@@ -98,28 +109,18 @@ class DispatchFloor:
         self._grid = (size * f + BLOCK - 1) // BLOCK
         self._last: Array | None = None
 
-    def __call__(self, x: Array) -> Awaitable[None]:
-        loop = asyncio.get_running_loop()
-        future: asyncio.Future[None] = loop.create_future()
-        futures = self._futures
-        futures.append(future)
-        if len(futures) >= self._size:
-            self._futures = []
-            pending = self._service.backend.dispatch(
-                DENSE_ROWS, *self._args, grid=self._grid, block=BLOCK
-            )
-            pending.add_done_callback(lambda done: self._done(done, futures))
-        return future
+    def release(self, futures: list[asyncio.Future[None]]) -> None:
+        """Dispatch the staged batch; its completion settles *futures*."""
+        pending = self._service.backend.dispatch(
+            DENSE_ROWS, *self._args, grid=self._grid, block=BLOCK
+        )
+        pending.add_done_callback(lambda done: self._done(done, futures))
 
     def _done(self, done: ag.PendingDispatch, futures: list[asyncio.Future[None]]) -> None:
         exc = done.exception()
         if exc is None:
             self._last = done.result()[0]
-            _resolve(futures)
-            return
-        for future in futures:
-            if not future.done():
-                future.set_exception(exc)
+        _settle(futures, exc)
 
     def check(self) -> None:
         """The last batch's result against numpy's answers to its rows.

@@ -17,7 +17,8 @@ Rows, on asyncio and uvloop (or the one ``--loop`` names), on the backend ``--ba
   batch costs the loop, whatever the batcher; ``batch_loads.BatchFloor``); ``dispatch
   floor``, the same futures resolved by the completion of one dispatch of 64 rows staged once
   (what a batcher whose per-item work cost nothing would serve, the GPU's round trip
-  included; ``batch_loads.DispatchFloor``, its last result checked against numpy);
+  included; ``BatchFloor`` with ``batch_loads.DispatchFloor``'s release, its last result
+  checked against numpy);
 - the mixed load: 64 clients, each burning ``--burn-us`` of CPU before each request (the
   request's own work, holding the GIL), beside the floor (the same clients awaiting
   ``asyncio.sleep(0)`` instead of a dispatch); floor, per-request and batched in turns;
@@ -121,7 +122,7 @@ async def rows_on(
                     dispatched = DispatchFloor(service, n)
                     loads = {
                         "floor": _floor, "batch floor": BatchFloor(n),
-                        "dispatch floor": dispatched, **ways,
+                        "dispatch floor": BatchFloor(n, dispatched.release), **ways,
                     }  # fmt: skip
                 row = await in_turns(
                     service, loads, clients=n, rounds=rounds, burn_s=0.0, pairs=pairs
