@@ -14,8 +14,13 @@ Device-to-device copies at the same sizes (GB/s of the buffer's bytes): ``cuMemc
 ``cuStreamSynchronize`` through ``cuda.bindings`` between two allocations made once, against
 ``await backend.copy(buf)`` within one backend and ``await group.copy_to(buf, 1)`` between two
 backends of the same device (each a new buffer: allocation and free included), and between two
-GPUs (``cuMemcpyPeerAsync``) where the machine has them.
-Target: asyncgraph at least 1.5x the pageable bandwidth at 256 MiB, both directions.
+GPUs (``cuMemcpyPeerAsync``) where the machine has them. There, in the same run, PyTorch's
+cross-device ``b.copy_(a)`` (``cuda:0`` to ``cuda:1``) with a synchronize, one at a time, and
+raw ``cuMemcpyPeerAsync`` between two memory pools' allocations before and after each pool gave
+the other device access (``cuMemPoolSetAccess``).
+Targets: asyncgraph at least 1.5x the pageable bandwidth at 256 MiB, both directions; an awaited
+``copy_to`` between GPUs (allocation included) at least 0.7x PyTorch's ``copy_`` + synchronize
+at 16 MiB and 0.9x at 256 MiB and 1 GiB.
 
 Run on a GPU:  python benchmarks/bench_transfer.py --json [PATH]
 """
@@ -210,6 +215,100 @@ async def device_copy_rows() -> dict[str, float]:
     return rows
 
 
+def _pool_of(device: int) -> object:
+    """Device *device*'s default memory pool (``cuMemAllocFromPoolAsync`` memory)."""
+    return drv.cuDeviceGetDefaultMemPool(device)[1]
+
+
+def _grant(pool: object, device: int) -> None:
+    """Give *device* read-write access to *pool*'s memory (``cuMemPoolSetAccess``)."""
+    location = drv.CUmemLocation()
+    location.type = drv.CUmemLocationType.CU_MEM_LOCATION_TYPE_DEVICE
+    location.id = device
+    access = drv.CUmemAccessDesc()
+    access.location = location
+    access.flags = drv.CUmemAccess_flags.CU_MEM_ACCESS_FLAGS_PROT_READWRITE
+    assert drv.cuMemPoolSetAccess(pool, [access], 1)[0] == drv.CUresult.CUDA_SUCCESS
+
+
+def raw_peer_rows() -> dict[str, float]:
+    """``cuMemcpyPeerAsync`` + synchronize between two pools' allocations (one on each GPU),
+    before and after each pool gave the other device access; context peer access is enabled
+    both ways first, as it is all that covers ``cuMemAlloc`` memory."""
+    from cuda.core import Device
+
+    contexts = []
+    for ordinal in (0, 1):
+        Device(ordinal).set_current()
+        contexts.append(drv.cuCtxGetCurrent()[1])
+    for ordinal, peer in ((0, 1), (1, 0)):
+        Device(ordinal).set_current()
+        drv.cuCtxEnablePeerAccess(contexts[peer], 0)
+    Device(1).set_current()
+    stream = drv.cuStreamCreate(1)[1]
+    pools = [_pool_of(0), _pool_of(1)]
+    rows = {}
+    for granted in (False, True):
+        if granted:
+            _grant(pools[0], 1)
+            _grant(pools[1], 0)
+        for label, nbytes in SIZES.items():
+            src = drv.cuMemAllocFromPoolAsync(nbytes, pools[0], stream)[1]
+            dst = drv.cuMemAllocFromPoolAsync(nbytes, pools[1], stream)[1]
+            drv.cuStreamSynchronize(stream)
+
+            def copy(src: object = src, dst: object = dst, nbytes: int = nbytes) -> None:
+                drv.cuMemcpyPeerAsync(dst, contexts[1], src, contexts[0], nbytes, stream)
+                drv.cuStreamSynchronize(stream)
+
+            t = harness.time_sync(copy, REPS[label], 1)
+            what = "pools with access set" if granted else "pools, context access only"
+            rows[f"raw cuMemcpyPeerAsync, {what} {label}, GB/s"] = gbps(nbytes, t)
+            drv.cuMemFreeAsync(src, stream)
+            drv.cuMemFreeAsync(dst, stream)
+            drv.cuStreamSynchronize(stream)
+    drv.cuStreamDestroy(stream)
+    return rows
+
+
+def torch_peer_rows() -> dict[str, float]:
+    """PyTorch's ``b.copy_(a)`` from ``cuda:0`` to ``cuda:1``: one at a time, each followed by
+    a synchronize of both devices (the target's baseline), and 10 queued then one."""
+    try:
+        import torch
+    except ImportError:
+        return {}
+    rows = {}
+    for label, nbytes in SIZES.items():
+        a = torch.randint(0, 255, (nbytes,), dtype=torch.uint8, device="cuda:0")
+        b = torch.empty(nbytes, dtype=torch.uint8, device="cuda:1")
+
+        def sync() -> None:
+            torch.cuda.synchronize(0)
+            torch.cuda.synchronize(1)
+
+        def one(a: object = a, b: object = b) -> None:
+            b.copy_(a)  # type: ignore[attr-defined]
+            sync()
+
+        def ten(a: object = a, b: object = b) -> None:
+            for _ in range(10):
+                b.copy_(a)  # type: ignore[attr-defined]
+            sync()
+
+        one()
+        assert torch.equal(a.cpu(), b.cpu())
+        rows[f"PyTorch copy_ cuda:0 -> cuda:1 + synchronize {label}, GB/s"] = gbps(
+            nbytes, harness.time_sync(one, REPS[label], 1)
+        )
+        rows[f"(info) PyTorch 10 copy_ queued + synchronize {label}, GB/s"] = gbps(
+            10 * nbytes, harness.time_sync(ten, max(REPS[label] // 4, 1), 1)
+        )
+        del a, b
+        torch.cuda.empty_cache()
+    return rows
+
+
 def main() -> None:
     args = harness.arguments(__doc__).parse_args()
     if harness.smoke():
@@ -221,6 +320,9 @@ def main() -> None:
     device = harness.device_name()
     rows = {**raw_rows(), **cupy_rows(), **harness.run(asyncgraph_rows())}
     rows |= raw_device_rows() | harness.run(device_copy_rows())
+    two_gpus = drv.cuDeviceGetCount()[1] > 1
+    if two_gpus:
+        rows |= torch_peer_rows() | raw_peer_rows()
     targets = {}
     for row, raw in (
         ("upload", "HtoD"),
@@ -231,6 +333,13 @@ def main() -> None:
         targets[f"asyncgraph {row} / pageable at 256 MiB >= 1.5"] = (
             ours / rows[f"pageable cuMemcpy{raw} 256 MiB, GB/s"]
         )
+    peer = "asyncgraph copy_to() the other GPU (peer)"
+    torch_row = "PyTorch copy_ cuda:0 -> cuda:1 + synchronize"
+    for label, floor in (("16 MiB", 0.7), ("256 MiB", 0.9), ("1 GiB", 0.9)):
+        if two_gpus and f"{torch_row} {label}, GB/s" in rows:
+            targets[f"asyncgraph peer copy_to / PyTorch copy_ at {label} >= {floor}"] = (
+                rows[f"{peer} {label}, GB/s"] / rows[f"{torch_row} {label}, GB/s"]
+            )
     print(f"device: {device}")
     harness.print_table(("measurement", "value"), rows.items(), (".2f",))
     print()

@@ -40,6 +40,8 @@ from ._lease import StreamLease as StreamLease
 from ._open import open_backend as open_backend
 from ._options import BackendOptions as BackendOptions
 from ._pending import PendingDispatch as PendingDispatch
+from ._poison import ProcessFault as ProcessFault
+from ._poison import process_fault as process_fault
 from ._recover import reset_device as reset_device
 from ._resident import ResidentBuffer as ResidentBuffer
 from ._telemetry import HistogramSnapshot as HistogramSnapshot
@@ -75,6 +77,7 @@ __all__ = (
     "Out",
     "Param",
     "PendingDispatch",
+    "ProcessFault",
     "QueueFullError",
     "Replicated",
     "ResidentBuffer",
@@ -89,5 +92,6 @@ __all__ = (
     "batcher",
     "open_backend",
     "open_group",
+    "process_fault",
     "reset_device",
 )

@@ -27,12 +27,7 @@ from ._bound import BoundCall
 from ._checks import check_kernel, numeric_dtype, shape_tuple
 from ._dispatcher import Dispatcher
 from ._engine import Engine, FastFront
-from ._exceptions import (
-    ArgumentTypeError,
-    DeviceFaultError,
-    QueueFullError,
-    UnsupportedError,
-)
+from ._exceptions import ArgumentTypeError, DeviceFaultError, QueueFullError, UnsupportedError
 from ._export import EngineExporter
 from ._kernel import Kernel
 from ._lifecycle import CLOSED, OPEN, Lifecycle
@@ -40,10 +35,7 @@ from ._nvtx import NvtxRanges
 from ._options import BackendOptions
 from ._pending import PendingDispatch
 from ._plans import Plans
-from ._resident import (
-    ResidentBuffer,
-    ResidentStore,
-)
+from ._resident import ResidentBuffer, ResidentStore
 from ._scheduler import Job, track_buffers
 from ._streams_api import StreamsAndGraphs
 from ._telemetry import Telemetry, logger
@@ -402,6 +394,23 @@ class Backend(StreamsAndGraphs):
             raise ArgumentTypeError(f"copy(..., to={to!r}): pass a backend, or nothing")
         target._loop_for_use()
         return await self._transfers.copy(buffer, target._transfers)
+
+    def copy_route(self, to: Backend) -> str:
+        """How :meth:`copy` moves a buffer of this backend to *to*: ``"device"`` (one context),
+        ``"peer"`` (two GPUs, directly over their link), ``"staged"`` (two GPUs that cannot
+        reach each other's memory: through host memory) or ``"host"`` (a host backend on
+        either side). Between GPUs the first call (or copy) gives *to*'s device the access the
+        devices allow to this one's memory, once per pair (``docs/scale-out.md``).
+
+        Raises:
+            ArgumentTypeError: *to* is not a backend.
+            BackendClosedError, DeviceFaultError: either backend is closed, or failed.
+        """
+        self._loop_for_use()
+        if not isinstance(to, Backend):
+            raise ArgumentTypeError(f"copy_route({to!r}): pass a backend")
+        to._loop_for_use()
+        return self._transfers.route(to._transfers)
 
     def _bind_like(
         self,

@@ -228,6 +228,12 @@ class Engine(Protocol):
         through a host array)."""
         ...
 
+    def copy_route(self, source: Engine) -> str:
+        """How :meth:`copy_in` moves storage of *source* (which this :meth:`copies_from`)
+        here: ``"device"``, ``"peer"``, ``"staged"`` or ``"host"`` (``Backend.copy_route``);
+        sets up access to *source*'s memory the first time."""
+        ...
+
     async def copy_in(
         self, buffer: ResidentBuffer, use: Use, deps: list[Use], source: Engine
     ) -> Any:

@@ -6,7 +6,7 @@ working for callers who do not know this library::
 
     AsyncGraphError
      ├─ CudaError(code, name, call)       a driver call failed; code kept as data
-     │   └─ DeviceFaultError             sticky context error (illegal address...): backend failed
+     │   └─ DeviceFaultError             sticky fault (illegal address...): all CUDA backends fail
      ├─ CompileError(log)
      ├─ DispatchError (ValueError)       bad arguments to dispatch/upload/empty
      │   ├─ ArgumentTypeError (TypeError) an argument of the wrong kind or dtype
@@ -77,8 +77,10 @@ class CudaError(AsyncGraphError):
 class DeviceFaultError(CudaError):
     """A sticky device error (illegal address, misaligned access, trap...).
 
-    The CUDA context is unusable afterwards: every dispatch in flight on the backend fails
-    with this error and the backend refuses new work. See ``docs/errors.md`` for recovery.
+    The driver keeps the whole process failed afterwards, every GPU of it: every dispatch in
+    flight on any CUDA backend of the process fails with this error, and every one of them
+    refuses new work at the call (``asyncgraph.process_fault()`` names the first fault). See
+    ``docs/errors.md`` for recovery: isolation is one process per GPU.
     """
 
 

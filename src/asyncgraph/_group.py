@@ -31,6 +31,7 @@ from ._exceptions import ArgumentTypeError, BackendClosedError, GroupError, Stal
 from ._kernel import Kernel
 from ._options import BackendOptions
 from ._pending import PendingDispatch
+from ._poison import process_fault
 from ._replicated import GroupSnapshot, Replicated, first_failure
 from ._resident import ResidentBuffer
 from .pool import PinnedPool
@@ -115,6 +116,7 @@ class DeviceGroup:
         self._options = options
         self._members: tuple[Backend, ...] = ()
         self._turn = 0  # where the search for the least busy member starts
+        self._routes: tuple[tuple[int, int, str], ...] = ()  # how copies go between members
         self._closed = False
         # One pinned pool for every member, its cap counted once, unless the options give one.
         self._pinned: PinnedPool | None = None
@@ -146,6 +148,15 @@ class DeviceGroup:
             await self._close_pool(members)
             raise
         self._members = tuple(members)
+        # Between GPUs, each member's access to the others' memory is set up now, once per
+        # pair (it can take a while; a first copy would pay it otherwise), and kept for the
+        # snapshot.
+        self._routes = tuple(
+            (i, j, a.copy_route(b))
+            for i, a in enumerate(members)
+            for j, b in enumerate(members)
+            if i != j
+        )
         return self
 
     @property
@@ -478,4 +489,6 @@ class DeviceGroup:
             queued=sum(s.queued for _, s in snaps),
             bytes_up=sum(s.bytes_up for _, s in snaps),
             bytes_down=sum(s.bytes_down for _, s in snaps),
+            copy_routes=self._routes,
+            process_fault=process_fault(),
         )

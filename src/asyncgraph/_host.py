@@ -314,6 +314,10 @@ class HostEngine:
         """Another host engine's storage is a numpy array too."""
         return isinstance(other, HostEngine)
 
+    def copy_route(self, source: Engine) -> str:
+        """Host memory to host memory."""
+        return "host"
+
     async def copy_in(
         self, buffer: ResidentBuffer, use: Use, deps: list[Use], source: Engine
     ) -> Any:

@@ -16,7 +16,7 @@ import sys
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, Final
 
-from . import _inbox, _loop
+from . import _inbox, _loop, _poison
 from ._exceptions import BackendClosedError, DeviceFaultError, UnsupportedError
 
 if TYPE_CHECKING:
@@ -136,7 +136,10 @@ class Lifecycle:
                 f"backend {self._name} is closed; open a new one with asyncgraph.open_backend()"
             )
         if failure is not None:
-            raise DeviceFaultError(
+            _poison.check(
+                f"backend {self._name} failed earlier and takes no new work", failure.call
+            )
+            raise DeviceFaultError(  # not the process's poison: a context destroyed under it
                 failure.code,
                 failure.name,
                 failure.call,

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from . import _poison
 from ._exceptions import DeviceFaultError, DeviceUnavailableError
 from .cuda._driver import check, is_sticky
 
@@ -24,6 +25,9 @@ def reset_device(device: int = 0) -> None:
     Some drivers keep the process's device state failed after a fault whatever is reset (an
     NVIDIA H100 with driver 580 does, after an illegal address): then this raises
     :class:`DeviceFaultError`, and only a new process can use the GPU. See ``docs/errors.md``.
+    Where the reset brings the device back, the process's fault
+    (:func:`~asyncgraph.process_fault`) is forgotten, so new backends may open; backends that
+    failed stay failed.
 
     Raises:
         DeviceUnavailableError: there is no such device.
@@ -56,3 +60,4 @@ def reset_device(device: int = 0) -> None:
         )
     check((code,), "cuDevicePrimaryCtxRetain")
     check(drv.cuCtxSetCurrent(context), "cuCtxSetCurrent")
+    _poison.clear()  # the device came back: new backends may open

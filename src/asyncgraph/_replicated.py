@@ -9,6 +9,7 @@ from typing import TYPE_CHECKING
 import attrs
 
 from ._exceptions import BackendClosedError, DeviceFaultError, GroupError
+from ._poison import ProcessFault
 from ._resident import ResidentBuffer
 from ._telemetry import TelemetrySnapshot
 
@@ -29,6 +30,12 @@ class GroupSnapshot:
             fault) or was closed; the group places no work there.
         dispatches, dispatches_completed, dispatches_failed, in_flight, queued, bytes_up,
             bytes_down: the members' counters added up.
+        copy_routes: ``(from index, to index, route)`` for each ordered pair of members, as
+            the group found them when it opened (``Backend.copy_route``): ``"device"``,
+            ``"peer"`` (between GPUs, directly), ``"staged"`` (between GPUs, through host
+            memory: peer access is impossible) or ``"host"``.
+        process_fault: the sticky CUDA fault that failed every CUDA member at once
+            (:func:`asyncgraph.process_fault`), or ``None``.
     """
 
     members: tuple[tuple[str, TelemetrySnapshot], ...]
@@ -40,6 +47,8 @@ class GroupSnapshot:
     queued: int
     bytes_up: int
     bytes_down: int
+    copy_routes: tuple[tuple[int, int, str], ...] = ()
+    process_fault: ProcessFault | None = None
 
 
 class Replicated:

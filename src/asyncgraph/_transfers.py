@@ -86,6 +86,13 @@ class Transfers:
         self._telemetry.copies_down += 1
         return array
 
+    def route(self, target: Transfers) -> str:
+        """How :meth:`copy` moves bytes to *target*'s backend (``Backend.copy_route``)."""
+        engine = target._engine
+        if not engine.copies_from(self._engine):
+            return "host"
+        return engine.copy_route(self._engine)
+
     async def copy(self, buffer: ResidentBuffer, target: Transfers) -> ResidentBuffer:
         """A copy of *buffer* (of this backend) on *target*'s backend (``Backend.copy``): by
         *target*'s engine where it copies from this one's storage, else through the host."""

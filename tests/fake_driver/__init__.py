@@ -19,7 +19,7 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
-__all__ = ("HERE", "build", "environment", "run_scenario")
+__all__ = ("HERE", "build", "environment", "reset", "run_scenario")
 
 HERE = Path(__file__).resolve().parent
 _SOURCES = (
@@ -73,9 +73,19 @@ def environment(directory: Path, core: str, complete: str = "instant") -> dict[s
     }
 
 
-def run_scenario(module: str, core: str) -> dict[str, Any]:
-    """Run ``python -m <module>`` against the stand-in with *core*; the JSON object its last
-    line of output holds. Skips the test where the stand-in cannot be built."""
+def reset(lib: Any) -> None:
+    """Start a scenario afresh in a process that loaded the stand-in (*lib*): forget injected
+    failures and the fault (``fake_reset``), and the process's poison with it (a real driver
+    keeps a process poisoned; the stand-in lets one process run several scenarios)."""
+    from asyncgraph import _poison
+
+    lib.fake_reset()
+    _poison.clear()
+
+
+def run_scenario(module: str, core: str, *args: str) -> dict[str, Any]:
+    """Run ``python -m <module> [args]`` against the stand-in with *core*; the JSON object its
+    last line of output holds. Skips the test where the stand-in cannot be built."""
     import pytest  # only the tests run scenarios
 
     try:
@@ -83,7 +93,7 @@ def run_scenario(module: str, core: str) -> dict[str, Any]:
     except RuntimeError as exc:
         pytest.skip(str(exc))
     done = subprocess.run(
-        [sys.executable, "-m", module],
+        [sys.executable, "-m", module, *args],
         cwd=HERE.parent.parent,
         env=environment(directory, core),
         capture_output=True,

@@ -23,6 +23,7 @@ import asyncgraph as ag
 from asyncgraph._bench import EMPTY, SCALE
 from asyncgraph._pending import PendingDispatch
 from asyncgraph.cuda._cores import core
+from tests.fake_driver import reset
 from tests.kernels import FILL, INC
 
 _lib = ctypes.CDLL("libcuda.so.1")
@@ -510,7 +511,7 @@ SCENARIOS: dict[str, Callable[[], Any]] = {
 
 def run(name: str) -> Any:
     """Run one scenario (events complete at once unless it says otherwise; no fault left)."""
-    _lib.fake_reset()
+    reset(_lib)
     _mode("instant")
     observed = SCENARIOS[name]()
     if asyncio.iscoroutine(observed):

@@ -13,6 +13,7 @@ import numpy as np
 from cuda.bindings import driver as drv
 
 import asyncgraph as ag
+from tests.fake_driver import reset
 from tests.kernels import INC
 
 _lib = ctypes.CDLL("libcuda.so.1")
@@ -58,6 +59,6 @@ async def main() -> dict[str, Any]:
 
 
 if __name__ == "__main__":
-    _lib.fake_reset()
+    reset(_lib)
     _lib.fake_set_complete_mode(b"instant")
     print(json.dumps(asyncio.run(main())))

@@ -20,6 +20,7 @@ import numpy as np
 import asyncgraph as ag
 from asyncgraph._bench import SCALE
 from tests.context_work import current, destroy, every_kind_of_work, push_foreign
+from tests.fake_driver import reset
 
 _lib = ctypes.CDLL("libcuda.so.1")
 _lib.fake_wrong_context_calls.restype = ctypes.c_long
@@ -81,7 +82,7 @@ async def _two_backends() -> dict[str, Any]:
 
 
 def main() -> dict[str, Any]:
-    _lib.fake_reset()
+    reset(_lib)
     _lib.fake_set_complete_mode(b"queries:3")  # the reactor polls, then its waiters wait
     return {
         "foreign_on_main": _with_foreign(),

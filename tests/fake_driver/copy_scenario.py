@@ -20,6 +20,7 @@ import numpy as np
 os.environ["FAKE_CUDA_DEVICES"] = "2"  # read by the stand-in at each call
 
 import asyncgraph as ag  # after the stand-in is told of two devices
+from tests.fake_driver import reset
 from tests.kernels import INC
 
 _lib = ctypes.CDLL("libcuda.so.1")
@@ -85,6 +86,6 @@ async def main() -> dict[str, Any]:
 
 
 if __name__ == "__main__":
-    _lib.fake_reset()
+    reset(_lib)
     _lib.fake_set_complete_mode(b"queries:3")
     print(json.dumps(asyncio.run(main())))

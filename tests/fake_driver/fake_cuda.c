@@ -45,7 +45,14 @@
 #define CAPTURE_WRONG_THREAD 908
 #define GRAPH_EXEC_UPDATE_FAILURE 910
 
-static int sticky = SUCCESS; /* the error a faulted context answers with */
+/* The error a faulted context answers with. As the driver does (580, measured on two GPUs), a
+ * sticky fault poisons the whole process: every context of every device then answers queries,
+ * synchronizations, allocations, frees, copies, launches and loads with it (POISONED()). */
+static int sticky = SUCCESS;
+#define POISONED()                                  \
+    do {                                            \
+        if (sticky != SUCCESS) return sticky;       \
+    } while (0)
 
 /* Stream capture (fake_graphs.c). Work enqueued on a capturing stream becomes a node of the
  * capture's graph instead of running: each enqueuing entry point asks its hook first, which
@@ -180,6 +187,7 @@ long fake_live_events(void) {
 
 int cuEventCreate(void** handle, unsigned int flags) {
     need_context("cuEventCreate");
+    POISONED();
     fake_event* event = fake_event_new();
     event->flags = flags;
     *handle = event;
@@ -366,6 +374,7 @@ int cuLaunchKernel(void* f, unsigned int gx, unsigned int gy, unsigned int gz, u
                    void** params, void** extra) {
     (void)extra;
     need_stream_context(stream, "cuLaunchKernel");
+    POISONED();
     unsigned int dims[7] = {gx, gy, gz, bx, by, bz, shared};
     int captured = capture_launch(stream, f, dims, params);
     return captured != NOT_CAPTURED ? captured : launch_now(f, dims, stream, params);
@@ -413,7 +422,7 @@ static const struct { const char* name; void* fn; } table[] = {
     ENTRY(cuMemAlloc), ENTRY(cuMemFree), ENTRY(cuMemHostAlloc), ENTRY(cuMemAllocHost),
     ENTRY(cuMemFreeHost), ENTRY(cuMemHostGetDevicePointer), ENTRY(cuMemPoolCreate),
     ENTRY(cuMemPoolDestroy), ENTRY(cuMemPoolTrimTo), ENTRY(cuMemPoolSetAttribute),
-    ENTRY(cuMemPoolGetAttribute), ENTRY(cuMemPoolSetAccess), ENTRY(cuMemAllocFromPoolAsync),
+    ENTRY(cuMemPoolGetAttribute), ENTRY(cuMemPoolSetAccess), ENTRY(cuMemPoolGetAccess), ENTRY(cuMemAllocFromPoolAsync),
     ENTRY(cuMemAllocAsync), ENTRY(cuMemFreeAsync), ENTRY(cuMemcpy), ENTRY(cuMemcpyAsync),
     ENTRY(cuMemcpyHtoD), ENTRY(cuMemcpyDtoH), ENTRY(cuMemcpyDtoD), ENTRY(cuMemcpyHtoDAsync),
     ENTRY(cuMemcpyDtoHAsync), ENTRY(cuMemcpyDtoDAsync), ENTRY(cuMemcpyPeerAsync),

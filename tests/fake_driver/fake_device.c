@@ -110,8 +110,11 @@ int cuDeviceGetAttribute(int* value, int attribute, int device) {
     return SUCCESS;
 }
 
+/* Two devices may access each other's memory, unless $FAKE_CUDA_NO_PEER is set (then copies
+ * between them are staged, as between GPUs without a peer link). */
 int cuDeviceCanAccessPeer(int* can, int device, int peer) {
-    *can = device != peer;
+    const char* none = getenv("FAKE_CUDA_NO_PEER");
+    *can = device != peer && !(none && *none && strcmp(none, "0") != 0);
     return SUCCESS;
 }
 

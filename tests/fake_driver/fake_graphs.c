@@ -1179,6 +1179,7 @@ int cuGraphUpload(void* exec, void* stream) {
 /* Run the executable graph's nodes now, in order (see the top of this file). */
 int cuGraphLaunch(void* exec, void* stream) {
     need_stream_context(stream, "cuGraphLaunch");
+    POISONED();
     if (exec == NULL) return INVALID_VALUE;
     if (__atomic_load_n(&active_captures, __ATOMIC_ACQUIRE) != 0) {
         pthread_mutex_lock(&graph_mutex);

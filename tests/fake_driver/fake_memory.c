@@ -19,6 +19,7 @@ typedef struct {
     size_t used;
     size_t used_high;
     unsigned long long threshold;
+    unsigned int access; /* bit d: device d was given read-write access (cuMemPoolSetAccess) */
 } fake_pool;
 
 typedef struct {
@@ -125,6 +126,7 @@ long fake_live_pools(void) { return live_pools; }
 
 int cuMemAlloc(uintptr_t* ptr, size_t size) {
     need_context("cuMemAlloc");
+    POISONED();
     void* p = fake_allocate(size, 2, NULL);
     if (p == NULL) return OUT_OF_MEMORY;
     *ptr = (uintptr_t)p;
@@ -134,12 +136,13 @@ int cuMemFree(uintptr_t ptr) { return sticky != SUCCESS ? sticky : fake_release(
 
 int cuMemHostAlloc(void** ptr, size_t size, unsigned int flags) {
     need_context("cuMemHostAlloc");
+    POISONED();
     (void)flags;
     *ptr = fake_allocate(size, 1, NULL);
     return *ptr ? SUCCESS : OUT_OF_MEMORY;
 }
 int cuMemAllocHost(void** ptr, size_t size) { return cuMemHostAlloc(ptr, size, 0); }
-int cuMemFreeHost(void* ptr) { return fake_release((uintptr_t)ptr, 1); }
+int cuMemFreeHost(void* ptr) { return sticky != SUCCESS ? sticky : fake_release((uintptr_t)ptr, 1); }
 int cuMemHostGetDevicePointer(uintptr_t* device, void* host, unsigned int flags) {
     (void)flags;
     *device = (uintptr_t)host;
@@ -183,13 +186,40 @@ int cuMemPoolGetAttribute(void* handle, int attribute, void* value) {
     return SUCCESS;
 }
 
-int cuMemPoolSetAccess(void* pool, const void* map, size_t count) {
-    (void)pool; (void)map; (void)count;
+/* Access of other devices to a pool's memory: recorded, and counted (fake_pool_access_grants:
+ * grants of read-write access). The map is CUmemAccessDesc: location type and id, then flags. */
+typedef struct {
+    int location_type, location_id, flags;
+} fake_access_desc;
+static long pool_access_grants;
+long fake_pool_access_grants(void) { return __atomic_load_n(&pool_access_grants, __ATOMIC_SEQ_CST); }
+int cuMemPoolSetAccess(void* handle, const void* map, size_t count) {
+    POISONED();
+    fake_pool* pool = handle;
+    const fake_access_desc* desc = map;
+    for (size_t i = 0; i < count; i++) {
+        int device = desc[i].location_id;
+        if (desc[i].location_type != 1 || device < 0 || device >= device_count()) return INVALID_VALUE;
+        if (desc[i].flags == 3) { /* CU_MEM_ACCESS_FLAGS_PROT_READWRITE */
+            if (!(pool->access & (1u << device))) __atomic_add_fetch(&pool_access_grants, 1, __ATOMIC_SEQ_CST);
+            pool->access |= 1u << device;
+        } else {
+            pool->access &= ~(1u << device);
+        }
+    }
+    return SUCCESS;
+}
+int cuMemPoolGetAccess(int* flags, void* handle, const int* location) {
+    fake_pool* pool = handle;
+    int device = location[1];
+    if (location[0] != 1 || device < 0 || device >= device_count()) return INVALID_VALUE;
+    *flags = (pool->access & (1u << device)) ? 3 : 0;
     return SUCCESS;
 }
 
 int cuMemAllocFromPoolAsync(uintptr_t* ptr, size_t size, void* pool, void* stream) {
     need_stream_context(stream, "cuMemAllocFromPoolAsync");
+    POISONED();
     int captured = capture_refuses(stream, "cuMemAllocFromPoolAsync");
     if (captured != NOT_CAPTURED) return captured;
     void* p = fake_allocate(size, 2, pool);
@@ -214,6 +244,7 @@ int cuMemcpy(uintptr_t dst, uintptr_t src, size_t n) { memcpy((void*)dst, (void*
 /* The asynchronous copies and memsets: graph nodes on a capturing stream, else done now. */
 static int copy_async(uintptr_t dst, uintptr_t src, size_t n, void* s) {
     need_stream_context(s, "cuMemcpy*Async");
+    POISONED();
     int captured = capture_copy(s, dst, src, n);
     return captured != NOT_CAPTURED ? captured : cuMemcpy(dst, src, n);
 }
@@ -291,6 +322,7 @@ int cuPointerGetAttributes(unsigned int count, int* attributes, void** data, uin
 
 int cuStreamCreateWithPriority(void** stream, unsigned int flags, int priority) {
     need_context("cuStreamCreate");
+    POISONED();
     fake_stream* s = calloc(1, sizeof *s);
     s->flags = flags;
     s->priority = priority;
@@ -335,6 +367,7 @@ int cuStreamQuery(void* stream) {
 /* Every stream ran its work already: a wait does nothing, unless a capture is concerned. */
 int cuStreamWaitEvent(void* stream, void* event, unsigned int flags) {
     need_stream_context(stream, "cuStreamWaitEvent");
+    POISONED();
     int captured = capture_wait(stream, event, flags);
     return captured != NOT_CAPTURED ? captured : SUCCESS;
 }

@@ -70,6 +70,7 @@ int cuLibraryLoadData(void** library, const void* code, void* jit_options, void*
                       unsigned int n_jit, void* options, void* values, unsigned int n_options) {
     (void)jit_options; (void)jit_values; (void)n_jit;
     (void)options; (void)values; (void)n_options;
+    POISONED();
     if (code == NULL) return INVALID_VALUE;
     fake_library* made = calloc(1, sizeof *made);
     made->size = image_size(code);
@@ -133,6 +134,7 @@ int cuModuleGetFunction(void** function, void* module, const char* name) {
 
 int cuKernelGetFunction(void** function, void* kernel) {
     need_context("cuKernelGetFunction"); /* the kernel's function in the current context */
+    POISONED();
     *function = kernel;
     return SUCCESS;
 }

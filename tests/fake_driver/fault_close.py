@@ -15,6 +15,7 @@ import structlog
 
 import asyncgraph as ag
 from asyncgraph._bench import SCALE
+from tests.fake_driver import reset
 
 _lib = ctypes.CDLL("libcuda.so.1")
 _lib.fake_fail_next_events.argtypes = [ctypes.c_int, ctypes.c_int]
@@ -45,6 +46,6 @@ async def main() -> dict[str, Any]:
 
 
 if __name__ == "__main__":
-    _lib.fake_reset()
+    reset(_lib)
     _lib.fake_set_complete_mode(b"instant")
     print(json.dumps(asyncio.run(main())))

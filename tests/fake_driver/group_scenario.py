@@ -18,6 +18,7 @@ import numpy as np
 import asyncgraph as ag
 from asyncgraph._bench import SCALE
 from asyncgraph.pool import PinnedPool
+from tests.fake_driver import reset
 
 _lib = ctypes.CDLL("libcuda.so.1")
 _lib.fake_fail_next_events.argtypes = [ctypes.c_int, ctypes.c_int]
@@ -81,7 +82,7 @@ async def main() -> dict[str, Any]:
     seen["pool_after_close"] = group.pinned_pool
     # A pool given in the options is its giver's: the backend leaves it open when it closes.
     pool = PinnedPool(1 << 20)
-    _lib.fake_reset()
+    reset(_lib)
     async with ag.open_backend("cuda", options=ag.BackendOptions(host_pool=pool)) as gpu:
         await gpu.download(await gpu.upload(x))
     seen["given_pool_idle_after_close"] = pool.statistics().bytes_idle
@@ -91,6 +92,6 @@ async def main() -> dict[str, Any]:
 
 
 if __name__ == "__main__":
-    _lib.fake_reset()
+    reset(_lib)
     _lib.fake_set_complete_mode(b"instant")
     print(json.dumps(asyncio.run(main())))

@@ -12,9 +12,11 @@ from typing import TYPE_CHECKING, Any
 
 from cuda.bindings import driver as drv
 
+from .. import _poison
 from .._args import LaunchLimits
 from .._exceptions import CudaError, DeviceFaultError
 from .._options import BackendOptions
+from .._poison import POISONING_CODES
 from .._telemetry import PoolCounters, Telemetry
 from ..pool import HostPool, PinnedPool, StreamLane, StreamOrderedDeviceMemory, StreamPool
 from ..pool._abandon import abandon
@@ -61,6 +63,9 @@ class Device:
         from cuda.core import Device as CoreDevice
         from cuda.core import StreamOptions
 
+        _poison.check("no CUDA backend opens in this process any more", "open_backend")
+        self.ordinal = ordinal
+        self.label = f"cuda:{ordinal}"
         device = self.device = CoreDevice(ordinal)
         self.handle = check(drv.cuDeviceGet(ordinal), "cuDeviceGet")
         device.set_current()
@@ -124,6 +129,9 @@ class Device:
         # The reactor's hot half, made now: the fast path and the reactor share it.
         self.watches = core.Watches(n + WAIT_LANES, self.events.idle, options.spin_window)
         self.watches.context = self.ctx.address
+        self.granted: set[int] = set()  # devices given access to this device's memory pool
+        # Failed with every other CUDA backend of the process by a sticky fault anywhere.
+        _poison.join(self)
 
     @property
     def loop(self) -> asyncio.AbstractEventLoop:
@@ -150,10 +158,34 @@ class Device:
         return reactor
 
     def on_fault(self, error: CudaError) -> None:
-        """The reactor saw a sticky error: the device failed, and takes no more work."""
-        if isinstance(error, DeviceFaultError) and self.failure is None:
-            self.failure = error
-            self.log.error("backend.failed", error=str(error), code=error.name)
+        """The reactor saw a sticky error: the device failed, and with it (for every sticky
+        error but a destroyed context) every CUDA backend of the process (``_poison``)."""
+        if not isinstance(error, DeviceFaultError):
+            return
+        if error.code in POISONING_CODES:
+            _poison.record(error, self.label)  # fails this device too
+        self.fail(error)
+
+    def fail(self, error: DeviceFaultError) -> None:
+        """Fail now: the one place a device becomes failed, by its own sticky error or by the
+        process's poison (``_poison``, from any thread). It takes no more work: the front
+        refuses new work at the call, the fast path steps aside (the watches' fault) and work
+        watched from now on fails at once; memory is abandoned from now on, not freed."""
+        if self.failure is not None:
+            return
+        fault = _poison.process_fault()
+        self.failure = (
+            error if fault is None else fault.refusal(f"backend {self.label} failed", error.call)
+        )
+        if self.watches.fault is None:
+            self.watches.fault = self.failure
+        if self.log is not None and not self.closed:
+            self.log.error(
+                "backend.failed",
+                error=str(error),
+                code=error.name,
+                first_seen_on=fault.device if fault is not None else self.label,
+            )
 
     def release_buffer(self, buffer: Any, stream: Any) -> None:
         """Free a ``cuda.core`` device buffer ordered on *stream*; once the device failed,
@@ -196,6 +228,35 @@ class Device:
         pool = getattr(self.memory_resource, "handle", None)
         if pool is not None:
             drv.cuMemPoolTrimTo(drv.CUmemoryPool(int(pool)), 0)
+
+    def grant_access(self, ordinal: int) -> bool:
+        """Give device *ordinal* read-write access to this device's memory pool (once), so that
+        its peer copies read and write this device's memory directly (``_peers``); whether it
+        has that access. Memory that comes from no pool is covered by context access alone."""
+        if ordinal in self.granted:
+            return True
+        resource = self.memory_resource
+        peers = getattr(resource, "peer_accessible_by", None)
+        try:
+            if peers is not None:
+                peers.add(ordinal)
+            elif getattr(resource, "handle", None) is not None:
+                location = drv.CUmemLocation()
+                location.type = drv.CUmemLocationType.CU_MEM_LOCATION_TYPE_DEVICE
+                location.id = ordinal
+                access = drv.CUmemAccessDesc()
+                access.location = location
+                access.flags = drv.CUmemAccess_flags.CU_MEM_ACCESS_FLAGS_PROT_READWRITE
+                pool = drv.CUmemoryPool(int(resource.handle))
+                check(drv.cuMemPoolSetAccess(pool, [access], 1), "cuMemPoolSetAccess")
+        except Exception as exc:
+            fault = _poison.fault_from(exc, "cuMemPoolSetAccess")
+            if fault is not None:
+                raise fault from exc
+            self.log.warning("backend.peer_access_refused", peer=f"cuda:{ordinal}", error=str(exc))
+            return False
+        self.granted.add(ordinal)
+        return True
 
     def pool_counters(self) -> PoolCounters:
         """The pinned pool's counters."""

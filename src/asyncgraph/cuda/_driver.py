@@ -12,30 +12,19 @@ from typing import Any, Final
 
 from cuda.bindings import driver as drv
 
+from .. import _poison
 from .._exceptions import AllocationError, CudaError, DeviceFaultError
+from .._poison import POISONING_CODES, STICKY_CODES
 
 __all__ = ("NOT_READY", "SUCCESS", "check", "error_for", "translate")
 
 SUCCESS: Final = drv.CUresult.CUDA_SUCCESS
 NOT_READY: Final = drv.CUresult.CUDA_ERROR_NOT_READY
 
-# Errors after which the context cannot be used again (CUDA calls them sticky).
+# Errors after which the context cannot be used again (CUDA calls them sticky); all but a
+# destroyed context also poison the process (``_poison``).
 _STICKY: Final = frozenset(
-    getattr(drv.CUresult, name)
-    for name in (
-        "CUDA_ERROR_ILLEGAL_ADDRESS",
-        "CUDA_ERROR_ILLEGAL_INSTRUCTION",
-        "CUDA_ERROR_MISALIGNED_ADDRESS",
-        "CUDA_ERROR_INVALID_ADDRESS_SPACE",
-        "CUDA_ERROR_INVALID_PC",
-        "CUDA_ERROR_LAUNCH_FAILED",
-        "CUDA_ERROR_HARDWARE_STACK_ERROR",
-        "CUDA_ERROR_ASSERT",
-        "CUDA_ERROR_LAUNCH_TIMEOUT",
-        "CUDA_ERROR_ECC_UNCORRECTABLE",
-        "CUDA_ERROR_CONTEXT_IS_DESTROYED",
-    )
-    if hasattr(drv.CUresult, name)
+    getattr(drv.CUresult, name) for name in STICKY_CODES if hasattr(drv.CUresult, name)
 )
 
 
@@ -46,13 +35,31 @@ def is_sticky(code: Any) -> bool:
 
 def error_for(code: Any, call: str, detail: str = "") -> CudaError:
     """The exception for a failed driver call (not raised); *code* is a ``CUresult`` or the
-    int a compiled call returned."""
-    cls = DeviceFaultError if code in _STICKY else CudaError
+    int a compiled call returned.
+
+    A sticky error that poisons the process is recorded (``_poison``) the moment it is seen,
+    which fails every CUDA backend of the process.
+    """
     try:
         name = drv.CUresult(int(code)).name
     except ValueError:
         name = f"CUresult {int(code)}"
-    return cls(int(code), name, call, detail)
+    if code not in _STICKY:
+        return CudaError(int(code), name, call, detail)
+    error = DeviceFaultError(int(code), name, call, detail)
+    if int(code) in POISONING_CODES:
+        _poison.record(error, _current_device())
+    return error
+
+
+def _current_device() -> str | None:
+    """``"cuda:N"`` of the calling thread's current context, or ``None`` (none is current, or
+    no driver could be asked)."""
+    try:
+        code, device = drv.cuCtxGetDevice()
+    except Exception:  # no driver library loaded: the error came from a test
+        return None
+    return f"cuda:{int(device)}" if code == SUCCESS else None
 
 
 def check(result: Any, call: str) -> Any:

@@ -35,6 +35,7 @@ from ._driver import check
 from ._graphs import Graphs
 from ._kernels import Kernels
 from ._launch import Launches, chained_lane
+from ._peers import route
 from ._plan import BIG_COPY, CudaJob, dep_event, plan
 from ._small import SmallPath
 from ._storage import Storage
@@ -250,6 +251,11 @@ class CudaEngine:
     def copies_from(self, other: Any) -> bool:
         """Device storage of any CUDA engine: copied on the devices."""
         return isinstance(other, CudaEngine)
+
+    @in_context
+    def copy_route(self, source: Any) -> str:
+        """``"device"`` within one context, else ``"peer"`` or ``"staged"`` (``_peers``)."""
+        return route(self.device, source.device)
 
     @in_context
     async def copy_in(self, buffer: ResidentBuffer, use: Use, deps: list[Use], source: Any) -> Any:

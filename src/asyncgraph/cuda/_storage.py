@@ -5,7 +5,7 @@ copy; larger ones stream in chunks. A download waits for the dispatches in fligh
 buffer; dispatches that write it later are parked until the download's copy has its event.
 A copy from another backend's buffer (``copy_in``) is one device-to-device copy, ordered the
 same way: within one context ``cuMemcpyDtoDAsync``, between two ``cuMemcpyPeerAsync``, with
-peer access enabled once per pair of contexts where the devices allow it.
+access to the other's memory set up once per pair where the devices allow it (``_peers``).
 """
 
 from __future__ import annotations
@@ -23,6 +23,7 @@ from .._resident import Download, ResidentBuffer, Use, storage_of, uses_of, writ
 from .._scheduler import wait_finished
 from ._driver import check, translate
 from ._launch import chained_lane, wait_deps
+from ._peers import DEVICE, route
 from ._plan import dep_event
 from ._streamed import chunked
 from ._transfer import CHUNKED_ABOVE
@@ -188,13 +189,12 @@ class Storage:
         try:
             wait_deps(deps, lane)  # events of another context are waited for all the same
             target, origin = int(storage.handle), int(storage_of(buffer).handle)
-            if source.ctx.address == device.ctx.address:
+            if route(device, source) == DEVICE:
                 check(
                     drv.cuMemcpyDtoDAsync(target, origin, nbytes, lane.handle),
                     "cuMemcpyDtoDAsync",
                 )
             else:
-                enable_peer_access(device, source)
                 check(
                     drv.cuMemcpyPeerAsync(
                         target, device.context, origin, source.context, nbytes, lane.handle
@@ -262,27 +262,3 @@ def _events_of(uses: list[Any]) -> list[Any]:
         if event is not None:
             events.append(event)
     return events
-
-
-# Pairs of contexts (accessing, accessed) whose peer access was settled: enabled or impossible.
-_peers: dict[tuple[int, int], bool] = {}
-
-
-def enable_peer_access(device: Device, peer: Device) -> bool:
-    """Let *device*'s context (current) access *peer*'s memory directly, once per pair, where
-    the devices allow it; whether it may. Without it ``cuMemcpyPeerAsync`` still copies,
-    staged through host memory by the driver."""
-    key = (device.ctx.address, peer.ctx.address)
-    known = _peers.get(key)
-    if known is not None:
-        return known
-    code, can = drv.cuDeviceCanAccessPeer(device.handle, peer.handle)
-    allowed = code == drv.CUresult.CUDA_SUCCESS and bool(can)
-    if allowed:
-        code = drv.cuCtxEnablePeerAccess(peer.context, 0)[0]
-        allowed = code in (
-            drv.CUresult.CUDA_SUCCESS,
-            drv.CUresult.CUDA_ERROR_PEER_ACCESS_ALREADY_ENABLED,
-        )
-    _peers[key] = allowed
-    return allowed

@@ -14,6 +14,7 @@ from typing import Any, Protocol, runtime_checkable
 import attrs
 
 from .._exceptions import AllocationError
+from .._poison import fault_from
 
 __all__ = ("DeviceMemory", "DeviceMemoryStatistics", "StreamOrderedDeviceMemory")
 
@@ -121,6 +122,9 @@ class StreamOrderedDeviceMemory:
         try:
             buffer = self.resource.allocate(nbytes, stream=stream)
         except Exception as exc:
+            fault = fault_from(exc, "cuMemAllocFromPoolAsync")
+            if fault is not None:  # a sticky fault, here or anywhere in the process
+                raise fault from exc
             if "OUT_OF_MEMORY" not in str(exc):
                 raise
             self._oom += 1

@@ -29,6 +29,7 @@ import attrs
 import numpy as np
 
 from .._exceptions import AllocationError
+from .._poison import fault_from, process_fault
 from ._abandon import abandon
 
 __all__ = (
@@ -284,7 +285,10 @@ class PinnedPool:
     def _new_block(self, size: int) -> PinnedBlock:
         try:
             owner, ptr = self._allocate(size)
-        except Exception:
+        except Exception as exc:
+            fault = fault_from(exc, "cuMemHostAlloc")
+            if fault is not None:  # the process's CUDA is poisoned: no memory comes back
+                raise fault from exc
             # Out of pinned memory (or a failed driver call): free the cache and try once more.
             if not self.trim(0):
                 raise AllocationError(
@@ -294,6 +298,9 @@ class PinnedPool:
             try:
                 owner, ptr = self._allocate(size)
             except Exception as exc:
+                fault = fault_from(exc, "cuMemHostAlloc")
+                if fault is not None:
+                    raise fault from exc
                 raise AllocationError(
                     f"could not allocate {size} bytes of pinned host memory even after "
                     "freeing the pool's idle blocks"
@@ -373,6 +380,9 @@ class PinnedPool:
 
     @staticmethod
     def _free(block: PinnedBlock) -> None:
+        if process_fault() is not None:
+            abandon_block(block)  # the poisoned driver would fail the free, with a warning
+            return
         close = getattr(block._owner, "close", None)
         block._owner = None
         if close is not None:
