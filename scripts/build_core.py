@@ -1,0 +1,59 @@
+"""Build the compiled dispatch core in place, without installing the package.
+
+``pip install -e .`` builds it as part of the install; this builds only the extension, next to
+its sources (``src/asyncgraph/cuda/_core.*.so``), for a machine where installing is not possible
+(no setuptools-scm, no package index). It needs what ``setup.py`` needs: Cython, cuda-bindings,
+numpy, ``cuda.h`` and a C++ compiler. Run from the project's root::
+
+    python scripts/build_core.py
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def cuda_include() -> str:
+    """A directory holding ``cuda.h`` (as ``setup.py`` looks for one)."""
+    candidates = [os.environ.get(name) for name in ("CUDA_HOME", "CUDA_PATH")]
+    spec = importlib.util.find_spec("nvidia")
+    for root in list(spec.submodule_search_locations or []) if spec is not None else []:
+        for header in sorted(Path(root).glob("*/include/cuda.h"), reverse=True):
+            candidates.append(str(header.parent.parent))
+    candidates.append("/usr/local/cuda")
+    for home in candidates:
+        if home and (Path(home) / "include" / "cuda.h").is_file():
+            return str(Path(home) / "include")
+    raise SystemExit("cuda.h not found: set CUDA_HOME")
+
+
+def main() -> None:
+    import numpy
+    from Cython.Build import cythonize
+    from setuptools import Distribution, Extension
+
+    os.chdir(ROOT)
+    extension = Extension(
+        "asyncgraph.cuda._core",
+        ["src/asyncgraph/cuda/_core.pyx"],
+        include_dirs=[cuda_include(), numpy.get_include()],
+        define_macros=[("NPY_TARGET_VERSION", "NPY_1_26_API_VERSION")],
+        language="c++",
+    )
+    modules = cythonize([extension], compiler_directives={"language_level": "3"}, quiet=True)
+    distribution = Distribution({"ext_modules": modules, "package_dir": {"": "src"}})
+    command = distribution.get_command_obj("build_ext")
+    command.inplace = True
+    command.ensure_finalized()
+    command.run()
+    built = sorted(str(p.relative_to(ROOT)) for p in ROOT.glob("src/asyncgraph/cuda/_core*.so"))
+    print("built:", *built)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
