@@ -22,116 +22,49 @@ this pool. The pool awaits Ray's object refs, so call it from asyncio (not trio)
 
 A resident buffer lives on its actor's backend and cannot leave the actor: a pipeline returns
 ``await worker.backend.download(buffer)``, not the buffer (``NotPicklableError``).
+
+The pool heals. A sticky device fault ruins every CUDA context of its process, so isolation is
+one process per GPU, and an actor whose backend failed (a run failed with
+:class:`~asyncgraph.DeviceFaultError`) or whose process died (Ray's ``RayActorError``) is taken
+out the moment a run's error shows it: no run is placed there afterwards. A new actor asking
+Ray for the same resources takes its slot, the old one stopped, and runs the pool's ``setup``
+before it takes runs; runs wait for it when no other actor is live. ``max_replacements`` bounds
+the replacements (past it the pool stays smaller), and :meth:`ActorPool.snapshot` tells them.
 """
 
 from __future__ import annotations
 
 import asyncio
-import os
-from collections.abc import Awaitable, Callable
+import functools
+import time
 from types import TracebackType
 from typing import Any
 
-import attrs
-
-from ._backend import Backend
-from ._exceptions import BackendClosedError, GroupError, NotPicklableError, StartTimeoutError
-from ._open import open_backend
+from ._exceptions import BackendClosedError, GroupError, NotPicklableError
 from ._options import BackendOptions
+from ._ray_actor import ActorInfo as ActorInfo
+from ._ray_actor import Pipeline, describe, failure_of
+from ._ray_actor import Worker as Worker
+from ._ray_slots import Closing, Effects, Failed, PoolActor, SlotTable, Start, Started, StartFailed
+from ._ray_snapshot import PoolSnapshot as PoolSnapshot
+from ._ray_snapshot import Replacement as Replacement
+from ._ray_snapshot import SlotSnapshot as SlotSnapshot
+from ._ray_start import Starter, retrieve
+from ._telemetry import logger
 
-__all__ = ("ActorInfo", "ActorPool", "Worker", "open_actor_pool")
+__all__ = (
+    "ActorInfo",
+    "ActorPool",
+    "PoolSnapshot",
+    "Replacement",
+    "SlotSnapshot",
+    "Worker",
+    "open_actor_pool",
+)
 
-Pipeline = Callable[..., Awaitable[Any]]
-Resources = dict[str, float]  # Ray's resources by name: "GPU", "CPU", "memory", custom ones
-
-
-@attrs.frozen
-class ActorInfo:
-    """Where one actor of a pool runs.
-
-    Attributes:
-        index: its place in the pool.
-        pid: its process.
-        gpu_ids: the GPUs Ray gave it (``ray.get_gpu_ids()``).
-        cuda_visible_devices: ``CUDA_VISIBLE_DEVICES`` in its process, as Ray set it.
-        backend: its backend's name (``"cuda:0"``: the first GPU it can see).
-        pci_bus_id: the PCI bus id of its backend's GPU; ``None`` for a host backend.
-    """
-
-    index: int
-    pid: int
-    gpu_ids: tuple[Any, ...]
-    cuda_visible_devices: str | None
-    backend: str
-    pci_bus_id: str | None = None
-
-
-@attrs.define
-class Worker:
-    """What a pipeline gets as its first argument, on the actor that runs it.
-
-    Attributes:
-        backend: the actor's backend, open on the actor's event loop.
-        state: a dict kept on the actor between runs (resident buffers, loaded weights).
-        index: the actor's place in the pool.
-    """
-
-    backend: Backend
-    state: dict[str, Any]
-    index: int
-
-
-class BackendActor:
-    """The actor: a backend opened on the actor's event loop, and the pipelines run on it.
-
-    Made remote by :func:`open_actor_pool`; not used directly.
-    """
-
-    def __init__(self, index: int) -> None:
-        self._index = index
-        self._backend: Backend | None = None
-        self._state: dict[str, Any] = {}
-
-    async def start(self, device: str | int, options: BackendOptions) -> ActorInfo:
-        """Open the backend on this actor's loop; where the actor runs."""
-        import ray
-
-        backend = self._backend = open_backend(device, options=options)
-        return ActorInfo(
-            index=self._index,
-            pid=os.getpid(),
-            gpu_ids=tuple(ray.get_gpu_ids()),
-            cuda_visible_devices=os.environ.get("CUDA_VISIBLE_DEVICES"),
-            backend=backend.name,
-            pci_bus_id=_pci_bus_id(backend.name),
-        )
-
-    async def run(self, pipeline: Pipeline, *args: Any, **kwargs: Any) -> Any:
-        """``await pipeline(worker, *args, **kwargs)`` with this actor's backend.
-
-        The arguments come as Ray's own top-level arguments, so Ray passes large arrays
-        through its object store instead of pickling them into the call."""
-        if self._backend is None or self._backend.is_closed:
-            raise BackendClosedError(f"actor {self._index} of the pool is closed")
-        return await pipeline(Worker(self._backend, self._state, self._index), *args, **kwargs)
-
-    async def close(self) -> int:
-        """Close the backend (its work in flight finishes first); its dispatch count."""
-        backend, self._backend = self._backend, None
-        self._state.clear()
-        if backend is None:
-            return 0
-        await backend.aclose()
-        return backend.telemetry.snapshot().dispatches
-
-
-def _pci_bus_id(name: str) -> str | None:
-    """The PCI bus id of CUDA backend *name*'s GPU (``"cuda:N"``), else ``None``."""
-    if not name.startswith("cuda:"):
-        return None
-    from cuda.core import Device
-
-    return str(Device(int(name.partition(":")[2])).pci_bus_id)
+# How long a replacement lets the runs in flight on the failed actor end (each with its own
+# error) before it stops that actor: a device fault fails them at once, a dead process too.
+DRAIN_SECONDS = 5.0
 
 
 def open_actor_pool(
@@ -142,6 +75,8 @@ def open_actor_pool(
     options: BackendOptions | None = None,
     actor_options: dict[str, Any] | None = None,
     start_timeout: float | None = 60.0,
+    setup: Pipeline | None = None,
+    max_replacements: int | None = 8,
 ) -> ActorPool:
     """A pool of *size* Ray actors, each with a backend on *device*, opened by ``async with``.
 
@@ -153,12 +88,20 @@ def open_actor_pool(
         device: what each actor's backend opens (``open_backend``'s argument).
         num_gpus: GPUs each actor asks Ray for.
         options: each backend's :class:`BackendOptions`.
-        actor_options: more of Ray's actor options (``num_cpus``, ``resources``, ...).
-        start_timeout: seconds for every actor to start and open its backend (``None``: no
-            limit); see :meth:`ActorPool.open`.
+        actor_options: more of Ray's actor options (``num_cpus``, ``resources``,
+            ``runtime_env``, ...); every actor, replacements included, gets the same.
+        start_timeout: seconds for the actors to start and open their backends (``None``: no
+            limit), at open and for each replacement; see :meth:`ActorPool.open`.
+        setup: ``async def setup(worker)``, run on every actor once it started (the first
+            ones and each replacement) before it takes runs: load weights into
+            ``worker.state`` here, since a replacement starts with an empty state.
+        max_replacements: how many actors the pool may start in place of failed ones over its
+            life (a failed start counts), so that a fault that comes back does not restart
+            actors forever; past it a failed actor's slot stays empty. ``None``: no bound.
 
     Raises:
-        GroupError: *size* is not a positive int, or *start_timeout* not a positive number.
+        GroupError: *size* is not a positive int, *start_timeout* not a positive number,
+            *setup* not callable, or *max_replacements* not an int of 0 or more.
     """
     if isinstance(size, bool) or not isinstance(size, int) or size < 1:
         raise GroupError(f"open_actor_pool({size!r}): pass a positive number of actors")
@@ -171,71 +114,23 @@ def open_actor_pool(
             f"open_actor_pool(start_timeout={start_timeout!r}): pass a positive number of "
             "seconds, or None to wait as long as it takes"
         )
-    return ActorPool(
-        size, device, num_gpus, options or BackendOptions(), dict(actor_options or {}),
-        start_timeout,
-    )  # fmt: skip
-
-
-def _demand(actor_options: dict[str, Any]) -> Resources:
-    """What Ray holds for each actor while it lives, by resource name (an actor asks for no
-    CPU unless ``num_cpus`` says so)."""
-    asked = {
-        "GPU": actor_options.get("num_gpus"),
-        "CPU": actor_options.get("num_cpus"),
-        "memory": actor_options.get("memory"),
-        **(actor_options.get("resources") or {}),
-    }
-    return {name: float(amount) for name, amount in asked.items() if amount}
-
-
-def _amount(name: str, value: float) -> str:
-    """``"2"``, or ``"1.5 GiB"`` for Ray's memory resources (counted in bytes)."""
-    return f"{value / 2**30:.3g} GiB" if name in ("memory", "object_store_memory") else f"{value:g}"
-
-
-def _amounts(resources: Resources, names: list[str]) -> str:
-    """``"2 GPU, 1.5 GiB memory"``: *names* of *resources*, as Ray counts them."""
-    return ", ".join(f"{_amount(n, resources.get(n, 0.0))} {n}" for n in names)
-
-
-def _ray_resources() -> tuple[list[Resources], Resources, Resources]:
-    """What Ray reports now: each live node's resources, the cluster's, and those free."""
-    import ray
-
-    api: Any = ray  # nodes(), cluster_resources() and available_resources() are unannotated
-    nodes = [node["Resources"] for node in api.nodes() if node.get("Alive")]
-    return nodes, api.cluster_resources(), api.available_resources()
-
-
-def _refuse_what_cannot_fit(size: int, demand: Resources) -> None:
-    """Raise :class:`GroupError` if the Ray cluster's live nodes can never hold *size* actors
-    asking for *demand* each (an actor's resources come from one node)."""
-    if not demand:
-        return
-    nodes, total, _ = _ray_resources()
-    room = sum(
-        min(int(have.get(name, 0.0) / amount + 1e-9) for name, amount in demand.items())
-        for have in nodes
-    )
-    if room >= size:
-        return
-    names = list(demand)
-    has = _amounts(total, names)
-    fewer = f"open at most {room}, ask" if room else "ask"
-    raise GroupError(
-        f"open_actor_pool({size}) asks Ray for {size} actor{'s' * (size != 1)} of "
-        f"{_amounts(demand, names)} each, "
-        f"but its cluster has {has} on {len(nodes)} node{'s' * (len(nodes) != 1)}, room for "
-        f"{room or 'none'} of them; {fewer} less of each, or add nodes"
-    )
-
-
-def _retrieve(future: asyncio.Future[Any]) -> None:
-    """A done callback: marks the future's exception retrieved (a caller that left, or an
-    actor stopped while it started, leaves none unread)."""
-    if not future.cancelled():
-        future.exception()
+    if setup is not None and not callable(setup):
+        raise GroupError(
+            f"open_actor_pool(setup={setup!r}): pass an async function that takes the worker "
+            "('async def setup(worker)'), or None"
+        )
+    if max_replacements is not None and (
+        isinstance(max_replacements, bool)
+        or not isinstance(max_replacements, int)
+        or max_replacements < 0
+    ):
+        raise GroupError(
+            f"open_actor_pool(max_replacements={max_replacements!r}): pass a whole number of "
+            "replacements, 0 or more (0: never replace an actor), or None for no bound"
+        )
+    actor_options = {"num_gpus": num_gpus, **(actor_options or {})}
+    starter = Starter(device, options or BackendOptions(), actor_options, start_timeout, setup)
+    return ActorPool(size, starter, max_replacements)
 
 
 def _not_picklable(exc: BaseException) -> NotPicklableError | None:
@@ -252,29 +147,20 @@ class ActorPool:
     Made by :func:`open_actor_pool`; open it with ``async with`` (or :meth:`open`).
     """
 
-    def __init__(
-        self,
-        size: int,
-        device: str | int,
-        num_gpus: float,
-        options: BackendOptions,
-        actor_options: dict[str, Any],
-        start_timeout: float | None = 60.0,
-    ) -> None:
+    def __init__(self, size: int, starter: Starter, max_replacements: int | None) -> None:
         self._size = size
-        self._device = device
-        self._actor_options = {"num_gpus": num_gpus, **actor_options}
-        self._options = options
-        self._start_timeout = start_timeout
-        self._actors: list[Any] = []
-        self._busy: list[int] = []  # runs sent to each actor and not finished
-        self._running: set[asyncio.Future[Any]] = set()
-        self._turn = 0
+        self._starter = starter
+        self._max_replacements = max_replacements
+        self._table: SlotTable | None = None  # made when the pool opens
         self._closing = False
-        self.infos: tuple[ActorInfo, ...] = ()
+        self._closed = False
+        self._running: set[asyncio.Future[Any]] = set()
+        self._changed: list[asyncio.Future[None]] = []  # woken when a slot changes state
+        self._waiting = 0  # runs waiting for an actor
+        self._replacing: set[asyncio.Task[None]] = set()
 
     async def open(self) -> ActorPool:
-        """Start the actors and open their backends.
+        """Start the actors, open their backends and run the setup on each.
 
         A pool that the cluster's live nodes can never hold (more GPUs, CPUs, memory or custom
         resources than they have, counting that each actor takes its share from one node) is
@@ -286,102 +172,73 @@ class ActorPool:
                 message says what it has).
             StartTimeoutError: the actors did not all start within ``start_timeout`` (taken by
                 other work, or slow to start); the message says what Ray reports free.
-            Exception: what an actor raised while opening its backend.
+            Exception: what an actor raised while opening its backend, or the setup raised.
 
             On any error, every actor started is stopped.
         """
-        import ray
-
-        if self._actors or self._closing:
+        if self._table is not None or self._closing:
             raise GroupError("a pool opens once; make another with open_actor_pool()")
-        demand = _demand(self._actor_options)
-        if "scheduling_strategy" not in self._actor_options:
-            _refuse_what_cannot_fit(self._size, demand)
-        remote: Any = ray.remote(BackendActor).options(**self._actor_options)
-        actors: list[Any] = [remote.remote(i) for i in range(self._size)]
-        try:
-            infos = await self._start(actors, demand)
-        except BaseException:
-            for actor in actors:
-                ray.kill(actor)
-            raise
-        self._actors = actors
-        self._busy = [0] * len(actors)
-        self.infos = tuple(infos)
+        self._starter.refuse_what_cannot_fit(self._size)
+        started = await self._starter.start(range(self._size))
+        self._table = SlotTable(started, self._max_replacements)
         return self
 
-    async def _start(self, actors: list[Any], demand: Resources) -> list[ActorInfo]:
-        """Each actor's :class:`ActorInfo`, once all started; the first error, or
-        :class:`StartTimeoutError` at ``start_timeout``."""
-        starts = [
-            asyncio.wrap_future(a.start.remote(self._device, self._options).future())
-            for a in actors
-        ]
-        for start in starts:
-            start.add_done_callback(_retrieve)
-        _, waiting = await asyncio.wait(
-            starts, timeout=self._start_timeout, return_when=asyncio.FIRST_EXCEPTION
-        )
-        for start in starts:
-            if start.done() and (error := start.exception()) is not None:
-                raise error
-        if waiting:
-            names = list(demand) or ["CPU"]
-            _, total, now = _ray_resources()
-            free = ", ".join(
-                f"{_amount(n, now.get(n, 0.0))} of {_amount(n, total.get(n, 0.0))} {n}"
-                for n in names
-            )
-            raise StartTimeoutError(
-                f"{len(waiting)} of {len(actors)} actors of the pool did not start within "
-                f"{self._start_timeout:g} s (start_timeout); each asks for "
-                f"{_amounts(demand, names)}, and Ray reports free now: {free}. Other actors or "
-                "tasks hold what they need, or they are slow to start; the pool's actors were "
-                "stopped. Free the resources, open fewer actors, or give a longer start_timeout"
-            )
-        return [start.result() for start in starts]
-
     def __len__(self) -> int:
-        return len(self._actors)
+        """Live actors (0 once closed)."""
+        return 0 if self._table is None or self._closed else len(self._table.live())
 
-    def _pick(self) -> int:
-        n = len(self._actors)
-        best = self._turn % n
-        for k in range(1, n):
-            i = (self._turn + k) % n
-            if self._busy[i] < self._busy[best]:
-                best = i
-        self._turn = best + 1
-        return best
+    @property
+    def infos(self) -> tuple[ActorInfo, ...]:
+        """Where each live actor runs, in slot order; a replacement's says its ``generation``
+        and why the actor before it was ``replaced``."""
+        return () if self._table is None else tuple(a.info for a in self._table.live())
+
+    @property
+    def in_flight(self) -> tuple[int, ...]:
+        """Runs in flight on each slot's actor (the failed one's, while it is replaced)."""
+        return () if self._table is None else self._table.in_flight()
+
+    def snapshot(self) -> PoolSnapshot:
+        """The pool's slots, replacements and runs, frozen."""
+        if self._table is None:
+            left = self._max_replacements
+            return PoolSnapshot(
+                size=self._size, live=0, replacing=0, gone=0, in_flight=0, waiting=0,
+                runs_ok=0, runs_failed=0, max_replacements=left, replacements_left=left,
+                slots=(), replacements=(),
+            )  # fmt: skip
+        return self._table.snapshot(self._waiting)
 
     async def run(self, pipeline: Pipeline, *args: Any, **kwargs: Any) -> Any:
-        """``await pipeline(worker, *args, **kwargs)`` on the actor with the fewest runs in
-        flight (equals take turns); its result.
+        """``await pipeline(worker, *args, **kwargs)`` on the live actor with the fewest runs
+        in flight (equals take turns); its result.
 
         The pipeline, its arguments and its result travel through Ray (pickled). Cancelling
         the caller stops its wait, not the run, which the pool still counts until it ends.
+        While no actor is live and a replacement is starting, the run waits for it.
 
         Raises:
             BackendClosedError: the pool is closing or closed.
-            GroupError: the pool is not open.
+            GroupError: the pool is not open; or no actor is live and none is coming
+                (``max_replacements`` is spent).
             NotPicklableError: the arguments or the result held a resident buffer.
+            DeviceFaultError: the actor's backend failed (the actor is replaced).
+            ray.exceptions.RayActorError: the actor's process died (the actor is replaced).
             Exception: what the pipeline raised (Ray's error, an instance of its class too).
         """
         return await self.run_on(None, pipeline, *args, **kwargs)
 
     async def run_on(self, index: int | None, pipeline: Pipeline, *args: Any, **kwargs: Any) -> Any:
-        """Like :meth:`run`, on actor *index* (its ``worker.state`` is that actor's)."""
-        if self._closing:
-            raise BackendClosedError("the actor pool is closing; it takes no new runs")
-        if not self._actors:
-            raise GroupError("the pool is not open; use 'async with open_actor_pool(...)'")
-        if index is None:
-            index = self._pick()
-        elif not 0 <= index < len(self._actors):
-            raise GroupError(f"actor {index} of a pool of {len(self._actors)}")
+        """Like :meth:`run`, on the actor of slot *index* (its ``worker.state`` is that
+        actor's); while that slot's actor is being replaced, the run waits for the new one.
+
+        Raises:
+            GroupError: there is no slot *index*, or its actor failed and was not replaced.
+        """
+        actor = await self._actor_for(index)
         name = getattr(pipeline, "__qualname__", repr(pipeline))
         try:
-            ref = self._actors[index].run.remote(pipeline, *args, **kwargs)
+            ref = actor.handle.run.remote(pipeline, *args, **kwargs)
         except TypeError as exc:
             if (buffer_error := _not_picklable(exc)) is None:
                 raise
@@ -391,55 +248,157 @@ class ActorPool:
                 "backend.download(buffer)'), and upload them inside the pipeline if need be"
             ) from buffer_error
         future: asyncio.Future[Any] = asyncio.wrap_future(ref.future())
-        self._busy[index] += 1
+        actor.sent()
         self._running.add(future)
-
-        def finished(done: asyncio.Future[Any], index: int = index) -> None:
-            self._busy[index] -= 1
-            self._running.discard(done)
-            _retrieve(done)
-
-        future.add_done_callback(finished)
+        future.add_done_callback(functools.partial(self._finished, actor, time.monotonic()))
         try:
             return await asyncio.shield(future)
         except Exception as exc:
             if (buffer_error := _not_picklable(exc)) is None:
                 raise
             raise NotPicklableError(
-                f"pipeline {name} on actor {index} sent a resident buffer out of the actor (in "
-                "its result, say); a resident buffer lives on its actor's backend: return "
+                f"pipeline {name} on actor {actor.slot} sent a resident buffer out of the actor "
+                "(in its result, say); a resident buffer lives on its actor's backend: return "
                 "'await worker.backend.download(buffer)' from the pipeline instead, or keep the "
                 "buffer in worker.state"
             ) from buffer_error
 
     async def broadcast(self, pipeline: Pipeline, *args: Any, **kwargs: Any) -> list[Any]:
         """Run *pipeline* on every actor at once (to load state into each); the results in
-        actor order."""
+        slot order.
+
+        A slot being replaced runs it on its new actor, once started; a slot left empty (past
+        ``max_replacements``) is skipped. A later replacement does not run it again: state
+        every actor needs belongs in the pool's ``setup``.
+
+        Raises:
+            GroupError: no actor is live and none is coming; or a slot it waited for was left
+                empty.
+            Exception: what :meth:`run_on` raises, for the first slot that failed.
+        """
+        table = self._open_table()
+        slots = table.reachable()
+        if not slots:
+            table.choose(None)  # raises: no actor is live, and none is coming
         return list(
-            await asyncio.gather(
-                *(self.run_on(i, pipeline, *args, **kwargs) for i in range(len(self._actors)))
-            )
+            await asyncio.gather(*(self.run_on(i, pipeline, *args, **kwargs) for i in slots))
         )
 
-    @property
-    def in_flight(self) -> tuple[int, ...]:
-        """Runs in flight on each actor."""
-        return tuple(self._busy)
+    async def wait_healed(self) -> PoolSnapshot:
+        """Wait until no replacement is under way (every slot live, or left empty past
+        ``max_replacements``); the pool's snapshot then."""
+        await asyncio.sleep(0)
+        while self._table is not None and not self._table.is_settled():
+            await self._wait_for_change()
+        return self.snapshot()
+
+    def _open_table(self) -> SlotTable:
+        if self._closing:
+            raise BackendClosedError("the actor pool is closing; it takes no new runs")
+        if self._table is None:
+            raise GroupError("the pool is not open; use 'async with open_actor_pool(...)'")
+        return self._table
+
+    async def _actor_for(self, index: int | None) -> PoolActor:
+        """The actor a run goes to; waits while the one it needs is being replaced."""
+        while (actor := self._open_table().choose(index)) is None:
+            self._waiting += 1
+            try:
+                await self._wait_for_change()
+            finally:
+                self._waiting -= 1
+        return actor
+
+    async def _wait_for_change(self) -> None:
+        """Park until a slot changes state (or the pool closes); leaves the line if cancelled."""
+        waiter = asyncio.get_running_loop().create_future()
+        self._changed.append(waiter)
+        try:
+            await waiter
+        finally:
+            if waiter in self._changed:
+                self._changed.remove(waiter)
+
+    def _finished(self, actor: PoolActor, sent: float, done: asyncio.Future[Any]) -> None:
+        """A run's done callback: count it, and take its actor out if its error says so."""
+        self._running.discard(done)
+        retrieve(done)
+        error = None if done.cancelled() else done.exception()
+        reason = None if error is None else failure_of(error)
+        actor.finished(ok=not done.cancelled() and error is None, lost=reason is not None)
+        if reason is not None and self._table is not None:
+            self._apply(self._table.advance(Failed(actor, reason, time.monotonic() - sent)))
+
+    def _apply(self, effects: Effects) -> None:
+        """Carry out what the slot table decided."""
+        import ray
+
+        for handle in effects.kills:
+            ray.kill(handle)
+        for level, event, fields in effects.logs:
+            getattr(logger, level)(event, **fields)
+        for start in effects.starts:
+            task = asyncio.get_running_loop().create_task(self._replace(start))
+            self._replacing.add(task)
+            task.add_done_callback(self._replacing.discard)
+        if effects.wake:
+            changed, self._changed = self._changed, []
+            for waiter in changed:
+                if not waiter.done():
+                    waiter.set_result(None)
+
+    async def _replace(self, start: Start) -> None:
+        """Start a new actor for a slot, the failed one drained and stopped first; tell the
+        table how it went."""
+        import ray
+
+        if start.failed is not None:
+            await start.failed.wait_idle(DRAIN_SECONDS)
+            ray.kill(start.failed.handle)
+        event: Started | StartFailed
+        try:
+            [(handle, info)] = await self._starter.start([start.slot], start.generation)
+        except Exception as exc:  # any failure to start is the replacement's outcome
+            event = StartFailed(start.slot, describe(exc))
+        else:
+            event = Started(start.slot, PoolActor(start.slot, start.generation, handle, info))
+        if self._table is not None:
+            self._apply(self._table.advance(event))
 
     async def aclose(self) -> None:
-        """Refuse new runs, let those in flight finish, close every backend, stop the actors.
-        Idempotent."""
+        """Refuse new runs, stop the replacements under way, let the runs in flight finish,
+        close every live actor's backend, stop the actors. Idempotent.
+
+        Runs waiting for a replacement fail with :class:`BackendClosedError`.
+        """
         import ray
 
         self._closing = True
+        table = self._table
+        if table is not None:
+            self._apply(table.advance(Closing()))
+        replacing = list(self._replacing)
+        for task in replacing:
+            task.cancel()
+        if replacing:
+            await asyncio.wait(replacing)
         if self._running:
             await asyncio.wait(list(self._running))
-        actors, self._actors = self._actors, []
+        if table is None or self._closed:
+            return
+        self._closed = True
         try:
-            await asyncio.gather(*(a.close.remote() for a in actors))
+            closed = await asyncio.gather(
+                *(actor.handle.close.remote() for actor in table.live()), return_exceptions=True
+            )
         finally:
-            for actor in actors:
-                ray.kill(actor)
+            for handle in table.handles():
+                ray.kill(handle)
+        for result in closed:
+            # An actor that died, or whose backend failed, since its last run has nothing to
+            # close; anything else is the close's own error.
+            if isinstance(result, Exception) and failure_of(result) is None:
+                raise result
 
     async def __aenter__(self) -> ActorPool:
         return await self.open()
@@ -453,5 +412,11 @@ class ActorPool:
         await self.aclose()
 
     def __repr__(self) -> str:
-        state = "closed" if self._closing else ("open" if self._actors else "not open")
-        return f"<ActorPool {len(self._actors) or self._size} actors {state}>"
+        if self._table is None:
+            return f"<ActorPool {'closed' if self._closing else 'not open'} [{self._size} actors]>"
+        live, replacing, gone = self._table.counts()
+        return (
+            f"<ActorPool {'closed' if self._closing else 'open'} [actors: {live} live, "
+            f"{replacing} replacing, {gone} gone | runs: {sum(self._table.in_flight())} in "
+            f"flight, {self._waiting} waiting]>"
+        )
