@@ -29,6 +29,7 @@ SCRIPTS: dict[str, tuple[str, list[str], bool]] = {
     "bench_core.py": (STAND_IN, [], True),
     "bench_dispatch.py": (STAND_IN, [], True),
     "bench_graphs.py": (STAND_IN, [], True),
+    "bench_heal.py": (HOST, ["--device", "host"], True),
     "bench_host_path.py": (STAND_IN, ["--profiled", "20"], True),
     "bench_load.py": (
         HOST,
@@ -51,12 +52,20 @@ SCRIPTS: dict[str, tuple[str, list[str], bool]] = {
     "bench_ray.py": (HOST, ["--device", "host"], True),
     "bench_reactor.py": (STAND_IN, [], True),
     "bench_resident.py": (STAND_IN, [], True),
+    "bench_scale.py": (HOST, ["--device", "host"], True),
     "bench_serve_torch.py": (GPU, ["--clients", "4"], True),
     "bench_transfer.py": (STAND_IN, [], True),
     "primitives.py": (STAND_IN, [], True),
     "profile_dispatch.py": (STAND_IN, [], False),
     "soak.py": (STAND_IN, ["--dispatches", "2000", "--every", "500"], True),
+    "soak_faults.py": (
+        HOST,
+        ["--device", "host", "--runs", "300", "--fault-every", "100", "--concurrency", "8"],
+        True,
+    ),
 }
+# Scripts that start a local Ray (skipped, saying so, where Ray is not installed).
+RAY_SCRIPTS = {"bench_heal.py", "bench_ray.py", "bench_scale.py", "soak_faults.py"}
 # Modules the scripts import, not scripts themselves.
 MODULES = {
     "__init__.py",
@@ -76,7 +85,7 @@ def test_every_script_is_run_here() -> None:
 @pytest.mark.parametrize("script", sorted(SCRIPTS))
 def test_a_script_runs_at_a_tiny_size(script: str, tmp_path: Path) -> None:
     where, arguments, writes_json = SCRIPTS[script]
-    if script == "bench_ray.py" and importlib.util.find_spec("ray") is None:
+    if script in RAY_SCRIPTS and importlib.util.find_spec("ray") is None:
         pytest.skip("Ray is not installed (pip install -e '.[ray]')")
     if where == GPU:
         # PyTorch on a GPU is the whole subject of the script: on the GPU suite's machine it
