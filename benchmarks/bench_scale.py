@@ -1,8 +1,10 @@
 """Two GPUs against one on a compute-bound kernel: a device group, and a Ray pool.
 
-The kernel runs a chain of dependent ``fmaf`` per thread (``BURN``) over 132 blocks of 256
-threads, about 0.25 ms on an NVIDIA H100 for the group rows; every result is checked against
-the chain's closed form in numpy. In one run:
+The kernel runs four independent chains of dependent ``fmaf`` per thread (``BURN``) over 132
+blocks of 1024 threads, enough to keep every FP32 unit busy (a second kernel on the same GPU
+finds nothing idle), about 0.25 ms on an NVIDIA H100 for the group rows; a block reads one
+float and writes one, so the dispatches move almost no data and the host is not the bound.
+Every result is checked against the chains' closed form in numpy. In one run:
 
 - **group**: 64 dispatches at once (``asyncio.gather``) on ``open_group(["cuda:0", "cuda:1"])``
   against the same on ``open_backend("cuda:0")``: wall time, medians of ``--reps`` rounds;
@@ -33,23 +35,33 @@ import asyncgraph as ag
 from benchmarks import harness
 
 BURN_SOURCE = r"""
-extern "C" __global__ void burn(const float* x, float* y, float a, float b, int iters, int n)
+extern "C" __global__ void burn(const float* x, float* y, float a, float b, int iters, float never)
 {
-    int i = blockIdx.x * blockDim.x + threadIdx.x;
-    if (i >= n) return;
-    float v = x[i];
-    for (int k = 0; k < iters; ++k) v = fmaf(v, a, b);
-    y[i] = v;
+    // Four independent chains of dependent fmaf per thread, 1024 threads a block: enough
+    // independent work to keep every FP32 unit of an SM busy, so a second kernel on the same
+    // GPU finds nothing idle to run on (compute-bound, unlike a single latency-bound chain).
+    // A block reads one input and writes one output, so the dispatch moves almost no data.
+    float v0 = x[blockIdx.x], v1 = v0 + 1.0f, v2 = v0 + 2.0f, v3 = v0 + 3.0f;
+    for (int k = 0; k < iters; ++k) {
+        v0 = fmaf(v0, a, b);
+        v1 = fmaf(v1, a, b);
+        v2 = fmaf(v2, a, b);
+        v3 = fmaf(v3, a, b);
+    }
+    float r = 0.25f * (v0 + v1 + v2 + v3);
+    // Every thread's chains count: the compiler cannot drop a write it cannot rule out.
+    if (threadIdx.x == 0 || r == never) y[blockIdx.x] = r;
 }
 """
-A, B = np.float32(0.9999), np.float32(1e-4)  # the chain's fixed point is 1
-BLOCKS, THREADS = 132, 256
-N = BLOCKS * THREADS
-GROUP_ITERS, POOL_ITERS = 60_000, 240_000  # about 0.25 ms and 1 ms on an H100
+A, B = np.float32(0.9999), np.float32(1e-4)  # the chains' fixed point is 1
+NEVER = np.float32(-1e30)  # no chain reaches it
+BLOCKS, THREADS = 132, 1024
+N = BLOCKS  # one input and one output per block
+GROUP_ITERS, POOL_ITERS = 14_000, 56_000  # about 0.25 ms and 1 ms on an H100
 DISPATCHES = 64
 
 
-def _burn_host(x: Any, y: Any, a: Any, b: Any, iters: Any, n: Any) -> None:
+def _burn_host(x: Any, y: Any, a: Any, b: Any, iters: Any, never: Any) -> None:
     y[:] = expected(x, int(iters))
 
 
@@ -57,9 +69,11 @@ BURN = ag.Kernel(BURN_SOURCE, "burn", host=_burn_host)
 
 
 def expected(x: np.ndarray[Any, Any], iters: int) -> np.ndarray[Any, Any]:
-    """The chain's closed form: ``v_k = 1 + (v_0 - 1) a^k`` (its fixed point is b / (1 - a))."""
+    """The chains' closed form: ``v_k = f + (v_0 - f) a^k`` with the fixed point
+    ``f = b / (1 - a)``, averaged over the four chains (``v_0`` = x, x + 1, x + 2, x + 3)."""
     fixed = float(B) / (1.0 - float(A))
-    return (fixed + (x.astype(np.float64) - fixed) * float(A) ** iters).astype(np.float32)
+    start = x.astype(np.float64) + 1.5  # the mean of the four starts
+    return (fixed + (start - fixed) * float(A) ** iters).astype(np.float32)
 
 
 def _check(out: np.ndarray[Any, Any], x: np.ndarray[Any, Any], iters: int) -> None:
@@ -68,7 +82,7 @@ def _check(out: np.ndarray[Any, Any], x: np.ndarray[Any, Any], iters: int) -> No
 
 def _burn(target: Any, x: np.ndarray[Any, Any], iters: int) -> ag.PendingDispatch:
     pending: ag.PendingDispatch = target.dispatch(
-        BURN, x, ag.Out(N, np.float32), A, B, np.int32(iters), np.int32(N),
+        BURN, x, ag.Out(N, np.float32), A, B, np.int32(iters), NEVER,
         grid=BLOCKS, block=THREADS,
     )  # fmt: skip
     return pending
@@ -98,7 +112,7 @@ async def group_rows(reps: int, device: str) -> dict[str, float]:
             times["one"].append(await _round(one, xs, GROUP_ITERS))
             times["group"].append(await _round(group, xs, GROUP_ITERS))
         timed = one.dispatch(
-            BURN, xs[0], ag.Out(N, np.float32), A, B, np.int32(GROUP_ITERS), np.int32(N),
+            BURN, xs[0], ag.Out(N, np.float32), A, B, np.int32(GROUP_ITERS), NEVER,
             grid=BLOCKS, block=THREADS, timing=True,
         )  # fmt: skip
         await timed
@@ -122,9 +136,9 @@ async def burn_pipeline(worker: Any, xs: list[np.ndarray[Any, Any]], iters: int)
 
     import asyncgraph as ag
 
-    def host(x: Any, y: Any, a: Any, b: Any, iters: Any, n: Any) -> None:
+    def host(x: Any, y: Any, a: Any, b: Any, iters: Any, never: Any) -> None:
         fixed = float(b) / (1.0 - float(a))
-        y[:] = fixed + (x.astype(np.float64) - fixed) * float(a) ** int(iters)
+        y[:] = fixed + (x.astype(np.float64) + 1.5 - fixed) * float(a) ** int(iters)
 
     kernel = worker.state.get("burn")
     if kernel is None:
@@ -138,9 +152,9 @@ async def burn_pipeline(worker: Any, xs: list[np.ndarray[Any, Any]], iters: int)
             np.float32(0.9999),
             np.float32(1e-4),
             np.int32(iters),
-            np.int32(n),
-            grid=(n + 255) // 256,
-            block=256,
+            np.float32(-1e30),
+            grid=n,
+            block=1024,
         )
         for x in xs
     ]
