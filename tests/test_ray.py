@@ -299,3 +299,60 @@ async def test_actors_that_do_not_start_in_time_are_stopped(local_ray: Any) -> N
     # The actor that waited was stopped: were it still waiting, it would take a GPU now.
     async with open_actor_pool(2, device="host", start_timeout=20) as pool:
         assert sorted(str(i.gpu_ids[0]) for i in pool.infos) == ["0", "1"]
+
+
+async def test_actors_hold_no_cpu_unless_asked(local_ray: Any) -> None:
+    """An actor naming a resource (num_gpus, even 0) kept one CPU for life: five actors on the
+    fixture's 4 CPUs waited the whole start_timeout. Now they ask for none unless told."""
+    from asyncgraph.ray import open_actor_pool
+
+    x = np.arange(8, dtype=np.float32)
+    async with open_actor_pool(5, device="host", num_gpus=0, start_timeout=30) as pool:
+        assert len(pool) == 5
+        assert local_ray.available_resources().get("CPU") == 4
+        results = await asyncio.gather(*(pool.run(_scale, x, 2.0) for _ in range(10)))
+    assert all(np.array_equal(out, 2 * x) for _, out in results)
+    # Asked for, a CPU each is counted by the fit check, and refused at once when it can't fit.
+    with pytest.raises(
+        ag.GroupError,
+        match=r"^open_actor_pool\(5\) asks Ray for 5 actors of 1 CPU each, but its cluster has 4 "
+        r"CPU on 1 node, room for 4 of them; open at most 4, ask less of each, or add nodes$",
+    ):
+        await open_actor_pool(5, device="host", num_gpus=0, actor_options={"num_cpus": 1}).open()
+
+
+@pytest.mark.parametrize("num_gpus", [-1, True, "1", float("nan")])
+def test_a_number_of_gpus_that_is_none_is_refused(num_gpus: Any) -> None:
+    from asyncgraph.ray import open_actor_pool
+
+    with pytest.raises(
+        ag.GroupError,
+        match=r"^open_actor_pool\(num_gpus=.+\): pass the GPUs each actor asks Ray for, a number "
+        r"of 0 or more \(a fraction shares a GPU\)$",
+    ):
+        open_actor_pool(1, num_gpus=num_gpus)
+
+
+def _plain(worker: Any, x: Any) -> Any:
+    return x
+
+
+async def test_a_pipeline_that_is_not_async_is_refused_before_anything_is_sent(
+    local_ray: Any,
+) -> None:
+    from asyncgraph.ray import open_actor_pool
+
+    with pytest.raises(ag.GroupError, match=r"^open_actor_pool\(setup=.*\): pass an async"):
+        open_actor_pool(1, device="host", setup=_plain)
+    async with open_actor_pool(1, device="host") as pool:
+        for bad in (_plain, 5):
+            with pytest.raises(
+                ag.ArgumentTypeError,
+                match=r"^pool\.run\(.+, \.\.\.\): a pipeline is an async function, 'async def "
+                r"pipeline\(worker, \.\.\.\)', awaited on the actor's event loop; got .+$",
+            ):
+                await pool.run(bad, 1)  # type: ignore[arg-type]
+        snap = pool.snapshot()
+        assert (snap.runs_ok, snap.runs_failed, snap.in_flight) == (0, 0, 0)
+        (_, out) = await pool.run(_scale, np.ones(4, np.float32), 3.0)
+        assert np.array_equal(out, np.full(4, 3, np.float32))

@@ -30,8 +30,8 @@ def retrieve(future: asyncio.Future[Any]) -> None:
 
 
 def _demand(actor_options: dict[str, Any]) -> Resources:
-    """What Ray holds for each actor while it lives, by resource name (an actor asks for no
-    CPU unless ``num_cpus`` says so)."""
+    """What Ray holds for each actor while it lives, by resource name (the pool asks for no
+    CPU unless ``num_cpus`` says so: ``open_actor_pool``)."""
     asked = {
         "GPU": actor_options.get("num_gpus"),
         "CPU": actor_options.get("num_cpus"),

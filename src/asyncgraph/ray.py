@@ -36,11 +36,12 @@ from __future__ import annotations
 
 import asyncio
 import functools
+import inspect
 import time
 from types import TracebackType
 from typing import Any
 
-from ._exceptions import BackendClosedError, GroupError, NotPicklableError
+from ._exceptions import ArgumentTypeError, BackendClosedError, GroupError, NotPicklableError
 from ._options import BackendOptions
 from ._ray_actor import ActorInfo as ActorInfo
 from ._ray_actor import Pipeline, describe, failure_of
@@ -81,7 +82,9 @@ def open_actor_pool(
     """A pool of *size* Ray actors, each with a backend on *device*, opened by ``async with``.
 
     Ray must be initialised first (``ray.init()``); each actor asks Ray for *num_gpus* GPUs,
-    so Ray sets its ``CUDA_VISIBLE_DEVICES`` and ``device="cuda"`` is the GPU it was given.
+    so Ray sets its ``CUDA_VISIBLE_DEVICES`` and ``device="cuda"`` is the GPU it was given,
+    and for no CPU unless ``actor_options`` gives ``num_cpus`` (Ray would otherwise hold one
+    CPU for each actor's whole life, which a pool of more actors than CPUs never gets).
 
     Args:
         size: how many actors (one per GPU, usually).
@@ -100,8 +103,9 @@ def open_actor_pool(
             actors forever; past it a failed actor's slot stays empty. ``None``: no bound.
 
     Raises:
-        GroupError: *size* is not a positive int, *start_timeout* not a positive number,
-            *setup* not callable, or *max_replacements* not an int of 0 or more.
+        GroupError: *size* is not a positive int, *num_gpus* not a number of 0 or more,
+            *start_timeout* not a positive number, *setup* not an async function, or
+            *max_replacements* not an int of 0 or more.
     """
     if isinstance(size, bool) or not isinstance(size, int) or size < 1:
         raise GroupError(f"open_actor_pool({size!r}): pass a positive number of actors")
@@ -114,7 +118,12 @@ def open_actor_pool(
             f"open_actor_pool(start_timeout={start_timeout!r}): pass a positive number of "
             "seconds, or None to wait as long as it takes"
         )
-    if setup is not None and not callable(setup):
+    if isinstance(num_gpus, bool) or not isinstance(num_gpus, int | float) or not num_gpus >= 0:
+        raise GroupError(
+            f"open_actor_pool(num_gpus={num_gpus!r}): pass the GPUs each actor asks Ray for, a "
+            "number of 0 or more (a fraction shares a GPU)"
+        )
+    if setup is not None and not is_async(setup):
         raise GroupError(
             f"open_actor_pool(setup={setup!r}): pass an async function that takes the worker "
             "('async def setup(worker)'), or None"
@@ -128,9 +137,19 @@ def open_actor_pool(
             f"open_actor_pool(max_replacements={max_replacements!r}): pass a whole number of "
             "replacements, 0 or more (0: never replace an actor), or None for no bound"
         )
-    actor_options = {"num_gpus": num_gpus, **(actor_options or {})}
+    # An actor that names any resource keeps one CPU for its whole life unless num_cpus says
+    # otherwise (Ray's rule; without any, it asks for none): ask for none unless told.
+    actor_options = {"num_gpus": num_gpus, "num_cpus": 0, **(actor_options or {})}
     starter = Starter(device, options or BackendOptions(), actor_options, start_timeout, setup)
     return ActorPool(size, starter, max_replacements)
+
+
+def is_async(fn: object) -> bool:
+    """Whether *fn* is an async function: ``async def``, a ``functools.partial`` of one, or an
+    object whose ``__call__`` is one."""
+    return inspect.iscoroutinefunction(fn) or inspect.iscoroutinefunction(
+        getattr(fn, "__call__", None)  # noqa: B004  # an async __call__, not callable()
+    )
 
 
 def _not_picklable(exc: BaseException) -> NotPicklableError | None:
@@ -234,9 +253,17 @@ class ActorPool:
 
         Raises:
             GroupError: there is no slot *index*, or its actor failed and was not replaced.
+            ArgumentTypeError: *pipeline* is not an async function (checked before anything
+                is sent).
         """
-        actor = await self._actor_for(index)
         name = getattr(pipeline, "__qualname__", repr(pipeline))
+        if not is_async(pipeline):
+            raise ArgumentTypeError(
+                f"pool.run({name}, ...): a pipeline is an async function, "
+                "'async def pipeline(worker, ...)', awaited on the actor's event loop; got "
+                f"{type(pipeline).__name__} {name}"
+            )
+        actor = await self._actor_for(index)
         try:
             ref = actor.handle.run.remote(pipeline, *args, **kwargs)
         except TypeError as exc:
