@@ -232,3 +232,46 @@ def test_a_failed_backend_lets_go_of_its_memory_quietly() -> None:
     assert seen["bytes"] >= 150 * 4096
     assert "Warning" not in seen["stderr"], seen["stderr"][-2000:]
     assert "failed" not in seen["stderr"].lower(), seen["stderr"][-2000:]
+
+
+async def test_compile_skips_the_members_that_are_out(
+    group: ag.DeviceGroup, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """As dispatch does: a closed member, and one whose device failed, compile nothing."""
+    await group[1].aclose()
+    fault = ag.DeviceFaultError(700, "CUDA_ERROR_ILLEGAL_ADDRESS", "cuCtxSynchronize", "fault")
+    monkeypatch.setattr(group[2]._engine, "failure", fault)
+    compiled: list[int] = []
+    compile_on_0 = group[0].compile
+
+    async def counting(kernel: ag.Kernel) -> None:
+        compiled.append(0)
+        await compile_on_0(kernel)
+
+    monkeypatch.setattr(group[0], "compile", counting)
+    await group.compile(SCALE)
+    assert compiled == [0]
+    await group[0].aclose()
+    with pytest.raises(
+        ag.GroupError,
+        match=r"^no member of the group can take work: host: closed; host: closed; host: failed: ",
+    ):
+        await group.compile(SCALE)
+
+
+async def test_a_kernel_the_members_cannot_run_raises_the_first_members_error(
+    group: ag.DeviceGroup,
+) -> None:
+    """Not an ExceptionGroup: the error of member 0 alone, as replicate() raises it, with a note
+    for each other member that failed too."""
+    no_host = ag.Kernel(SCALE.source, "scale")
+    refused = (
+        r"kernel 'scale' has no host= implementation, so the host backend cannot run it; "
+        r"declare Kernel\(\.\.\., host=fn\) or open a CUDA backend"
+    )
+    with pytest.raises(
+        ag.UnsupportedError, match=rf"^{refused}\ncompile\(\): raised by member 0 \(host\)(\n.+)*$"
+    ) as caught:
+        await group.compile(no_host)
+    others = [note.partition(": UnsupportedError(")[0] for note in caught.value.__notes__[1:]]
+    assert others == [f"compile(): member {i} (host) failed too" for i in (1, 2)]
