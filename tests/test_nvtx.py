@@ -83,7 +83,9 @@ def test_missing_package_is_a_clear_error(monkeypatch: pytest.MonkeyPatch) -> No
 
 
 async def test_with_the_real_package() -> None:
-    pytest.importorskip("nvtx")
+    pytest.importorskip(
+        "nvtx", reason="the nvtx package is not installed: pip install 'asyncgraph[nvtx]'"
+    )
     x = np.random.default_rng().random(256, dtype=np.float32)
     async with ag.open_backend("auto", nvtx_enabled=True) as backend:
         (out,) = await backend.dispatch(
