@@ -14,10 +14,13 @@ import os
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 import pytest
 
-from tests.fake_driver import build, environment
+from tests.fake_driver import environment
+
+from .needs import stand_in
 
 ROOT = Path(__file__).resolve().parents[1]
 BENCHMARKS = ROOT / "benchmarks"
@@ -57,6 +60,8 @@ SCRIPTS: dict[str, tuple[str, list[str], bool]] = {
     "profile_dispatch.py": (STAND_IN, [], False),
     "soak.py": (STAND_IN, ["--dispatches", "2000", "--every", "500"], True),
 }
+# Scripts on the stand-in that compile no kernel (the others need NVRTC).
+COMPILE_NOTHING = {"bench_core.py", "bench_reactor.py"}
 # Modules the scripts import, not scripts themselves.
 MODULES = {
     "__init__.py",
@@ -73,7 +78,20 @@ def test_every_script_is_run_here() -> None:
     assert found - MODULES == set(SCRIPTS), "add the new script to SCRIPTS (or MODULES)"
 
 
-@pytest.mark.parametrize("script", sorted(SCRIPTS))
+def _scripts() -> list[Any]:
+    """Each script, marked with what it needs on the stand-in (``tests/needs.py``)."""
+    params: list[Any] = []
+    for script in sorted(SCRIPTS):
+        marks: list[pytest.MarkDecorator] = []
+        if SCRIPTS[script][0] == STAND_IN:
+            marks.append(pytest.mark.stand_in)
+            if script not in COMPILE_NOTHING:
+                marks.append(pytest.mark.nvrtc)
+        params.append(pytest.param(script, marks=marks))
+    return params
+
+
+@pytest.mark.parametrize("script", _scripts())
 def test_a_script_runs_at_a_tiny_size(script: str, tmp_path: Path) -> None:
     where, arguments, writes_json = SCRIPTS[script]
     if script == "bench_ray.py" and importlib.util.find_spec("ray") is None:
@@ -86,10 +104,7 @@ def test_a_script_runs_at_a_tiny_size(script: str, tmp_path: Path) -> None:
             pytest.skip("no CUDA GPU for PyTorch")
     core = os.environ.get("ASYNCGRAPH_CORE") or "compiled"
     if where == STAND_IN:
-        try:
-            env = environment(build(), core)
-        except RuntimeError as exc:  # no C compiler
-            pytest.skip(str(exc))
+        env = environment(stand_in(), core)
     else:
         env = {**os.environ, "ASYNCGRAPH_CORE": core}
     out = tmp_path / "results.json"

@@ -13,18 +13,7 @@ import asyncgraph as ag
 from asyncgraph._demo import BLOCK_SUM, SAXPY
 from asyncgraph.cuda._compile import KernelCompiler, default_cache_dir
 
-
-def _nvrtc_missing() -> str | None:
-    try:
-        from cuda.bindings import nvrtc
-
-        err, _major, _minor = nvrtc.nvrtcVersion()
-    except Exception as exc:
-        return f"NVRTC is not installed ({type(exc).__name__}); pip install 'asyncgraph[nvrtc]'"
-    return None if err == nvrtc.nvrtcResult.NVRTC_SUCCESS else f"NVRTC unusable: {err}"
-
-
-pytestmark = pytest.mark.skipif(_nvrtc_missing() is not None, reason=str(_nvrtc_missing()))
+pytestmark = pytest.mark.nvrtc  # skipped, saying what to install, where NVRTC is missing
 
 
 def _entries(root: Path) -> list[Path]:

@@ -18,6 +18,7 @@ import asyncgraph as ag
 from tests.fake_driver import run_scenario
 
 from .kernels import INC
+from .needs import CORES
 
 N = 4096
 
@@ -79,10 +80,10 @@ async def test_a_copy_to_a_closed_backend_is_refused(hosts: tuple[Any, Any]) -> 
     assert np.array_equal(await a.download(await a.copy(source)), np.ones(N, np.float32))
 
 
-@pytest.mark.parametrize("core", ["python", "compiled"])
+@pytest.mark.stand_in
+@pytest.mark.nvrtc
+@pytest.mark.parametrize("core", CORES)
 def test_copies_between_cuda_backends_on_the_stand_in(core: str) -> None:
-    if core == "compiled":
-        pytest.importorskip("asyncgraph.cuda._core", reason="the compiled core is not built here")
     seen = run_scenario("tests.fake_driver.copy_scenario", core)
     # Within a backend, to a backend of the same device, to the other device twice, to the
     # host, and from the host back to the other device: each right.

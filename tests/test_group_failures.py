@@ -205,6 +205,8 @@ async def test_when_several_members_fail_the_first_ones_error_is_raised(
     assert all(b.is_closed for b in made)  # member 0's upload
 
 
+@pytest.mark.stand_in
+@pytest.mark.nvrtc
 def test_a_device_fault_stays_with_its_member() -> None:
     """``open_group(["cuda", "host"])`` on the stand-in driver: a kernel faults on the CUDA
     member; the next 100 dispatches of the group all run, on the host member."""
@@ -222,6 +224,8 @@ def test_a_device_fault_stays_with_its_member() -> None:
     assert seen["given_pool_idle_after_its_close"] == 0
 
 
+@pytest.mark.stand_in
+@pytest.mark.nvrtc
 def test_a_failed_backend_lets_go_of_its_memory_quietly() -> None:
     """After a device fault every free fails, and cuda.core warned once per buffer (150 lines
     for 150 resident buffers); now the backend logs one event and nothing else is printed."""
