@@ -60,6 +60,9 @@ SCRIPTS: dict[str, tuple[str, list[str], bool]] = {
     "profile_dispatch.py": (STAND_IN, [], False),
     "soak.py": (STAND_IN, ["--dispatches", "2000", "--every", "500"], True),
 }
+# Scripts that judge their targets: each printed with "met" or "missed" (not every target has
+# its peer in a smoke run: those are missed).
+JUDGED = {"bench_dispatch.py", "bench_graphs.py", "bench_ray.py", "bench_transfer.py"}
 # Scripts on the stand-in that compile no kernel (the others need NVRTC).
 COMPILE_NOTHING = {"bench_core.py", "bench_reactor.py"}
 # Modules the scripts import, not scripts themselves.
@@ -119,3 +122,10 @@ def test_a_script_runs_at_a_tiny_size(script: str, tmp_path: Path) -> None:
         results = json.loads(out.read_text())
         assert isinstance(results, dict)
         assert results
+        # Every result says what code it measured, and when (benchmarks/harness.py).
+        assert {"commit", "dirty", "date"} <= set(results["recorded"])
+    if script in JUDGED:
+        # Its targets come with a verdict each, as printed and in the JSON.
+        judged = [line for line in done.stdout.splitlines() if line.endswith(("met", "missed"))]
+        assert judged, done.stdout[-3000:]
+        assert len(results["verdicts"]) == len(judged)
