@@ -14,6 +14,7 @@ from collections.abc import Callable
 from typing import Any
 
 import anyio
+import anyio.lowlevel
 import numpy as np
 import pytest
 
@@ -93,19 +94,16 @@ def test_loop_keeps_running_while_the_device_works(loop: Any, open_gpu: Opener) 
     async def body() -> None:
         async with open_gpu() as gpu:
             await gpu.compile(SPIN)
-            ticks = 0
-
-            async def heartbeat() -> None:
-                nonlocal ticks
-                while True:
-                    await anyio.sleep(0.005)
-                    ticks += 1
-
-            async with anyio.create_task_group() as tg:
-                tg.start_soon(heartbeat)
-                await gpu.dispatch(SPIN, *_nap_args(0.3), grid=1, block=1)
-                tg.cancel_scope.cancel()
-            assert ticks >= 10  # a blocked loop would tick about once
+            pending = gpu.dispatch(SPIN, *_nap_args(0.3), grid=1, block=1)
+            # The loop turns while the kernel runs: counted in turns, not in time. A dispatch
+            # that blocked the loop would return with its kernel done, before any turn.
+            turns = 0
+            while not pending.done() and turns < 20:
+                await anyio.lowlevel.checkpoint()
+                turns += 1
+            assert turns == 20, f"the kernel completed after {turns} turns of the loop"
+            (done,) = await pending
+            assert done[0] == 1
 
     run(loop, body)
 
