@@ -1,4 +1,5 @@
-"""Shared fixtures: a host backend per test; the markers of what a test needs beyond the package.
+"""Shared fixtures: a host backend per test, random inputs that can be replayed; the markers of
+what a test needs beyond the package.
 
 The ``cuda`` marker, its skip where no GPU is found (a failure with
 ``ASYNCGRAPH_REQUIRE_CUDA=1``), and the ``backend`` fixtures come from asyncgraph's own pytest
@@ -10,8 +11,11 @@ fail it where the matching ``ASYNCGRAPH_REQUIRE_*`` switch is set (``tests/needs
 from __future__ import annotations
 
 import asyncio
+import os
+import secrets
 from collections.abc import AsyncIterator, Callable
 
+import numpy as np
 import pytest
 
 import asyncgraph as ag
@@ -52,6 +56,29 @@ def pytest_runtest_setup(item: pytest.Item) -> None:
         if needs.switched_on(needs.SWITCHES[name]):
             needs.missing(reason, needs.SWITCHES[name])  # fails
         item.add_marker(pytest.mark.skip(reason=reason))  # skipped at the test's own line
+
+
+SEED_ENV = "ASYNCGRAPH_TEST_SEED"
+
+
+@pytest.fixture
+def seed(request: pytest.FixtureRequest) -> int:
+    """The seed of the test's random inputs: fresh each run, or ``$ASYNCGRAPH_TEST_SEED``.
+
+    It is printed (pytest shows it with a failing test's output, under "Captured stdout
+    setup") and kept in the test's report (``user_properties``, in JUnit XML too), so that a
+    failure can be replayed: ``ASYNCGRAPH_TEST_SEED=<seed> pytest <test id>``.
+    """
+    value = int(os.environ.get(SEED_ENV) or secrets.randbits(64))
+    print(f"random inputs from seed {value}: replay with {SEED_ENV}={value}")
+    request.node.user_properties.append(("seed", value))
+    return value
+
+
+@pytest.fixture
+def rng(seed: int) -> np.random.Generator:
+    """The test's random generator, from :func:`seed`."""
+    return np.random.default_rng(seed)
 
 
 @pytest.fixture

@@ -36,9 +36,11 @@ def _inc(backend: Any, buffer: ag.ResidentBuffer) -> ag.PendingDispatch:
     return pending
 
 
-async def test_a_copy_reads_the_writers_before_it_and_is_its_own(hosts: tuple[Any, Any]) -> None:
+async def test_a_copy_reads_the_writers_before_it_and_is_its_own(
+    hosts: tuple[Any, Any], rng: np.random.Generator
+) -> None:
     a, b = hosts
-    x = np.random.default_rng().standard_normal(N, dtype=np.float32)
+    x = rng.standard_normal(N, dtype=np.float32)
     source = await a.upload(x)
     writes = [_inc(a, source) for _ in range(3)]  # in flight when the copy starts
     copied = await a.copy(source, to=b)

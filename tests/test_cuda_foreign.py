@@ -153,17 +153,36 @@ async def test_one_stream_at_a_time_is_watched_directly(gpu: Any, foreign: Forei
 
 
 async def test_a_recorded_event_is_awaited(gpu: Any, foreign: Foreign) -> None:
-    event = foreign.stream.record()  # a cuda.core Event
+    foreign.spin(30)
+    event = foreign.stream.record()  # a cuda.core Event, after the spin: waited for
     foreign.spin(30)  # after the event: not waited for
+    handle = drv.CUevent(int(event.handle))
     await gpu.wait(event)
-    await gpu.wait(drv.CUevent(int(event.handle)))
+    assert drv.cuEventQuery(handle)[0] == drv.CUresult.CUDA_SUCCESS, "returned before the event"
+    await gpu.wait(handle)  # the driver's form of the same event
+    assert drv.cuEventQuery(handle)[0] == drv.CUresult.CUDA_SUCCESS
     foreign.stream.sync()
     event.close()
 
 
-async def test_a_lease_is_a_stream_too(gpu: Any) -> None:
+async def test_a_lease_is_a_stream_too(gpu: Any, foreign: Foreign) -> None:
+    """wait(lease) returns once the lease's stream did its work: a copy queued on it behind a
+    long kernel of another stream arrived."""
+    buf = await gpu.upload(np.full(N, 7, np.float32))
+    staged = gpu.pinned_empty(N, np.float32)
+    staged[:] = 0
+    pointer = drv.CUdeviceptr(gpu._cuda.storage_pointer(storage_of(buf)))
+    foreign.spin(30)
+    event = foreign.stream.record()
     async with gpu.stream() as lease:
+        stream = drv.CUstream(lease.handle)
+        (err,) = drv.cuStreamWaitEvent(stream, drv.CUevent(int(event.handle)), 0)
+        assert err == drv.CUresult.CUDA_SUCCESS
+        (err,) = drv.cuMemcpyDtoHAsync(staged.ctypes.data, pointer, staged.nbytes, stream)
+        assert err == drv.CUresult.CUDA_SUCCESS
         await gpu.wait(lease)
+        assert (staged == 7).all(), "wait(lease) returned before the lease's copy completed"
+    event.close()
 
 
 async def test_many_waits_at_once_complete_and_leak_nothing(gpu: Any, foreign: Foreign) -> None:
@@ -246,9 +265,10 @@ async def test_what_is_not_a_stream_is_refused(gpu: Any, work: object, message: 
     await gpu.wait(0)
 
 
-async def test_dispatch_after_a_stream_runs_after_its_work(gpu: Any, foreign: Foreign) -> None:
+async def test_dispatch_after_a_stream_runs_after_its_work(
+    gpu: Any, foreign: Foreign, rng: np.random.Generator
+) -> None:
     """The dispatch reads a buffer the foreign stream writes late: ordered, it sees the write."""
-    rng = np.random.default_rng()
     x = rng.standard_normal(N, dtype=np.float32)
     buf = await gpu.upload(np.zeros(N, np.float32))
     foreign.spin(30)  # then write x into the buffer, on the foreign stream

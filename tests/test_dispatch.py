@@ -27,11 +27,6 @@ from .polling import until
 Array = np.ndarray[Any, Any]
 
 
-@pytest.fixture
-def rng() -> np.random.Generator:
-    return np.random.default_rng()
-
-
 async def test_demo_kernels_match_numpy(host: ag.Backend, rng: np.random.Generator) -> None:
     n = 1000
     x = rng.standard_normal(n, dtype=np.float32)

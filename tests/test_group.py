@@ -19,11 +19,6 @@ Array = np.ndarray[Any, Any]
 
 
 @pytest.fixture
-def rng() -> np.random.Generator:
-    return np.random.default_rng()
-
-
-@pytest.fixture
 async def group() -> AsyncIterator[ag.DeviceGroup]:
     async with ag.open_group(["host", "host", "host"]) as opened:
         yield opened
@@ -298,8 +293,19 @@ async def test_a_failing_dispatch_fails_on_its_member_only(group: ag.DeviceGroup
     assert group.snapshot().dispatches_failed == 1
 
 
-async def test_compile_reaches_every_member(group: ag.DeviceGroup) -> None:
+async def test_compile_reaches_every_member(
+    group: ag.DeviceGroup, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    reached: list[int] = []
+    for i, member in enumerate(group):
+
+        async def counting(kernel: ag.Kernel, i: int = i, member: ag.Backend = member) -> None:
+            reached.append(i)
+            await type(member).compile(member, kernel)
+
+        monkeypatch.setattr(member, "compile", counting)
     await group.compile(SCALE)  # the host backend has nothing to compile: it must not fail
+    assert sorted(reached) == [0, 1, 2]
 
 
 _PASS = r"pass 'cuda:\*' or a list of devices such as \['cuda:0', 'cuda:1'\]"

@@ -34,8 +34,10 @@ def _scale(group: ag.DeviceGroup, x: object) -> ag.PendingDispatch:
     )
 
 
-async def test_a_closed_member_gets_no_more_work(group: ag.DeviceGroup) -> None:
-    x = np.random.default_rng().standard_normal(N, dtype=np.float32)
+async def test_a_closed_member_gets_no_more_work(
+    group: ag.DeviceGroup, rng: np.random.Generator
+) -> None:
+    x = rng.standard_normal(N, dtype=np.float32)
     await group[1].aclose()
     for _ in range(30):
         (out,) = await _scale(group, x)
@@ -47,8 +49,10 @@ async def test_a_closed_member_gets_no_more_work(group: ag.DeviceGroup) -> None:
     assert group.snapshot().failed == ((1, "host", "closed"),)
 
 
-async def test_the_group_refuses_work_only_when_no_member_is_left(group: ag.DeviceGroup) -> None:
-    x = np.random.default_rng().standard_normal(N, dtype=np.float32)
+async def test_the_group_refuses_work_only_when_no_member_is_left(
+    group: ag.DeviceGroup, rng: np.random.Generator
+) -> None:
+    x = rng.standard_normal(N, dtype=np.float32)
     await group[0].aclose()
     await group[2].aclose()
     (out,) = await _scale(group, x)  # member 1 is left
@@ -61,8 +65,10 @@ async def test_the_group_refuses_work_only_when_no_member_is_left(group: ag.Devi
     assert [i for i, _, _ in group.snapshot().failed] == [0, 1, 2]
 
 
-async def test_a_replicated_array_skips_a_member_that_was_out(group: ag.DeviceGroup) -> None:
-    x = np.random.default_rng().standard_normal(N, dtype=np.float32)
+async def test_a_replicated_array_skips_a_member_that_was_out(
+    group: ag.DeviceGroup, rng: np.random.Generator
+) -> None:
+    x = rng.standard_normal(N, dtype=np.float32)
     await group[2].aclose()
     replicated = await group.replicate(x)
     assert replicated.buffers[2] is None

@@ -225,10 +225,10 @@ def test_without_pytest_asyncio_the_fixture_says_what_is_missing(
 # -- the helpers on their own ---------------------------------------------------------------------
 
 
-def test_reference_follows_dispatch_rules() -> None:
-    x = np.random.default_rng().random(64, dtype=np.float32)
+def test_reference_follows_dispatch_rules(rng: np.random.Generator) -> None:
+    x = rng.random(64, dtype=np.float32)
     before = x.copy()
-    inout = np.random.default_rng().random(64, dtype=np.float32)
+    inout = rng.random(64, dtype=np.float32)
 
     def host(x: Any, out: Any, io: Any, n: Any) -> None:
         out[:] = x + 1
@@ -282,8 +282,10 @@ def test_reference_refuses_inputs_without_host_values() -> None:
         reference(ag.Kernel('extern "C" __global__ void k() {}', "k"))
 
 
-async def test_resident_results_are_downloaded_and_closed(host: ag.Backend) -> None:
-    x = np.random.default_rng().random(256, dtype=np.float32)
+async def test_resident_results_are_downloaded_and_closed(
+    host: ag.Backend, rng: np.random.Generator
+) -> None:
+    x = rng.random(256, dtype=np.float32)
     (out,) = await assert_matches_host(
         host,
         SCALE,

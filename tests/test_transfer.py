@@ -126,8 +126,8 @@ def gpu(monkeypatch: pytest.MonkeyPatch) -> FakeGpu:
     return fake
 
 
-async def test_upload_in_chunks_arrives_whole(gpu: FakeGpu) -> None:
-    src = np.random.default_rng().integers(0, 256, 10 * 1024 + 512, dtype=np.uint8)
+async def test_upload_in_chunks_arrives_whole(gpu: FakeGpu, rng: np.random.Generator) -> None:
+    src = rng.integers(0, 256, 10 * 1024 + 512, dtype=np.uint8)
     await _transfer_on(gpu, 1024).upload(src, BASE + 100)
     np.testing.assert_array_equal(gpu.memory[100 : 100 + src.size], src)
     assert gpu.acquired == 2
@@ -135,8 +135,8 @@ async def test_upload_in_chunks_arrives_whole(gpu: FakeGpu) -> None:
     assert not gpu.pending
 
 
-async def test_download_in_chunks_arrives_whole(gpu: FakeGpu) -> None:
-    gpu.memory[:] = np.random.default_rng().integers(0, 256, gpu.memory.size, dtype=np.uint8)
+async def test_download_in_chunks_arrives_whole(gpu: FakeGpu, rng: np.random.Generator) -> None:
+    gpu.memory[:] = rng.integers(0, 256, gpu.memory.size, dtype=np.uint8)
     dst = np.zeros(7 * 1024 + 3, np.uint8)
     await _transfer_on(gpu, 1024).download(BASE + 64, dst)
     np.testing.assert_array_equal(dst, gpu.memory[64 : 64 + dst.size])
