@@ -327,9 +327,15 @@ def main() -> None:
     print(f"device: {device}")
     harness.print_table(("measurement", "value"), results.items(), (".1f",))
     print()
-    harness.print_table(("target", "measured"), targets.items(), (".3f",))
+    harness.print_targets(targets)
     harness.write_json(
-        {**harness.environment(device), "reps": reps, "us_or_rate": results, "targets": targets},
+        {
+            **harness.environment(device),
+            "reps": reps,
+            "us_or_rate": results,
+            "targets": targets,
+            "verdicts": harness.verdicts(targets),
+        },
         args.json,
         script=__file__,
         device=device,

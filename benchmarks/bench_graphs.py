@@ -294,6 +294,10 @@ def main() -> None:
             "reps": reps,
             "median_us": results,
             "targets": {k: {"measured": v, op: b} for k, (v, b, op) in targets.items()},
+            "verdicts": {
+                f"{k} {op} {b}": "met" if met(v, op, b) else "missed"
+                for k, (v, b, op) in targets.items()
+            },
         },
         args.json,
         script=__file__,

@@ -23,7 +23,14 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 import numpy as np
 
-from benchmarks.harness import arguments, median_us, print_table, write_json
+from benchmarks.harness import (
+    arguments,
+    median_us,
+    print_table,
+    print_targets,
+    verdicts,
+    write_json,
+)
 from benchmarks.ray_pipelines import echo, scale_once
 
 
@@ -91,12 +98,22 @@ def main() -> None:
     finally:
         ray.shutdown()
     print_table(["row", "plain Ray call µs", "pool.run µs", "ratio"], rows, [".0f", ".0f", ".2f"])
+    # Issue 17's target, for the like-for-like rows: the pool at most 1.2x the plain call.
+    targets = {
+        f"pool.run / plain Ray call, {row} (median ratio) <= 1.2": ratio
+        for row, _, _, ratio in rows
+        if isinstance(ratio, float)
+    }
+    print()
+    print_targets(targets, ".2f")
     write_json(
         {
             "device": options.device,
             "python": sys.version.split()[0],
             "ray": ray.__version__,
             "rows": [{"row": r, "plain_us": a, "pool_us": b, "ratio": c} for r, a, b, c in rows],
+            "targets": targets,
+            "verdicts": verdicts(targets),
         },
         options.json,
         script=__file__,

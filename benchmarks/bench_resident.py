@@ -9,9 +9,11 @@ device, no transfers, for 4 KiB, 1 MiB and 64 MiB arrays (medians in µs after a
 - asyncgraph: ``await backend.dispatch(scale, x_buf, y_buf, a, n)`` on asyncio and uvloop, where
   the event loop keeps serving while the GPU runs; and, for reference, with ``Out(into=y_buf)``,
   which zero-fills ``y_buf`` first (one more memset, which the peers do not do).
-Target: asyncgraph at most 1.2x CuPy. asyncgraph's rows run first, before CuPy and PyTorch are
-imported, so their threads and caches do not weigh on it, after half a second of untimed
-dispatches (the first timed row came out slow on asyncio without it).
+Target: asyncgraph at most 1.2x CuPy. The peers run first (raw, CuPy, PyTorch), then
+asyncgraph on asyncio and on uvloop: the GPU has left its idle clocks by the time asyncgraph's
+rows run, as in bench_dispatch. Every contender gets the same warm-up: half a second of untimed
+calls before its first timed row (the first timed row came out slow on asyncio without it), and
+the harness's 100 untimed calls before each row.
 
 Run on a GPU:  python benchmarks/bench_resident.py --json [PATH]
 """
@@ -35,6 +37,21 @@ from benchmarks.bench_dispatch import SCALE, SCALE_SRC
 SIZES = {"4 KiB": 1 << 10, "1 MiB": 1 << 18, "64 MiB": 1 << 24}  # float32 elements
 BLOCK = 256
 TARGET = 1.2
+WARM_UP = 0.5  # seconds of untimed calls before each contender's first timed row
+
+
+def warm_up(fn: Any) -> None:
+    """Call *fn* for :data:`WARM_UP` seconds, untimed (not in a smoke run)."""
+    deadline = time.perf_counter() + (0.0 if harness.smoke() else WARM_UP)
+    while time.perf_counter() < deadline:
+        fn()
+
+
+async def warm_up_async(fn: Any) -> None:
+    """Await *fn()* for :data:`WARM_UP` seconds, untimed (not in a smoke run)."""
+    deadline = time.perf_counter() + (0.0 if harness.smoke() else WARM_UP)
+    while time.perf_counter() < deadline:
+        await fn()
 
 
 def grid(n: int) -> int:
@@ -51,7 +68,7 @@ def raw_rows(reps: dict[str, int]) -> dict[str, float]:
     scale = obj.get_kernel("scale")
     stream = dev.create_stream(options=StreamOptions(nonblocking=True))
     handle = drv.CUstream(int(stream.handle))
-    rows = {}
+    rows: dict[str, float] = {}
     for label, n in SIZES.items():
         d_x = drv.cuMemAlloc(4 * n)[1]
         d_y = drv.cuMemAlloc(4 * n)[1]
@@ -62,6 +79,8 @@ def raw_rows(reps: dict[str, int]) -> dict[str, float]:
             launch(stream, cfg, scale, *args)
             drv.cuStreamSynchronize(handle)
 
+        if not rows:
+            warm_up(run)
         rows[f"raw {label}: launch + stream synchronize"] = harness.time_sync(run, reps[label])
         drv.cuMemFree(d_x)
         drv.cuMemFree(d_y)
@@ -76,7 +95,7 @@ def cupy_rows(reps: dict[str, int]) -> dict[str, float]:
         return {}
     kernel = cp.RawKernel(SCALE_SRC, "scale")
     stream = cp.cuda.Stream(non_blocking=True)
-    rows = {}
+    rows: dict[str, float] = {}
     with stream:
         for label, n in SIZES.items():
             x = cp.asarray(np.random.default_rng().standard_normal(n, dtype=np.float32))
@@ -88,6 +107,8 @@ def cupy_rows(reps: dict[str, int]) -> dict[str, float]:
 
             run()
             assert np.array_equal(cp.asnumpy(y), 2 * cp.asnumpy(x))
+            if not rows:
+                warm_up(run)
             rows[f"CuPy {label}: same kernel + stream synchronize"] = harness.time_sync(
                 run, reps[label]
             )
@@ -100,7 +121,7 @@ def torch_rows(reps: dict[str, int]) -> dict[str, float]:
     except ImportError:
         return {}
     stream = torch.cuda.Stream()
-    rows = {}
+    rows: dict[str, float] = {}
     with torch.cuda.stream(stream):
         for label, n in SIZES.items():
             x = torch.randn(n, device="cuda")
@@ -110,6 +131,8 @@ def torch_rows(reps: dict[str, int]) -> dict[str, float]:
                 torch.mul(x, 2.0, out=y)
                 stream.synchronize()
 
+            if not rows:
+                warm_up(run)
             rows[f"PyTorch {label}: torch.mul + stream synchronize"] = harness.time_sync(
                 run, reps[label]
             )
@@ -138,13 +161,10 @@ async def asyncgraph_rows(reps: dict[str, int], loop_name: str) -> dict[str, flo
 
             await run()
             np.testing.assert_array_equal(await gpu.download(y), 2 * data)
-            if not rows and not harness.smoke():
-                # Half a second of dispatches before the first timed row: on the H100 the
-                # first row came out slow on asyncio after the usual warm-up of 100 (24.7 µs
-                # for 4 KiB, then 17.3 µs for 1 MiB in the same run).
-                deadline = time.perf_counter() + 0.5
-                while time.perf_counter() < deadline:
-                    await run()
+            if not rows:
+                # On the H100 the first row came out slow on asyncio after the usual warm-up
+                # of 100 alone (24.7 µs for 4 KiB, then 17.3 µs for 1 MiB in the same run).
+                await warm_up_async(run)
             await run_into(a=np.float32(3))
             np.testing.assert_array_equal(await gpu.download(y), 3 * data)
             before = gpu.telemetry.snapshot()
@@ -188,13 +208,15 @@ def main() -> None:
     print(f"device: {device}")
     harness.print_table(("measurement (median µs)", "value"), results.items(), (".1f",))
     print()
-    harness.print_table(
-        ("target", "measured", ""),
-        ((name, value, "met" if value <= TARGET else "missed") for name, value in targets.items()),
-        (".3f", ""),
-    )
+    harness.print_targets(targets)
     harness.write_json(
-        {**harness.environment(device), "reps": reps, "median_us": results, "targets": targets},
+        {
+            **harness.environment(device),
+            "reps": reps,
+            "median_us": results,
+            "targets": targets,
+            "verdicts": harness.verdicts(targets),
+        },
         args.json,
         script=__file__,
         device=device,

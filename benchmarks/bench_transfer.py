@@ -343,9 +343,9 @@ def main() -> None:
     print(f"device: {device}")
     harness.print_table(("measurement", "value"), rows.items(), (".2f",))
     print()
-    harness.print_table(("target", "measured"), targets.items(), (".2f",))
+    harness.print_targets(targets, ".2f")
     harness.write_json(
-        {"device": device, "rows": rows, "targets": targets},
+        {"device": device, "rows": rows, "targets": targets, "verdicts": harness.verdicts(targets)},
         args.json,
         script=__file__,
         device=device,

@@ -5,11 +5,13 @@
 - :func:`time_sync` and :func:`time_async` time a call many times after a warm-up and return the
   median in µs; :func:`median_us` and :func:`percentile` summarise samples a script takes itself;
   :class:`Heartbeat` measures how long the event loop stalls while work runs.
-- :func:`format_table` and :func:`print_table` lay out every script's tables.
+- :func:`format_table` and :func:`print_table` lay out every script's tables;
+  :func:`print_targets` prints a script's targets with a verdict each (met or missed), which
+  :func:`verdicts` gives for its results.
 - :func:`arguments` is the shared command line (``--json [PATH]``, ``--reps``, ``--smoke``);
   :func:`write_json`
   writes the results there, by default to ``benchmarks/results/<script>-<device>.json``, the
-  device named by :func:`device_name`.
+  device named by :func:`device_name`, with the commit they were measured at and the date.
 
 The scripts import it as ``benchmarks.harness`` (they put the project root on ``sys.path``).
 """
@@ -31,12 +33,15 @@ from typing import Any, TypeVar
 
 import numpy as np
 
+from asyncgraph._version import provenance
+
 T = TypeVar("T")
 LoopFactory = Callable[[], asyncio.AbstractEventLoop]
 Clock = Callable[[], float]
 
 # Where ``--json`` with no path writes: benchmarks/results/<script>-<device>.json.
 RESULTS = Path(__file__).resolve().parent / "results"
+ROOT = Path(__file__).resolve().parent.parent
 UVLOOP_MISSING = "uvloop is not installed: its rows are left out"
 # Set by ``--smoke`` (and inherited by a script's child processes): every timing runs a few
 # repetitions only. CI runs each script so, to catch a script that no longer runs.
@@ -255,6 +260,40 @@ def print_table(
     print(format_table(header, rows, formats))
 
 
+_BOUND = re.compile(r"\s(<=|>=|<|>)\s*([-+]?[0-9][0-9_.e+-]*)$")
+
+
+def verdict(target: str, measured: float) -> str:
+    """``"met"`` or ``"missed"``: whether *measured* meets the bound *target* ends with
+    (``"... <= 1.0"``, ``">= 0.9"``, ``"< 1"``, ``"> 2"``); NaN (a peer that did not run) never
+    does. ``""`` for a row without a bound (``"(info) ..."``)."""
+    found = _BOUND.search(target)
+    if found is None:
+        return ""
+    op, bound = found.group(1), float(found.group(2))
+    met = {
+        "<=": measured <= bound,
+        ">=": measured >= bound,
+        "<": measured < bound,
+        ">": measured > bound,
+    }[op]
+    return "met" if met else "missed"
+
+
+def verdicts(targets: Mapping[str, float]) -> dict[str, str]:
+    """:func:`verdict` of each target that has a bound, by its label."""
+    return {label: v for label, value in targets.items() if (v := verdict(label, value))}
+
+
+def print_targets(targets: Mapping[str, float], fmt: str = ".3f") -> None:
+    """The targets (labels ending with their bound) as a table: measured, and met or missed."""
+    print_table(
+        ("target", "measured", ""),
+        ((label, value, verdict(label, value)) for label, value in targets.items()),
+        (fmt, ""),
+    )
+
+
 # -- command line and results ------------------------------------------------------------------
 
 
@@ -333,7 +372,10 @@ def results_path(script: str, device: str) -> Path:
 def write_json(
     data: Mapping[str, Any], destination: str | None, *, script: str, device: str
 ) -> Path | None:
-    """Writes *data* as indented JSON where ``--json`` said.
+    """Writes *data* as indented JSON where ``--json`` said, with a ``recorded`` key: the commit
+    of the checkout the script ran from (``git rev-parse HEAD``, ``None`` outside one), whether
+    its tracked files had changes (``dirty``), the date (ISO 8601, UTC) and asyncgraph's
+    version (``asyncgraph._version.provenance``).
 
     Args:
         data: the results.
@@ -349,5 +391,5 @@ def write_json(
         return None
     path = Path(destination) if destination else results_path(script, device)
     path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(json.dumps(data, indent=2) + "\n")
+    path.write_text(json.dumps({**data, "recorded": provenance(ROOT)}, indent=2) + "\n")
     return path

@@ -677,6 +677,65 @@ async def test_options_are_checked_when_the_batcher_is_made(host: ag.Backend) ->
     assert ag.Row((), np.int32).shape == ()
 
 
+async def test_a_max_size_that_could_never_be_allocated_is_refused_when_made(
+    host: ag.Backend,
+) -> None:
+    kernel = ag.Kernel(AFFINE_SRC, "affine_rows", host=Affine())
+    ins, outs = [ag.Row((F,), np.float32)], [ag.Row((F,), np.float32)]
+    shared = (BIAS, A, np.int32(F))
+    with pytest.raises(
+        ag.DispatchError,
+        match=r"^batcher\(max_size=1000000000000\); the kernel gets the batch size as int n "
+        r"\(np\.int32\), which holds at most 2147483647 — pass max_size up to that$",
+    ):
+        ag.batcher(
+            host, kernel, inputs=ins, outputs=outs, shared=shared,
+            launch=lambda n: (n, 32), max_size=10**12,
+        )  # fmt: skip
+    with pytest.raises(
+        ag.DispatchError,
+        match=r"^batcher\(buckets=\[8, 4294967296\]\); the kernel gets the batch size as int n "
+        r"\(np\.int32\), which holds at most 2147483647 — pass the largest bucket up to that$",
+    ):
+        ag.batcher(
+            host, kernel, inputs=ins, outputs=outs, shared=shared,
+            launch=lambda n: (n, 32), max_size=8, buckets=[8, 2**32],
+        )  # fmt: skip
+    wide = [ag.Row((F, 256), np.float32)]  # 4 KiB a row, in and out: 8 TiB a full batch
+    with pytest.raises(
+        ag.DispatchError,
+        match=r"^batcher\(max_size=1073741824\); a full batch allocates 8,796,093,022,208 bytes "
+        r"\(8,192 per item: its input and output rows\), more than the [\d,]+ bytes of memory "
+        r"this machine has — pass max_size of at most [\d,]+$",
+    ):
+        ag.batcher(
+            host, ag.Kernel(AFFINE_SRC, "affine_rows", host=Affine()), inputs=wide,
+            outputs=wide, shared=shared, launch=lambda n: (n, 32), max_size=2**30,
+        )  # fmt: skip
+
+
+@pytest.mark.parametrize("shape", [256, (1, 256, 0), None, "ab"])
+def test_a_launch_that_returns_no_grid_and_block_fails_its_batch_saying_so(
+    loop: Any, shape: Any
+) -> None:
+    async def body() -> None:
+        async with ag.open_backend("host") as backend:
+            batch = ag.batcher(
+                backend, ag.Kernel(AFFINE_SRC, "affine_rows", host=Affine()),
+                inputs=[ag.Row((F,), np.float32)], outputs=[ag.Row((F,), np.float32)],
+                shared=(BIAS, A, np.int32(F)), launch=lambda n: shape, max_size=1,
+            )  # fmt: skip
+            with pytest.raises(
+                ag.ArgumentTypeError,
+                match=r"^batcher 'affine_rows': launch\(1\) returned .+; it must return a "
+                r"tuple \(grid, block\), e\.g\. lambda n: \(\(n \+ 255\) // 256, 256\)$",
+            ):
+                await batch(row(0))
+            assert batch.statistics().failed_batches == 1
+
+    run(loop, body)
+
+
 async def test_on_close_hooks_run_once_while_the_backend_still_takes_work() -> None:
     backend = ag.open_backend("host")
     seen: list[bool] = []

@@ -91,6 +91,9 @@ def test_bench_json_has_the_documented_structure(tmp_path: Path) -> None:
     assert data["loop"] == "asyncio"
     assert isinstance(data["machine"], str)
     assert {"python", "numpy", "cuda-core", "cuda-bindings", "asyncgraph"} <= set(data["versions"])
+    # The code it measured and when: the version alone is "0+unknown" in a tree never installed.
+    assert set(data["recorded"]) == {"commit", "dirty", "date", "asyncgraph"}
+    assert data["recorded"]["date"].endswith("+00:00")
     assert (data["reps"], data["warmup"], data["tasks"], data["dispatches_per_task"]) == (
         20,
         3,

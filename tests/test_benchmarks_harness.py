@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import asyncio
+import datetime
 import json
 import os
+import subprocess
 import sys
 import time
 from collections.abc import Iterator
@@ -119,7 +121,67 @@ def test_write_json_to_a_path_given(tmp_path: Path) -> None:
     path = tmp_path / "deeper" / "out.json"
     data = {"device": "GPU", "rows": {"x": 1.5}}
     assert harness.write_json(data, str(path), script="soak.py", device="GPU") == path
-    assert json.loads(path.read_text()) == data
+    written = json.loads(path.read_text())
+    written.pop("recorded")
+    assert written == data
+
+
+def test_write_json_records_the_commit_and_the_date(tmp_path: Path) -> None:
+    """A result says what code it measured and when, not only a version ("0+unknown" in a tree
+    never installed)."""
+    path = tmp_path / "out.json"
+    before = datetime.datetime.now(datetime.UTC).replace(microsecond=0)
+    harness.write_json({"a": 1}, str(path), script="soak.py", device="GPU")
+    recorded = json.loads(path.read_text())["recorded"]
+    assert set(recorded) == {"commit", "dirty", "date", "asyncgraph"}
+    head = subprocess.run(
+        ["git", "-C", str(harness.ROOT), "rev-parse", "HEAD"],
+        capture_output=True, text=True, check=False,
+    )  # fmt: skip
+    if head.returncode == 0:  # a checkout (an unpacked sdist has no commit to record)
+        assert recorded["commit"] == head.stdout.strip()
+        assert isinstance(recorded["dirty"], bool)
+    date = datetime.datetime.fromisoformat(recorded["date"])
+    assert date.tzinfo is not None
+    assert before <= date <= datetime.datetime.now(datetime.UTC)
+
+
+def test_outside_a_checkout_the_commit_is_none(tmp_path: Path) -> None:
+    from asyncgraph._version import provenance
+
+    recorded = provenance(tmp_path)
+    assert (recorded["commit"], recorded["dirty"]) == (None, None)
+
+
+@pytest.mark.parametrize(
+    ("target", "measured", "verdict"),
+    [
+        ("4 KiB round trip / CuPy sync (asyncio) <= 1.0", 1.0, "met"),
+        ("4 KiB round trip / CuPy sync (asyncio) <= 1.0", 1.01, "missed"),
+        ("64 MiB pinned input: share of pinned copy bandwidth (uvloop) >= 0.9", 0.80, "missed"),
+        ("64 tasks dispatches/s (asyncio) >= 80000", 91_000.0, "met"),
+        ("asyncgraph download / pageable at 256 MiB >= 1.5", 1.06, "missed"),
+        ("replay / CuPy graph replay (asyncio) < 1", 1.0, "missed"),
+        ("a peer that did not run <= 1.2", float("nan"), "missed"),
+        ("(info) 64 MiB numpy input: share of pinned bandwidth (asyncio)", 0.4, ""),
+    ],
+)
+def test_a_target_is_judged_by_the_bound_its_label_ends_with(
+    target: str, measured: float, verdict: str
+) -> None:
+    assert harness.verdict(target, measured) == verdict
+
+
+def test_targets_print_with_their_verdicts(capsys: pytest.CaptureFixture[str]) -> None:
+    targets = {"a / b (asyncio) <= 1.2": 1.1, "c / d >= 1.5": 1.06, "(info) e": 3.0}
+    harness.print_targets(targets, ".2f")
+    assert capsys.readouterr().out.splitlines() == [
+        "target                  measured",
+        "a / b (asyncio) <= 1.2      1.10  met",
+        "c / d >= 1.5                1.06  missed",
+        "(info) e                    3.00",
+    ]
+    assert harness.verdicts(targets) == {"a / b (asyncio) <= 1.2": "met", "c / d >= 1.5": "missed"}
 
 
 def test_write_json_with_no_path_writes_to_the_results_folder(
@@ -128,7 +190,7 @@ def test_write_json_with_no_path_writes_to_the_results_folder(
     monkeypatch.setattr(harness, "RESULTS", tmp_path)
     path = harness.write_json({"a": 1}, "", script="benchmarks/soak.py", device="Some GPU")
     assert path == tmp_path / "soak-Some-GPU.json"
-    assert json.loads(path.read_text()) == {"a": 1}
+    assert json.loads(path.read_text())["a"] == 1
 
 
 def test_environment_names_the_device_and_python() -> None:

@@ -46,8 +46,9 @@ def _bind(backend: ag.Backend, kernel: ag.Kernel, *args: object, **kw: Any) -> B
     )
 
 
-async def test_the_layout_is_computed_once_when_bound(host: ag.Backend) -> None:
-    rng = np.random.default_rng()
+async def test_the_layout_is_computed_once_when_bound(
+    host: ag.Backend, rng: np.random.Generator
+) -> None:
     a = rng.standard_normal(25).astype(np.float32)  # 100 bytes
     io = rng.standard_normal(2).astype(np.float32)  # 8 bytes
     b = rng.standard_normal(40)  # 320 bytes

@@ -13,11 +13,13 @@ import pytest
 
 from tests.fake_driver import run_scenario
 
+from .needs import CORES
 
-@pytest.mark.parametrize("core", ["python", "compiled"])
+
+@pytest.mark.stand_in
+@pytest.mark.nvrtc
+@pytest.mark.parametrize("core", CORES)
 def test_an_aborted_capture_destroys_its_graph_once(core: str) -> None:
-    if core == "compiled":
-        pytest.importorskip("asyncgraph.cuda._core", reason="the compiled core is not built here")
     seen = run_scenario("tests.fake_driver.capture_scenario", core)
     assert seen["active_aborted"] is True
     assert seen["active_refused_destroys"] == 0

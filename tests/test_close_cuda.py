@@ -27,10 +27,12 @@ def _assert_closed(gpu: ag.Backend, before: set[threading.Thread]) -> None:
     assert _waiters() - before == set()
 
 
-def test_a_later_loop_closes_a_cuda_backend_whose_loop_ended_with_work_in_flight() -> None:
+def test_a_later_loop_closes_a_cuda_backend_whose_loop_ended_with_work_in_flight(
+    rng: np.random.Generator,
+) -> None:
     before = _waiters()
     n = 4 << 20  # 16 MiB of results
-    x = np.random.default_rng().random(n, dtype=np.float32)
+    x = rng.random(n, dtype=np.float32)
 
     async def start() -> tuple[Any, ...]:
         gpu = ag.open_backend("cuda")
@@ -129,10 +131,12 @@ def test_a_cuda_dispatch_in_flight_when_its_loop_ends_still_resolves(
     _assert_closed(gpu, before)
 
 
-def test_cuda_dispatches_on_several_lanes_resolve_after_their_loop_ends() -> None:
+def test_cuda_dispatches_on_several_lanes_resolve_after_their_loop_ends(
+    rng: np.random.Generator,
+) -> None:
     before = _waiters()
     n = 4 << 20  # 16 MiB of results: copied out off the loop's thread
-    x = np.random.default_rng().random(n, dtype=np.float32)
+    x = rng.random(n, dtype=np.float32)
     kept: dict[str, Any] = {}
 
     async def main() -> None:

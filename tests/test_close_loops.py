@@ -19,6 +19,7 @@ import pytest
 import asyncgraph as ag
 
 from .kernels import SCALE, Recorder, probe_kernel
+from .loops import LOOPS, run
 
 _OWN_THREADS = ("asyncgraph-host", "asyncgraph-waiter")
 
@@ -151,3 +152,13 @@ def test_a_close_the_loop_ends_during_still_finishes(how: str) -> None:
     assert kept["pending"].done()
     assert kept["buffer"].is_closed
     _assert_closed(kept["backend"], before)
+
+
+@pytest.mark.parametrize("loop", LOOPS)
+def test_a_backend_opened_outside_a_loop_closes_before_any_use(loop: Any) -> None:
+    """As in the quickstart's options: opened with no loop running, then closed on one."""
+    before = _threads()
+    backend = ag.open_backend("host", host_workers=2)
+    run(loop, backend.aclose)
+    _assert_closed(backend, before)
+    run(loop, backend.aclose)  # idempotent, from another run too

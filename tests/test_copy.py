@@ -18,6 +18,7 @@ import asyncgraph as ag
 from tests.fake_driver import run_scenario
 
 from .kernels import INC
+from .needs import CORES
 
 N = 4096
 
@@ -35,9 +36,11 @@ def _inc(backend: Any, buffer: ag.ResidentBuffer) -> ag.PendingDispatch:
     return pending
 
 
-async def test_a_copy_reads_the_writers_before_it_and_is_its_own(hosts: tuple[Any, Any]) -> None:
+async def test_a_copy_reads_the_writers_before_it_and_is_its_own(
+    hosts: tuple[Any, Any], rng: np.random.Generator
+) -> None:
     a, b = hosts
-    x = np.random.default_rng().standard_normal(N, dtype=np.float32)
+    x = rng.standard_normal(N, dtype=np.float32)
     source = await a.upload(x)
     writes = [_inc(a, source) for _ in range(3)]  # in flight when the copy starts
     copied = await a.copy(source, to=b)
@@ -79,10 +82,10 @@ async def test_a_copy_to_a_closed_backend_is_refused(hosts: tuple[Any, Any]) -> 
     assert np.array_equal(await a.download(await a.copy(source)), np.ones(N, np.float32))
 
 
-@pytest.mark.parametrize("core", ["python", "compiled"])
+@pytest.mark.stand_in
+@pytest.mark.nvrtc
+@pytest.mark.parametrize("core", CORES)
 def test_copies_between_cuda_backends_on_the_stand_in(core: str) -> None:
-    if core == "compiled":
-        pytest.importorskip("asyncgraph.cuda._core", reason="the compiled core is not built here")
     seen = run_scenario("tests.fake_driver.copy_scenario", core)
     # Within a backend, to a backend of the same device, to the other device twice, to the
     # host, and from the host back to the other device: each right.

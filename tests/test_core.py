@@ -22,9 +22,7 @@ try:
 except ImportError:
     compiled = None
 
-needs_compiled = pytest.mark.skipif(
-    compiled is None, reason="the compiled core is not built in this environment"
-)
+needs_compiled = pytest.mark.compiled  # skipped where it is not built (tests/needs.py)
 
 # Every value type the compiled launcher packs.
 DTYPES = ["?", "i1", "i2", "i4", "i8", "u1", "u2", "u4", "u8", "f4", "f8"]
@@ -72,8 +70,7 @@ def _launchers(params: tuple[Param, ...]) -> list[Any]:
     return [maker(drv.CUfunction(), params) for maker in makers]
 
 
-def test_each_core_packs_what_numpy_would_write() -> None:
-    rng = np.random.default_rng()
+def test_each_core_packs_what_numpy_would_write(rng: np.random.Generator) -> None:
     for _ in range(50):
         params, args, base, expected = _call(rng)
         for launcher in _launchers(params):
@@ -81,8 +78,7 @@ def test_each_core_packs_what_numpy_would_write() -> None:
             assert launcher.packed() == expected, type(launcher)
 
 
-def test_launch_values_pack_the_same_as_arguments() -> None:
-    rng = np.random.default_rng()
+def test_launch_values_pack_the_same_as_arguments(rng: np.random.Generator) -> None:
     params, args, base, expected = _call(rng)
     values = [arg.value if arg.by_value else base + arg.offset for arg in args]
     for launcher in _launchers(params):
@@ -90,8 +86,7 @@ def test_launch_values_pack_the_same_as_arguments() -> None:
         assert launcher.packed() == expected
 
 
-def test_a_wrong_number_of_arguments_is_refused_by_both() -> None:
-    rng = np.random.default_rng()
+def test_a_wrong_number_of_arguments_is_refused_by_both(rng: np.random.Generator) -> None:
     params, args, base, _ = _call(rng)
     for launcher in _launchers(params):
         with pytest.raises(ValueError, match="argument"):

@@ -16,31 +16,18 @@ from typing import Any
 
 import pytest
 
-from tests.fake_driver import build, environment
+from tests.fake_driver import environment
+
+from .needs import CORES, stand_in
 
 ROOT = Path(__file__).resolve().parent.parent
-
-try:
-    from asyncgraph.cuda import _core as _compiled  # type: ignore[attr-defined]  # built in place
-except ImportError:
-    _compiled = None
-
-CORES = [
-    pytest.param(
-        "compiled",
-        marks=pytest.mark.skipif(_compiled is None, reason="the compiled core is not built here"),
-    ),
-    "python",
-]
+pytestmark = pytest.mark.stand_in
 
 
 @pytest.fixture(scope="module")
 def fake_driver() -> Path:
     """A directory holding the stand-in ``libcuda.so.1``."""
-    try:
-        return build()
-    except RuntimeError as exc:
-        pytest.skip(str(exc))
+    return stand_in()
 
 
 def _run(fake_driver: Path, core: str, scenario: str) -> dict[str, Any]:

@@ -40,11 +40,6 @@ async def gpu() -> AsyncIterator[Any]:
         yield backend
 
 
-@pytest.fixture
-def rng() -> np.random.Generator:
-    return np.random.default_rng()
-
-
 SIZES = [1, 1000, 10**6, 10**8]
 
 

@@ -38,8 +38,9 @@ async def gpu() -> AsyncIterator[Any]:
 
 
 @pytest.mark.parametrize("buckets", [None, (4, 8)])
-async def test_concurrent_callers_get_their_rows(gpu: Any, buckets: Any) -> None:
-    rng = np.random.default_rng()
+async def test_concurrent_callers_get_their_rows(
+    gpu: Any, buckets: Any, rng: np.random.Generator
+) -> None:
     bias = rng.standard_normal(F, dtype=np.float32)
     resident_bias = await gpu.upload(bias)
     a = np.float32(1.5)

@@ -20,12 +20,13 @@ import pytest
 
 from .context_work import current, destroy, every_kind_of_work, push_foreign
 from .fake_driver import run_scenario
+from .needs import CORES
 
 
-@pytest.mark.parametrize("core", ["python", "compiled"])
+@pytest.mark.stand_in
+@pytest.mark.nvrtc
+@pytest.mark.parametrize("core", CORES)
 def test_every_driver_call_runs_in_the_backends_context_on_the_stand_in(core: str) -> None:
-    if core == "compiled":
-        pytest.importorskip("asyncgraph.cuda._core", reason="the compiled core is not built here")
     seen = run_scenario("tests.fake_driver.context_scenario", core)
     for case in ("foreign_on_main", "none_on_thread", "foreign_on_thread"):
         result = seen[case]

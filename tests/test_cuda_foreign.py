@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import asyncio
 import threading
-import time
 from collections.abc import AsyncIterator, Iterator
 from typing import Any
 
@@ -79,25 +78,18 @@ def foreign(gpu: Any) -> Iterator[Foreign]:
     work.close()
 
 
-async def _heartbeats(stop: asyncio.Event) -> int:
-    beats = 0
-    while not stop.is_set():
-        await asyncio.sleep(0.001)
-        beats += 1
-    return beats
-
-
 async def test_wait_returns_once_the_streams_work_completed(gpu: Any, foreign: Foreign) -> None:
-    stop = asyncio.Event()
-    beating = asyncio.ensure_future(_heartbeats(stop))
     foreign.spin(50)
-    t0 = time.perf_counter()
-    await gpu.wait(foreign.stream)
-    waited = time.perf_counter() - t0
-    stop.set()
+    waiting = asyncio.ensure_future(gpu.wait(foreign.stream))
+    # The loop turns while wait() waits for the 50 ms kernel: counted in turns, not in time
+    # (a wait that blocked the loop would be done before the first turn).
+    turns = 0
+    while not waiting.done() and turns < 20:
+        await asyncio.sleep(0)
+        turns += 1
+    assert turns == 20, f"wait() was done after {turns} turns of the loop"
+    await waiting
     assert foreign.idle(), "wait() returned before the stream's work completed"
-    assert waited > 0.02  # it did wait for the 50 ms kernel
-    assert await beating > 5  # and the loop kept running meanwhile
 
 
 @pytest.mark.parametrize("form", ["cuda.core Stream", "__cuda_stream__", "CUstream", "int"])
@@ -161,17 +153,36 @@ async def test_one_stream_at_a_time_is_watched_directly(gpu: Any, foreign: Forei
 
 
 async def test_a_recorded_event_is_awaited(gpu: Any, foreign: Foreign) -> None:
-    event = foreign.stream.record()  # a cuda.core Event
+    foreign.spin(30)
+    event = foreign.stream.record()  # a cuda.core Event, after the spin: waited for
     foreign.spin(30)  # after the event: not waited for
+    handle = drv.CUevent(int(event.handle))
     await gpu.wait(event)
-    await gpu.wait(drv.CUevent(int(event.handle)))
+    assert drv.cuEventQuery(handle)[0] == drv.CUresult.CUDA_SUCCESS, "returned before the event"
+    await gpu.wait(handle)  # the driver's form of the same event
+    assert drv.cuEventQuery(handle)[0] == drv.CUresult.CUDA_SUCCESS
     foreign.stream.sync()
     event.close()
 
 
-async def test_a_lease_is_a_stream_too(gpu: Any) -> None:
+async def test_a_lease_is_a_stream_too(gpu: Any, foreign: Foreign) -> None:
+    """wait(lease) returns once the lease's stream did its work: a copy queued on it behind a
+    long kernel of another stream arrived."""
+    buf = await gpu.upload(np.full(N, 7, np.float32))
+    staged = gpu.pinned_empty(N, np.float32)
+    staged[:] = 0
+    pointer = drv.CUdeviceptr(gpu._cuda.storage_pointer(storage_of(buf)))
+    foreign.spin(30)
+    event = foreign.stream.record()
     async with gpu.stream() as lease:
+        stream = drv.CUstream(lease.handle)
+        (err,) = drv.cuStreamWaitEvent(stream, drv.CUevent(int(event.handle)), 0)
+        assert err == drv.CUresult.CUDA_SUCCESS
+        (err,) = drv.cuMemcpyDtoHAsync(staged.ctypes.data, pointer, staged.nbytes, stream)
+        assert err == drv.CUresult.CUDA_SUCCESS
         await gpu.wait(lease)
+        assert (staged == 7).all(), "wait(lease) returned before the lease's copy completed"
+    event.close()
 
 
 async def test_many_waits_at_once_complete_and_leak_nothing(gpu: Any, foreign: Foreign) -> None:
@@ -254,9 +265,10 @@ async def test_what_is_not_a_stream_is_refused(gpu: Any, work: object, message: 
     await gpu.wait(0)
 
 
-async def test_dispatch_after_a_stream_runs_after_its_work(gpu: Any, foreign: Foreign) -> None:
+async def test_dispatch_after_a_stream_runs_after_its_work(
+    gpu: Any, foreign: Foreign, rng: np.random.Generator
+) -> None:
     """The dispatch reads a buffer the foreign stream writes late: ordered, it sees the write."""
-    rng = np.random.default_rng()
     x = rng.standard_normal(N, dtype=np.float32)
     buf = await gpu.upload(np.zeros(N, np.float32))
     foreign.spin(30)  # then write x into the buffer, on the foreign stream

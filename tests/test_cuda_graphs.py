@@ -26,8 +26,8 @@ async def gpu() -> AsyncIterator[Any]:
         yield backend
 
 
-def _rand(n: int = N) -> np.ndarray[Any, Any]:
-    return np.random.default_rng().standard_normal(n).astype(np.float32)
+def _rand(rng: np.random.Generator, n: int = N) -> np.ndarray[Any, Any]:
+    return rng.standard_normal(n).astype(np.float32)
 
 
 def _clean(gpu: Any) -> None:
@@ -38,15 +38,15 @@ def _clean(gpu: Any) -> None:
     assert capture_status(gpu._cuda.graphs.capture_handle) is CaptureStatus.NONE
 
 
-async def test_a_recorded_dispatch_replays_new_inputs(gpu: Any) -> None:
-    x = _rand()
+async def test_a_recorded_dispatch_replays_new_inputs(gpu: Any, rng: np.random.Generator) -> None:
+    x = _rand(rng)
     graph = await gpu.record(
         SCALE, x, ag.Out(N, np.float32), np.float32(2), np.int32(N), grid=4, block=256
     )
     graph.upload()
     before = gpu.telemetry.snapshot()
     for _ in range(3):
-        fresh = _rand()
+        fresh = _rand(rng)
         (y,) = await graph.replay(fresh, ag.Out(N, np.float32), np.float32(2), np.int32(N))
         np.testing.assert_array_equal(y, fresh * np.float32(2))
     # Byte-identical inputs take the resident-input graph: nothing goes up.
@@ -70,13 +70,15 @@ async def test_a_recorded_dispatch_replays_new_inputs(gpu: Any) -> None:
     _clean(gpu)
 
 
-async def test_replay_refuses_other_shapes_and_stays_usable(gpu: Any) -> None:
-    x = _rand()
+async def test_replay_refuses_other_shapes_and_stays_usable(
+    gpu: Any, rng: np.random.Generator
+) -> None:
+    x = _rand(rng)
     graph = await gpu.record(
         SCALE, x, ag.Out(N, np.float32), np.float32(2), np.int32(N), grid=4, block=256
     )
     with pytest.raises(ag.ShapeMismatchError, match=r"recorded with float32 of shape \(1000,\)"):
-        await graph.replay(_rand(N + 1), ag.Out(N, np.float32), np.float32(2), np.int32(N))
+        await graph.replay(_rand(rng, N + 1), ag.Out(N, np.float32), np.float32(2), np.int32(N))
     with pytest.raises(ag.ShapeMismatchError, match=r"args\[1\] of 'scale' is float32 of shape"):
         await graph.replay(x, ag.Out(N - 1, np.float32), np.float32(2), np.int32(N))
     with pytest.raises(ag.ArgumentTypeError, match=r"float64"):
@@ -104,8 +106,8 @@ async def test_an_in_out_graph_and_concurrent_replays_in_call_order(gpu: Any) ->
     _clean(gpu)
 
 
-async def test_a_graph_keeps_its_resident_buffers(gpu: Any) -> None:
-    data = _rand()
+async def test_a_graph_keeps_its_resident_buffers(gpu: Any, rng: np.random.Generator) -> None:
+    data = _rand(rng)
     buf = await gpu.upload(data)
     live = gpu._store.bytes_live
     graph = await gpu.record(
@@ -126,14 +128,14 @@ async def _spinning(gpu: Any, count: int, ms: float) -> list[Any]:
 
 
 @pytest.mark.parametrize("mode", ["relaxed", "thread_local", "global"])
-async def test_capture_while_dispatches_run(gpu: Any, mode: str) -> None:
+async def test_capture_while_dispatches_run(gpu: Any, mode: str, rng: np.random.Generator) -> None:
     await gpu.compile(INC)
     await gpu.compile(SPIN)
     # Long kernels in flight: the reactor polls and its waiter threads wait meanwhile.
     spinning = await _spinning(gpu, 6, 30)
     quick = [
         gpu.dispatch(SCALE, x, ag.Out(N, np.float32), np.float32(2), np.int32(N), grid=4, block=256)
-        for x in [_rand() for _ in range(8)]
+        for x in [_rand(rng) for _ in range(8)]
     ]
     buf = await gpu.upload(np.zeros(N, np.float32))
     async with gpu.capture(mode=mode) as cap:
@@ -247,10 +249,10 @@ async def test_foreign_work_on_the_capture_stream(gpu: Any) -> None:
     cap.graph.close()
 
 
-async def test_the_cache_serves_64_concurrent_tasks() -> None:
+async def test_the_cache_serves_64_concurrent_tasks(rng: np.random.Generator) -> None:
     async with ag.open_backend("cuda", graph_cache_bytes=64 << 20) as opened:
         gpu: Any = opened
-        inputs = [_rand() for _ in range(64)]
+        inputs = [_rand(rng) for _ in range(64)]
 
         async def task(x: np.ndarray[Any, Any]) -> np.ndarray[Any, Any]:
             out = None
@@ -293,13 +295,13 @@ async def test_the_cache_serves_64_concurrent_tasks() -> None:
     assert gpu.pinned_pool.statistics().bytes_in_use == 0
 
 
-async def test_the_cache_evicts_under_a_tight_byte_bound() -> None:
+async def test_the_cache_evicts_under_a_tight_byte_bound(rng: np.random.Generator) -> None:
     async with ag.open_backend("cuda", graph_cache_bytes=200_000) as opened:
         gpu: Any = opened
         sizes = [1000 * k for k in range(1, 9)]  # 8 signatures, 8 to 64 kB each
         for _ in range(3):
             for n in sizes:
-                x = _rand(n)
+                x = _rand(rng, n)
                 (y,) = await gpu.dispatch(
                     SCALE,
                     x,

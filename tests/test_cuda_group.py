@@ -47,8 +47,9 @@ def _inc(target: Any, buffer: ag.ResidentBuffer, times: int = 1) -> list[ag.Pend
     ]
 
 
-async def test_two_backends_of_one_device_share_the_work(pair: Any) -> None:
-    rng = np.random.default_rng()
+async def test_two_backends_of_one_device_share_the_work(
+    pair: Any, rng: np.random.Generator
+) -> None:
     xs = [rng.standard_normal(4096, dtype=np.float32) for _ in range(64)]
     results = await asyncio.gather(
         *(
@@ -64,8 +65,9 @@ async def test_two_backends_of_one_device_share_the_work(pair: Any) -> None:
     assert all(c > 0 for c in counts), counts
 
 
-async def test_copy_reads_what_the_writers_in_flight_wrote(pair: Any) -> None:
-    rng = np.random.default_rng()
+async def test_copy_reads_what_the_writers_in_flight_wrote(
+    pair: Any, rng: np.random.Generator
+) -> None:
     x = rng.standard_normal(N, dtype=np.float32)
     source = await pair.upload(x, pair[0])
     writes = _inc(pair[0], source, 20)  # in flight when the copy starts
@@ -80,8 +82,7 @@ async def test_copy_reads_what_the_writers_in_flight_wrote(pair: Any) -> None:
     assert pair[1].telemetry.snapshot().buffer_copy_bytes == x.nbytes
 
 
-async def test_a_writer_after_the_copy_waits_for_it(pair: Any) -> None:
-    rng = np.random.default_rng()
+async def test_a_writer_after_the_copy_waits_for_it(pair: Any, rng: np.random.Generator) -> None:
     x = rng.standard_normal(N, dtype=np.float32)
     source = await pair.upload(x, pair[0])
     gate = await pair.upload(np.zeros(1, np.int32), pair[0])
@@ -100,8 +101,7 @@ async def test_a_writer_after_the_copy_waits_for_it(pair: Any) -> None:
     assert np.array_equal(await pair.download(source), expected)
 
 
-async def test_copy_within_one_backend_and_to_the_host(pair: Any) -> None:
-    rng = np.random.default_rng()
+async def test_copy_within_one_backend_and_to_the_host(pair: Any, rng: np.random.Generator) -> None:
     x = rng.standard_normal(4096, dtype=np.float32)
     source = await pair[0].upload(x)
     twin = await pair[0].copy(source)
@@ -114,8 +114,9 @@ async def test_copy_within_one_backend_and_to_the_host(pair: Any) -> None:
         assert np.array_equal(await host.download(on_host), x)
 
 
-async def test_replicate_uploads_once_and_copies_on_the_device(pair: Any) -> None:
-    rng = np.random.default_rng()
+async def test_replicate_uploads_once_and_copies_on_the_device(
+    pair: Any, rng: np.random.Generator
+) -> None:
     x = rng.standard_normal(N, dtype=np.float32)
     up = [m.telemetry.snapshot().bytes_up for m in pair]
     replicated = await pair.replicate(x)

@@ -34,10 +34,12 @@ def _slow_write(gpu: Any, flag: ag.ResidentBuffer, ms: float) -> ag.PendingDispa
     return gpu.dispatch(SPIN, cycles, ag.Out(into=flag), grid=1, block=1)  # type: ignore[no-any-return]
 
 
-async def test_cupy_and_torch_view_a_buffer_through_the_cuda_array_interface(gpu: Any) -> None:
+async def test_cupy_and_torch_view_a_buffer_through_the_cuda_array_interface(
+    gpu: Any, rng: np.random.Generator
+) -> None:
     cp = pytest.importorskip("cupy")
     torch = pytest.importorskip("torch")
-    data = np.random.default_rng().standard_normal(1000).astype(np.float32)
+    data = rng.standard_normal(1000).astype(np.float32)
     buf = await gpu.upload(data)
     cai = buf.__cuda_array_interface__
     assert (cai["version"], cai["shape"], cai["typestr"], cai["stream"]) == (

@@ -58,8 +58,9 @@ def _grid(n: int) -> int:
 
 
 @pytest.mark.parametrize("n", SIZES)
-async def test_unwritten_outputs_are_zero_after_full_ones(gpu: Any, n: int) -> None:
-    rng = np.random.default_rng()
+async def test_unwritten_outputs_are_zero_after_full_ones(
+    gpu: Any, n: int, rng: np.random.Generator
+) -> None:
     rounds = max(40, LANES_STAGING // (8 * n))  # small ones wrap the rings
     for r in range(rounds):
         x = rng.standard_normal(n, dtype=np.float32)
@@ -71,9 +72,8 @@ async def test_unwritten_outputs_are_zero_after_full_ones(gpu: Any, n: int) -> N
         assert not out[m:].any(), f"round {r}: {np.count_nonzero(out[m:])} stale elements"
 
 
-async def test_many_at_once_keep_their_own_zeros(gpu: Any) -> None:
+async def test_many_at_once_keep_their_own_zeros(gpu: Any, rng: np.random.Generator) -> None:
     """Concurrent dispatches share the rings: none sees another's results."""
-    rng = np.random.default_rng()
     n = 1024
 
     async def one(m: int) -> None:
@@ -89,8 +89,7 @@ async def test_many_at_once_keep_their_own_zeros(gpu: Any) -> None:
 
 
 @pytest.mark.parametrize("n", [1024, 256 * 1024])
-async def test_outputs_without_inputs_are_zero(gpu: Any, n: int) -> None:
-    rng = np.random.default_rng()
+async def test_outputs_without_inputs_are_zero(gpu: Any, n: int, rng: np.random.Generator) -> None:
     for _ in range(40):
         x = rng.standard_normal(n, dtype=np.float32)
         await gpu.dispatch(PARTIAL, x, ag.Out(n, np.float32), np.int32(n), grid=_grid(n), block=256)
@@ -100,11 +99,11 @@ async def test_outputs_without_inputs_are_zero(gpu: Any, n: int) -> None:
         assert not out.any()
 
 
-async def test_small_outputs_go_up_with_the_inputs(gpu: Any) -> None:
+async def test_small_outputs_go_up_with_the_inputs(gpu: Any, rng: np.random.Generator) -> None:
     """One upload and no memset for a 4 KiB output beside a 4 KiB input: the bytes of both
     are counted up, the output's down."""
     n = 1024
-    x = np.random.default_rng().standard_normal(n, dtype=np.float32)
+    x = rng.standard_normal(n, dtype=np.float32)
     call = (PARTIAL, x, ag.Out(n, np.float32), np.int32(n))
     await gpu.dispatch(*call, grid=_grid(n), block=256)
     before = gpu.telemetry.snapshot()

@@ -31,8 +31,8 @@ def _free_device_bytes() -> int:
     return int(free)
 
 
-async def _small_work_is_correct(gpu: Any) -> None:
-    x = np.random.default_rng().standard_normal(1000, dtype=np.float32)
+async def _small_work_is_correct(rng: np.random.Generator, gpu: Any) -> None:
+    x = rng.standard_normal(1000, dtype=np.float32)
     (out,) = await gpu.dispatch(
         SCALE, x, ag.Out(1000, np.float32), np.float32(3), np.int32(1000), grid=4, block=256
     )
@@ -50,8 +50,9 @@ def _empty_or_none(gpu: Any, nbytes: int) -> Any:
 
 async def test_device_out_of_memory_raises_allocation_error_and_the_backend_serves_on(
     gpu: Any,
+    rng: np.random.Generator,
 ) -> None:
-    await _small_work_is_correct(gpu)
+    await _small_work_is_correct(rng, gpu)
     # A resident buffer larger than the whole device.
     with pytest.raises(ag.AllocationError, match=r"device out of memory allocating \d+ bytes"):
         gpu.empty(_free_device_bytes() + (1 << 30), np.uint8)
@@ -82,7 +83,7 @@ async def test_device_out_of_memory_raises_allocation_error_and_the_backend_serv
     # Nothing leaked, the backend did not fail, and smaller work runs.
     assert memory.statistics().bytes_in_use == 0
     assert gpu.pinned_pool.statistics().bytes_in_use == 0
-    await _small_work_is_correct(gpu)
+    await _small_work_is_correct(rng, gpu)
     for buffer in held:
         await buffer.aclose()
     # With the memory back, the same dispatch succeeds.
@@ -93,11 +94,12 @@ async def test_device_out_of_memory_raises_allocation_error_and_the_backend_serv
     assert bool((out == 2).all())
 
 
-async def test_pinned_cap_reached_allocates_beyond_it_and_frees_down_to_it() -> None:
+async def test_pinned_cap_reached_allocates_beyond_it_and_frees_down_to_it(
+    rng: np.random.Generator,
+) -> None:
     cap = 1 << 20
     async with ag.open_backend("cuda", pinned_pool_bytes=cap) as backend:
         gpu: Any = backend
-        rng = np.random.default_rng()
 
         async def one() -> None:
             n = 1 << 19  # 2 MiB in and 2 MiB out: 4 MiB of staging, over the cap
@@ -134,11 +136,13 @@ def _scale(gpu: Any, x: np.ndarray[Any, Any]) -> Any:
     )
 
 
-async def test_close_completes_work_in_flight_and_a_second_close_is_harmless() -> None:
+async def test_close_completes_work_in_flight_and_a_second_close_is_harmless(
+    rng: np.random.Generator,
+) -> None:
     backend: Any = ag.open_backend("cuda")
     await backend.compile(SPIN)
     await backend.compile(SCALE)
-    x = np.random.default_rng().standard_normal(4096, dtype=np.float32)
+    x = rng.standard_normal(4096, dtype=np.float32)
     long = _spin(backend, 100)
     short = [_scale(backend, x) for _ in range(20)]
 

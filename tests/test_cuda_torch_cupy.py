@@ -27,9 +27,9 @@ async def gpu() -> AsyncIterator[Any]:
         yield backend
 
 
-def _mlp(torch: Any) -> tuple[Any, list[np.ndarray[Any, Any]]]:
+def _mlp(rng: np.random.Generator, torch: Any) -> tuple[Any, list[np.ndarray[Any, Any]]]:
     """The serving benchmark's model: 4 x Linear(1024, 1024) + ReLU, fp32, and its weights."""
-    torch.manual_seed(int(np.random.default_rng().integers(1 << 31)))
+    torch.manual_seed(int(rng.integers(1 << 31)))
     layers: list[Any] = []
     for _ in range(4):
         layers += [torch.nn.Linear(1024, 1024), torch.nn.ReLU()]
@@ -45,11 +45,10 @@ def _mlp_reference(x: np.ndarray[Any, Any], weights: list[np.ndarray[Any, Any]])
     return h
 
 
-async def test_a_pytorch_model_is_awaited_on_its_stream(gpu: Any) -> None:
+async def test_a_pytorch_model_is_awaited_on_its_stream(gpu: Any, rng: np.random.Generator) -> None:
     torch = pytest.importorskip("torch")
     torch.backends.cuda.matmul.allow_tf32 = False
-    model, weights = _mlp(torch)
-    rng = np.random.default_rng()
+    model, weights = _mlp(rng, torch)
     for _ in range(20):
         x = rng.standard_normal((4, 1024), dtype=np.float32)
         out = torch.empty((4, 1024), pin_memory=True)
@@ -60,11 +59,10 @@ async def test_a_pytorch_model_is_awaited_on_its_stream(gpu: Any) -> None:
         np.testing.assert_allclose(out.numpy(), _mlp_reference(x, weights), rtol=1e-4, atol=1e-4)
 
 
-async def test_many_pytorch_requests_at_once(gpu: Any) -> None:
+async def test_many_pytorch_requests_at_once(gpu: Any, rng: np.random.Generator) -> None:
     torch = pytest.importorskip("torch")
     torch.backends.cuda.matmul.allow_tf32 = False
-    model, weights = _mlp(torch)
-    rng = np.random.default_rng()
+    model, weights = _mlp(rng, torch)
 
     async def request() -> None:
         x = rng.standard_normal((4, 1024), dtype=np.float32)
@@ -98,9 +96,8 @@ async def test_pytorch_side_streams_and_events(gpu: Any) -> None:
         gpu.wait(torch.cuda.Event())
 
 
-async def test_a_dispatch_after_pytorch_sees_its_writes(gpu: Any) -> None:
+async def test_a_dispatch_after_pytorch_sees_its_writes(gpu: Any, rng: np.random.Generator) -> None:
     torch = pytest.importorskip("torch")
-    rng = np.random.default_rng()
     x = rng.standard_normal(N, dtype=np.float32)
     buf = await gpu.upload(np.zeros(N, np.float32))
     view = torch.from_dlpack(buf)  # the buffer's memory, in place
@@ -131,9 +128,8 @@ async def test_pytorch_ordered_after_a_dispatch_sees_its_writes(gpu: Any) -> Non
     await pending
 
 
-async def test_cupy_streams_and_events(gpu: Any) -> None:
+async def test_cupy_streams_and_events(gpu: Any, rng: np.random.Generator) -> None:
     cp = pytest.importorskip("cupy")
-    rng = np.random.default_rng()
     x = rng.standard_normal(N, dtype=np.float32)
     stream = cp.cuda.Stream(non_blocking=True)
     with stream:
@@ -152,9 +148,8 @@ async def test_cupy_streams_and_events(gpu: Any) -> None:
     np.testing.assert_allclose(cp.asnumpy(y2), x * 4, rtol=1e-6)
 
 
-async def test_a_dispatch_after_cupy_sees_its_writes(gpu: Any) -> None:
+async def test_a_dispatch_after_cupy_sees_its_writes(gpu: Any, rng: np.random.Generator) -> None:
     cp = pytest.importorskip("cupy")
-    rng = np.random.default_rng()
     x = rng.standard_normal(N, dtype=np.float32)
     buf = await gpu.upload(np.zeros(N, np.float32))
     view = cp.from_dlpack(buf)

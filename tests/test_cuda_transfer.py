@@ -30,8 +30,8 @@ async def gpu(monkeypatch: pytest.MonkeyPatch) -> AsyncIterator[Any]:
     [CHUNKED_ABOVE + 1, 2 << 20, (5 << 19) + 12, 7 << 20],
     ids=["just-over", "two-chunks", "two-and-a-half", "seven"],
 )
-async def test_chunked_round_trip_matches(gpu: Any, nbytes: int) -> None:
-    data = np.random.default_rng().integers(0, 256, nbytes, dtype=np.uint8)
+async def test_chunked_round_trip_matches(gpu: Any, nbytes: int, rng: np.random.Generator) -> None:
+    data = rng.integers(0, 256, nbytes, dtype=np.uint8)
     before = gpu.pinned_pool.statistics()
     buf = await gpu.upload(data)
     back = await gpu.download(buf)
@@ -43,8 +43,10 @@ async def test_chunked_round_trip_matches(gpu: Any, nbytes: int) -> None:
     assert max(after.bytes_idle, before.bytes_idle) <= 2 * (1 << 20) * 2
 
 
-async def test_chunked_transfers_of_other_dtypes_and_shapes(gpu: Any) -> None:
-    data = np.random.default_rng().standard_normal((700, 900)).astype(np.float64)  # 4.8 MiB
+async def test_chunked_transfers_of_other_dtypes_and_shapes(
+    gpu: Any, rng: np.random.Generator
+) -> None:
+    data = rng.standard_normal((700, 900)).astype(np.float64)  # 4.8 MiB
     buf = await gpu.upload(data)
     back = await gpu.download(buf)
     assert back.shape == (700, 900)
@@ -71,8 +73,10 @@ async def test_a_cancelled_upload_leaks_nothing(gpu: Any) -> None:
 
 
 @pytest.mark.parametrize("nbytes", [4096, 3 << 20], ids=["one-block", "chunked"])
-async def test_download_into_an_array_of_yours(gpu: Any, nbytes: int) -> None:
-    data = np.random.default_rng().integers(0, 256, nbytes, dtype=np.uint8)
+async def test_download_into_an_array_of_yours(
+    gpu: Any, nbytes: int, rng: np.random.Generator
+) -> None:
+    data = rng.integers(0, 256, nbytes, dtype=np.uint8)
     buf = await gpu.upload(data)
     out = np.zeros(nbytes, np.uint8)
     assert await gpu.download(buf, out=out) is out
@@ -110,8 +114,10 @@ def _launch(n: int) -> dict[str, int]:
     return {"grid": -(-n // 256), "block": 256}
 
 
-async def test_a_dispatch_over_the_pinned_cap_streams_in_chunks(streaming: Any) -> None:
-    x = np.random.default_rng().standard_normal(_N).astype(np.float32)
+async def test_a_dispatch_over_the_pinned_cap_streams_in_chunks(
+    streaming: Any, rng: np.random.Generator
+) -> None:
+    x = rng.standard_normal(_N).astype(np.float32)
     memory = streaming.device_memory.statistics()
     before = streaming.telemetry.snapshot()
     (y,) = await streaming.dispatch(
@@ -142,8 +148,10 @@ async def test_a_dispatch_over_the_pinned_cap_streams_in_chunks(streaming: Any) 
     assert streaming.acquired_sizes == [2 * small.nbytes]
 
 
-async def test_a_streamed_in_out_and_a_resident_result(streaming: Any) -> None:
-    x = np.random.default_rng().standard_normal(_N).astype(np.float32)
+async def test_a_streamed_in_out_and_a_resident_result(
+    streaming: Any, rng: np.random.Generator
+) -> None:
+    x = rng.standard_normal(_N).astype(np.float32)
     (bumped,) = await streaming.dispatch(
         INC, ag.InOut(x), np.float32(1.5), np.int32(_N), **_launch(_N)
     )

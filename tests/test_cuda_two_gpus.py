@@ -45,13 +45,13 @@ async def pair() -> AsyncIterator[ag.DeviceGroup]:
 @needs_two
 async def test_copies_between_the_gpus_go_peer_to_peer_and_are_right(
     pair: ag.DeviceGroup,
+    rng: np.random.Generator,
 ) -> None:
     from cuda.bindings import driver as drv
 
     can = drv.cuDeviceCanAccessPeer(0, 1)[1] and drv.cuDeviceCanAccessPeer(1, 0)[1]
     routes = {(a, b): route for a, b, route in pair.snapshot().copy_routes}
     assert routes == {(0, 1): "peer" if can else "staged", (1, 0): "peer" if can else "staged"}
-    rng = np.random.default_rng()
     for nbytes in (4096, 64 << 20):
         x = rng.standard_normal(nbytes // 4, dtype=np.float32)
         source = await pair.upload(x, 0)

@@ -23,11 +23,6 @@ __all__ = ("loop",)
 pytestmark = pytest.mark.cuda
 
 
-@pytest.fixture
-def rng() -> np.random.Generator:
-    return np.random.default_rng()
-
-
 def _python_waiters() -> list[str]:
     return [t.name for t in threading.enumerate() if t.name.startswith("asyncgraph-waiter")]
 

@@ -22,13 +22,9 @@ from asyncgraph._demo import (
 )
 
 from .kernels import INC, SCALE, Recorder, probe_kernel
+from .polling import until
 
 Array = np.ndarray[Any, Any]
-
-
-@pytest.fixture
-def rng() -> np.random.Generator:
-    return np.random.default_rng()
 
 
 async def test_demo_kernels_match_numpy(host: ag.Backend, rng: np.random.Generator) -> None:
@@ -133,7 +129,7 @@ async def test_max_in_flight_bounds_concurrency_and_queues_in_order() -> None:
             backend.dispatch(k, x * i, ag.Out(4, np.float32), np.int32(4), grid=1, block=4)
             for i in range(10)
         ]
-        await asyncio.sleep(0.05)
+        await until(lambda: rec.running == 3, "three host functions to run")
         snap = backend.telemetry.snapshot()
         assert (snap.in_flight, snap.queued) == (3, 7)
         assert "in_flight=3 queued=7" in repr(backend)

@@ -18,22 +18,12 @@ from typing import Any
 
 import pytest
 
-from tests.fake_driver import build, environment
+from tests.fake_driver import environment
+
+from .needs import CORES, stand_in
 
 ROOT = Path(__file__).resolve().parent.parent
-
-try:
-    from asyncgraph.cuda import _core as _compiled  # type: ignore[attr-defined]  # built in place
-except ImportError:
-    _compiled = None
-
-CORES = [
-    pytest.param(
-        "compiled",
-        marks=pytest.mark.skipif(_compiled is None, reason="the compiled core is not built here"),
-    ),
-    "python",
-]
+pytestmark = [pytest.mark.stand_in, pytest.mark.nvrtc]
 
 # asyncgraph's own calls per awaited fast-path dispatch on the Python core (its functions, not
 # the builtins and asyncio's they call): a change to the hot path shows here first.
@@ -43,10 +33,7 @@ PINNED_CALLS = {"empty": 13, "4 KiB": 14, "resident": 21}
 @pytest.fixture(scope="module", params=CORES)
 def seen(request: pytest.FixtureRequest) -> dict[str, Any]:
     """What every scenario observed on one core."""
-    try:
-        directory = build()
-    except RuntimeError as exc:
-        pytest.skip(str(exc))
+    directory = stand_in()
     core: str = request.param
     done = subprocess.run(
         [sys.executable, "-m", "tests.fake_driver.backend_scenario"],

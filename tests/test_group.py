@@ -19,11 +19,6 @@ Array = np.ndarray[Any, Any]
 
 
 @pytest.fixture
-def rng() -> np.random.Generator:
-    return np.random.default_rng()
-
-
-@pytest.fixture
 async def group() -> AsyncIterator[ag.DeviceGroup]:
     async with ag.open_group(["host", "host", "host"]) as opened:
         yield opened
@@ -210,6 +205,32 @@ async def test_what_is_not_a_member_is_refused(group: ag.DeviceGroup) -> None:
             await small.copy_to(await small.upload(x), group[0])
 
 
+async def test_what_is_not_a_resident_buffer_is_refused_as_download_refuses_it(
+    group: ag.DeviceGroup,
+) -> None:
+    array = np.ones(8, np.float32)
+    hint = (
+        r"takes a resident buffer, got ndarray; pass one that upload\(\), empty\(\) or a "
+        r"dispatch's Out\(\.\.\., resident=True\) returned"
+    )
+    with pytest.raises(ag.ArgumentTypeError, match=rf"^group\.download\(\) {hint}$"):
+        await group.download(array)  # type: ignore[arg-type]  # on purpose
+    with pytest.raises(ag.ArgumentTypeError, match=rf"^group\.member_of\(\) {hint}$"):
+        group.member_of(array)  # type: ignore[arg-type]  # on purpose
+    with pytest.raises(ag.ArgumentTypeError, match=rf"^group\.copy_to\(\) {hint}$"):
+        await group.copy_to(array, 1)  # type: ignore[arg-type]  # on purpose
+    with pytest.raises(ag.ArgumentTypeError, match=rf"^holds\(\) {hint}$"):
+        group[0].holds(array)  # type: ignore[arg-type]  # on purpose
+    replicated = await group.replicate(array)
+    with pytest.raises(
+        ag.ArgumentTypeError,
+        match=r"^group\.download\(\) takes a resident buffer, got a Replicated: pass the copy "
+        r"of one member, replicated\.on\(member\)$",
+    ):
+        await group.download(replicated)  # type: ignore[arg-type]  # on purpose
+    await replicated.aclose()
+
+
 async def test_cancelling_a_waiter_loses_no_dispatch(group: ag.DeviceGroup) -> None:
     pending = _slow(group, 0.05)
 
@@ -272,17 +293,39 @@ async def test_a_failing_dispatch_fails_on_its_member_only(group: ag.DeviceGroup
     assert group.snapshot().dispatches_failed == 1
 
 
-async def test_compile_reaches_every_member(group: ag.DeviceGroup) -> None:
+async def test_compile_reaches_every_member(
+    group: ag.DeviceGroup, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    reached: list[int] = []
+    for i, member in enumerate(group):
+
+        async def counting(kernel: ag.Kernel, i: int = i, member: ag.Backend = member) -> None:
+            reached.append(i)
+            await type(member).compile(member, kernel)
+
+        monkeypatch.setattr(member, "compile", counting)
     await group.compile(SCALE)  # the host backend has nothing to compile: it must not fail
+    assert sorted(reached) == [0, 1, 2]
+
+
+_PASS = r"pass 'cuda:\*' or a list of devices such as \['cuda:0', 'cuda:1'\]"
 
 
 @pytest.mark.parametrize(
     ("devices", "error", "message"),
     [
-        ([], ag.GroupError, r"a group needs at least one device"),
-        ("cuda", ag.GroupError, r"pass 'cuda:\*' or a list of devices"),
+        ([], ag.GroupError, r"^open_group\(\[\]\): a group needs at least one device$"),
+        ("cuda", ag.GroupError, rf"^open_group\('cuda'\): {_PASS}$"),
+        (None, ag.ArgumentTypeError, rf"^open_group\(None\): {_PASS} \(\['host', 'host'\] for "
+         r"host backends\)$"),
+        (5, ag.ArgumentTypeError, rf"^open_group\(5\): {_PASS} \(\['host', 'host'\] for host "
+         r"backends\)$"),
+        (b"cuda:*", ag.ArgumentTypeError, rf"^open_group\(b'cuda:\*'\): {_PASS} \(\['host', "
+         r"'host'\] for host backends\)$"),
+        (["host", None], ag.DeviceUnavailableError, r"^device=None is not a device asyncgraph "
+         r"knows; pass 'auto', 'host', 'cuda', 'cuda:N' or an int N$"),
     ],
-)
+)  # fmt: skip
 def test_bad_device_lists_are_refused(devices: Any, error: type, message: str) -> None:
     with pytest.raises(error, match=message):
         ag.open_group(devices)

@@ -34,8 +34,10 @@ def _scale(group: ag.DeviceGroup, x: object) -> ag.PendingDispatch:
     )
 
 
-async def test_a_closed_member_gets_no_more_work(group: ag.DeviceGroup) -> None:
-    x = np.random.default_rng().standard_normal(N, dtype=np.float32)
+async def test_a_closed_member_gets_no_more_work(
+    group: ag.DeviceGroup, rng: np.random.Generator
+) -> None:
+    x = rng.standard_normal(N, dtype=np.float32)
     await group[1].aclose()
     for _ in range(30):
         (out,) = await _scale(group, x)
@@ -47,8 +49,10 @@ async def test_a_closed_member_gets_no_more_work(group: ag.DeviceGroup) -> None:
     assert group.snapshot().failed == ((1, "host", "closed"),)
 
 
-async def test_the_group_refuses_work_only_when_no_member_is_left(group: ag.DeviceGroup) -> None:
-    x = np.random.default_rng().standard_normal(N, dtype=np.float32)
+async def test_the_group_refuses_work_only_when_no_member_is_left(
+    group: ag.DeviceGroup, rng: np.random.Generator
+) -> None:
+    x = rng.standard_normal(N, dtype=np.float32)
     await group[0].aclose()
     await group[2].aclose()
     (out,) = await _scale(group, x)  # member 1 is left
@@ -61,14 +65,20 @@ async def test_the_group_refuses_work_only_when_no_member_is_left(group: ag.Devi
     assert [i for i, _, _ in group.snapshot().failed] == [0, 1, 2]
 
 
-async def test_a_replicated_array_skips_a_member_that_was_out(group: ag.DeviceGroup) -> None:
-    x = np.random.default_rng().standard_normal(N, dtype=np.float32)
+async def test_a_replicated_array_skips_a_member_that_was_out(
+    group: ag.DeviceGroup, rng: np.random.Generator
+) -> None:
+    x = rng.standard_normal(N, dtype=np.float32)
     await group[2].aclose()
     replicated = await group.replicate(x)
     assert replicated.buffers[2] is None
     assert [b is not None for b in replicated.buffers] == [True, True, False]
-    with pytest.raises(ag.GroupError, match="no copy"):
-        replicated.on(group[2])
+    with pytest.raises(
+        ag.GroupError,
+        match=r"^host \(member 2\) has no copy of this replicated array: it had failed or was "
+        r"closed when the array was replicated$",
+    ):
+        replicated.on(group[2])  # as docs/scale-out.md says
     for _ in range(6):
         (out,) = await _scale(group, replicated)
         np.testing.assert_array_equal(out, 2 * x)
@@ -205,6 +215,8 @@ async def test_when_several_members_fail_the_first_ones_error_is_raised(
     assert all(b.is_closed for b in made)  # member 0's upload
 
 
+@pytest.mark.stand_in
+@pytest.mark.nvrtc
 def test_a_device_fault_stays_with_its_member() -> None:
     """``open_group(["cuda", "host"])`` on the stand-in driver: a kernel faults on the CUDA
     member; the next 100 dispatches of the group all run, on the host member."""
@@ -222,6 +234,8 @@ def test_a_device_fault_stays_with_its_member() -> None:
     assert seen["given_pool_idle_after_its_close"] == 0
 
 
+@pytest.mark.stand_in
+@pytest.mark.nvrtc
 def test_a_failed_backend_lets_go_of_its_memory_quietly() -> None:
     """After a device fault every free fails, and cuda.core warned once per buffer (150 lines
     for 150 resident buffers); now the backend logs one event and nothing else is printed."""
@@ -232,3 +246,46 @@ def test_a_failed_backend_lets_go_of_its_memory_quietly() -> None:
     assert seen["bytes"] >= 150 * 4096
     assert "Warning" not in seen["stderr"], seen["stderr"][-2000:]
     assert "failed" not in seen["stderr"].lower(), seen["stderr"][-2000:]
+
+
+async def test_compile_skips_the_members_that_are_out(
+    group: ag.DeviceGroup, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """As dispatch does: a closed member, and one whose device failed, compile nothing."""
+    await group[1].aclose()
+    fault = ag.DeviceFaultError(700, "CUDA_ERROR_ILLEGAL_ADDRESS", "cuCtxSynchronize", "fault")
+    monkeypatch.setattr(group[2]._engine, "failure", fault)
+    compiled: list[int] = []
+    compile_on_0 = group[0].compile
+
+    async def counting(kernel: ag.Kernel) -> None:
+        compiled.append(0)
+        await compile_on_0(kernel)
+
+    monkeypatch.setattr(group[0], "compile", counting)
+    await group.compile(SCALE)
+    assert compiled == [0]
+    await group[0].aclose()
+    with pytest.raises(
+        ag.GroupError,
+        match=r"^no member of the group can take work: host: closed; host: closed; host: failed: ",
+    ):
+        await group.compile(SCALE)
+
+
+async def test_a_kernel_the_members_cannot_run_raises_the_first_members_error(
+    group: ag.DeviceGroup,
+) -> None:
+    """Not an ExceptionGroup: the error of member 0 alone, as replicate() raises it, with a note
+    for each other member that failed too."""
+    no_host = ag.Kernel(SCALE.source, "scale")
+    refused = (
+        r"kernel 'scale' has no host= implementation, so the host backend cannot run it; "
+        r"declare Kernel\(\.\.\., host=fn\) or open a CUDA backend"
+    )
+    with pytest.raises(
+        ag.UnsupportedError, match=rf"^{refused}\ncompile\(\): raised by member 0 \(host\)(\n.+)*$"
+    ) as caught:
+        await group.compile(no_host)
+    others = [note.partition(": UnsupportedError(")[0] for note in caught.value.__notes__[1:]]
+    assert others == [f"compile(): member {i} (host) failed too" for i in (1, 2)]

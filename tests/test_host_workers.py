@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-import asyncio
 import os
+import threading
 
 import numpy as np
 import pytest
@@ -12,10 +12,21 @@ import structlog
 import asyncgraph as ag
 
 from .kernels import Recorder, probe_kernel
+from .polling import until
 
 
-async def _peak(backend: ag.Backend, dispatches: int = 8) -> int:
-    """Run *dispatches* blocking host functions at once; how many ran concurrently."""
+def _host_threads() -> set[threading.Thread]:
+    return {t for t in threading.enumerate() if t.name.startswith("asyncgraph-host")}
+
+
+async def _peak(backend: ag.Backend, workers: int, dispatches: int = 8) -> int:
+    """Run *dispatches* blocking host functions at once; how many ran concurrently.
+
+    Once all of them were handed to the worker pool (which starts its threads as it is handed
+    work) and *workers* of them run, the pool has all the threads it will have: there are
+    *workers* of them, so no more can run before the functions are released.
+    """
+    before = _host_threads()
     rec = Recorder()
     rec.release.clear()
     kernel = probe_kernel(rec)
@@ -24,7 +35,11 @@ async def _peak(backend: ag.Backend, dispatches: int = 8) -> int:
         backend.dispatch(kernel, x, ag.Out(4, np.float32), np.int32(4), grid=1, block=4)
         for _ in range(dispatches)
     ]
-    await asyncio.sleep(0.1)
+    await until(
+        lambda: backend.telemetry.snapshot().in_flight == dispatches and rec.running == workers,
+        f"all {dispatches} dispatches handed to the workers and {workers} of them running",
+    )
+    assert len(_host_threads() - before) == workers
     rec.release.set()
     for p in pending:
         (out,) = await p
@@ -34,9 +49,9 @@ async def _peak(backend: ag.Backend, dispatches: int = 8) -> int:
 
 async def test_host_workers_sets_the_threads_and_streams_does_not() -> None:
     async with ag.open_backend("host", host_workers=3, streams=1) as backend:
-        assert await _peak(backend) == 3
+        assert await _peak(backend, 3) == 3
     async with ag.open_backend("host", host_workers=1, streams=8) as backend:
-        assert await _peak(backend) == 1
+        assert await _peak(backend, 1) == 1
 
 
 @pytest.mark.parametrize(("cpus", "workers"), [(3, 3), (None, 1)])
@@ -46,7 +61,7 @@ async def test_the_default_is_one_worker_per_cpu(
     monkeypatch.setattr(os, "cpu_count", lambda: cpus)
     with structlog.testing.capture_logs() as logs:
         async with ag.open_backend("host") as backend:
-            assert await _peak(backend) == workers
+            assert await _peak(backend, workers) == workers
     (opened,) = [e for e in logs if e["event"] == "backend.opened"]
     # Opening is routine, not news for a service's log: debug, like the CUDA backend's.
     assert opened == {

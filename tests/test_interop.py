@@ -15,8 +15,10 @@ from asyncgraph._dlpack import live_exports
 from .kernels import Recorder, probe_kernel
 
 
-async def test_numpy_reads_a_resident_buffer_in_place(host: ag.Backend) -> None:
-    data = np.random.default_rng().standard_normal((3, 5)).astype(np.float32)
+async def test_numpy_reads_a_resident_buffer_in_place(
+    host: ag.Backend, rng: np.random.Generator
+) -> None:
+    data = rng.standard_normal((3, 5)).astype(np.float32)
     buf = await host.upload(data)
     assert buf.__dlpack_device__() == (1, 0)
     view = np.from_dlpack(buf)

@@ -11,6 +11,7 @@ import pytest
 import asyncgraph as ag
 
 from .kernels import INC, SCALE, Recorder, probe_kernel
+from .polling import until
 
 
 async def test_cancelling_the_awaiter_does_not_cancel_the_work(host: ag.Backend) -> None:
@@ -171,9 +172,9 @@ async def test_close_with_a_timeout_fails_only_what_had_not_started() -> None:
         for _ in range(6)
     ]
     closing = asyncio.create_task(backend.aclose(timeout=0.05))
-    await asyncio.sleep(0.1)  # past the timeout: the four queued dispatches were failed
     queued = pending[2:]
-    assert all(p.done() for p in queued)
+    # Past the timeout the four queued dispatches are failed; the two running ones are held.
+    await until(lambda: all(p.done() for p in queued), "the queued dispatches to be failed")
     for p in queued:
         with pytest.raises(
             ag.BackendClosedError,

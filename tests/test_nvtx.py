@@ -55,8 +55,10 @@ def _boom(*args: object) -> None:
 BOOM = ag.Kernel(SCALE.source, "scale", host=_boom)
 
 
-async def test_each_dispatch_gets_a_submit_and_a_life_range(domain: FakeDomain) -> None:
-    x = np.random.default_rng().random(256, dtype=np.float32)
+async def test_each_dispatch_gets_a_submit_and_a_life_range(
+    domain: FakeDomain, rng: np.random.Generator
+) -> None:
+    x = rng.random(256, dtype=np.float32)
     async with ag.open_backend("host", nvtx_enabled=True) as backend:
         for _ in range(3):
             (out,) = await backend.dispatch(
@@ -82,9 +84,11 @@ def test_missing_package_is_a_clear_error(monkeypatch: pytest.MonkeyPatch) -> No
         ag.open_backend("host", nvtx_enabled=True)
 
 
-async def test_with_the_real_package() -> None:
-    pytest.importorskip("nvtx")
-    x = np.random.default_rng().random(256, dtype=np.float32)
+async def test_with_the_real_package(rng: np.random.Generator) -> None:
+    pytest.importorskip(
+        "nvtx", reason="the nvtx package is not installed: pip install 'asyncgraph[nvtx]'"
+    )
+    x = rng.random(256, dtype=np.float32)
     async with ag.open_backend("auto", nvtx_enabled=True) as backend:
         (out,) = await backend.dispatch(
             SCALE, x, ag.Out(x.shape, x.dtype), np.float32(3), np.int32(256), grid=1, block=256

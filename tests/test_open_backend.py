@@ -80,10 +80,29 @@ def test_cli_info(capsys: pytest.CaptureFixture[str]) -> None:
 
 
 def test_cli_demo_checks_every_result(capsys: pytest.CaptureFixture[str]) -> None:
+    logging = structlog.get_config()
     assert main(["demo", "--device", "host", "--dispatches", "60"]) == 0
-    out = capsys.readouterr().out
+    captured = capsys.readouterr()
+    out = captured.out
     assert "dispatches     60 concurrent" in out
     assert "OK: all 60 results match numpy" in out
+    # Its results alone: the backend's routine log lines (opened, closed) are not among them.
+    assert [line.split()[0] for line in out.splitlines()] == [
+        "backend", "dispatches", "throughput", "queue", "latency", "worst", "OK:",
+    ]  # fmt: skip
+    assert "backend.opened" not in captured.err
+    assert structlog.get_config() == logging  # as it found it
+
+
+@pytest.mark.parametrize(
+    ("seconds", "shown"),
+    [(0.0, "0.0 us"), (853.25e-6, "853.2 us"), (9_999.9e-6, "9,999.9 us"),
+     (0.010, "10.0 ms"), (0.3981072, "398.1 ms"), (12.5, "12,500.0 ms")],
+)  # fmt: skip
+def test_cli_durations_are_in_ms_past_10000_us(seconds: float, shown: str) -> None:
+    from asyncgraph.__main__ import duration
+
+    assert duration(seconds) == shown
 
 
 def test_cli_demo_fails_on_a_mismatch(

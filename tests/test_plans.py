@@ -84,8 +84,9 @@ def _staged_args(rng: np.random.Generator) -> Args:
     )
 
 
-async def test_a_planned_call_is_the_call_bind_makes(host: ag.Backend) -> None:
-    rng = np.random.default_rng()
+async def test_a_planned_call_is_the_call_bind_makes(
+    host: ag.Backend, rng: np.random.Generator
+) -> None:
     plans = _plans(host)
     _via(plans, KERNEL, _staged_args(rng))  # plans it
     assert (plans.hits, len(plans)) == (0, 1)
@@ -130,12 +131,12 @@ VARIANTS: dict[str, tuple[Callable[[Args], Args], dict[str, Any]]] = {
 
 @pytest.mark.parametrize("variant", sorted(VARIANTS))
 async def test_a_plan_refuses_what_bind_refuses_with_the_same_error(
-    host: ag.Backend, variant: str
+    host: ag.Backend, variant: str, rng: np.random.Generator
 ) -> None:
     change, launch = VARIANTS[variant]
     plans = _plans(host)
-    _via(plans, KERNEL, _staged_args(np.random.default_rng()))
-    args = change(_staged_args(np.random.default_rng()))
+    _via(plans, KERNEL, _staged_args(rng))
+    args = change(_staged_args(rng))
     try:
         expected: BaseException | BoundCall = _bind(host, KERNEL, args, **launch)
     except ag.AsyncGraphError as exc:
@@ -202,8 +203,9 @@ async def test_a_few_plans_per_kernel_most_recently_used_first(host: ag.Backend)
     assert (plans.hits, plans.misses, len(plans)) == (MAX_PLANS, MAX_PLANS + 1, MAX_PLANS)
 
 
-async def test_planned_dispatches_compute_the_right_results(host: ag.Backend) -> None:
-    rng = np.random.default_rng()
+async def test_planned_dispatches_compute_the_right_results(
+    host: ag.Backend, rng: np.random.Generator
+) -> None:
     for n in [1024, 1000, 1024, 1000, 1024]:  # two signatures, alternating
         x = rng.standard_normal(n).astype(np.float32)
         a = np.float32(rng.standard_normal())

@@ -19,6 +19,8 @@ from asyncgraph import _poison
 from asyncgraph.pool import PinnedPool
 from tests.fake_driver import run_scenario
 
+from .needs import CORES
+
 
 @pytest.fixture(autouse=True)
 def healthy_process() -> Iterator[None]:
@@ -194,7 +196,9 @@ def test_a_poisoned_process_frees_no_pinned_block() -> None:
     assert closed == []
 
 
-@pytest.mark.parametrize("core", ["python", "compiled"])
+@pytest.mark.stand_in
+@pytest.mark.nvrtc
+@pytest.mark.parametrize("core", CORES)
 @pytest.mark.parametrize("faulty", [0, 1])
 def test_a_fault_on_one_gpu_fails_every_cuda_backend(core: str, faulty: int) -> None:
     """Two devices of the stand-in and the host in a group: device *faulty* faults. Both CUDA

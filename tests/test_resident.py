@@ -14,8 +14,8 @@ import asyncgraph as ag
 from .kernels import INC, SCALE, Recorder, probe_kernel
 
 
-async def test_upload_download_round_trip(host: ag.Backend) -> None:
-    data = np.random.default_rng().standard_normal((3, 5))
+async def test_upload_download_round_trip(host: ag.Backend, rng: np.random.Generator) -> None:
+    data = rng.standard_normal((3, 5))
     buf = await host.upload(data)
     assert buf.shape == (3, 5)
     assert buf.dtype == np.float64

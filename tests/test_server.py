@@ -120,13 +120,14 @@ async def test_500_concurrent_requests(server: str, request: pytest.FixtureReque
     # The backend's own latency, in the unit its key names (as /health names it).
     assert set(report["dispatch_latency_ms"]) == {"p50", "p99"}
     assert report["health_failures"] == []
-    # The health endpoint kept answering while the 500 requests ran ...
-    assert report["health"]["count"] >= 2
-    # ... and promptly: a loop blocked behind GPU or host work would stall it for the whole run.
-    # (A generous bound; the figures themselves are in the report.)
-    assert report["health"]["max_ms"] < 1000.0
+    # The health endpoint kept answering while the 500 requests were in flight: a loop blocked
+    # behind GPU or host work would answer only once they were done. (Counted, not timed; the
+    # latencies are in the report.)
+    assert report["health_during_load"] >= 2, report["health"]
     # The dense endpoint batches (EXAMPLE_BATCH defaults to on): a request's rows (1 to 4) go
-    # to the backend in one dispatch, with those of the requests waiting beside it, if any.
+    # to the batcher in one turn of the server's loop, so into one batch, with those of the
+    # requests waiting beside it, if any. Most requests have several rows, so a batch has more
+    # than one on average however the requests arrive in time.
     assert report["dense_rows_per_batch"] is not None
     assert report["dense_rows_per_batch"] > 1.0
 

@@ -34,12 +34,13 @@ async def test_counters_equal_the_work_done() -> None:
     assert snap.completion_latency.quantile(0.5) <= snap.completion_latency.max
 
 
-def test_a_histogram_sorts_values_in_batches_into_the_buckets_one_at_a_time_would() -> None:
+def test_a_histogram_sorts_values_in_batches_into_the_buckets_one_at_a_time_would(
+    rng: np.random.Generator,
+) -> None:
     from bisect import bisect_left
 
     from asyncgraph._telemetry import _BOUNDS, FOLD_EVERY
 
-    rng = np.random.default_rng()
     # Across batches, with values left unsorted, on bucket bounds and past the last bound.
     values = [*rng.lognormal(-9, 3, 2 * FOLD_EVERY + 37), *_BOUNDS[:5], 5e3, 0.0]
     rng.shuffle(values)
@@ -57,9 +58,9 @@ def test_a_histogram_sorts_values_in_batches_into_the_buckets_one_at_a_time_woul
     assert h.snapshot().count == len(values) + 1
 
 
-def test_histogram_quantiles_are_within_a_bucket() -> None:
+def test_histogram_quantiles_are_within_a_bucket(rng: np.random.Generator) -> None:
     h = Histogram()
-    values = np.random.default_rng().uniform(1e-5, 1e-2, 5000)
+    values = rng.uniform(1e-5, 1e-2, 5000)
     for v in values:
         h.record(float(v))
     snap = h.snapshot()

@@ -151,6 +151,31 @@ def test_cuda_marker_skips_with_reason(
     result.stdout.fnmatch_lines(["*needs a CUDA GPU: ASYNCGRAPH_DISABLE_CUDA is set*"])
 
 
+def test_with_require_cuda_the_cuda_marker_fails_with_the_reason(
+    suite: pytest.Pytester, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A GPU run sets ASYNCGRAPH_REQUIRE_CUDA: a driver that does not load fails it."""
+    suite.makepyfile(
+        test_user="""
+        import pytest
+
+        @pytest.mark.cuda
+        def test_gpu():
+            raise AssertionError("ran without a GPU")
+
+        def test_plain():
+            pass
+        """
+    )
+    monkeypatch.setenv("ASYNCGRAPH_DISABLE_CUDA", "1")
+    monkeypatch.setenv("ASYNCGRAPH_REQUIRE_CUDA", "1")
+    result = suite.runpytest_subprocess()
+    result.assert_outcomes(passed=1, errors=1)
+    why = "needs a CUDA GPU: ASYNCGRAPH_DISABLE_CUDA is set"
+    result.stdout.fnmatch_lines([f"{why} (ASYNCGRAPH_REQUIRE_CUDA is set: a failure)"])
+    assert "ran without a GPU" not in result.stdout.str()
+
+
 def test_mismatch_fails_with_the_kernel_named(suite: pytest.Pytester) -> None:
     suite.makepyfile(
         test_user="""
@@ -200,10 +225,10 @@ def test_without_pytest_asyncio_the_fixture_says_what_is_missing(
 # -- the helpers on their own ---------------------------------------------------------------------
 
 
-def test_reference_follows_dispatch_rules() -> None:
-    x = np.random.default_rng().random(64, dtype=np.float32)
+def test_reference_follows_dispatch_rules(rng: np.random.Generator) -> None:
+    x = rng.random(64, dtype=np.float32)
     before = x.copy()
-    inout = np.random.default_rng().random(64, dtype=np.float32)
+    inout = rng.random(64, dtype=np.float32)
 
     def host(x: Any, out: Any, io: Any, n: Any) -> None:
         out[:] = x + 1
@@ -257,8 +282,10 @@ def test_reference_refuses_inputs_without_host_values() -> None:
         reference(ag.Kernel('extern "C" __global__ void k() {}', "k"))
 
 
-async def test_resident_results_are_downloaded_and_closed(host: ag.Backend) -> None:
-    x = np.random.default_rng().random(256, dtype=np.float32)
+async def test_resident_results_are_downloaded_and_closed(
+    host: ag.Backend, rng: np.random.Generator
+) -> None:
+    x = rng.random(256, dtype=np.float32)
     (out,) = await assert_matches_host(
         host,
         SCALE,

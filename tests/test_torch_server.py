@@ -37,13 +37,14 @@ def _reference(model: Any, x: np.ndarray[Any, Any]) -> np.ndarray[Any, Any]:
     return h
 
 
-async def test_both_endpoints_answer_the_models_result_concurrently() -> None:
+async def test_both_endpoints_answer_the_models_result_concurrently(
+    rng: np.random.Generator,
+) -> None:
     module = _app()
     import torch
 
     torch.backends.cuda.matmul.allow_tf32 = False
     app = module.app
-    rng = np.random.default_rng()
     async with (
         app.router.lifespan_context(app),
         httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://t") as client,

@@ -18,6 +18,8 @@ from asyncgraph.cuda import _transfer
 from asyncgraph.cuda._driver import SUCCESS
 from asyncgraph.cuda._transfer import ChunkedTransfer
 
+from .polling import until
+
 BASE = 1 << 40  # fake device addresses start here
 
 
@@ -29,10 +31,12 @@ class FakeBlock:
 
 
 class FakeGpu:
-    """Device memory, a queue of copies, and events that complete later."""
+    """Device memory, a queue of copies, and events that complete later: *delay* seconds after
+    they are waited for, or, with ``delay=None``, only when the test calls :meth:`complete`."""
 
-    def __init__(self, size: int, delay: float = 0.001) -> None:
+    def __init__(self, size: int, delay: float | None = 0.001) -> None:
         self.delay = delay  # seconds from an event's record to its completion
+        self.held: list[Any] = []  # completions waiting for complete() (delay=None)
         self.memory = np.zeros(size, np.uint8)
         self.blocks: dict[int, FakeBlock] = {}
         self.pending: list[tuple[str, int, int, int]] = []
@@ -94,8 +98,17 @@ class FakeGpu:
             if not future.done():
                 future.set_result(None)
 
-        loop.call_later(self.delay, complete)
+        if self.delay is None:
+            self.held.append(complete)
+        else:
+            loop.call_later(self.delay, complete)
         return future
+
+    def complete(self) -> None:
+        """Complete every event waited for so far (``delay=None``): their copies run."""
+        held, self.held = self.held, []
+        for complete in held:
+            complete()
 
 
 def _copy(dst: np.ndarray[Any, Any], src: np.ndarray[Any, Any]) -> None:
@@ -113,8 +126,8 @@ def gpu(monkeypatch: pytest.MonkeyPatch) -> FakeGpu:
     return fake
 
 
-async def test_upload_in_chunks_arrives_whole(gpu: FakeGpu) -> None:
-    src = np.random.default_rng().integers(0, 256, 10 * 1024 + 512, dtype=np.uint8)
+async def test_upload_in_chunks_arrives_whole(gpu: FakeGpu, rng: np.random.Generator) -> None:
+    src = rng.integers(0, 256, 10 * 1024 + 512, dtype=np.uint8)
     await _transfer_on(gpu, 1024).upload(src, BASE + 100)
     np.testing.assert_array_equal(gpu.memory[100 : 100 + src.size], src)
     assert gpu.acquired == 2
@@ -122,8 +135,8 @@ async def test_upload_in_chunks_arrives_whole(gpu: FakeGpu) -> None:
     assert not gpu.pending
 
 
-async def test_download_in_chunks_arrives_whole(gpu: FakeGpu) -> None:
-    gpu.memory[:] = np.random.default_rng().integers(0, 256, gpu.memory.size, dtype=np.uint8)
+async def test_download_in_chunks_arrives_whole(gpu: FakeGpu, rng: np.random.Generator) -> None:
+    gpu.memory[:] = rng.integers(0, 256, gpu.memory.size, dtype=np.uint8)
     dst = np.zeros(7 * 1024 + 3, np.uint8)
     await _transfer_on(gpu, 1024).download(BASE + 64, dst)
     np.testing.assert_array_equal(dst, gpu.memory[64 : 64 + dst.size])
@@ -134,15 +147,16 @@ async def test_download_in_chunks_arrives_whole(gpu: FakeGpu) -> None:
 async def test_a_cancelled_upload_gives_its_blocks_back_after_their_copies(
     gpu: FakeGpu,
 ) -> None:
-    gpu.delay = 0.05  # slow copies: the upload is cancelled while both blocks are in use
+    gpu.delay = None  # copies complete when the test says: cancelled while both are in use
     src = np.ones(40 * 1024, np.uint8)
     task = asyncio.create_task(_transfer_on(gpu, 1024).upload(src, BASE))
-    await asyncio.sleep(0.01)
+    # Both blocks filled and their copies enqueued: the upload waits for the first one's.
+    await until(lambda: len(gpu.held) == 2, "both blocks' copies to be waited for")
     task.cancel()
     with pytest.raises(asyncio.CancelledError):
         await task
     assert len(gpu.pending) == 2  # both blocks' copies are still in flight...
     assert gpu.released == []  # ...so neither block went back yet
-    await asyncio.sleep(0.1)  # the copies complete
+    gpu.complete()  # the copies complete
     assert not gpu.pending
     assert len(gpu.released) == 2  # each exactly once, none while a copy used it

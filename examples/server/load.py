@@ -55,11 +55,12 @@ class HealthProbe:
             text=True,
         )
 
-    def stop(self) -> tuple[list[float], list[str]]:
-        """Stop probing; returns the latencies in seconds and the failures seen."""
+    def stop(self) -> tuple[list[float], list[str], list[float]]:
+        """Stop probing; returns the latencies in seconds, the failures seen, and when each
+        answer came (``time.time()``)."""
         output, _ = self._child.communicate("stop\n", timeout=60)
         result = json.loads(output)
-        return result["latencies"], result["failures"]
+        return result["latencies"], result["failures"], result["answered"]
 
 
 def _probe(url: str, interval: float) -> None:
@@ -72,6 +73,7 @@ def _probe(url: str, interval: float) -> None:
 
     threading.Thread(target=wait_for_stop, daemon=True).start()
     latencies: list[float] = []
+    answered: list[float] = []
     failures: list[str] = []
     with httpx.Client(base_url=url, timeout=30.0) as client:
         while not stop.is_set():
@@ -83,8 +85,9 @@ def _probe(url: str, interval: float) -> None:
             except httpx.HTTPError as exc:
                 failures.append(repr(exc))
             latencies.append(time.perf_counter() - t0)
+            answered.append(time.time())
             stop.wait(interval)
-    print(json.dumps({"latencies": latencies, "failures": failures[:5]}))
+    print(json.dumps({"latencies": latencies, "failures": failures[:5], "answered": answered}))
 
 
 class Tally:
@@ -191,7 +194,8 @@ async def run_load(
         The report: ``requests``, ``ok``, ``wrong`` (requests without a right answer: a wrong
         one, an error status, or none at all, the first few described in ``errors``),
         ``transport_errors`` (requests that got no answer), ``seconds``, ``requests_per_s``,
-        ``latency`` and ``health`` (count, p50, p99, max in ms), the backend's name and its own
+        ``latency`` and ``health`` (count, p50, p99, max in ms), ``health_during_load`` (the
+        health answers that came while the requests were in flight), the backend's name and its own
         ``dispatch_latency_ms`` (p50, p99, from ``dispatch()`` to completion), the dispatches
         the backend made meanwhile, and ``dense_rows_per_batch`` (rows per dispatch of the
         dense endpoint's batcher; ``None`` when the service runs with ``EXAMPLE_BATCH=0``).
@@ -205,9 +209,10 @@ async def run_load(
             else:
                 parts = await _send_from_processes(url, requests, clients, seed)
         finally:
-            health, failures = await asyncio.to_thread(probe.stop)
+            health, failures, answered = await asyncio.to_thread(probe.stop)
         after = (await client.get("/health")).json()
-    seconds = max(p["t_end"] for p in parts) - min(p["t_start"] for p in parts)
+    start, end = min(p["t_start"] for p in parts), max(p["t_end"] for p in parts)
+    seconds = end - start
     ok = sum(p["ok"] for p in parts)
     return {
         "backend": info["backend"],
@@ -222,6 +227,7 @@ async def run_load(
         "latency": _percentiles([t for p in parts for t in p["latencies"]]),
         "health": _percentiles(health),
         "health_failures": failures,
+        "health_during_load": sum(1 for t in answered if start <= t <= end),
         "dispatch_latency_ms": after["dispatch_latency_ms"],
         "dispatches": after["dispatches"] - info["dispatches"],
         "dense_rows_per_batch": _per_batch(info, after),

@@ -4,10 +4,14 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
+import logging
 import platform
 import sys
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from pathlib import Path
+
+import structlog
 
 from ._bench_report import version_of
 from ._detect import probe_cuda
@@ -62,22 +66,46 @@ def info() -> int:
     return 0
 
 
+def duration(seconds: float) -> str:
+    """*seconds* for a reader: in microseconds up to 10,000 of them, in milliseconds past."""
+    if seconds * 1e6 < 10_000:
+        return f"{seconds * 1e6:,.1f} us"
+    return f"{seconds * 1e3:,.1f} ms"
+
+
+@contextlib.contextmanager
+def _warnings_only() -> Iterator[None]:
+    """structlog's warnings and errors only, on stderr, while the demo runs: its output is its
+    results. structlog's configuration is as it was afterwards (the command is a program; the
+    library itself never configures structlog)."""
+    configured, config = structlog.is_configured(), structlog.get_config()
+    structlog.configure(
+        wrapper_class=structlog.make_filtering_bound_logger(logging.WARNING),
+        logger_factory=structlog.PrintLoggerFactory(sys.stderr),
+    )
+    try:
+        yield
+    finally:
+        if configured:
+            structlog.configure(**config)
+        else:
+            structlog.reset_defaults()
+
+
 def demo(device: str, dispatches: int) -> int:
     """Run the demo; exit status 1 on any mismatch."""
     from ._demo import TOLERANCE, demo_main
 
-    report = asyncio.run(demo_main(device, dispatches))
+    with _warnings_only():
+        report = asyncio.run(demo_main(device, dispatches))
     print(f"backend        {report.backend}")
     print(f"dispatches     {report.dispatches} concurrent (saxpy, block_sum, laplace2d)")
     print(f"throughput     {report.rate:,.0f} dispatches/s ({report.seconds:.3f} s)")
     print(
-        f"queue wait     p50 {report.queue_wait_p50 * 1e6:,.1f} us   "
-        f"p99 {report.queue_wait_p99 * 1e6:,.1f} us"
+        f"queue wait     p50 {duration(report.queue_wait_p50)}   "
+        f"p99 {duration(report.queue_wait_p99)}"
     )
-    print(
-        f"latency        p50 {report.latency_p50 * 1e6:,.1f} us   "
-        f"p99 {report.latency_p99 * 1e6:,.1f} us"
-    )
+    print(f"latency        p50 {duration(report.latency_p50)}   p99 {duration(report.latency_p99)}")
     print(f"worst error    {report.worst_error:.2e} (tolerance {TOLERANCE:.0e})")
     if report.mismatches:
         print(f"FAILED: {report.mismatches} of {report.dispatches} results mismatched numpy")

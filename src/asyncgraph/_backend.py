@@ -133,7 +133,8 @@ class Backend(StreamsAndGraphs):
         return self._scheduler.in_flight + self._scheduler.queued
 
     def holds(self, buffer: ResidentBuffer) -> bool:
-        """Whether *buffer* was made by this backend (it may be closed since)."""
+        """Whether *buffer* was made by this backend (it may be closed since); anything but a
+        resident buffer raises ArgumentTypeError."""
         return self._store.holds(buffer)
 
     def __repr__(self) -> str:

@@ -432,8 +432,11 @@ def batcher(
         outputs: the row of each output each caller gets back.
         shared: arguments every batch passes after the outputs: resident buffers (weights),
             numpy scalars, arrays.
-        launch: ``launch(n) -> (grid, block)``, the launch shape of a batch of *n* rows.
-        max_size: the most items in a batch; a batch that reaches it launches at once.
+        launch: ``launch(n) -> (grid, block)``, the launch shape of a batch of *n* rows (a
+            batch for which it returns anything but a pair fails with ``ArgumentTypeError``).
+        max_size: the most items in a batch; a batch that reaches it launches at once. At most
+            ``2**31 - 1`` (the kernel's ``int n``), and a full batch's input and output rows
+            must fit in the machine's memory: both are checked here, not at the first batch.
         max_delay: the most seconds the first item of a batch waits for others.
         buckets: batch sizes to pad up to (with zero rows), so that ``graph="auto"`` replays
             one CUDA graph per bucket; the largest must be at least *max_size*.

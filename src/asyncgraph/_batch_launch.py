@@ -19,6 +19,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from ._args import Out
+from ._batch_spec import check_launch_shape
 
 if TYPE_CHECKING:
     from ._backend import Backend
@@ -109,10 +110,11 @@ class BatchLauncher:
         Raises:
             Exception: whatever the staging or the dispatch raised; the staging is dropped.
         """
+        # The launch shape first: a launch function that fails costs no staging.
+        grid, block = check_launch_shape(self._kernel, size, self._launch(size))
         staging = self._take()
         args = self._stack(staging, items, size)
         args.extend(self._tail(size))
-        grid, block = self._launch(size)
         pending = self._backend.dispatch(
             self._kernel, *args, grid=grid, block=block,  # type: ignore[arg-type]  # checked by dispatch
             shared_mem=self._shared_mem, graph=self._graph,

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import math
 import numbers
+import os
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -21,9 +22,10 @@ from ._exceptions import ArgumentTypeError, DispatchError, ShapeMismatchError
 from ._kernel import Kernel, Param
 from ._telemetry import HistogramSnapshot
 
-__all__ = ("BatcherStatistics", "ItemChecker", "Row", "check_options")
+__all__ = ("BatcherStatistics", "ItemChecker", "Row", "check_launch_shape", "check_options")
 
 GRAPH_CHOICES = ("never", "auto", "always")
+INT32_MAX = 2**31 - 1  # the kernel's int n
 
 
 def _row_shape(shape: object) -> tuple[int, ...]:
@@ -273,7 +275,51 @@ def check_options(
                 f"bucket — add {max_size} to the buckets, or lower max_size"
             )
     _check_signature(kernel, ins, outs, tuple(shared))
+    if sizes:
+        _check_capacity(sizes[-1], (*ins, *outs), f"buckets={buckets!r}", "the largest bucket")
+    else:
+        _check_capacity(int(max_size), (*ins, *outs), f"max_size={max_size!r}", "max_size")
     return ins, outs, tuple(shared), sizes
+
+
+def _memory_bytes() -> int | None:
+    """The machine's physical memory, where the platform says (``None`` elsewhere)."""
+    try:
+        return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    except (AttributeError, OSError, ValueError):
+        return None
+
+
+def _check_capacity(capacity: int, rows: tuple[Row, ...], option: str, name: str) -> None:
+    """Refuse a batch size that could never run: more than the kernel's ``int n`` holds, or
+    whose staging and outputs (allocated at the first batch) exceed the machine's memory."""
+    if capacity > INT32_MAX:
+        raise DispatchError(
+            f"batcher({option}); the kernel gets the batch size as int n (np.int32), which "
+            f"holds at most {INT32_MAX} — pass {name} up to that"
+        )
+    per_item = sum(math.prod(row.shape) * row.dtype.itemsize for row in rows)
+    memory = _memory_bytes()
+    if memory is not None and capacity * per_item > memory:
+        raise DispatchError(
+            f"batcher({option}); a full batch allocates {capacity * per_item:,} bytes "
+            f"({per_item:,} per item: its input and output rows), more than the {memory:,} "
+            f"bytes of memory this machine has — pass {name} of at most {memory // per_item:,}"
+        )
+
+
+def check_launch_shape(kernel: Kernel, size: int, shape: object) -> tuple[object, object]:
+    """What ``launch(size)`` returned, as ``(grid, block)`` (the dispatch checks each).
+
+    Raises:
+        ArgumentTypeError: it is not a tuple (or list) of two.
+    """
+    if isinstance(shape, tuple | list) and len(shape) == 2:
+        return shape[0], shape[1]
+    raise ArgumentTypeError(
+        f"batcher {kernel.name!r}: launch({size}) returned {describe_value(shape)}; it must "
+        "return a tuple (grid, block), e.g. lambda n: ((n + 255) // 256, 256)"
+    )
 
 
 LaunchShape = Callable[[int], tuple[object, object]]

@@ -44,7 +44,7 @@ from ._detect import DeviceInfo, probe_cuda
 from ._exceptions import AsyncGraphError, UnsupportedError
 from ._kernel import Kernel
 from ._open import open_backend
-from ._version import package_version
+from ._version import package_version, provenance
 
 __all__ = (
     "ASYNCGRAPH_ROWS",
@@ -374,6 +374,7 @@ async def run_bench(
         settings=settings,
         versions=_versions(loop),
         rows=tuple(sorted(rows, key=_display_key)),
+        recorded=provenance(),
     )
 
 

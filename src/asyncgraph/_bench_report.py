@@ -237,6 +237,8 @@ class BenchReport:
         settings: the repetitions.
         versions: Python's and the packages' versions, by name.
         rows: the rows.
+        recorded: the commit of asyncgraph's source (where it is a git checkout), whether it
+            had changes, and the date of the run (``_version.provenance``).
     """
 
     device: str
@@ -247,6 +249,7 @@ class BenchReport:
     settings: BenchSettings
     versions: dict[str, str]
     rows: tuple[Row, ...]
+    recorded: dict[str, Any] = attrs.field(factory=dict)
 
     def title(self) -> str:
         """One line naming the device, the loop and the repetitions."""
@@ -264,6 +267,7 @@ class BenchReport:
             "driver": self.driver,
             "machine": self.machine,
             "versions": self.versions,
+            "recorded": self.recorded,
             "loop": self.loop,
             **attrs.asdict(self.settings),
             "rows": [row.to_json() for row in self.rows],

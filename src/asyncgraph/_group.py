@@ -29,10 +29,11 @@ from ._backend import Backend
 from ._checks import check_upload
 from ._exceptions import ArgumentTypeError, BackendClosedError, GroupError, StaleBufferError
 from ._kernel import Kernel
+from ._open import group_devices, open_backend
 from ._options import BackendOptions
 from ._pending import PendingDispatch
 from ._poison import process_fault
-from ._replicated import GroupSnapshot, Replicated, first_failure
+from ._replicated import GroupSnapshot, Replicated, check_group_buffer, each_member
 from ._resident import ResidentBuffer
 from .pool import PinnedPool
 
@@ -71,37 +72,16 @@ def open_group(
     own driver calls, so members on several GPUs share the loop's thread.
 
     Raises:
-        GroupError: no devices.
-        DeviceUnavailableError: ``"cuda:*"`` and no CUDA device is found.
+        ArgumentTypeError: *devices* is neither ``"cuda:*"`` nor a list.
+        GroupError: no devices, or a string other than ``"cuda:*"``.
+        DeviceUnavailableError: ``"cuda:*"`` and no CUDA device is found, or a device is not
+            of a form ``open_backend`` takes.
         TypeError: both *options* and keywords were given, or an unknown keyword.
     """
     if options is not None and option_kwargs:
         raise TypeError("pass either options=BackendOptions(...) or its fields as keywords")
     opts = options if options is not None else BackendOptions(**option_kwargs)
-    return DeviceGroup(_device_list(devices), opts)
-
-
-def _device_list(devices: str | Sequence[str | int]) -> list[str | int]:
-    from ._detect import probe_cuda
-    from ._exceptions import DeviceUnavailableError
-
-    if isinstance(devices, str):
-        if devices != "cuda:*":
-            raise GroupError(
-                f"open_group({devices!r}): pass 'cuda:*' or a list of devices such as "
-                "['cuda:0', 'cuda:1']"
-            )
-        probe = probe_cuda()
-        if not probe.available or not probe.devices:
-            raise DeviceUnavailableError(
-                f"open_group('cuda:*') found no CUDA device: {probe.reason}; "
-                "open_group(['host', 'host']) groups host backends instead"
-            )
-        return [f"cuda:{dev.ordinal}" for dev in probe.devices]
-    listed = list(devices)
-    if not listed:
-        raise GroupError("open_group([]): a group needs at least one device")
-    return listed
+    return DeviceGroup(group_devices(devices), opts)
 
 
 class DeviceGroup:
@@ -130,8 +110,6 @@ class DeviceGroup:
             GroupError: the group was opened or closed before.
             DeviceUnavailableError: a device cannot be opened; those opened are closed again.
         """
-        from ._open import open_backend
-
         if self._members or self._closed:
             raise GroupError("a group opens once; make another with open_group()")
         options = self._options
@@ -248,7 +226,12 @@ class DeviceGroup:
 
         Raises:
             StaleBufferError: no member holds it (another backend's, or closed with its member).
+            ArgumentTypeError: *buffer* is not a resident buffer.
         """
+        return self._holder(buffer, "group.member_of()")
+
+    def _holder(self, buffer: ResidentBuffer, where: str) -> Backend:
+        check_group_buffer(buffer, where)
         for member in self._open_members():
             if member.holds(buffer):
                 return member
@@ -367,10 +350,24 @@ class DeviceGroup:
         )  # fmt: skip
 
     async def compile(self, kernel: Kernel) -> None:
-        """Compile and load *kernel* on every member at once."""
-        async with anyio.create_task_group() as tasks:
-            for member in self._open_members():
-                tasks.start_soon(member.compile, kernel)
+        """Compile and load *kernel* at once on every member that neither failed nor was closed
+        (the members :meth:`dispatch` may place it on).
+
+        Every member must be able to run it, since a dispatch may go to any of them: a kernel
+        without ``host=`` in a group with host members raises their ``UnsupportedError``.
+
+        Raises:
+            ArgumentTypeError: *kernel* is not an :class:`asyncgraph.Kernel`.
+            GroupError: no member can take work.
+            Exception: what a member's ``compile`` raised (``CompileError``,
+                ``UnsupportedError``...): the first member's if several did, with notes naming
+                each, as :meth:`replicate` raises it.
+        """
+        members = self._open_members()
+        live = [i for i, m in enumerate(members) if _out_why(m) is None]
+        if not live:
+            self.place()  # raises, saying why each member cannot take work
+        await each_member("compile()", members, live, lambda i: members[i].compile(kernel))
 
     # -- resident buffers ------------------------------------------------------------------
 
@@ -391,35 +388,24 @@ class DeviceGroup:
         if not live:
             self.place()  # raises, saying why each member cannot take work
         buffers: list[ResidentBuffer | None] = [None] * len(members)
-        failures: list[tuple[int, Exception]] = []
         origin = members[live[0]]
 
         async def one(i: int) -> None:
             member = members[i]
-            try:
-                source = buffers[live[0]]
-                if source is not None and member.kind == origin.kind:
-                    buffers[i] = await origin.copy(source, to=member)
-                else:
-                    buffers[i] = await member.upload(array)
-            except Exception as exc:
-                failures.append((i, exc))
-                raise
+            source = buffers[live[0]]
+            if source is not None and member.kind == origin.kind:
+                buffers[i] = await origin.copy(source, to=member)
+            else:
+                buffers[i] = await member.upload(array)
 
         try:
-            await one(live[0])
-            async with anyio.create_task_group() as tasks:
-                for i in live[1:]:
-                    tasks.start_soon(one, i)
-        except BaseException as exc:
+            await each_member("replicate()", members, live[:1], one)
+            await each_member("replicate()", members, live[1:], one)
+        except BaseException:
             with anyio.CancelScope(shield=True):
                 for buffer in buffers:
                     if buffer is not None:
                         await buffer.aclose()
-            if failures and (
-                not isinstance(exc, BaseExceptionGroup) or not exc.split(Exception)[1]
-            ):
-                raise first_failure("replicate()", failures, members) from None
             raise
         return Replicated(self, tuple(buffers))
 
@@ -450,8 +436,15 @@ class DeviceGroup:
     async def download(
         self, buffer: ResidentBuffer, out: np.ndarray[Any, Any] | None = None
     ) -> np.ndarray[Any, Any]:
-        """Download *buffer* from the member it lives on."""
-        return await self.member_of(buffer).download(buffer, out)
+        """Download *buffer* from the member it lives on.
+
+        Raises:
+            StaleBufferError: *buffer* lives on no member.
+            ArgumentTypeError: *buffer* is not a resident buffer (of a :class:`Replicated`,
+                pass one member's copy: ``replicated.on(member)``).
+            Exception: what the member's ``download`` raises.
+        """
+        return await self._holder(buffer, "group.download()").download(buffer, out)
 
     async def copy_to(self, buffer: ResidentBuffer, member: Backend | int) -> ResidentBuffer:
         """A copy of *buffer* on *member*, a member backend or its index (the same buffer if it
@@ -464,9 +457,10 @@ class DeviceGroup:
         Raises:
             GroupError: *member* is not a member, or an index out of range.
             StaleBufferError: *buffer* lives on no member.
+            ArgumentTypeError: *buffer* is not a resident buffer.
         """
+        owner = self._holder(buffer, "group.copy_to()")
         target = self._member(member)
-        owner = self.member_of(buffer)
         if owner is target:
             return buffer
         return await owner.copy(buffer, to=target)

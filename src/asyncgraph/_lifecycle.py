@@ -211,7 +211,8 @@ class Lifecycle:
         if self._close_task is None:
             if ended is None and self.state == OPEN:
                 self._run_close_hooks()  # before anything is refused (a batcher's flush)
-            self.loop = loop
+            if self.loop is not loop:
+                self.bind(loop)  # opened outside a loop and closed before any use
             self._begin_closing()
             self._close_task = _loop.create_lasting_task(loop, self._close(ended))
         if timeout is None:

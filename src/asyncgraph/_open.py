@@ -1,19 +1,20 @@
-"""``open_backend``: pick a device and open the backend for it.
+"""``open_backend``: pick a device and open the backend for it; the device list of a group.
 
 The only module that knows every implementation: the front (``_backend``) knows none.
 """
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from typing import Any
 
 from ._backend import Backend
 from ._detect import probe_cuda
-from ._exceptions import DeviceUnavailableError
+from ._exceptions import ArgumentTypeError, DeviceUnavailableError, GroupError
 from ._options import BackendOptions
 from ._telemetry import logger
 
-__all__ = ("open_backend",)
+__all__ = ("group_devices", "open_backend")
 
 
 def _parse_device(device: object) -> tuple[str, int]:
@@ -30,6 +31,39 @@ def _parse_device(device: object) -> tuple[str, int]:
         f"device={device!r} is not a device asyncgraph knows; pass 'auto', 'host', 'cuda', "
         "'cuda:N' or an int N"
     )
+
+
+_GROUP_FORMS = "pass 'cuda:*' or a list of devices such as ['cuda:0', 'cuda:1']"
+
+
+def group_devices(devices: object) -> list[str | int]:
+    """The devices of ``open_group(devices)``, each checked as ``open_backend`` takes it.
+
+    Raises:
+        ArgumentTypeError: *devices* is neither ``"cuda:*"`` nor a list.
+        GroupError: another string, or an empty list.
+        DeviceUnavailableError: ``"cuda:*"`` and no CUDA device, or a device of an unknown form.
+    """
+    if isinstance(devices, str):
+        if devices != "cuda:*":
+            raise GroupError(f"open_group({devices!r}): {_GROUP_FORMS}")
+        probe = probe_cuda()
+        if not probe.available or not probe.devices:
+            raise DeviceUnavailableError(
+                f"open_group('cuda:*') found no CUDA device: {probe.reason}; "
+                "open_group(['host', 'host']) groups host backends instead"
+            )
+        return [f"cuda:{dev.ordinal}" for dev in probe.devices]
+    if not isinstance(devices, Iterable) or isinstance(devices, bytes | bytearray):
+        raise ArgumentTypeError(
+            f"open_group({devices!r}): {_GROUP_FORMS} (['host', 'host'] for host backends)"
+        )
+    listed: list[str | int] = list(devices)
+    if not listed:
+        raise GroupError("open_group([]): a group needs at least one device")
+    for device in listed:
+        _parse_device(device)
+    return listed
 
 
 def open_backend(

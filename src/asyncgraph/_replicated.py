@@ -1,23 +1,25 @@
-"""What a device group hands out besides its members: replicated arrays and its snapshot."""
+"""What a device group hands out besides its members (replicated arrays, its snapshot), and
+how its calls on every member report a member's error."""
 
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from typing import TYPE_CHECKING
 
+import anyio
 import attrs
 
-from ._exceptions import BackendClosedError, DeviceFaultError, GroupError
+from ._exceptions import ArgumentTypeError, BackendClosedError, DeviceFaultError, GroupError
 from ._poison import ProcessFault
-from ._resident import ResidentBuffer
+from ._resident import ResidentBuffer, check_buffer
 from ._telemetry import TelemetrySnapshot
 
 if TYPE_CHECKING:
     from ._backend import Backend
     from ._group import DeviceGroup
 
-__all__ = ("GroupSnapshot", "Replicated", "first_failure")
+__all__ = ("GroupSnapshot", "Replicated", "check_group_buffer", "each_member", "first_failure")
 
 
 @attrs.frozen
@@ -112,3 +114,48 @@ def first_failure(
     for i, other in ordered[1:]:
         first.add_note(f"{where}: member {i} ({members[i].name}) failed too: {other!r}")
     return first
+
+
+async def each_member(
+    where: str,
+    members: Sequence[Backend],
+    indices: Sequence[int],
+    fn: Callable[[int], Awaitable[object]],
+) -> None:
+    """Await ``fn(i)`` for each member index in *indices* at once (the group's call *where*).
+
+    The first error cancels the others; it is raised alone, as :func:`first_failure` makes it
+    (the first member's, with notes), not inside an ``ExceptionGroup``. A cancellation from
+    outside is raised as it came.
+    """
+    failures: list[tuple[int, Exception]] = []
+
+    async def one(i: int) -> None:
+        try:
+            await fn(i)
+        except Exception as exc:
+            failures.append((i, exc))
+            raise
+
+    try:
+        async with anyio.create_task_group() as tasks:
+            for i in indices:
+                tasks.start_soon(one, i)
+    except BaseExceptionGroup as group:
+        if failures and not group.split(Exception)[1]:
+            raise first_failure(where, failures, members) from None
+        raise
+
+
+def check_group_buffer(value: object, where: str) -> None:
+    """Raise unless *value* is a resident buffer, saying what to pass for a :class:`Replicated`.
+
+    Raises:
+        ArgumentTypeError: it is something else.
+    """
+    if isinstance(value, Replicated):
+        raise ArgumentTypeError(
+            f"{where} takes a resident buffer, got a Replicated: pass the copy of one member, "
+            "replicated.on(member)"
+        )
+    check_buffer(value, where)

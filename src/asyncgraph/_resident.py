@@ -29,6 +29,7 @@ __all__ = (
     "Exporter",
     "ResidentBuffer",
     "ResidentStore",
+    "check_buffer",
     "check_out",
     "hold",
     "identity",
@@ -303,6 +304,7 @@ class ResidentStore:
 
     def holds(self, buffer: ResidentBuffer) -> bool:
         """Whether *buffer* was made by this store (it may be closed since)."""
+        check_buffer(buffer, "holds()")
         return buffer._store is self
 
     def __repr__(self) -> str:
@@ -452,6 +454,19 @@ def hold(buffer: ResidentBuffer) -> None:
 def let_go(buffer: ResidentBuffer) -> None:
     """End a :func:`hold`; frees the memory of a closed buffer nothing else uses."""
     buffer._store._unexport(buffer)
+
+
+def check_buffer(value: object, where: str) -> None:
+    """Raise unless *value* is a resident buffer (*where* names the call that was given it).
+
+    Raises:
+        ArgumentTypeError: it is something else (a numpy array, say).
+    """
+    if not isinstance(value, ResidentBuffer):
+        raise ArgumentTypeError(
+            f"{where} takes a resident buffer, got {type(value).__name__}; pass one that "
+            "upload(), empty() or a dispatch's Out(..., resident=True) returned"
+        )
 
 
 def check_out(out: object, buffer: ResidentBuffer) -> None:

@@ -8,9 +8,9 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from ._checks import check_upload
-from ._exceptions import ArgumentTypeError, BackendClosedError
+from ._exceptions import BackendClosedError
 from ._lifecycle import OPEN
-from ._resident import Download, ResidentBuffer, check_out, track, untrack
+from ._resident import Download, ResidentBuffer, check_buffer, check_out, track, untrack
 
 if TYPE_CHECKING:
     from ._dispatcher import Dispatcher
@@ -65,10 +65,7 @@ class Transfers:
         self, buffer: ResidentBuffer, out: np.ndarray[Any, Any] | None
     ) -> np.ndarray[Any, Any]:
         """*buffer*'s contents in a new array or *out* (``Backend.download``)."""
-        if not isinstance(buffer, ResidentBuffer):
-            raise ArgumentTypeError(
-                f"download() takes a resident buffer, got {type(buffer).__name__}"
-            )
+        check_buffer(buffer, "download()")
         self._store.check(buffer, "download()")
         if out is not None:
             check_out(out, buffer)
@@ -96,8 +93,7 @@ class Transfers:
     async def copy(self, buffer: ResidentBuffer, target: Transfers) -> ResidentBuffer:
         """A copy of *buffer* (of this backend) on *target*'s backend (``Backend.copy``): by
         *target*'s engine where it copies from this one's storage, else through the host."""
-        if not isinstance(buffer, ResidentBuffer):
-            raise ArgumentTypeError(f"copy() takes a resident buffer, got {type(buffer).__name__}")
+        check_buffer(buffer, "copy()")
         self._store.check(buffer, "copy()")
         engine = target._engine
         if not engine.copies_from(self._engine):

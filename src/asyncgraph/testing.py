@@ -4,8 +4,9 @@ Installing asyncgraph registers this module as a pytest plugin (entry point ``py
 project's own suite gets, with nothing to configure:
 
 - the ``cuda`` marker, registered: tests carrying it are skipped, with the driver's reason,
-  where no CUDA GPU can be used; and the ``ray`` marker, whose tests are skipped where Ray is
-  not installed (``asyncgraph.ray``);
+  where no CUDA GPU can be used, or fail with that reason where ``ASYNCGRAPH_REQUIRE_CUDA=1``
+  is set (a GPU machine's run, where a broken driver must not pass as skips); and the ``ray``
+  marker, whose tests are skipped where Ray is not installed (``asyncgraph.ray``);
 - ``backend``: a backend opened for one test and closed after it (CUDA where a GPU is present,
   else the host backend), and ``session_backend``: one backend for the whole session, which
   needs the session's event loop (``@pytest.mark.asyncio(loop_scope="session")``);
@@ -39,6 +40,7 @@ __all__ = ("assert_matches_host", "reference")
 Array = np.ndarray[Any, Any]
 
 _DEVICE_ENV = "ASYNCGRAPH_TEST_DEVICE"
+_REQUIRE_CUDA_ENV = "ASYNCGRAPH_REQUIRE_CUDA"
 _MARKER = (
     "cuda: needs an NVIDIA GPU with a working driver (skipped, with the reason, where none is "
     "found)"
@@ -208,9 +210,26 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     probe = probe_cuda()
     if probe.available:
         return
-    skip = pytest.mark.skip(reason=f"needs a CUDA GPU: {probe.reason}")
+    reason = f"needs a CUDA GPU: {probe.reason}"
+    if os.environ.get(_REQUIRE_CUDA_ENV, "").strip() not in ("", "0"):
+        for item in marked:
+            item.stash[_CUDA_MISSING] = f"{reason} ({_REQUIRE_CUDA_ENV} is set: a failure)"
+        return
+    skip = pytest.mark.skip(reason=reason)
     for item in marked:
         item.add_marker(skip)
+
+
+_CUDA_MISSING = pytest.StashKey[str]()
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_runtest_setup(item: pytest.Item) -> None:
+    # With ASYNCGRAPH_REQUIRE_CUDA set, a cuda-marked test fails, with the probe's reason,
+    # where no GPU can be used (before its fixtures run, as the skip would).
+    missing = item.stash.get(_CUDA_MISSING, None)
+    if missing is not None:
+        pytest.fail(missing, pytrace=False)
 
 
 def _skip_without_ray(items: list[pytest.Item]) -> None:
