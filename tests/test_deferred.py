@@ -61,6 +61,37 @@ def test_the_immediate_mode_lets_a_missing_stream_wait_pass(core: str) -> None:
     assert planted["readers_right"] == [True, True]
 
 
+@pytest.mark.parametrize("path", ["fast", "general"])
+@pytest.mark.parametrize("core", CORES)
+def test_work_enqueued_before_a_failed_record_is_waited_for(core: str, path: str) -> None:
+    # The record fails after the copies and the kernel were enqueued: the staging they use is
+    # not handed to the next dispatch, nor is their buffer to a reader on another stream,
+    # before the stream ran them. (In the immediate mode they ran at once, so this passed.)
+    general = ("general",) if path == "general" else ()
+    seen = run_scenario(ORDER, core, "record_fails", *general, streams="deferred")
+    assert seen["failed"] == seen["buffer_failed"] == "CudaError"
+    assert seen["staging_right"] == [True, True, True]
+    assert seen["reader_right"]
+    assert seen["failure"] == "None"  # the stream was waited for: the backend goes on
+    assert seen["after_right"]
+    assert (seen["fast"] > 0) is (path == "fast")
+
+
+@pytest.mark.parametrize("path", ["fast", "general"])
+@pytest.mark.parametrize("core", CORES)
+def test_a_stream_that_cannot_be_waited_for_fails_the_backend(core: str, path: str) -> None:
+    general = ("general",) if path == "general" else ()
+    seen = run_scenario(ORDER, core, "record_and_sync_fail", *general, streams="deferred")
+    seen.pop("stderr")
+    assert seen == {
+        "compiled": core == "compiled",
+        "failed": "CudaError",
+        "failure": "DeviceFaultError",
+        "later": "DeviceFaultError",
+        "closed": True,
+    }
+
+
 @pytest.fixture(scope="module", params=CORES)
 def deferred(request: pytest.FixtureRequest) -> dict[str, Any]:
     """What the scenarios where order matters observed on one core, in the deferred mode."""

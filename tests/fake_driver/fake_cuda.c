@@ -24,7 +24,7 @@
  * frees, records, queries or synchronizes, as a faulted process does (POISONED()).
  * fake_fail_next(call, count, code) makes the next *count* calls of a kind fail at once with
  * *code*, nothing done: "record" (cuEventRecord), "launch" (cuLaunchKernel), "copy" (the
- * asynchronous copies) or "alloc" (device allocations). cuLaunchKernel records what it was given
+ * asynchronous copies), "alloc" (device allocations) or "sync" (cuStreamSynchronize). cuLaunchKernel records what it was given
  * (fake_expect_params() says how many parameters to keep), for fake_last_launch().
  * fake_reset() forgets injected failures, the fault and what is queued.
  */
@@ -86,7 +86,7 @@ static int fail_count, fail_code;
 typedef struct {
     int count, code;
 } fake_injection;
-static fake_injection inject_record, inject_launch, inject_copy, inject_alloc;
+static fake_injection inject_record, inject_launch, inject_copy, inject_alloc, inject_sync;
 static int injected(fake_injection* injection) {
     if (__atomic_load_n(&injection->count, __ATOMIC_ACQUIRE) <= 0) return SUCCESS;
     int code = SUCCESS;
@@ -196,12 +196,14 @@ void fake_fail_next_events(int count, int code) {
     pthread_mutex_unlock(&fail_mutex);
 }
 
-/* The next *count* calls of *kind* ("record", "launch", "copy", "alloc") fail with *code*. */
+/* The next *count* calls of *kind* ("record", "launch", "copy", "alloc", "sync") fail with
+ * *code*. */
 int fake_fail_next(const char* kind, int count, int code) {
     fake_injection* injection = strcmp(kind, "record") == 0   ? &inject_record
                                 : strcmp(kind, "launch") == 0 ? &inject_launch
                                 : strcmp(kind, "copy") == 0   ? &inject_copy
                                 : strcmp(kind, "alloc") == 0  ? &inject_alloc
+                                : strcmp(kind, "sync") == 0   ? &inject_sync
                                                               : NULL;
     if (injection == NULL) return INVALID_VALUE;
     pthread_mutex_lock(&fail_mutex);
@@ -217,6 +219,7 @@ void fake_reset(void) {
     pthread_mutex_lock(&fail_mutex);
     fail_count = 0;
     inject_record.count = inject_launch.count = inject_copy.count = inject_alloc.count = 0;
+    inject_sync.count = 0;
     pthread_mutex_unlock(&fail_mutex);
     drop_queued();
     sticky = SUCCESS;

@@ -421,6 +421,7 @@ int cuStreamGetDevice(void* stream, int* device) { (void)stream; *device = 0; re
 int cuStreamSynchronize(void* stream) {
     int forbidden = capture_forbids(stream);
     if (forbidden != SUCCESS) return forbidden;
+    INJECTED(sync);
     return queued_stream(stream) ? stream_wait(stream, 1) : sticky;
 }
 int cuStreamQuery(void* stream) {

@@ -1,9 +1,9 @@
 """Scenarios where the order of the streams' work matters, for the stand-in's deferred mode.
 
-``python -m tests.fake_driver.order_scenario NAME [planted]`` runs one on the CUDA backend over
-the stand-in (``FAKE_CUDA_STREAMS`` says whether its streams run their work when it is enqueued
-or when they get to it) and prints what it saw as one JSON line; ``tests/test_deferred.py``
-runs them on each dispatch core, in both modes.
+``python -m tests.fake_driver.order_scenario NAME [planted|general]`` runs one on the CUDA
+backend over the stand-in (``FAKE_CUDA_STREAMS`` says whether its streams run their work when
+it is enqueued or when they get to it) and prints what it saw as one JSON line;
+``tests/test_deferred.py`` runs them on each dispatch core, in both modes.
 """
 
 from __future__ import annotations
@@ -96,11 +96,94 @@ async def missing_wait(planted: bool = False) -> dict[str, Any]:
         }
 
 
-SCENARIOS: dict[str, Callable[..., Any]] = {"missing_wait": missing_wait}
+def _in_out(gpu: Any, x: Any) -> Any:
+    """``x + 1``, through the staging: an ``InOut`` goes up, and comes down where it went."""
+    return gpu.dispatch(INC, ag.InOut(x), np.float32(1), np.int32(N), grid=4, block=256)
+
+
+async def _failed(pending: Any) -> str:
+    try:
+        await pending
+    except Exception as exc:
+        return type(exc).__name__
+    return "no error"
+
+
+async def record_fails(general: bool = False) -> dict[str, Any]:
+    """cuEventRecord fails after a dispatch's copies and kernel were enqueued (on the fast path,
+    or with *general* the general one): the work is still queued. The next dispatch must not
+    be given the staging the failed one's download is still to write, and a use of its buffer
+    on another stream must come after its kernel."""
+    rng = np.random.default_rng()
+    seen: dict[str, Any] = {}
+    async with ag.open_backend("cuda", streams=2, fast_path_enabled=not general) as gpu:
+        for kernel in (SCALE, INC):
+            await gpu.compile(kernel)
+        x = rng.standard_normal(N, dtype=np.float32)
+        for _ in range(2):  # plans made: the fast path takes the next ones (unless general)
+            await _in_out(gpu, x)
+        # The staging: the failed dispatch's download is still queued when the next one stages.
+        before = gpu.telemetry.snapshot().fast_path_dispatches
+        _lib.fake_fail_next(b"record", 1, 1)  # CUDA_ERROR_INVALID_VALUE, nothing recorded
+        failing = _in_out(gpu, rng.standard_normal(N, dtype=np.float32))
+        seen["failed"] = await _failed(failing)
+        staging_right = []
+        for _ in range(3):  # one on each stream, and again on the failed one's
+            y = rng.standard_normal(N, dtype=np.float32)
+            (after,) = await _in_out(gpu, y)
+            staging_right.append(bool(np.array_equal(after, y + 1)))
+        seen["staging_right"] = staging_right
+        # The buffer: the failed dispatch's kernel is still queued when a reader comes.
+        buf = await gpu.upload(x)
+        for _ in range(2):
+            await _inc(gpu, buf)
+            await _scale(gpu, buf)
+        _lib.fake_fail_next(b"record", 1, 1)
+        seen["buffer_failed"] = await _failed(_inc(gpu, buf))
+        (read,) = await _scale(gpu, buf)  # on the other stream: nothing holds the buffer
+        _lib.fake_run_streams(0)
+        final = await gpu.download(buf)
+        seen["reader_right"] = bool(np.array_equal(read, 2 * final))
+        seen["fast"] = gpu.telemetry.snapshot().fast_path_dispatches - before
+        seen["failure"] = repr(gpu.failure)
+        (last,) = await _in_out(gpu, x)
+        seen["after_right"] = bool(np.array_equal(last, x + 1))
+        await buf.aclose()
+    return seen
+
+
+async def record_and_sync_fail(general: bool = False) -> dict[str, Any]:
+    """cuEventRecord fails after a dispatch's work was enqueued, and its stream cannot be
+    synchronized either: nothing can be known done, so the backend fails (and still closes)."""
+    seen: dict[str, Any] = {}
+    x = np.ones(N, np.float32)
+    gpu = ag.open_backend("cuda", streams=1, fast_path_enabled=not general)
+    for kernel in (SCALE, INC):
+        await gpu.compile(kernel)
+    for _ in range(2):
+        await _in_out(gpu, x)
+    _lib.fake_fail_next(b"record", 1, 1)
+    _lib.fake_fail_next(b"sync", 1, 1)
+    seen["failed"] = await _failed(_in_out(gpu, x))
+    seen["failure"] = type(gpu.failure).__name__
+    try:
+        _in_out(gpu, x)
+    except Exception as exc:
+        seen["later"] = type(exc).__name__
+    await gpu.aclose()
+    seen["closed"] = gpu.is_closed
+    return seen
+
+
+SCENARIOS: dict[str, Callable[..., Any]] = {
+    "missing_wait": missing_wait,
+    "record_fails": record_fails,
+    "record_and_sync_fail": record_and_sync_fail,
+}
 
 if __name__ == "__main__":
     reset(_lib)
     _mode("instant")
     name, *rest = sys.argv[1:]
-    seen = asyncio.run(SCENARIOS[name](*(arg == "planted" for arg in rest)))
+    seen = asyncio.run(SCENARIOS[name](*(arg in ("planted", "general") for arg in rest)))
     print(json.dumps({"compiled": bool(core.COMPILED)} | seen))

@@ -362,9 +362,11 @@ cdef class FastPath:
         return 0
 
     cdef int _not_watched(self, FastJob job, object error) except -1:
-        """The job's event could not be recorded: nothing will complete it, so undo its ring
-        region (the newest) and finish it with *error* the general way."""
-        if job.ring_end:
+        """The job's event could not be recorded: nothing will complete it, and what it
+        enqueued may still run. Wait for its lane (``Lane.settle``); then its ring region (the
+        newest) is free again, else (the device failed) it stays taken. Finish the job with
+        *error* the general way."""
+        if job.lane.settle() and job.ring_end:
             self._lane[job.lane_index].head = job.ring_start
         slot = self._slots[job.lane_index]
         slot.outstanding -= 1

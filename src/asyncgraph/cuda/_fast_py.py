@@ -34,15 +34,7 @@ from .._exceptions import AllocationError
 from .._lifecycle import OPEN
 from .._pending import PendingDispatch, set_outcome
 from .._plans import same_dims
-from .._resident import (
-    Download,
-    ResidentBuffer,
-    storage_of,
-    track,
-    untrack,
-    uses_of,
-    writer_of,
-)
+from .._resident import Download, ResidentBuffer, storage_of, track, untrack, uses_of, writer_of
 from .._scheduler import JobState
 from ._driver import SUCCESS, error_for
 from ._fast_job import FastJob, KnownKernel, Ring
@@ -420,9 +412,11 @@ class FastPath:
             )
 
     def _not_watched(self, job: FastJob, error: BaseException) -> None:
-        """The job's event could not be recorded: nothing will complete it, so undo its ring
-        region (the newest) and finish it with *error* the general way."""
-        if job.ring_end:
+        """The job's event could not be recorded: nothing will complete it, and what it
+        enqueued may still run. Wait for its lane (``Lane.settle``); then its ring region (the
+        newest) is free again, else (the device failed) it stays taken. Finish the job with
+        *error* the general way."""
+        if job.lane.settle() and job.ring_end:
             self._rings[job.lane.index].head = job.ring_start
         job.lane.slot.outstanding -= 1
         job.gpu_done = True
