@@ -36,6 +36,7 @@ __all__ = (
     "let_go",
     "storage_of",
     "track",
+    "track_uses",
     "untrack",
     "uses_of",
     "writer_of",
@@ -410,6 +411,21 @@ class ResidentStore:
 def track(buffer: ResidentBuffer, use: Use, write: bool) -> list[Use]:
     """Record *use* of *buffer*; return the earlier uses it must be ordered after."""
     return buffer._track(use, write)
+
+
+def track_uses(buffers: list[ResidentBuffer], writes: list[bool], use: Use) -> None:
+    """Record *use* of each of *buffers* (a write where *writes* says so) whose order the
+    caller saw to: on all of them or, if one step raises, on none (put back as they were)."""
+    saved: list[tuple[ResidentBuffer, int, Use | None, list[Use]]] = []
+    try:
+        for buffer, write in zip(buffers, writes, strict=True):
+            saved.append((buffer, buffer._in_use, buffer._writer, buffer._readers))
+            buffer._track(use, write)
+    except BaseException:
+        for buffer, buffer._in_use, buffer._writer, buffer._readers in reversed(saved):
+            if isinstance(buffer._readers, list) and use in buffer._readers:
+                buffer._readers.remove(use)  # a read appended it there
+        raise
 
 
 def untrack(buffer: ResidentBuffer, use: Use) -> None:

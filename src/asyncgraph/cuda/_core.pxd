@@ -102,6 +102,12 @@ cdef struct ArgC:
     int write           # a resident buffer the kernel writes
 
 
+cdef struct Saved:
+    PyObject* in_use    # a resident buffer's fields before a use was tracked (held)
+    PyObject* writer
+    PyObject* readers
+
+
 cdef struct ResultC:
     int kind
     Py_ssize_t index

@@ -109,7 +109,10 @@ cdef class FastPath:
         cdef FastJob job
         cdef object life, loop, value, buffer, dep, dep_lane, lane = None, slot, pending
         cdef PyObject* seen[8]
-        cdef Py_ssize_t n_seen = 0
+        cdef Py_ssize_t n_seen = 0, tracked = 0
+        cdef int taken = 0
+        cdef Saved saved[8]  # the buffers' fields before the commit, to undo it
+        cdef list readers
         found = self._kernels.get(kernel)
         if found is None:
             return None
@@ -165,8 +168,9 @@ cdef class FastPath:
                         lane = dep_lane
                     elif dep_lane is not lane:
                         return None
+                readers = <list?>_get(buffer, B_READERS)  # TypeError, before anything changed
                 if a.write:
-                    for dep in <list>_get(buffer, B_READERS):
+                    for dep in readers:
                         dep_lane = _lane_of(dep)
                         if dep_lane is None:
                             continue
@@ -209,11 +213,7 @@ cdef class FastPath:
                 at = 0
             if start_at + staged - lc.tail > _RING:
                 return None  # the ring is full: the general path stages in the pinned pool
-        # -- from here on, the dispatch happens ---------------------------------------------
-        if placed:
-            pool = self._pool
-            self._cursor = (start + 1) % count
-            pool.placements += 1
+        # -- from here on, the dispatch happens: all of it, or nothing if a step raises ------
         job = FastJob.__new__(FastJob)
         job.cplan = plan
         job.call = plan.template
@@ -225,19 +225,37 @@ cdef class FastPath:
         job.id = next(self._ids)
         pending = _new_pending(loop, job.id, plan.name, self._spin)
         job.pending = pending
-        if plan.n_residents:
-            job.buffers = []
+        job.buffers = [] if plan.n_residents else _EMPTY
+        slot = self._slots[lane_index]
+        pool = self._pool
+        try:
+            self._in_flight[job.id] = job
+            slot.outstanding += 1
+            taken = 1
+            if placed:
+                pool.placements += 1
+                taken = 2
             for r in range(plan.n_residents):
                 i = plan.residents[r]
                 value = args[i]
                 buffer = _into(value) if plan.args[i].kind == A_INTO else value
-                _track_use(buffer, job, plan.args[i].write)  # ordered by the lane (checked above)
                 job.buffers.append(buffer)
-        else:
-            job.buffers = _EMPTY
-        self._in_flight[job.id] = job
-        slot = self._slots[lane_index]
-        slot.outstanding += 1
+                _save(buffer, &saved[r])
+                tracked = r + 1
+                _track_use(buffer, job, plan.args[i].write)  # ordered by the lane (checked above)
+        except BaseException:
+            for r in range(tracked - 1, -1, -1):
+                _put_back(job.buffers[r], &saved[r], job)
+            self._in_flight.pop(job.id, None)
+            if taken:
+                slot.outstanding -= 1
+            if taken > 1:
+                pool.placements -= 1
+            raise
+        for r in range(tracked):
+            _forget(&saved[r])
+        if placed:
+            self._cursor = (start + 1) % count
         if staged:
             lc.head = start_at + staged
             job.ring_start = start_at

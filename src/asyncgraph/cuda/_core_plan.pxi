@@ -116,7 +116,13 @@ cdef extern from "Python.h":
         Py_ssize_t offset
     ctypedef struct PyMemberDescrObject:
         PyMemberDef* d_member
+    void Py_XINCREF(PyObject*)
     void Py_XDECREF(PyObject*)
+    bint PyList_CheckExact(PyObject*)
+    Py_ssize_t PyList_GET_SIZE(PyObject*)
+    PyObject* PyList_GET_ITEM(PyObject*, Py_ssize_t)
+    int PyList_SetSlice(PyObject*, Py_ssize_t, Py_ssize_t, PyObject*)
+    void PyErr_Clear()
 
 
 cdef Py_ssize_t _slot(type cls, str name) except -1:
@@ -170,16 +176,58 @@ cdef inline bint _is_live(object store, list generations, list buffers, object b
     return generations[slot] == _get(buffer, B_GENERATION) and buffers[slot] is buffer
 
 
+cdef inline PyObject** _field(object obj, Py_ssize_t offset) noexcept:
+    return <PyObject**>((<char*><PyObject*>obj) + offset)
+
+
+cdef inline void _save(object buffer, Saved* saved) noexcept:
+    """Keep (with references) the fields of *buffer* that :func:`_track_use` changes."""
+    saved.in_use = _field(buffer, B_IN_USE)[0]
+    saved.writer = _field(buffer, B_WRITER)[0]
+    saved.readers = _field(buffer, B_READERS)[0]
+    Py_XINCREF(saved.in_use)
+    Py_XINCREF(saved.writer)
+    Py_XINCREF(saved.readers)
+
+
+cdef inline void _forget(Saved* saved) noexcept:
+    Py_XDECREF(saved.in_use)
+    Py_XDECREF(saved.writer)
+    Py_XDECREF(saved.readers)
+
+
+cdef inline void _move(PyObject** field, PyObject* value) noexcept:
+    """Set *field* to *value*, whose reference it takes."""
+    cdef PyObject* old = field[0]
+    field[0] = value
+    Py_XDECREF(old)
+
+
+cdef inline void _put_back(object buffer, Saved* saved, object use) noexcept:
+    """Undo :func:`_track_use` of *use* on *buffer*: its fields as :func:`_save` kept them
+    (the references move back), and *use* out of the readers list a read appended it to."""
+    cdef PyObject* readers = saved.readers
+    cdef Py_ssize_t n
+    if readers != NULL and PyList_CheckExact(readers):
+        n = PyList_GET_SIZE(readers)
+        if n and PyList_GET_ITEM(readers, n - 1) == <PyObject*>use:
+            if PyList_SetSlice(readers, n - 1, n, NULL) < 0:
+                PyErr_Clear()
+    _move(_field(buffer, B_IN_USE), saved.in_use)
+    _move(_field(buffer, B_WRITER), saved.writer)
+    _move(_field(buffer, B_READERS), readers)
+
+
 cdef inline int _track_use(object buffer, object use, bint write) except -1:
-    cdef list readers
+    """``ResidentBuffer._track`` of *use*, on the fields (``_save`` first, to undo it)."""
+    cdef list readers = <list?>_get(buffer, B_READERS)
     _put(buffer, B_IN_USE, _get(buffer, B_IN_USE) + 1)
     if write:
         _put(buffer, B_WRITER, use)
-        readers = _get(buffer, B_READERS)
         if len(readers):
             _put(buffer, B_READERS, [])
     else:
-        (<list>_get(buffer, B_READERS)).append(use)
+        readers.append(use)
     return 0
 
 

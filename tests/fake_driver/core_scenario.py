@@ -1,0 +1,147 @@
+"""The dispatch cores' failure paths, on the CUDA backend over the stand-in driver.
+
+``python -m tests.fake_driver.core_scenario NAME`` runs one and prints what it saw as one JSON
+line; ``tests/test_core_failures.py`` runs them on each dispatch core.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import ctypes
+import json
+import os
+import sys
+from collections.abc import Callable
+from typing import Any
+
+import numpy as np
+
+import asyncgraph as ag
+from asyncgraph._bench import SCALE
+from asyncgraph.cuda._cores import core
+from tests.fake_driver import reset
+from tests.kernels import INC
+
+_lib = ctypes.CDLL("libcuda.so.1")
+_lib.fake_last_launch.restype = ctypes.c_ulonglong
+N = 1024
+
+
+def _mode(mode: str) -> None:
+    _lib.fake_set_complete_mode(mode.encode())
+
+
+def _launches() -> int:
+    """How many kernels the stand-in was asked to launch so far."""
+    dims = (ctypes.c_uint * 7)()
+    stream = ctypes.c_size_t()
+    params = (ctypes.c_ubyte * 16)()
+    return int(_lib.fake_last_launch(dims, ctypes.byref(stream), params, 0))
+
+
+def _inc(gpu: Any, buffer: Any) -> Any:
+    return gpu.dispatch(INC, buffer, np.float32(1), np.int32(N), grid=4, block=256)
+
+
+def _scale(gpu: Any, x: Any) -> Any:
+    return gpu.dispatch(
+        SCALE, x, ag.Out(N, np.float32), np.float32(2), np.int32(N), grid=4, block=256
+    )
+
+
+def _tracking(buffer: Any) -> list[Any]:
+    """The buffer's record of its uses in flight (private fields, read by a test on purpose)."""
+    return [buffer._in_use, buffer._writer is None, len(buffer._readers)]
+
+
+def _error(call: Callable[[], Any]) -> str:
+    try:
+        call()
+    except Exception as exc:
+        return type(exc).__name__
+    return "no error"
+
+
+class _Refusing(int):
+    """A stream's count of work that refuses to grow once: a step of the commit that raises."""
+
+    def __add__(self, other: Any) -> Any:
+        raise RuntimeError("injected: the commit step failed")
+
+
+async def commit_fails() -> dict[str, Any]:
+    """A step of the fast path's commit raises (the lane's count refuses to grow), for a
+    dispatch that writes a resident buffer and one that reads it: nothing may be left of
+    either, and the buffer and the backend still close."""
+    seen: dict[str, Any] = {}
+    x = np.ones(N, np.float32)
+    gpu: Any = ag.open_backend("cuda", streams=1)
+    for kernel in (SCALE, INC):
+        await gpu.compile(kernel)
+    buf = await gpu.upload(x)
+    for _ in range(2):  # plans made: the fast path takes the next ones
+        await _inc(gpu, buf)
+        await _scale(gpu, buf)
+    slot = gpu.stream_pool.lanes[0]
+    fast = gpu.telemetry.snapshot().fast_path_dispatches
+    launches = _launches()
+    for name, use in (("writer", _inc), ("reader", _scale)):
+        slot.outstanding = _Refusing(slot.outstanding)
+        error = _error(lambda use=use: use(gpu, buf))  # type: ignore[misc]  # bound now
+        slot.outstanding = int(slot.outstanding)
+        seen[name] = {
+            "error": error,
+            "tracking": _tracking(buf),
+            "outstanding": gpu.outstanding,
+            "lane": int(slot.outstanding),
+        }
+    seen["launched"] = _launches() - launches
+    seen["fast"] = gpu.telemetry.snapshot().fast_path_dispatches - fast
+    try:  # the backend goes on, and closes (a use left behind would hold both forever)
+        await asyncio.wait_for(_inc(gpu, buf), 5)
+        seen["right"] = bool(np.array_equal(await gpu.download(buf), x + 3))
+        await buf.aclose()
+        await asyncio.wait_for(gpu.aclose(), 5)
+        seen["closed"] = True
+    except TimeoutError:
+        seen["closed"] = False
+    return seen
+
+
+async def readers_not_a_list() -> dict[str, Any]:
+    """A buffer's readers field holds something else than a list: the dispatch fails at the
+    call, nothing is written out of bounds, nothing is left in flight."""
+    x = np.ones(N, np.float32)
+    async with ag.open_backend("cuda") as gpu:
+        for kernel in (SCALE, INC):
+            await gpu.compile(kernel)
+        buf: Any = await gpu.upload(x)
+        for _ in range(2):
+            await _inc(gpu, buf)
+            await _scale(gpu, buf)
+        buf._readers = ("not", "a", "list")  # a layout change, say
+        reader = _error(lambda: _scale(gpu, buf))
+        writer = _error(lambda: _inc(gpu, buf))
+        outstanding = gpu.outstanding
+        buf._readers = []
+        await buf.aclose()
+    return {"reader": reader, "writer": writer, "outstanding": outstanding}
+
+
+SCENARIOS: dict[str, Callable[[], Any]] = {
+    "commit_fails": commit_fails,
+    "readers_not_a_list": readers_not_a_list,
+}
+
+
+async def _main(name: str) -> None:
+    seen = await SCENARIOS[name]()
+    print(json.dumps({"compiled": bool(core.COMPILED)} | seen), flush=True)
+    if seen.get("closed") is False:
+        os._exit(0)  # a close that never ends: asyncio.run would wait for it
+
+
+if __name__ == "__main__":
+    reset(_lib)
+    _mode("instant")
+    asyncio.run(_main(sys.argv[1]))
