@@ -41,3 +41,33 @@ def test_a_readers_field_of_another_type_fails_the_call_safely(core: str) -> Non
     errors = {"compiled": "TypeError", "python": "AttributeError"}[core]
     assert seen["reader"] == seen["writer"] == errors
     assert seen["outstanding"] == 0
+
+
+@pytest.mark.parametrize("core", CORES)
+def test_a_dispatch_inside_a_nested_loop_is_refused_at_the_call(core: str) -> None:
+    # The compiled core asked whether the loop's thread was this one, launched the dispatch
+    # and counted it in flight; only its await raised.
+    seen = run_scenario(SCENARIO, core, "nested_loop", timeout=60)
+    seen.pop("stderr")
+    assert seen == {
+        "compiled": core == "compiled",
+        "outcome": "UnsupportedError: backend cuda:0 belongs to another event loop; open one "
+        "backend per event loop",
+        "launched": 0,
+        "outstanding": 0,
+        "fast": 0,
+    }
+
+
+@pytest.mark.parametrize("core", CORES)
+def test_a_dispatch_in_a_forked_child_is_refused_at_the_call(core: str) -> None:
+    seen = run_scenario(SCENARIO, core, "forked", timeout=60)
+    seen.pop("stderr")
+    assert seen == {
+        "compiled": core == "compiled",
+        "outcome": "UnsupportedError: backend cuda:0 is used from a thread with no running "
+        "event loop; call it from async code on the loop it belongs to",
+        "launched": 0,
+        "outstanding": 0,
+        "fast": 0,
+    }

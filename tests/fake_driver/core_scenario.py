@@ -128,9 +128,79 @@ async def readers_not_a_list() -> dict[str, Any]:
     return {"reader": reader, "writer": writer, "outstanding": outstanding}
 
 
+async def _warm(gpu: Any) -> None:
+    """The kernel compiled and its plan made: the fast path takes the next dispatches."""
+    await gpu.compile(SCALE)
+    for _ in range(3):
+        await _scale(gpu, np.ones(N, np.float32))
+
+
+def _attempt(gpu: Any) -> dict[str, Any]:
+    """A dispatch, from wherever this runs: what it said, and what it started."""
+    launches = _launches()
+    fast = gpu.telemetry.snapshot().fast_path_dispatches
+    try:
+        _scale(gpu, np.ones(N, np.float32))
+        outcome = "dispatched"
+    except Exception as exc:
+        outcome = f"{type(exc).__name__}: {exc}"
+    return {
+        "outcome": outcome,
+        "launched": _launches() - launches,
+        "outstanding": gpu.outstanding,
+        "fast": gpu.telemetry.snapshot().fast_path_dispatches - fast,
+    }
+
+
+async def nested_loop() -> dict[str, Any]:
+    """A second event loop runs inside the backend's, on its thread (as nest_asyncio runs
+    one), and dispatches: the backend belongs to the outer loop."""
+    async with ag.open_backend("cuda") as gpu:
+        await _warm(gpu)
+        outer = asyncio.get_running_loop()
+        inner = asyncio.new_event_loop()
+
+        async def use() -> dict[str, Any]:
+            return _attempt(gpu)
+
+        asyncio.events._set_running_loop(None)  # what nest_asyncio does to run the inner one
+        try:
+            seen = inner.run_until_complete(use())
+        finally:
+            asyncio.events._set_running_loop(outer)
+            inner.close()
+    return seen
+
+
+async def forked() -> dict[str, Any]:
+    """The process forks inside a coroutine, and the child dispatches on the parent's
+    backend: no loop runs in the child."""
+    async with ag.open_backend("cuda") as gpu:
+        await _warm(gpu)
+        read, write = os.pipe()
+        child = os.fork()
+        if child == 0:  # the child: say what happened, and leave at once
+            try:
+                os.write(write, json.dumps(_attempt(gpu)).encode())
+            finally:
+                os._exit(0)
+        os.close(write)
+        return _heard(child, read)
+
+
+def _heard(child: int, read: int) -> dict[str, Any]:
+    """What *child* wrote to the pipe *read*, once it exited."""
+    with os.fdopen(read) as pipe:
+        seen: dict[str, Any] = json.loads(pipe.read() or "{}")
+    os.waitpid(child, 0)
+    return seen
+
+
 SCENARIOS: dict[str, Callable[[], Any]] = {
     "commit_fails": commit_fails,
     "readers_not_a_list": readers_not_a_list,
+    "nested_loop": nested_loop,
+    "forked": forked,
 }
 
 
