@@ -7,12 +7,18 @@ stand-in as ``libcuda.so.1``.
 
 from __future__ import annotations
 
+import subprocess
+import sys
+import time
+from pathlib import Path
+
 import pytest
 
-from tests.fake_driver import run_scenario
+from tests.fake_driver import build, environment, run_scenario
 from tests.test_fast_path import CORES
 
 SCENARIO = "tests.fake_driver.core_scenario"
+ROOT = Path(__file__).resolve().parent.parent
 
 
 @pytest.mark.parametrize("core", CORES)
@@ -71,3 +77,48 @@ def test_a_dispatch_in_a_forked_child_is_refused_at_the_call(core: str) -> None:
         "outstanding": 0,
         "fast": 0,
     }
+
+
+@pytest.mark.parametrize("kept", [False, True], ids=["dropped", "kept"])
+@pytest.mark.parametrize("core", CORES)
+def test_a_kernel_that_never_finishes_does_not_hold_the_process_exit(core: str, kept: bool) -> None:
+    # The backend is left unclosed with a dispatch whose kernel never finishes, its event in a
+    # waiter thread's cuEventSynchronize; asyncio.run returns and the process exits. The
+    # compiled core's waiter joined that thread forever: the process stayed alive.
+    try:
+        directory = build()
+    except RuntimeError as exc:
+        pytest.skip(str(exc))
+    began = time.monotonic()
+    try:
+        done = subprocess.run(
+            [sys.executable, "-m", SCENARIO, "hung_exit", "kept" if kept else "dropped"],
+            cwd=ROOT,
+            env=environment(directory, core),
+            capture_output=True,
+            text=True,
+            timeout=30,
+            check=False,
+        )
+    except subprocess.TimeoutExpired:
+        pytest.fail("the process was still alive 30 s after its work was done")
+    took = time.monotonic() - began
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert took < 15, took
+    # Reported: when the backend is collected, or else as the process exits.
+    events = ("backend.dropped_in_flight", "backend.exit_in_flight")
+    assert any(event in done.stdout for event in events), done.stdout[-3000:]
+
+
+@pytest.mark.parametrize("core", CORES)
+def test_a_close_with_a_timeout_abandons_a_kernel_that_never_finishes(core: str) -> None:
+    # aclose(timeout=) failed what was queued, then waited forever for the running kernel.
+    seen = run_scenario(SCENARIO, core, "hung_close", timeout=60)
+    assert seen["took"] < 5, seen["took"]  # the timeout, and a bounded wait for the waiters
+    assert seen["closed"]
+    assert seen["error"] == ["DeviceFaultError", "CUDA_ERROR_LAUNCH_TIMEOUT"]
+    assert seen["failure"] == "CUDA_ERROR_LAUNCH_TIMEOUT"  # the backend's state says so
+    assert seen["abandoned"]  # backend.close_abandoned names the dispatch
+    assert seen["events"][-1] == "backend.closed"
+    assert "backend.memory_abandoned" in seen["events"]  # never freed: a kernel may write it
+    assert not seen["poisoned"]  # the process is not: other backends go on

@@ -8,13 +8,16 @@ from __future__ import annotations
 
 import asyncio
 import ctypes
+import gc
 import json
 import os
 import sys
+import time
 from collections.abc import Callable
 from typing import Any
 
 import numpy as np
+import structlog
 
 import asyncgraph as ag
 from asyncgraph._bench import SCALE
@@ -196,22 +199,86 @@ def _heard(child: int, read: int) -> dict[str, Any]:
     return seen
 
 
-SCENARIOS: dict[str, Callable[[], Any]] = {
+async def _hang(gpu: Any) -> Any:
+    """A dispatch whose kernel never finishes (the stand-in's events complete by hand only),
+    handed to a waiter thread by the time this returns."""
+    await _warm(gpu)
+    _mode("manual")
+    pending = _scale(gpu, np.ones(N, np.float32))
+    await asyncio.sleep(0.3)  # the reactor's poll window is long over: a waiter holds it
+    return pending
+
+
+def _backend_events(logs: list[Any]) -> list[str]:
+    return [e["event"] for e in logs if str(e["event"]).startswith("backend.")]
+
+
+async def hung_close() -> dict[str, Any]:
+    """``aclose(timeout=...)`` while a kernel never finishes: the close ends, saying so."""
+    with structlog.testing.capture_logs() as logs:
+        gpu = ag.open_backend("cuda")
+        pending = await _hang(gpu)
+        began = time.perf_counter()
+        await gpu.aclose(timeout=0.5)
+        took = time.perf_counter() - began
+    abandoned = [e for e in logs if e["event"] == "backend.close_abandoned"]
+    error = pending.exception()
+    return {
+        "took": took,
+        "closed": gpu.is_closed,
+        "error": [type(error).__name__, getattr(error, "name", None)],
+        "failure": getattr(gpu.failure, "name", None),
+        "events": _backend_events(logs),
+        "abandoned": abandoned[0]["dispatches"] == [pending.dispatch_id] if abandoned else False,
+        "poisoned": ag.process_fault() is not None,
+    }
+
+
+_KEPT: list[Any] = []
+
+
+def hung_exit(kept: bool) -> dict[str, Any]:
+    """The backend is left unclosed while a kernel never finishes, dropped (or *kept* to the
+    end), and the process exits: that must not wait for the kernel."""
+    with structlog.testing.capture_logs() as logs:
+        gpu: Any = asyncio.run(_dropped())
+        if kept:
+            _KEPT.append(gpu)  # still referenced when the interpreter shuts down
+        del gpu
+        gc.collect()
+    return {"events": _backend_events(logs)}
+
+
+async def _dropped() -> Any:
+    gpu = ag.open_backend("cuda")
+    await _hang(gpu)
+    return gpu
+
+
+SCENARIOS: dict[str, Callable[..., Any]] = {
     "commit_fails": commit_fails,
     "readers_not_a_list": readers_not_a_list,
     "nested_loop": nested_loop,
     "forked": forked,
+    "hung_close": hung_close,
+    "hung_exit": hung_exit,
 }
 
 
-async def _main(name: str) -> None:
-    seen = await SCENARIOS[name]()
+def _say(seen: dict[str, Any]) -> None:
     print(json.dumps({"compiled": bool(core.COMPILED)} | seen), flush=True)
     if seen.get("closed") is False:
         os._exit(0)  # a close that never ends: asyncio.run would wait for it
 
 
+async def _main(name: str) -> None:
+    _say(await SCENARIOS[name]())
+
+
 if __name__ == "__main__":
     reset(_lib)
     _mode("instant")
-    asyncio.run(_main(sys.argv[1]))
+    if sys.argv[1] == "hung_exit":  # runs its own loop, and the process's exit is the point
+        _say(hung_exit(sys.argv[2:] == ["kept"]))
+    else:
+        asyncio.run(_main(sys.argv[1]))
