@@ -140,3 +140,27 @@ def test_a_fault_fails_deferred_work_and_the_backend_still_closes(
 
 def test_closing_waits_for_deferred_work_and_frees_everything(deferred: dict[str, Any]) -> None:
     check_close(deferred)
+
+
+@pytest.mark.parametrize("streams", ["immediate", "deferred"])
+@pytest.mark.parametrize("core", CORES)
+def test_the_stand_in_injects_failures_and_a_fault_fails_every_later_call(
+    core: str, streams: str
+) -> None:
+    seen = run_scenario(ORDER, core, "injected", streams=streams)
+    assert seen["launch"] == ["CudaError", "CUDA_ERROR_LAUNCH_OUT_OF_RESOURCES", "cuLaunchKernel"]
+    assert seen["copy"] == ["CudaError", "CUDA_ERROR_INVALID_VALUE", "cuMemcpyHtoDAsync"]
+    assert seen["after"]  # an injected failure fails its dispatch only
+    assert seen["info"] == [0, 256 << 20, True]  # cuMemGetInfo: the device's size, less in use
+    assert seen["oom"] == "AllocationError"
+    assert seen["fault"] == ["DeviceFaultError", "CUDA_ERROR_ILLEGAL_ADDRESS", "cuEventQuery"]
+    # Records, memsets, allocations, streams and waits fail too once the process faulted.
+    assert set(seen["after_fault"].values()) == {700}, seen["after_fault"]
+
+
+@pytest.mark.parametrize("core", CORES)
+def test_the_deferred_mode_runs_spin_as_a_long_kernel(core: str) -> None:
+    seen = run_scenario(ORDER, core, "long_kernel", streams="deferred")
+    assert seen["flag"] == 1
+    assert seen["took"] >= 0.1  # 2e8 cycles at 2 GHz
+    assert seen["ticks"] >= 5  # and the loop went on meanwhile

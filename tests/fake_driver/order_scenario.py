@@ -12,6 +12,7 @@ import asyncio
 import ctypes
 import json
 import sys
+import time
 from collections.abc import Callable
 from typing import Any
 
@@ -22,7 +23,7 @@ from asyncgraph._bench import SCALE
 from asyncgraph.cuda import _small
 from asyncgraph.cuda._cores import core
 from tests.fake_driver import reset
-from tests.kernels import INC
+from tests.kernels import INC, SPIN
 
 _lib = ctypes.CDLL("libcuda.so.1")
 _lib.fake_run_streams.restype = ctypes.c_long
@@ -30,6 +31,8 @@ _lib.fake_queued_ops.restype = ctypes.c_long
 _lib.fake_stream_waits.restype = ctypes.c_long
 _lib.fake_stream_waits.argtypes = [ctypes.POINTER(ctypes.c_long)]
 _lib.fake_fail_next.argtypes = [ctypes.c_char_p, ctypes.c_int, ctypes.c_int]
+_lib.fake_fail_next_events.argtypes = [ctypes.c_int, ctypes.c_int]
+_lib.fake_set_device_memory.argtypes = [ctypes.c_ulonglong]
 N = 1024
 
 
@@ -175,10 +178,85 @@ async def record_and_sync_fail(general: bool = False) -> dict[str, Any]:
     return seen
 
 
+async def _error(pending: Any) -> list[Any]:
+    try:
+        await pending
+    except Exception as exc:
+        return [type(exc).__name__, getattr(exc, "name", None), getattr(exc, "call", None)]
+    return ["no error", None, None]
+
+
+async def injected() -> dict[str, Any]:
+    """The stand-in's injected failures, through a backend: a launch, a copy, device memory
+    running out; and, after a sticky fault, the calls that must fail too."""
+    from cuda.bindings import driver as drv
+
+    seen: dict[str, Any] = {}
+    x = np.ones(N, np.float32)
+    gpu: Any = ag.open_backend("cuda")
+    for kernel in (SCALE, INC):
+        await gpu.compile(kernel)
+    for _ in range(2):
+        await _scale(gpu, x)
+    _lib.fake_fail_next(b"launch", 1, 701)  # CUDA_ERROR_LAUNCH_OUT_OF_RESOURCES
+    seen["launch"] = await _error(_scale(gpu, x))
+    _lib.fake_fail_next(b"copy", 1, 1)
+    seen["copy"] = await _error(_scale(gpu, x))
+    (out,) = await _scale(gpu, x)
+    seen["after"] = bool(np.array_equal(out, 2 * x))
+    _lib.fake_set_device_memory(ctypes.c_ulonglong(256 << 20))
+    code, free, total = drv.cuMemGetInfo()
+    seen["info"] = [int(code), int(total), int(free) < int(total)]
+    try:
+        await gpu.upload(np.ones(512 << 20 >> 2, np.float32))  # 512 MiB on a 256 MiB device
+        seen["oom"] = "no error"
+    except Exception as exc:
+        seen["oom"] = type(exc).__name__
+    _lib.fake_set_device_memory(ctypes.c_ulonglong(80 << 30))
+    stream = gpu._cuda.device.lanes[0].handle  # a stream and an event made before the fault
+    event = drv.cuEventCreate(0)[1]
+    _lib.fake_fail_next_events(1, 700)
+    seen["fault"] = await _error(_scale(gpu, x))
+    seen["after_fault"] = {
+        "record": int(drv.cuEventRecord(event, stream)[0]),
+        "memset": int(drv.cuMemsetD8Async(gpu._cuda.device.lanes[0].scratch_ptr, 0, 4, stream)[0]),
+        "alloc": int(drv.cuMemAlloc(4)[0]),
+        "stream": int(drv.cuStreamCreate(0)[0]),
+        "wait": int(drv.cuStreamWaitEvent(stream, event, 0)[0]),
+    }
+    await gpu.aclose()
+    return seen
+
+
+async def long_kernel() -> dict[str, Any]:
+    """spin() runs for its cycles in the deferred mode (2 GHz: 2e8 cycles are 0.1 s); the loop
+    goes on meanwhile."""
+    ticks = 0
+    done = False
+
+    async def tick() -> None:
+        nonlocal ticks
+        while not done:
+            ticks += 1
+            await asyncio.sleep(0.005)
+
+    async with ag.open_backend("cuda") as gpu:
+        await gpu.compile(SPIN)
+        ticker = asyncio.ensure_future(tick())
+        began = time.perf_counter()
+        (flag,) = await gpu.dispatch(SPIN, np.int64(2e8), ag.Out(1, np.int32), grid=1, block=1)
+        took = time.perf_counter() - began
+        done = True
+        await ticker
+    return {"took": took, "ticks": ticks, "flag": int(flag[0])}
+
+
 SCENARIOS: dict[str, Callable[..., Any]] = {
     "missing_wait": missing_wait,
     "record_fails": record_fails,
     "record_and_sync_fail": record_and_sync_fail,
+    "injected": injected,
+    "long_kernel": long_kernel,
 }
 
 if __name__ == "__main__":
