@@ -107,6 +107,7 @@ static int injected(fake_injection* injection) {
 /* The deferred mode (fake_streams.c), which the memory and stream calls use. */
 #define NOT_DEFERRED (-2)
 static long wait_calls; /* cuStreamWaitEvent calls (fake_stream_waits) */
+static int deferred(void);
 static int queued_stream(void* stream);
 static int defer_copy(void* stream, uintptr_t dst, uintptr_t src, size_t n);
 static int defer_memset(void* stream, uintptr_t dst, unsigned int value, unsigned int element,

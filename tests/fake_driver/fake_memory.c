@@ -395,7 +395,9 @@ int cuStreamDestroy(void* stream) {
     if (stream) {
         capture_forget_stream(stream);
         streams_remove(stream); /* after what is queued on it ran */
-        free(stream);
+        /* In the deferred mode a thread may still be in its queue's run, waiting for a long
+         * kernel or an event with the queue's lock let go: the stream is kept, empty. */
+        if (!deferred()) free(stream);
         __atomic_sub_fetch(&live_streams, 1, __ATOMIC_SEQ_CST);
     }
     return SUCCESS;
