@@ -122,3 +122,17 @@ def test_a_close_with_a_timeout_abandons_a_kernel_that_never_finishes(core: str)
     assert seen["events"][-1] == "backend.closed"
     assert "backend.memory_abandoned" in seen["events"]  # never freed: a kernel may write it
     assert not seen["poisoned"]  # the process is not: other backends go on
+
+
+@pytest.mark.parametrize("core", CORES)
+def test_a_tracking_step_that_raises_puts_the_buffers_back(core: str) -> None:
+    # The first buffer was tracked as written (its unfinished writer and reader replaced) when
+    # the second one's tracking raised: it gets them back, so later uses still wait for them.
+    seen = run_scenario(SCENARIO, core, "tracking_fails", timeout=60)
+    assert seen["error"] == "RuntimeError"
+    assert seen["first_put_back"]
+    assert seen["first_uses"] == 2  # the two still running
+    assert seen["second_in_use"] == 0
+    assert seen["outstanding"] == 2  # nothing else in flight
+    assert seen["right"]
+    assert seen["closed"]

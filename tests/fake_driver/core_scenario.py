@@ -111,6 +111,59 @@ async def commit_fails() -> dict[str, Any]:
     return seen
 
 
+PAIR = ag.Kernel(
+    r"""
+extern "C" __global__ void pair(float* a, const float* b, int n) { }
+""",
+    "pair",
+)
+
+
+def _uses(buffer: Any) -> list[Any]:
+    """The buffer's uses in flight, by identity (private fields, read by a test on purpose)."""
+    return [int(buffer._in_use), id(buffer._writer), [id(use) for use in buffer._readers]]
+
+
+async def tracking_fails() -> dict[str, Any]:
+    """The commit tracks a dispatch's first buffer (written: its writer and readers replaced),
+    then the second one's tracking raises: the first must be put back exactly as it was, its
+    unfinished uses included, or a later use would not wait for them."""
+    x = np.ones(N, np.float32)
+    gpu: Any = ag.open_backend("cuda", streams=1)
+    for kernel in (SCALE, INC, PAIR):
+        await gpu.compile(kernel)
+    first, second = await gpu.upload(x), await gpu.upload(x)
+    for _ in range(2):  # plans made
+        await gpu.dispatch(PAIR, first, second, np.int32(N), grid=4, block=256)
+        await _inc(gpu, first)
+        await _scale(gpu, first)
+    _mode("manual")  # uses of the first buffer still running: a writer, then a reader
+    running = [_inc(gpu, first), _scale(gpu, first)]
+    before = _uses(first)
+    second._in_use = _Refusing(0)
+    error = _error(lambda: gpu.dispatch(PAIR, first, second, np.int32(N), grid=4, block=256))
+    seen = {
+        "error": error,
+        "first_put_back": _uses(first) == before,
+        "first_uses": _uses(first)[0],
+        "second_in_use": int(second._in_use),
+        "outstanding": gpu.outstanding,
+    }
+    second._in_use = 0
+    _mode("instant")
+    for pending in running:
+        await pending
+    seen["right"] = bool(np.array_equal(await gpu.download(first), x + 3))
+    for buffer in (first, second):
+        await buffer.aclose()
+    try:
+        await asyncio.wait_for(gpu.aclose(), 5)
+        seen["closed"] = True
+    except TimeoutError:
+        seen["closed"] = False
+    return seen
+
+
 async def readers_not_a_list() -> dict[str, Any]:
     """A buffer's readers field holds something else than a list: the dispatch fails at the
     call, nothing is written out of bounds, nothing is left in flight."""
@@ -258,6 +311,7 @@ async def _dropped() -> Any:
 SCENARIOS: dict[str, Callable[..., Any]] = {
     "commit_fails": commit_fails,
     "readers_not_a_list": readers_not_a_list,
+    "tracking_fails": tracking_fails,
     "nested_loop": nested_loop,
     "forked": forked,
     "hung_close": hung_close,
