@@ -167,6 +167,8 @@ cdef struct HistogramC:
 
 
 cdef class FastPath:
+    cdef object _here  # what asyncio kept for this thread when it said the loop ran here
+    cdef long _here_forks
     cdef list _lanes
     cdef list _slots
     cdef list _rings

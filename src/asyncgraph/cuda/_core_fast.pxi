@@ -14,6 +14,7 @@ cdef class FastPath:
 
     def __cinit__(self, lanes, rings, watches, events, stream_pool, front, launcher_type):
         cdef Py_ssize_t n = len(lanes)
+        self._here_forks = -1  # nothing kept yet (_runs_here)
         self._lane = <LaneC*>calloc(n if n else 1, sizeof(LaneC))
         if self._lane == NULL:
             raise MemoryError("no memory for the fast path's lanes")
@@ -125,7 +126,7 @@ cdef class FastPath:
         if life.state != _OPEN:
             return None
         loop = life.loop
-        if loop is None or not _runs_here(loop):
+        if loop is None or not _runs_here(self, loop):
             return None
         if (
             watches.schedule is None
