@@ -247,16 +247,16 @@ class ResidentBuffer:
     # -- in-flight uses (front of the backend, event loop thread) ------------------------------
 
     def _track(self, use: Use, write: bool) -> list[Use]:
-        """Record *use* and return the earlier uses it must wait for."""
-        self._in_use += 1
+        """Record *use* and return the earlier uses it must wait for (if it raises: nothing)."""
+        in_use = self._in_use + 1
         if write:
             deps = list(self._readers)
             if self._writer is not None:
                 deps.append(self._writer)
-            self._writer = use
-            self._readers = []
+            self._in_use, self._writer, self._readers = in_use, use, []
             return deps
         self._readers.append(use)
+        self._in_use = in_use
         return [self._writer] if self._writer is not None else []
 
     def _untrack(self, use: Use) -> None:
@@ -413,12 +413,14 @@ def track(buffer: ResidentBuffer, use: Use, write: bool) -> list[Use]:
     return buffer._track(use, write)
 
 
-def track_uses(buffers: list[ResidentBuffer], writes: list[bool], use: Use) -> None:
-    """Record *use* of each of *buffers* (a write where *writes* says so) whose order the
-    caller saw to: on all of them or, if one step raises, on none (put back as they were)."""
+def track_uses(buffers: list[ResidentBuffer], writes: tuple[bool, ...], use: Use) -> None:
+    """Record *use* of each of *buffers* (written where *writes* says): on all, or on none."""
+    if len(buffers) == 1:
+        buffers[0]._track(use, writes[0])  # all or nothing by itself
+        return
     saved: list[tuple[ResidentBuffer, int, Use | None, list[Use]]] = []
     try:
-        for buffer, write in zip(buffers, writes, strict=True):
+        for buffer, write in zip(buffers, writes, strict=False):  # as long: the caller's
             saved.append((buffer, buffer._in_use, buffer._writer, buffer._readers))
             buffer._track(use, write)
     except BaseException:
@@ -460,8 +462,7 @@ def uses_of(buffer: ResidentBuffer) -> list[Use]:
 
 
 def hold(buffer: ResidentBuffer) -> None:
-    """Keep *buffer*'s memory while something outside the store uses it (a recorded graph),
-    even after the buffer is closed; :func:`let_go` ends it."""
+    """Keep *buffer*'s memory, even closed, until :func:`let_go` (a recorded graph uses it)."""
     buffer._exports += 1
 
 

@@ -301,12 +301,11 @@ class FastPath:
                 pool.placements += 1
                 taken = 2
             if plan.residents:
-                buffers, writes = job.buffers, []
-                for index, write, into in plan.residents:
+                buffers = job.buffers
+                for index, _write, into in plan.residents:
                     arg: Any = args[index]
                     buffers.append(arg.into if into else arg)  # an Out's, or the buffer
-                    writes.append(write)
-                track_uses(buffers, writes, job)  # ordered by the lane (checked above)
+                track_uses(buffers, plan.writes, job)  # ordered by the lane (checked above)
         except BaseException:
             in_flight.pop(dispatch_id, None)
             slot.outstanding -= taken > 0
