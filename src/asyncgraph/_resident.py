@@ -390,12 +390,8 @@ class ResidentStore:
     def _unexport(self, buffer: ResidentBuffer) -> None:
         """A consumer released a DLPack tensor: free the memory if nothing else holds it."""
         buffer._exports -= 1
-        if (
-            buffer._exports == 0
-            and buffer._in_use == 0
-            and buffer._storage is not None
-            and not self.is_live(buffer)
-        ):
+        idle = buffer._exports == 0 and buffer._in_use == 0 and buffer._storage is not None
+        if idle and not self.is_live(buffer):
             self._free(buffer)
 
     def _free(self, buffer: ResidentBuffer) -> None:
@@ -418,15 +414,21 @@ def track_uses(buffers: list[ResidentBuffer], writes: tuple[bool, ...], use: Use
     if len(buffers) == 1:
         buffers[0]._track(use, writes[0])  # all or nothing by itself
         return
-    saved: list[tuple[ResidentBuffer, int, Use | None, list[Use]]] = []
+    replaced: list[tuple[Use | None, list[Use]] | None] = []  # what each write replaced
+    done = 0
     try:
-        for buffer, write in zip(buffers, writes, strict=False):  # as long: the caller's
-            saved.append((buffer, buffer._in_use, buffer._writer, buffer._readers))
-            buffer._track(use, write)
+        for buffer in buffers:
+            write = writes[done]
+            replaced.append((buffer._writer, buffer._readers) if write else None)
+            buffer._track(use, write)  # all or nothing by itself
+            done += 1
     except BaseException:
-        for buffer, buffer._in_use, buffer._writer, buffer._readers in reversed(saved):
-            if isinstance(buffer._readers, list) and use in buffer._readers:
+        for buffer, prior in zip(buffers[:done], replaced, strict=False):
+            buffer._in_use -= 1
+            if prior is None:
                 buffer._readers.remove(use)  # a read appended it there
+            else:
+                buffer._writer, buffer._readers = prior
         raise
 
 
@@ -487,10 +489,7 @@ def check_out(out: object, buffer: ResidentBuffer) -> None:
 
 
 class Download:
-    """A download in progress, tracked as a read use of its buffer.
-
-    ``finished`` is set once the copy is done, so host workers that write the buffer can wait.
-    """
+    """A download in progress, a read use of its buffer (``finished`` once the copy is done)."""
 
     __slots__ = ("event", "finished")
 
