@@ -172,7 +172,10 @@ def test_a_native_waiter_starts_no_thread_until_handed_an_event() -> None:
     assert waiter.fd >= 0
     assert waiter.take() == []
     assert waiter.stop() == 0  # no thread ran
-    waiter.join()
+    assert waiter.join(timeout=0.1) is True
+    assert waiter.join() is True
+    assert not waiter.is_alive()
+    assert waiter.waiting() == 0
     with pytest.raises(IndexError, match="lane 3 of 3"):
         waiter.hand(3, drv.CUevent())
     with pytest.raises(ValueError, match="at least one lane"):

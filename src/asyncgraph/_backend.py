@@ -447,9 +447,11 @@ class Backend(StreamsAndGraphs):
         close it: the work the old loop left in flight is waited for first.
 
         Args:
-            timeout: seconds to wait for dispatches still queued (not yet submitted). After it,
-                they fail with :class:`BackendClosedError`. Work already submitted always runs
-                to completion first, since its memory cannot be freed before.
+            timeout: seconds to wait. After it, dispatches still queued fail with
+                :class:`BackendClosedError`, and on CUDA those still running on the device are
+                abandoned (``backend.close_abandoned``): they fail, the backend fails as after a
+                launch timeout, and their memory is never freed. Without it, work in flight
+                always completes first (a kernel that never finishes holds the close).
 
         Raises:
             TypeError: *timeout* is not a number of seconds.
@@ -493,4 +495,4 @@ class Backend(StreamsAndGraphs):
                 source=self,
             )
             with contextlib.suppress(Exception):
-                self._engine.release_unclosed()
+                life.release_unclosed()

@@ -10,9 +10,11 @@ and settles what the ended loop left first.
 from __future__ import annotations
 
 import asyncio
+import atexit
 import itertools
 import numbers
 import sys
+import weakref
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, Final
 
@@ -70,6 +72,7 @@ class Lifecycle:
         self._on_close: dict[int, Callable[[], None]] = {}
         self._hook_ids = itertools.count()
         dispatcher.bind(loop)
+        _alive.add(self)  # reported at the process's exit if work is left in flight
 
     def on_close(self, hook: Callable[[], None]) -> Callable[[], None]:
         """Call *hook* (on the loop, synchronously) at the start of the first ``aclose()``.
@@ -222,7 +225,24 @@ class Lifecycle:
             await _loop.wait_for(self._close_task, timeout)
         except TimeoutError:
             self.drop_queued(lambda job: f"was closed before {job} started (aclose timeout)")
+            self._abandon_running(timeout)
             await _loop.shield(self._close_task)
+
+    def _abandon_running(self, timeout: float) -> None:
+        """``aclose``'s *timeout* ran out: report what still runs, and stop waiting for it
+        where the engine can (a CUDA kernel that never finishes must not hold the close)."""
+        jobs = self._scheduler.jobs_in_flight()
+        if not jobs:
+            return
+        names = ", ".join(f"#{job.id} of {job.call.kernel.name!r}" for job in jobs)
+        why = f"dispatch {names} still ran when aclose(timeout={timeout}) ran out"
+        abandoned = self._engine.abandon_running(why)
+        self._log.warning(
+            "backend.close_abandoned" if abandoned else "backend.close_waits",
+            dispatches=[job.id for job in jobs],
+            kernels=sorted({job.call.kernel.name for job in jobs}),
+            timeout=timeout,
+        )
 
     def _begin_closing(self) -> None:
         self.state = CLOSING
@@ -304,12 +324,41 @@ class Lifecycle:
             failed=snap.dispatches_failed,
         )
 
+    def release_unclosed(self) -> None:
+        """The backend was dropped without closing: report the dispatches still in flight,
+        which nothing waits for any more (a kernel that never finishes keeps a waiter thread
+        of the backend, not the process), and release what can be (the engine's)."""
+        self.report_in_flight("backend.dropped_in_flight")
+        self._engine.release_unclosed()
+
+    def report_in_flight(self, event: str) -> None:
+        """Log *event* (a warning) naming the dispatches in flight, if any."""
+        jobs = self._scheduler.jobs_in_flight()
+        if jobs:
+            self._log.warning(
+                event,
+                dispatches=[job.id for job in jobs],
+                kernels=sorted({job.call.kernel.name for job in jobs}),
+            )
+
     def close_unused(self) -> None:
         """Close a backend nothing used, without a loop (``await open_backend()``)."""
         self.state = CLOSING
         self._store.close_all()
         self._engine.shutdown_now()
         self.closed()
+
+
+_alive: weakref.WeakSet[Lifecycle] = weakref.WeakSet()
+
+
+@atexit.register
+def _at_exit() -> None:
+    """The process exits with backends never closed: report the work they left in flight,
+    which the exit does not wait for (a kernel that never finishes, say)."""
+    for life in list(_alive):
+        if life.state != CLOSED:
+            life.report_in_flight("backend.exit_in_flight")
 
 
 class _Turn:

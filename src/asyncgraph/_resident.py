@@ -37,6 +37,7 @@ __all__ = (
     "let_go",
     "storage_of",
     "track",
+    "track_uses",
     "untrack",
     "uses_of",
     "writer_of",
@@ -247,16 +248,16 @@ class ResidentBuffer:
     # -- in-flight uses (front of the backend, event loop thread) ------------------------------
 
     def _track(self, use: Use, write: bool) -> list[Use]:
-        """Record *use* and return the earlier uses it must wait for."""
-        self._in_use += 1
+        """Record *use* and return the earlier uses it must wait for (if it raises: nothing)."""
+        in_use = self._in_use + 1
         if write:
             deps = list(self._readers)
             if self._writer is not None:
                 deps.append(self._writer)
-            self._writer = use
-            self._readers = []
+            self._in_use, self._writer, self._readers = in_use, use, []
             return deps
         self._readers.append(use)
+        self._in_use = in_use
         return [self._writer] if self._writer is not None else []
 
     def _untrack(self, use: Use) -> None:
@@ -391,12 +392,8 @@ class ResidentStore:
     def _unexport(self, buffer: ResidentBuffer) -> None:
         """A consumer released a DLPack tensor: free the memory if nothing else holds it."""
         buffer._exports -= 1
-        if (
-            buffer._exports == 0
-            and buffer._in_use == 0
-            and buffer._storage is not None
-            and not self.is_live(buffer)
-        ):
+        idle = buffer._exports == 0 and buffer._in_use == 0 and buffer._storage is not None
+        if idle and not self.is_live(buffer):
             self._free(buffer)
 
     def _free(self, buffer: ResidentBuffer) -> None:
@@ -412,6 +409,29 @@ class ResidentStore:
 def track(buffer: ResidentBuffer, use: Use, write: bool) -> list[Use]:
     """Record *use* of *buffer*; return the earlier uses it must be ordered after."""
     return buffer._track(use, write)
+
+
+def track_uses(buffers: list[ResidentBuffer], writes: tuple[bool, ...], use: Use) -> None:
+    """Record *use* of each of *buffers* (written where *writes* says): on all, or on none."""
+    if len(buffers) == 1:
+        buffers[0]._track(use, writes[0])  # all or nothing by itself
+        return
+    replaced: list[tuple[Use | None, list[Use]] | None] = []  # what each write replaced
+    done = 0
+    try:
+        for buffer in buffers:
+            write = writes[done]
+            replaced.append((buffer._writer, buffer._readers) if write else None)
+            buffer._track(use, write)  # all or nothing by itself
+            done += 1
+    except BaseException:
+        for buffer, prior in zip(buffers[:done], replaced, strict=False):
+            buffer._in_use -= 1
+            if prior is None:
+                buffer._readers.remove(use)  # a read appended it there
+            else:
+                buffer._writer, buffer._readers = prior
+        raise
 
 
 def untrack(buffer: ResidentBuffer, use: Use) -> None:
@@ -446,8 +466,7 @@ def uses_of(buffer: ResidentBuffer) -> list[Use]:
 
 
 def hold(buffer: ResidentBuffer) -> None:
-    """Keep *buffer*'s memory while something outside the store uses it (a recorded graph),
-    even after the buffer is closed; :func:`let_go` ends it."""
+    """Keep *buffer*'s memory, even closed, until :func:`let_go` (a recorded graph uses it)."""
     buffer._exports += 1
 
 
@@ -485,10 +504,7 @@ def check_out(out: object, buffer: ResidentBuffer) -> None:
 
 
 class Download:
-    """A download in progress, tracked as a read use of its buffer.
-
-    ``finished`` is set once the copy is done, so host workers that write the buffer can wait.
-    """
+    """A download in progress, a read use of its buffer (``finished`` once the copy is done)."""
 
     __slots__ = ("event", "finished")
 

@@ -28,6 +28,7 @@ _SOURCES = (
     "fake_memory.c",
     "fake_modules.c",
     "fake_graphs.c",
+    "fake_streams.c",
     "fake_names.h",
 )
 
@@ -60,16 +61,21 @@ def build(directory: Path | None = None) -> Path:
     return directory
 
 
-def environment(directory: Path, core: str, complete: str = "instant") -> dict[str, str]:
+def environment(
+    directory: Path, core: str, complete: str = "instant", streams: str = "immediate"
+) -> dict[str, str]:
     """This process's environment, made to load the stand-in in *directory*, with the dispatch
-    *core* (``"python"`` or ``"compiled"``) and events completing as *complete* says
-    (``"instant"``, ``"queries:N"`` or ``"manual"``)."""
+    *core* (``"python"`` or ``"compiled"``), events completing as *complete* says
+    (``"instant"``, ``"queries:N"`` or ``"manual"``) and the streams running their work as
+    *streams* says (``"immediate"``: when it is enqueued; ``"deferred"``: in order, when the
+    stream gets to it, ``fake_streams.c``)."""
     paths = [str(directory), os.environ.get("LD_LIBRARY_PATH", "")]
     return {
         **os.environ,
         "LD_LIBRARY_PATH": os.pathsep.join(p for p in paths if p),
         "ASYNCGRAPH_CORE": core,
         "FAKE_CUDA_COMPLETE": complete,
+        "FAKE_CUDA_STREAMS": streams,
     }
 
 
@@ -83,9 +89,12 @@ def reset(lib: Any) -> None:
     _poison.clear()
 
 
-def run_scenario(module: str, core: str, *args: str) -> dict[str, Any]:
-    """Run ``python -m <module> [args]`` against the stand-in with *core*; the JSON object its
-    last line of output holds. Skips the test where the stand-in cannot be built."""
+def run_scenario(
+    module: str, core: str, *args: str, streams: str = "immediate", timeout: float = 300
+) -> dict[str, Any]:
+    """Run ``python -m <module> [args]`` against the stand-in with *core* and its *streams*
+    mode; the JSON object its last line of output holds. Skips the test where the stand-in
+    cannot be built."""
     import pytest  # only the tests run scenarios
 
     try:
@@ -95,10 +104,10 @@ def run_scenario(module: str, core: str, *args: str) -> dict[str, Any]:
     done = subprocess.run(
         [sys.executable, "-m", module, *args],
         cwd=HERE.parent.parent,
-        env=environment(directory, core),
+        env=environment(directory, core, streams=streams),
         capture_output=True,
         text=True,
-        timeout=300,
+        timeout=timeout,
         check=False,
     )
     assert done.returncode == 0, done.stderr[-4000:]

@@ -13,6 +13,7 @@ import asyncio
 import contextlib
 import ctypes
 import json
+import os
 import sys
 from collections.abc import Awaitable, Callable
 from typing import Any
@@ -521,4 +522,6 @@ def run(name: str) -> Any:
 
 if __name__ == "__main__":
     names = sys.argv[1:] or list(SCENARIOS)
-    print(json.dumps({"compiled": bool(core.COMPILED)} | {name: run(name) for name in names}))
+    streams = os.environ.get("FAKE_CUDA_STREAMS", "immediate")  # the stand-in's mode
+    seen = {"compiled": bool(core.COMPILED), "streams": streams}
+    print(json.dumps(seen | {name: run(name) for name in names}))

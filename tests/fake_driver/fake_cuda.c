@@ -9,16 +9,24 @@
  *
  * Work runs at once when it is enqueued (copies are memcpy, a few kernels are run on the host:
  * fake_modules.c), unless the stream captures: then it becomes a graph's node, and runs when the
- * graph is launched (fake_graphs.c). When a recorded event completes depends on
- * FAKE_CUDA_COMPLETE (or fake_set_complete_mode()):
+ * graph is launched (fake_graphs.c), or the deferred mode is on: then it waits in its stream's
+ * queue until the stream gets to it (fake_streams.c: FAKE_CUDA_STREAMS=deferred, or
+ * fake_set_stream_mode()). When a recorded event completes depends on FAKE_CUDA_COMPLETE (or
+ * fake_set_complete_mode()):
  *   "manual" (the default): when a test calls fake_event_complete(), from any thread;
  *   "instant": at once;
  *   "queries:N": after answering NOT_READY to N queries (cuEventSynchronize returns at once).
- * An event recorded in one mode and queried after a switch to "instant" is complete.
+ * An event recorded in one mode and queried after a switch to "instant" is complete. In the
+ * deferred mode an event completes when its stream reaches its record, and the mode says who
+ * runs the queue (fake_streams.c).
  * fake_fail_next_events(count, code) makes the next recorded events complete with *code*; a
- * sticky one (an illegal address, say) then answers every query, synchronize and context
- * synchronize, as a faulted context does. cuLaunchKernel records what it was given
+ * sticky one (an illegal address, say) then fails every later call that enqueues, allocates,
+ * frees, records, queries or synchronizes, as a faulted process does (POISONED()).
+ * fake_fail_next(call, count, code) makes the next *count* calls of a kind fail at once with
+ * *code*, nothing done: "record" (cuEventRecord), "launch" (cuLaunchKernel), "copy" (the
+ * asynchronous copies), "alloc" (device allocations) or "sync" (cuStreamSynchronize). cuLaunchKernel records what it was given
  * (fake_expect_params() says how many parameters to keep), for fake_last_launch().
+ * fake_reset() forgets injected failures, the fault and what is queued.
  */
 #include <pthread.h>
 #include <stdint.h>
@@ -70,6 +78,51 @@ static int capture_refuses(void* stream, const char* name);
 static int capture_forbids(void* stream);
 static void capture_forget_stream(void* stream);
 
+/* Failures injected into the next recorded events (fake_fail_next_events), and into the next
+ * calls of a kind (fake_fail_next): INJECTED(kind) returns the code from the calling entry
+ * point while any are left. */
+static pthread_mutex_t fail_mutex = PTHREAD_MUTEX_INITIALIZER;
+static int fail_count, fail_code;
+typedef struct {
+    int count, code;
+} fake_injection;
+static fake_injection inject_record, inject_launch, inject_copy, inject_alloc, inject_sync;
+static int injected(fake_injection* injection) {
+    if (__atomic_load_n(&injection->count, __ATOMIC_ACQUIRE) <= 0) return SUCCESS;
+    int code = SUCCESS;
+    pthread_mutex_lock(&fail_mutex);
+    if (injection->count > 0) {
+        injection->count--;
+        code = injection->code;
+    }
+    pthread_mutex_unlock(&fail_mutex);
+    return code;
+}
+#define INJECTED(kind)                                      \
+    do {                                                    \
+        int injected_code = injected(&inject_##kind);       \
+        if (injected_code != SUCCESS) return injected_code; \
+    } while (0)
+
+/* The deferred mode (fake_streams.c), which the memory and stream calls use. */
+#define NOT_DEFERRED (-2)
+static long wait_calls; /* cuStreamWaitEvent calls (fake_stream_waits) */
+static int deferred(void);
+static int queued_stream(void* stream);
+static int defer_copy(void* stream, uintptr_t dst, uintptr_t src, size_t n);
+static int defer_memset(void* stream, uintptr_t dst, unsigned int value, unsigned int element,
+                        size_t n);
+static int defer_free(void* stream, uintptr_t ptr);
+static int defer_wait(void* stream, void* event);
+static int stream_wait(void* stream, int wait);
+static void streams_add(void* stream);
+static void streams_remove(void* stream);
+static void freeing(uintptr_t ptr, const char* call);
+static void ctx_wait(void);
+static void run_queues(void);
+static void drop_queued(void);
+static int defer_launch(void* stream, void* f, const unsigned int dims[7], void** params);
+
 #include "fake_device.c"
 #include "fake_memory.c"
 #include "fake_modules.c"
@@ -93,13 +146,15 @@ typedef struct {
     unsigned long long capture_id;
     void* tail[MAX_TAIL];
     size_t n_tail;
+    /* Records made, and the last one its stream reached (they differ while one is queued in the
+     * deferred mode), and the stream the last one is queued on. */
+    unsigned long long recorded_gen, reached_gen;
+    void* record_stream;
 } fake_event;
 
 enum { MANUAL, INSTANT, QUERIES };
 static int complete_mode = -1;
 static int complete_queries;
-static pthread_mutex_t fail_mutex = PTHREAD_MUTEX_INITIALIZER;
-static int fail_count, fail_code;
 static long live_events, events_created;
 static pthread_mutex_t events_mutex = PTHREAD_MUTEX_INITIALIZER;
 static fake_event* all_events;
@@ -108,6 +163,7 @@ static void set_mode(const char* mode, int sweep) {
     if (mode && strcmp(mode, "instant") == 0) {
         complete_mode = INSTANT;
         if (!sweep) return;
+        run_queues(); /* the deferred mode: what is queued runs */
         /* What runs now completes, and a thread waiting on it wakes. */
         pthread_mutex_lock(&events_mutex);
         for (fake_event* event = all_events; event; event = event->next) {
@@ -141,11 +197,32 @@ void fake_fail_next_events(int count, int code) {
     pthread_mutex_unlock(&fail_mutex);
 }
 
-/* Forget injected failures and a fault: the next scenario starts with a healthy context. */
+/* The next *count* calls of *kind* ("record", "launch", "copy", "alloc", "sync") fail with
+ * *code*. */
+int fake_fail_next(const char* kind, int count, int code) {
+    fake_injection* injection = strcmp(kind, "record") == 0   ? &inject_record
+                                : strcmp(kind, "launch") == 0 ? &inject_launch
+                                : strcmp(kind, "copy") == 0   ? &inject_copy
+                                : strcmp(kind, "alloc") == 0  ? &inject_alloc
+                                : strcmp(kind, "sync") == 0   ? &inject_sync
+                                                              : NULL;
+    if (injection == NULL) return INVALID_VALUE;
+    pthread_mutex_lock(&fail_mutex);
+    injection->code = code;
+    __atomic_store_n(&injection->count, count, __ATOMIC_RELEASE);
+    pthread_mutex_unlock(&fail_mutex);
+    return SUCCESS;
+}
+
+/* Forget injected failures, a fault and what is queued: the next scenario starts with a
+ * healthy context. */
 void fake_reset(void) {
     pthread_mutex_lock(&fail_mutex);
     fail_count = 0;
+    inject_record.count = inject_launch.count = inject_copy.count = inject_alloc.count = 0;
+    inject_sync.count = 0;
     pthread_mutex_unlock(&fail_mutex);
+    drop_queued();
     sticky = SUCCESS;
 }
 
@@ -194,8 +271,11 @@ int cuEventCreate(void** handle, unsigned int flags) {
     return SUCCESS;
 }
 
+static void forget_event(fake_event* event);
+
 int cuEventDestroy(void* handle) {
     fake_event* event = handle;
+    forget_event(event); /* queued records and waits of it do nothing now */
     pthread_mutex_lock(&events_mutex);
     if (event->prev) ((fake_event*)event->prev)->next = event->next;
     else all_events = event->next;
@@ -208,12 +288,16 @@ int cuEventDestroy(void* handle) {
     return SUCCESS;
 }
 
+static void queue_progress(void);
+
 void fake_event_complete(void* handle, int code) {
     fake_event* event = handle;
     pthread_mutex_lock(&event->mutex);
     event->state = code;
+    event->reached_gen = event->recorded_gen; /* a queued record of it does nothing now */
     pthread_cond_broadcast(&event->cond);
     pthread_mutex_unlock(&event->mutex);
+    queue_progress(); /* a stream waiting for it goes on */
 }
 
 static void* complete_later(void* arg) {
@@ -251,10 +335,8 @@ long long fake_completed_ns(void* handle) {
     return when;
 }
 
-/* Record *handle* now (it completes as the mode says): a record outside a capture, or a graph's
- * event record node running. */
-static int record_now(void* handle) {
-    fake_event* event = handle;
+/* What the next recorded event completes with (fake_fail_next_events). */
+static int next_outcome(void) {
     int outcome = SUCCESS;
     pthread_mutex_lock(&fail_mutex);
     if (fail_count > 0) {
@@ -262,8 +344,19 @@ static int record_now(void* handle) {
         outcome = fail_code;
     }
     pthread_mutex_unlock(&fail_mutex);
-    if (outcome == ILLEGAL_ADDRESS || (outcome >= 700 && outcome < 720)) sticky = outcome;
+    return outcome;
+}
+
+static int is_sticky_code(int code) { return code == ILLEGAL_ADDRESS || (code >= 700 && code < 720); }
+
+/* Record *handle* now (it completes as the mode says): a record outside a capture, or a graph's
+ * event record node running. */
+static int record_now(void* handle) {
+    fake_event* event = handle;
+    int outcome = next_outcome();
+    if (is_sticky_code(outcome)) sticky = outcome;
     pthread_mutex_lock(&event->mutex);
+    event->reached_gen = ++event->recorded_gen;
     event->recorded_ns = now_ns();
     event->outcome = outcome;
     int how = mode();
@@ -277,19 +370,58 @@ static int record_now(void* handle) {
     return SUCCESS;
 }
 
+/* The deferred mode's record of *event*'s generation *gen* was reached by its stream: the
+ * event completes, unless recorded again since. */
+static void reach(fake_event* event, unsigned long long gen) {
+    pthread_mutex_lock(&event->mutex);
+    if (gen > event->reached_gen) {
+        event->reached_gen = gen;
+        if (gen == event->recorded_gen) {
+            event->recorded_ns = now_ns();
+            if (is_sticky_code(event->outcome)) sticky = event->outcome;
+            event->state = event->outcome;
+            pthread_cond_broadcast(&event->cond);
+        }
+    }
+    pthread_mutex_unlock(&event->mutex);
+}
+
+static int defer_record(void* stream, fake_event* event, int outcome);
+
 int cuEventRecordWithFlags(void* handle, void* stream, unsigned int flags) {
     need_stream_context(stream, "cuEventRecord");
+    POISONED();
+    INJECTED(record);
     int captured = capture_record(stream, handle, flags);
-    return captured != NOT_CAPTURED ? captured : record_now(handle);
+    if (captured != NOT_CAPTURED) return captured;
+    if (queued_stream(stream)) return defer_record(stream, handle, next_outcome());
+    return record_now(handle);
 }
 
 int cuEventRecord(void* handle, void* stream) { return cuEventRecordWithFlags(handle, stream, 0); }
+
+static int event_queued(fake_event* event);
+static void drive_event(fake_event* event, int how);
 
 int cuEventQuery(void* handle) {
     fake_event* event = handle;
     int forbidden = capture_forbids(NULL);
     if (forbidden != SUCCESS) return forbidden;
     if (sticky != SUCCESS) return sticky;
+    if (event_queued(event)) { /* the deferred mode: the stream runs up to it, as the mode says */
+        int how = mode(), now = how == INSTANT;
+        if (how == QUERIES) {
+            pthread_mutex_lock(&event->mutex);
+            now = event->countdown-- <= 0;
+            pthread_mutex_unlock(&event->mutex);
+        }
+        if (now) drive_event(event, 0);
+        if (sticky != SUCCESS) return sticky;
+        pthread_mutex_lock(&event->mutex);
+        int state = event->state;
+        pthread_mutex_unlock(&event->mutex);
+        return state;
+    }
     pthread_mutex_lock(&event->mutex);
     if (event->state == NOT_READY && mode() == QUERIES) {
         if (event->countdown > 0) event->countdown--;
@@ -306,8 +438,11 @@ int cuEventSynchronize(void* handle) {
     fake_event* event = handle;
     int forbidden = capture_forbids(NULL);
     if (forbidden != SUCCESS) return forbidden;
+    /* The deferred mode: the stream runs up to it (in "manual", a test runs it). */
+    if (mode() != MANUAL && event_queued(event)) drive_event(event, 3);
     pthread_mutex_lock(&event->mutex);
-    if (event->state == NOT_READY && mode() != MANUAL) event->state = event->outcome;
+    if (event->state == NOT_READY && mode() != MANUAL && event->reached_gen == event->recorded_gen)
+        event->state = event->outcome;
     while (event->state == NOT_READY) pthread_cond_wait(&event->cond, &event->mutex);
     int state = event->state;
     pthread_mutex_unlock(&event->mutex);
@@ -329,8 +464,14 @@ int cuEventElapsedTime(float* ms, void* start_handle, void* end_handle) {
     pthread_mutex_lock(&end->mutex);
     long long ended = end->recorded_ns;
     int state = end->state;
-    /* The work ran when it was enqueued: only a test completing events by hand says otherwise. */
-    if (state == NOT_READY && mode() != MANUAL) state = end->outcome;
+    /* The work ran when it was enqueued: only a test completing events by hand, or the deferred
+     * mode, says otherwise. */
+    if (state == NOT_READY && mode() != MANUAL && end->reached_gen == end->recorded_gen)
+        state = end->outcome;
+    if (state == NOT_READY) {
+        pthread_mutex_unlock(&end->mutex);
+        return NOT_READY;
+    }
     pthread_mutex_unlock(&end->mutex);
     if (begun == 0 || ended == 0) return INVALID_HANDLE;
     if (state != SUCCESS) return state;
@@ -350,9 +491,8 @@ static int param_count; /* how many slots the next launches keep: fake_expect_pa
 
 void fake_expect_params(int n) { param_count = n < 64 ? n : 64; }
 
-/* Launch *f* now: note the launch (fake_last_launch) and run it if it is emulated. A launch
- * outside a capture, or a graph's kernel node running. */
-static int launch_now(void* f, const unsigned int dims[7], void* stream, void** params) {
+/* Note a launch (fake_last_launch). */
+static void note_launch(const unsigned int dims[7], void* stream, void** params) {
     pthread_mutex_lock(&launch_mutex);
     memcpy(last_dims, dims, sizeof last_dims);
     last_stream = (uintptr_t)stream;
@@ -361,6 +501,12 @@ static int launch_now(void* f, const unsigned int dims[7], void* stream, void** 
     for (int i = 0; params && i < param_count; i++) memcpy(last_params + 16 * i, params[i], 16);
     launches++;
     pthread_mutex_unlock(&launch_mutex);
+}
+
+/* Launch *f* now: note the launch and run it if it is emulated. A launch outside a capture,
+ * or a graph's kernel node running. */
+static int launch_now(void* f, const unsigned int dims[7], void* stream, void** params) {
+    note_launch(dims, stream, params);
     if (f != NULL && params != NULL) {
         unsigned long long threads = 1;
         for (int i = 0; i < 6; i++) threads *= dims[i];
@@ -375,9 +521,13 @@ int cuLaunchKernel(void* f, unsigned int gx, unsigned int gy, unsigned int gz, u
     (void)extra;
     need_stream_context(stream, "cuLaunchKernel");
     POISONED();
+    INJECTED(launch);
     unsigned int dims[7] = {gx, gy, gz, bx, by, bz, shared};
     int captured = capture_launch(stream, f, dims, params);
-    return captured != NOT_CAPTURED ? captured : launch_now(f, dims, stream, params);
+    if (captured != NOT_CAPTURED) return captured;
+    if (defer_launch(stream, f, dims, params) == NOT_DEFERRED) return launch_now(f, dims, stream, params);
+    note_launch(dims, stream, params);
+    return SUCCESS;
 }
 
 typedef struct {
@@ -403,7 +553,14 @@ unsigned long long fake_last_launch(unsigned int* dims, uintptr_t* stream, unsig
     return count;
 }
 
+#include "fake_streams.c"
 #include "fake_graphs.c"
+
+static void run_queues(void) {
+    pthread_mutex_lock(&queue_mutex);
+    drive_all(0, DRIVE_TIME);
+    pthread_mutex_unlock(&queue_mutex);
+}
 
 /* -- the entry points ------------------------------------------------------------------------ */
 
@@ -420,7 +577,7 @@ static const struct { const char* name; void* fn; } table[] = {
     ENTRY(cuCtxPopCurrent), ENTRY(cuCtxGetDevice), ENTRY(cuCtxGetId), ENTRY(cuCtxGetApiVersion),
     ENTRY(cuCtxGetFlags), ENTRY(cuCtxSynchronize), ENTRY(cuCtxGetStreamPriorityRange),
     ENTRY(cuMemAlloc), ENTRY(cuMemFree), ENTRY(cuMemHostAlloc), ENTRY(cuMemAllocHost),
-    ENTRY(cuMemFreeHost), ENTRY(cuMemHostGetDevicePointer), ENTRY(cuMemPoolCreate),
+    ENTRY(cuMemFreeHost), ENTRY(cuMemGetInfo), ENTRY(cuMemHostGetDevicePointer), ENTRY(cuMemPoolCreate),
     ENTRY(cuMemPoolDestroy), ENTRY(cuMemPoolTrimTo), ENTRY(cuMemPoolSetAttribute),
     ENTRY(cuMemPoolGetAttribute), ENTRY(cuMemPoolSetAccess), ENTRY(cuMemPoolGetAccess), ENTRY(cuMemAllocFromPoolAsync),
     ENTRY(cuMemAllocAsync), ENTRY(cuMemFreeAsync), ENTRY(cuMemcpy), ENTRY(cuMemcpyAsync),

@@ -64,9 +64,10 @@ int cuDeviceGetName(char* name, int length, int device) {
     return SUCCESS;
 }
 
+static unsigned long long device_limit; /* fake_memory.c */
 int cuDeviceTotalMem(size_t* bytes, int device) {
     (void)device;
-    *bytes = 80ULL << 30;
+    *bytes = device_limit;
     return SUCCESS;
 }
 
@@ -225,7 +226,9 @@ int cuCtxGetStreamPriorityRange(int* least, int* greatest) {
 int cuCtxSynchronize(void) {
     need_context("cuCtxSynchronize");
     int forbidden = capture_forbids(NULL);
-    return forbidden != SUCCESS ? forbidden : sticky;
+    if (forbidden != SUCCESS) return forbidden;
+    ctx_wait(); /* the deferred mode: every queue runs */
+    return sticky;
 }
 
 static const char* error_name(int code) {

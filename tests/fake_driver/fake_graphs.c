@@ -1190,6 +1190,11 @@ int cuGraphLaunch(void* exec, void* stream) {
             return NOT_SUPPORTED;
         }
     }
+    if (queued_stream(stream)) { /* the deferred mode: the stream's earlier work runs first */
+        pthread_mutex_lock(&queue_mutex);
+        drive(stream, NULL, 0, DRIVE_TIME, 0);
+        pthread_mutex_unlock(&queue_mutex);
+    }
     pthread_mutex_lock(&graph_mutex);
     fake_graph* g = exec;
     for (size_t i = 0; i < g->n; i++) run_node(g->nodes[i], stream);

@@ -1,11 +1,15 @@
 /* The stand-in's memory and streams (included by fake_cuda.c).
  *
  * Device memory is host memory: device pointers are real addresses, so copies and memsets are
- * memcpy and memset, done at once when enqueued. Every stream runs eagerly in enqueue order,
- * so stream order and the waits between streams hold by construction (a capturing stream's
- * copies and memsets become graph nodes instead: fake_graphs.c). Memory pools hand out
- * host allocations too and count their bytes; allocations are kept in a registry that answers
- * cuPointerGetAttribute(s) and fake_live_allocations().
+ * memcpy and memset. In the immediate mode (the default) they are done at once when enqueued:
+ * every stream runs eagerly in enqueue order, so stream order and the waits between streams
+ * hold by construction. In the deferred mode they wait in their stream's queue
+ * (fake_streams.c). A capturing stream's copies and memsets become graph nodes instead
+ * (fake_graphs.c). Memory pools hand out host allocations too and count their bytes;
+ * allocations are kept in a registry that answers cuPointerGetAttribute(s) and
+ * fake_live_allocations(). The device has 80 GiB unless fake_set_device_memory() says
+ * otherwise: an allocation past it fails with CUDA_ERROR_OUT_OF_MEMORY, and cuMemGetInfo
+ * answers what is left.
  */
 
 typedef struct {
@@ -22,7 +26,8 @@ typedef struct {
     unsigned int access; /* bit d: device d was given read-write access (cuMemPoolSetAccess) */
 } fake_pool;
 
-typedef struct {
+struct fake_op;
+typedef struct fake_stream {
     unsigned int flags;
     int priority;
     unsigned long long id;
@@ -32,6 +37,11 @@ typedef struct {
     void* capture;
     void* tail[MAX_TAIL];
     size_t n_tail;
+    /* The deferred mode's queue (under queue_mutex, fake_streams.c), and the live streams. */
+    struct fake_op* head;
+    struct fake_op* last;
+    struct fake_stream* next_live;
+    struct fake_stream* prev_live;
 } fake_stream;
 
 /* A call on *stream* needs its context current (a default stream: a primary one). Handles
@@ -48,8 +58,20 @@ static size_t n_allocations, room_allocations;
 static long live_streams, live_pools;
 static unsigned long long next_stream_id = 1;
 static fake_pool default_pools[8];
+static size_t device_bytes;                    /* live device allocations (type 2) */
+static unsigned long long device_limit = 80ULL << 30; /* fake_set_device_memory() */
+
+/* The device's memory: *bytes* in all (cuDeviceTotalMem, cuMemGetInfo), allocations past it
+ * failing with CUDA_ERROR_OUT_OF_MEMORY. */
+void fake_set_device_memory(unsigned long long bytes) { device_limit = bytes; }
 
 static void* fake_allocate(size_t size, int type, void* pool) {
+    if (type == 2) {
+        pthread_mutex_lock(&memory_mutex);
+        int room = device_bytes + size <= device_limit;
+        pthread_mutex_unlock(&memory_mutex);
+        if (!room) return NULL;
+    }
     size_t rounded = ((size ? size : 1) + 255) & ~(size_t)255;
     void* ptr = aligned_alloc(4096, (rounded + 4095) & ~(size_t)4095);
     if (ptr == NULL) return NULL;
@@ -59,6 +81,7 @@ static void* fake_allocate(size_t size, int type, void* pool) {
         allocations = realloc(allocations, room_allocations * sizeof *allocations);
     }
     allocations[n_allocations++] = (fake_allocation){(uintptr_t)ptr, size, type, pool};
+    if (type == 2) device_bytes += size;
     if (pool) {
         fake_pool* p = pool;
         p->used += size;
@@ -75,6 +98,7 @@ static int fake_release(uintptr_t ptr, int type) {
         if (allocations[i].ptr == ptr && allocations[i].type == type) {
             fake_pool* pool = allocations[i].pool;
             if (pool) pool->used -= allocations[i].size;
+            if (type == 2) device_bytes -= allocations[i].size;
             allocations[i] = allocations[--n_allocations];
             pthread_mutex_unlock(&memory_mutex);
             free((void*)ptr);
@@ -127,12 +151,17 @@ long fake_live_pools(void) { return live_pools; }
 int cuMemAlloc(uintptr_t* ptr, size_t size) {
     need_context("cuMemAlloc");
     POISONED();
+    INJECTED(alloc);
     void* p = fake_allocate(size, 2, NULL);
     if (p == NULL) return OUT_OF_MEMORY;
     *ptr = (uintptr_t)p;
     return SUCCESS;
 }
-int cuMemFree(uintptr_t ptr) { return sticky != SUCCESS ? sticky : fake_release(ptr, 2); }
+int cuMemFree(uintptr_t ptr) {
+    if (sticky != SUCCESS) return sticky;
+    freeing(ptr, "cuMemFree");
+    return fake_release(ptr, 2);
+}
 
 int cuMemHostAlloc(void** ptr, size_t size, unsigned int flags) {
     need_context("cuMemHostAlloc");
@@ -142,7 +171,22 @@ int cuMemHostAlloc(void** ptr, size_t size, unsigned int flags) {
     return *ptr ? SUCCESS : OUT_OF_MEMORY;
 }
 int cuMemAllocHost(void** ptr, size_t size) { return cuMemHostAlloc(ptr, size, 0); }
-int cuMemFreeHost(void* ptr) { return sticky != SUCCESS ? sticky : fake_release((uintptr_t)ptr, 1); }
+int cuMemFreeHost(void* ptr) {
+    if (sticky != SUCCESS) return sticky;
+    freeing((uintptr_t)ptr, "cuMemFreeHost");
+    return fake_release((uintptr_t)ptr, 1);
+}
+
+/* What the device has free, and in all (fake_set_device_memory). */
+int cuMemGetInfo(size_t* free_bytes, size_t* total) {
+    need_context("cuMemGetInfo");
+    POISONED();
+    pthread_mutex_lock(&memory_mutex);
+    *total = device_limit;
+    *free_bytes = device_bytes < device_limit ? device_limit - device_bytes : 0;
+    pthread_mutex_unlock(&memory_mutex);
+    return SUCCESS;
+}
 int cuMemHostGetDevicePointer(uintptr_t* device, void* host, unsigned int flags) {
     (void)flags;
     *device = (uintptr_t)host;
@@ -222,6 +266,7 @@ int cuMemAllocFromPoolAsync(uintptr_t* ptr, size_t size, void* pool, void* strea
     POISONED();
     int captured = capture_refuses(stream, "cuMemAllocFromPoolAsync");
     if (captured != NOT_CAPTURED) return captured;
+    INJECTED(alloc);
     void* p = fake_allocate(size, 2, pool);
     if (p == NULL) return OUT_OF_MEMORY;
     *ptr = (uintptr_t)p;
@@ -237,16 +282,22 @@ int cuMemFreeAsync(uintptr_t ptr, void* stream) {
     need_stream_context(stream, "cuMemFreeAsync");
     int captured = capture_refuses(stream, "cuMemFreeAsync");
     if (captured != NOT_CAPTURED) return captured;
-    return sticky != SUCCESS ? sticky : fake_release(ptr, 2);
+    if (sticky != SUCCESS) return sticky;
+    int queued = defer_free(stream, ptr); /* the deferred mode: when the stream gets there */
+    return queued != NOT_DEFERRED ? queued : fake_release(ptr, 2);
 }
 
 int cuMemcpy(uintptr_t dst, uintptr_t src, size_t n) { memcpy((void*)dst, (void*)src, n); return SUCCESS; }
-/* The asynchronous copies and memsets: graph nodes on a capturing stream, else done now. */
+/* The asynchronous copies and memsets: graph nodes on a capturing stream, queued in the
+ * deferred mode, else done now. */
 static int copy_async(uintptr_t dst, uintptr_t src, size_t n, void* s) {
     need_stream_context(s, "cuMemcpy*Async");
     POISONED();
+    INJECTED(copy);
     int captured = capture_copy(s, dst, src, n);
-    return captured != NOT_CAPTURED ? captured : cuMemcpy(dst, src, n);
+    if (captured != NOT_CAPTURED) return captured;
+    int queued = defer_copy(s, dst, src, n);
+    return queued != NOT_DEFERRED ? queued : cuMemcpy(dst, src, n);
 }
 int cuMemcpyAsync(uintptr_t dst, uintptr_t src, size_t n, void* s) { return copy_async(dst, src, n, s); }
 int cuMemcpyHtoD(uintptr_t dst, const void* src, size_t n) { return cuMemcpy(dst, (uintptr_t)src, n); }
@@ -281,8 +332,11 @@ int cuCtxEnablePeerAccess(void* peer, unsigned int flags) {
 int cuMemsetD8(uintptr_t dst, unsigned char value, size_t n) { memset((void*)dst, value, n); return SUCCESS; }
 int cuMemsetD8Async(uintptr_t dst, unsigned char value, size_t n, void* s) {
     need_stream_context(s, "cuMemsetD8Async");
+    POISONED();
     int captured = capture_memset(s, dst, value, 1, n);
-    return captured != NOT_CAPTURED ? captured : cuMemsetD8(dst, value, n);
+    if (captured != NOT_CAPTURED) return captured;
+    int queued = defer_memset(s, dst, value, 1, n);
+    return queued != NOT_DEFERRED ? queued : cuMemsetD8(dst, value, n);
 }
 int cuMemsetD32(uintptr_t dst, unsigned int value, size_t n) {
     for (size_t i = 0; i < n; i++) ((unsigned int*)dst)[i] = value;
@@ -290,8 +344,11 @@ int cuMemsetD32(uintptr_t dst, unsigned int value, size_t n) {
 }
 int cuMemsetD32Async(uintptr_t dst, unsigned int value, size_t n, void* s) {
     need_stream_context(s, "cuMemsetD32Async");
+    POISONED();
     int captured = capture_memset(s, dst, value, 4, n);
-    return captured != NOT_CAPTURED ? captured : cuMemsetD32(dst, value, n);
+    if (captured != NOT_CAPTURED) return captured;
+    int queued = defer_memset(s, dst, value, 4, n);
+    return queued != NOT_DEFERRED ? queued : cuMemsetD32(dst, value, n);
 }
 
 static int pointer_attribute(void* data, int attribute, uintptr_t ptr) {
@@ -329,6 +386,7 @@ int cuStreamCreateWithPriority(void** stream, unsigned int flags, int priority) 
     s->id = __atomic_fetch_add(&next_stream_id, 1, __ATOMIC_SEQ_CST);
     s->context = ctx_depth && ctx_stack[ctx_depth - 1] ? ctx_stack[ctx_depth - 1] : &contexts[0];
     __atomic_add_fetch(&live_streams, 1, __ATOMIC_SEQ_CST);
+    streams_add(s);
     *stream = s;
     return SUCCESS;
 }
@@ -336,7 +394,10 @@ int cuStreamCreate(void** stream, unsigned int flags) { return cuStreamCreateWit
 int cuStreamDestroy(void* stream) {
     if (stream) {
         capture_forget_stream(stream);
-        free(stream);
+        streams_remove(stream); /* after what is queued on it ran */
+        /* In the deferred mode a thread may still be in its queue's run, waiting for a long
+         * kernel or an event with the queue's lock let go: the stream is kept, empty. */
+        if (!deferred()) free(stream);
         __atomic_sub_fetch(&live_streams, 1, __ATOMIC_SEQ_CST);
     }
     return SUCCESS;
@@ -356,18 +417,26 @@ int cuStreamGetCtx(void* stream, void** context) {
     return SUCCESS;
 }
 int cuStreamGetDevice(void* stream, int* device) { (void)stream; *device = 0; return SUCCESS; }
+/* In the immediate mode every stream ran its work already: synchronizations and queries
+ * answer at once, and a wait does nothing, unless a capture is concerned. In the deferred mode
+ * they run the stream's queue, or wait for it (fake_streams.c). */
 int cuStreamSynchronize(void* stream) {
     int forbidden = capture_forbids(stream);
-    return forbidden != SUCCESS ? forbidden : sticky;
+    if (forbidden != SUCCESS) return forbidden;
+    INJECTED(sync);
+    return queued_stream(stream) ? stream_wait(stream, 1) : sticky;
 }
 int cuStreamQuery(void* stream) {
     int forbidden = capture_forbids(stream);
-    return forbidden != SUCCESS ? forbidden : sticky;
+    if (forbidden != SUCCESS) return forbidden;
+    return queued_stream(stream) ? stream_wait(stream, 0) : sticky;
 }
-/* Every stream ran its work already: a wait does nothing, unless a capture is concerned. */
 int cuStreamWaitEvent(void* stream, void* event, unsigned int flags) {
     need_stream_context(stream, "cuStreamWaitEvent");
     POISONED();
+    __atomic_add_fetch(&wait_calls, 1, __ATOMIC_SEQ_CST);
     int captured = capture_wait(stream, event, flags);
-    return captured != NOT_CAPTURED ? captured : SUCCESS;
+    if (captured != NOT_CAPTURED) return captured;
+    int queued = defer_wait(stream, event);
+    return queued != NOT_DEFERRED ? queued : SUCCESS;
 }

@@ -8,7 +8,8 @@
  *   scale(const float* x, float* out, float a, int n)    out[i] = a * x[i]
  *   inc(float* buf, float step, int n)                   buf[i] += step
  *   fill(float* out, float value, long long n)           out[i] = value
- *   spin(long long cycles, int* done)                    done[0] = 1, no waiting
+ *   spin(long long cycles, int* done)                    done[0] = 1, no waiting (in the
+ *                                                        deferred mode: cycles / 2 ns long)
  *   copy4(const uint4* x, uint4* out, long long n)       out[i] = x[i], 16 bytes each
  *   saxpy(const float* x, const float* y, float* out, float a, int n)   out = a * x + y
  * Anything else is counted and does nothing. At most one thread per element: i < n and i < the
@@ -184,7 +185,7 @@ static int param_sizes(const fake_kernel* kernel, size_t* sizes) {
     } known[] = {
         {"empty", 1, {4}},        {"scale", 4, {8, 8, 4, 4}}, {"inc", 3, {8, 4, 4}},
         {"fill", 3, {8, 4, 8}},   {"spin", 2, {8, 8}},        {"copy4", 3, {8, 8, 8}},
-        {"saxpy", 5, {8, 8, 8, 4, 4}},
+        {"saxpy", 5, {8, 8, 8, 4, 4}}, {"partial", 3, {8, 8, 4}},
     };
     for (size_t i = 0; i < sizeof known / sizeof known[0]; i++) {
         if (strcmp(kernel->name, known[i].name) == 0) {

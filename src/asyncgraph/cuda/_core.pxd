@@ -102,6 +102,12 @@ cdef struct ArgC:
     int write           # a resident buffer the kernel writes
 
 
+cdef struct Saved:
+    PyObject* in_use    # a resident buffer's fields before a use was tracked (held)
+    PyObject* writer
+    PyObject* readers
+
+
 cdef struct ResultC:
     int kind
     Py_ssize_t index
@@ -161,6 +167,8 @@ cdef struct HistogramC:
 
 
 cdef class FastPath:
+    cdef object _here  # what asyncio kept for this thread when it said the loop ran here
+    cdef long _here_forks
     cdef list _lanes
     cdef list _slots
     cdef list _rings

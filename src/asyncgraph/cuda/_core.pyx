@@ -22,8 +22,6 @@ from posix.unistd cimport read, write, close
 from posix.time cimport clock_gettime, timespec, CLOCK_MONOTONIC
 from cpython.object cimport PyObject
 from cpython.ref cimport Py_INCREF
-from cpython.long cimport PyLong_AsUnsignedLong, PyLong_Check
-from cpython.pythread cimport PyThread_get_thread_ident
 
 cimport numpy as cnp
 from cuda.bindings cimport cydriver

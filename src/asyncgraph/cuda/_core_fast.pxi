@@ -14,6 +14,7 @@ cdef class FastPath:
 
     def __cinit__(self, lanes, rings, watches, events, stream_pool, front, launcher_type):
         cdef Py_ssize_t n = len(lanes)
+        self._here_forks = -1  # nothing kept yet (_runs_here)
         self._lane = <LaneC*>calloc(n if n else 1, sizeof(LaneC))
         if self._lane == NULL:
             raise MemoryError("no memory for the fast path's lanes")
@@ -109,7 +110,10 @@ cdef class FastPath:
         cdef FastJob job
         cdef object life, loop, value, buffer, dep, dep_lane, lane = None, slot, pending
         cdef PyObject* seen[8]
-        cdef Py_ssize_t n_seen = 0
+        cdef Py_ssize_t n_seen = 0, tracked = 0
+        cdef int taken = 0
+        cdef Saved saved[8]  # the buffers' fields before the commit, to undo it
+        cdef list readers
         found = self._kernels.get(kernel)
         if found is None:
             return None
@@ -122,7 +126,7 @@ cdef class FastPath:
         if life.state != _OPEN:
             return None
         loop = life.loop
-        if loop is None or not _runs_here(loop):
+        if loop is None or not _runs_here(self, loop):
             return None
         if (
             watches.schedule is None
@@ -165,8 +169,9 @@ cdef class FastPath:
                         lane = dep_lane
                     elif dep_lane is not lane:
                         return None
+                readers = <list?>_get(buffer, B_READERS)  # TypeError, before anything changed
                 if a.write:
-                    for dep in <list>_get(buffer, B_READERS):
+                    for dep in readers:
                         dep_lane = _lane_of(dep)
                         if dep_lane is None:
                             continue
@@ -209,11 +214,7 @@ cdef class FastPath:
                 at = 0
             if start_at + staged - lc.tail > _RING:
                 return None  # the ring is full: the general path stages in the pinned pool
-        # -- from here on, the dispatch happens ---------------------------------------------
-        if placed:
-            pool = self._pool
-            self._cursor = (start + 1) % count
-            pool.placements += 1
+        # -- from here on, the dispatch happens: all of it, or nothing if a step raises ------
         job = FastJob.__new__(FastJob)
         job.cplan = plan
         job.call = plan.template
@@ -225,19 +226,37 @@ cdef class FastPath:
         job.id = next(self._ids)
         pending = _new_pending(loop, job.id, plan.name, self._spin)
         job.pending = pending
-        if plan.n_residents:
-            job.buffers = []
+        job.buffers = [] if plan.n_residents else _EMPTY
+        slot = self._slots[lane_index]
+        pool = self._pool
+        try:
+            self._in_flight[job.id] = job
+            slot.outstanding += 1
+            taken = 1
+            if placed:
+                pool.placements += 1
+                taken = 2
             for r in range(plan.n_residents):
                 i = plan.residents[r]
                 value = args[i]
                 buffer = _into(value) if plan.args[i].kind == A_INTO else value
-                _track_use(buffer, job, plan.args[i].write)  # ordered by the lane (checked above)
                 job.buffers.append(buffer)
-        else:
-            job.buffers = _EMPTY
-        self._in_flight[job.id] = job
-        slot = self._slots[lane_index]
-        slot.outstanding += 1
+                _save(buffer, &saved[r])
+                tracked = r + 1
+                _track_use(buffer, job, plan.args[i].write)  # ordered by the lane (checked above)
+        except BaseException:
+            for r in range(tracked - 1, -1, -1):
+                _put_back(job.buffers[r], &saved[r], job)
+            self._in_flight.pop(job.id, None)
+            if taken:
+                slot.outstanding -= 1
+            if taken > 1:
+                pool.placements -= 1
+            raise
+        for r in range(tracked):
+            _forget(&saved[r])
+        if placed:
+            self._cursor = (start + 1) % count
         if staged:
             lc.head = start_at + staged
             job.ring_start = start_at
@@ -362,9 +381,11 @@ cdef class FastPath:
         return 0
 
     cdef int _not_watched(self, FastJob job, object error) except -1:
-        """The job's event could not be recorded: nothing will complete it, so undo its ring
-        region (the newest) and finish it with *error* the general way."""
-        if job.ring_end:
+        """The job's event could not be recorded: nothing will complete it, and what it
+        enqueued may still run. Wait for its lane (``Lane.settle``); then its ring region (the
+        newest) is free again, else (the device failed) it stays taken. Finish the job with
+        *error* the general way."""
+        if job.lane.settle() and job.ring_end:
             self._lane[job.lane_index].head = job.ring_start
         slot = self._slots[job.lane_index]
         slot.outstanding -= 1

@@ -4,6 +4,7 @@
 # their offsets. The twin of _fast_plan.py and _fast_job.py.
 
 import asyncio as _asyncio
+import os as _os
 
 import numpy as _np
 
@@ -40,7 +41,6 @@ assert (K_SCALAR, K_IN, K_IN_OUT, K_OUT, K_RESIDENT, K_INTO) == (0, 1, 2, 3, 4, 
 cdef object _LAUNCHED = _JobState.LAUNCHED
 cdef object _DONE = _JobState.DONE
 cdef object _running_loop = _asyncio._get_running_loop
-cdef object _BaseEventLoop = _asyncio.BaseEventLoop
 cdef object _NEVER = "never"
 cdef object _ndarray = _np.ndarray
 cdef object _EMPTY = ()
@@ -51,18 +51,53 @@ for _i, _bound in enumerate(_BUCKET_BOUNDS):
     _BOUNDS[_i] = _bound
 
 
-cdef inline bint _runs_here(object loop) except -1:
-    """Whether *loop* is the event loop running on this thread, without a system call where
-    the answer is certain: ``asyncio.get_running_loop()`` calls ``getpid()`` on every call on
-    Python 3.11. An asyncio loop that runs keeps its thread's id in ``_thread_id``, and asyncio
-    runs one loop per thread at most, so a match is the answer; anything else (uvloop, a loop
-    not running here) asks ``asyncio`` as before."""
-    cdef object tid
-    if isinstance(loop, _BaseEventLoop):
-        tid = getattr(loop, "_thread_id", None)
-        if tid is not None and PyLong_Check(tid) and PyLong_AsUnsignedLong(tid) == PyThread_get_thread_ident():
-            return True
-    return _running_loop() is loop
+cdef extern from "Python.h":
+    PyObject* PyThreadState_GetDict()
+    PyObject* PyDict_GetItem(PyObject* mapping, PyObject* key)
+
+cdef object _RUNNING_KEY = "__asyncio_running_event_loop__"
+cdef long _forks = 0  # forks this process came out of (as the child)
+
+
+def _count_fork():
+    global _forks
+    _forks += 1
+
+
+_os.register_at_fork(after_in_child=_count_fork)
+
+
+cdef inline bint _runs_here(FastPath path, object loop) except -1:
+    """Whether *loop* is the event loop running on this thread, as ``asyncio`` says (the
+    question the Python core asks), asked once per running of the loop.
+
+    ``asyncio._get_running_loop()`` costs a ``getpid()`` on Python 3.11 (about 0.25 us on the
+    stand-in's machine). Its answer depends only on what ``asyncio`` keeps for the thread under
+    ``__asyncio_running_event_loop__`` in the thread's dictionary (Python 3.11: a holder of the
+    loop and the pid, made anew each time a loop starts or stops running; 3.12: the loop) and on
+    the process. So once it said *loop* runs here, the answer stands while that object is the
+    one kept (held here, so its identity is not reused) and the process has not forked. A loop's
+    ``_thread_id`` is no such answer: it matches inside a second loop run within it, as
+    nest_asyncio runs one, and in a child forked from its thread, where no loop runs. Where
+    nothing is kept there (Python 3.13, where the question costs nothing), ``asyncio`` is asked
+    each time."""
+    cdef PyObject* state = PyThreadState_GetDict()
+    cdef PyObject* kept = NULL
+    if state != NULL:
+        kept = PyDict_GetItem(state, <PyObject*>_RUNNING_KEY)
+    if (
+        kept != NULL
+        and kept != <PyObject*>None
+        and kept == <PyObject*>path._here
+        and path._here_forks == _forks
+    ):
+        return True
+    if _running_loop() is not loop:
+        return False
+    if kept != NULL and kept != <PyObject*>None:
+        path._here = <object>kept
+        path._here_forks = _forks
+    return True
 
 
 cdef inline void _record_value(HistogramC* h, double value) noexcept:
@@ -116,7 +151,13 @@ cdef extern from "Python.h":
         Py_ssize_t offset
     ctypedef struct PyMemberDescrObject:
         PyMemberDef* d_member
+    void Py_XINCREF(PyObject*)
     void Py_XDECREF(PyObject*)
+    bint PyList_CheckExact(PyObject*)
+    Py_ssize_t PyList_GET_SIZE(PyObject*)
+    PyObject* PyList_GET_ITEM(PyObject*, Py_ssize_t)
+    int PyList_SetSlice(PyObject*, Py_ssize_t, Py_ssize_t, PyObject*)
+    void PyErr_Clear()
 
 
 cdef Py_ssize_t _slot(type cls, str name) except -1:
@@ -170,16 +211,58 @@ cdef inline bint _is_live(object store, list generations, list buffers, object b
     return generations[slot] == _get(buffer, B_GENERATION) and buffers[slot] is buffer
 
 
+cdef inline PyObject** _field(object obj, Py_ssize_t offset) noexcept:
+    return <PyObject**>((<char*><PyObject*>obj) + offset)
+
+
+cdef inline void _save(object buffer, Saved* saved) noexcept:
+    """Keep (with references) the fields of *buffer* that :func:`_track_use` changes."""
+    saved.in_use = _field(buffer, B_IN_USE)[0]
+    saved.writer = _field(buffer, B_WRITER)[0]
+    saved.readers = _field(buffer, B_READERS)[0]
+    Py_XINCREF(saved.in_use)
+    Py_XINCREF(saved.writer)
+    Py_XINCREF(saved.readers)
+
+
+cdef inline void _forget(Saved* saved) noexcept:
+    Py_XDECREF(saved.in_use)
+    Py_XDECREF(saved.writer)
+    Py_XDECREF(saved.readers)
+
+
+cdef inline void _move(PyObject** field, PyObject* value) noexcept:
+    """Set *field* to *value*, whose reference it takes."""
+    cdef PyObject* old = field[0]
+    field[0] = value
+    Py_XDECREF(old)
+
+
+cdef inline void _put_back(object buffer, Saved* saved, object use) noexcept:
+    """Undo :func:`_track_use` of *use* on *buffer*: its fields as :func:`_save` kept them
+    (the references move back), and *use* out of the readers list a read appended it to."""
+    cdef PyObject* readers = saved.readers
+    cdef Py_ssize_t n
+    if readers != NULL and PyList_CheckExact(readers):
+        n = PyList_GET_SIZE(readers)
+        if n and PyList_GET_ITEM(readers, n - 1) == <PyObject*>use:
+            if PyList_SetSlice(readers, n - 1, n, NULL) < 0:
+                PyErr_Clear()
+    _move(_field(buffer, B_IN_USE), saved.in_use)
+    _move(_field(buffer, B_WRITER), saved.writer)
+    _move(_field(buffer, B_READERS), readers)
+
+
 cdef inline int _track_use(object buffer, object use, bint write) except -1:
-    cdef list readers
+    """``ResidentBuffer._track`` of *use*, on the fields (``_save`` first, to undo it)."""
+    cdef list readers = <list?>_get(buffer, B_READERS)
     _put(buffer, B_IN_USE, _get(buffer, B_IN_USE) + 1)
     if write:
         _put(buffer, B_WRITER, use)
-        readers = _get(buffer, B_READERS)
         if len(readers):
             _put(buffer, B_READERS, [])
     else:
-        (<list>_get(buffer, B_READERS)).append(use)
+        readers.append(use)
     return 0
 
 

@@ -24,6 +24,15 @@ cdef extern from "<pthread.h>" nogil:
 
 # -- the native waiter ---------------------------------------------------------------------------
 
+cdef extern from "<pthread.h>" nogil:
+    int pthread_detach(pthread_t thread)
+    int pthread_cond_broadcast(pthread_cond_t* cond)
+    int pthread_cond_timedwait(pthread_cond_t* cond, pthread_mutex_t* mutex, const timespec* at)
+
+cdef extern from "<time.h>" nogil:
+    enum: CLOCK_REALTIME
+
+
 cdef struct Slot:
     pthread_mutex_t mutex
     pthread_cond_t cond
@@ -33,9 +42,42 @@ cdef struct Slot:
     int done  # the thread finished waiting and its code is not taken yet
     int code
     int started
+    int waiting  # in cuEventSynchronize now
+    int exited  # the thread is past its last use of the slot but the release of Shared
     pthread_t thread
     int fd
     cydriver.CUcontext context
+    void* shared
+
+
+cdef struct Shared:
+    # The slots and the eventfd, shared by the NativeWaiter and its threads: the last of them
+    # to let go frees them. A thread may outlive its NativeWaiter (blocked in the driver on a
+    # kernel that never finishes): then it is detached, not joined.
+    pthread_mutex_t mutex
+    int refs
+    int n
+    int fd
+    Slot* slots
+
+
+cdef void _let_go(Shared* shared) noexcept nogil:
+    """Drop one reference to *shared*; the last one frees it, and closes the eventfd."""
+    cdef int i, last
+    pthread_mutex_lock(&shared.mutex)
+    shared.refs -= 1
+    last = shared.refs == 0
+    pthread_mutex_unlock(&shared.mutex)
+    if not last:
+        return
+    for i in range(shared.n):
+        pthread_mutex_destroy(&shared.slots[i].mutex)
+        pthread_cond_destroy(&shared.slots[i].cond)
+    if shared.fd >= 0:
+        close(shared.fd)
+    pthread_mutex_destroy(&shared.mutex)
+    free(shared.slots)
+    free(shared)
 
 
 cdef void* _wait_main(void* arg) noexcept nogil:
@@ -54,15 +96,20 @@ cdef void* _wait_main(void* arg) noexcept nogil:
             break  # stopped, with nothing left to wait on
         event = slot.event
         slot.handed = 0
+        slot.waiting = 1
         pthread_mutex_unlock(&slot.mutex)
         code = cydriver.cuEventSynchronize(event)
         pthread_mutex_lock(&slot.mutex)
         slot.code = <int>code
         slot.done = 1
+        slot.waiting = 0
         pthread_mutex_unlock(&slot.mutex)
         write(slot.fd, &one, 8)
         pthread_mutex_lock(&slot.mutex)
+    slot.exited = 1
+    pthread_cond_broadcast(&slot.cond)
     pthread_mutex_unlock(&slot.mutex)
+    _let_go(<Shared*>slot.shared)
     return NULL
 
 
@@ -75,9 +122,13 @@ cdef class NativeWaiter:
 
     A lane is handed one event at a time (:meth:`hand`); once its thread returned from
     ``cuEventSynchronize`` the eventfd (:attr:`fd`) is readable and :meth:`take` reports the
-    lane and the driver's code.
+    lane and the driver's code. Nothing here waits without a bound for a thread still in the
+    driver: :meth:`join` takes a timeout, and a waiter collected while a thread still waits
+    (a kernel that never finishes) lets that thread go on by itself, detached; the last of
+    them frees what they share.
     """
 
+    cdef Shared* _shared
     cdef Slot* _slots
     cdef int _n
     cdef readonly int fd
@@ -88,19 +139,28 @@ cdef class NativeWaiter:
         self.fd = -1
         if lanes < 1:
             raise ValueError(f"a native waiter needs at least one lane, not {lanes}")
-        self._slots = <Slot*>calloc(lanes, sizeof(Slot))
+        self._shared = <Shared*>calloc(1, sizeof(Shared))
+        if self._shared == NULL:
+            raise MemoryError("no memory for the waiter threads")
+        self._shared.fd = -1
+        self._shared.refs = 1  # this object's
+        pthread_mutex_init(&self._shared.mutex, NULL)
+        self._slots = self._shared.slots = <Slot*>calloc(lanes, sizeof(Slot))
         if self._slots == NULL:
             raise MemoryError("no memory for the waiter threads")
-        self.fd = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC)
+        for i in range(lanes):
+            pthread_mutex_init(&self._slots[i].mutex, NULL)
+            pthread_cond_init(&self._slots[i].cond, NULL)
+            self._slots[i].fd = -1
+            self._slots[i].shared = self._shared
+        self._n = self._shared.n = lanes
+        self.fd = self._shared.fd = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC)
         if self.fd < 0:
             raise OSError(errno, "eventfd failed")
         self.context = context
         for i in range(lanes):
-            pthread_mutex_init(&self._slots[i].mutex, NULL)
-            pthread_cond_init(&self._slots[i].cond, NULL)
             self._slots[i].fd = self.fd
             self._slots[i].context = <cydriver.CUcontext>_address(context)
-        self._n = lanes
 
     def hand(self, int lane, event):
         """Wake lane *lane*'s thread (started on first use) to wait on *event*."""
@@ -119,9 +179,14 @@ cdef class NativeWaiter:
             pthread_cond_signal(&slot.cond)
             pthread_mutex_unlock(&slot.mutex)
         if not slot.started:
+            pthread_mutex_lock(&self._shared.mutex)
+            self._shared.refs += 1  # the thread's
+            pthread_mutex_unlock(&self._shared.mutex)
+            slot.exited = 0
             error = pthread_create(&slot.thread, NULL, _wait_main, slot)
             if error:
                 slot.handed = 0
+                _let_go(self._shared)  # not the last: this object holds one
                 raise OSError(error, "could not start a waiter thread")
             slot.started = 1
 
@@ -146,6 +211,26 @@ cdef class NativeWaiter:
                 finished.append((i, code))
         return finished
 
+    def waiting(self):
+        """How many threads wait in ``cuEventSynchronize`` now (on work not finished yet)."""
+        cdef int i, n = 0
+        cdef Slot* slot
+        for i in range(self._n):
+            slot = &self._slots[i]
+            with nogil:
+                pthread_mutex_lock(&slot.mutex)
+                n += slot.waiting or slot.handed
+                pthread_mutex_unlock(&slot.mutex)
+        return n
+
+    def is_alive(self):
+        """Whether a thread was started and not joined yet."""
+        cdef int i
+        for i in range(self._n):
+            if self._slots[i].started:
+                return True
+        return False
+
     def stop(self):
         """Ask every thread to exit once it waited on what it was handed; how many run."""
         cdef int i
@@ -163,26 +248,55 @@ cdef class NativeWaiter:
                 pthread_mutex_unlock(&slot.mutex)
         return running
 
-    def join(self):
-        """Wait for the threads :meth:`stop` stopped (blocks: call it off the loop)."""
-        cdef int i
+    def join(self, timeout=None):
+        """Wait for the threads :meth:`stop` stopped (blocks: call it off the loop), for at
+        most *timeout* seconds if given; whether all of them exited. Those still waiting in
+        the driver stay joinable (a later call, or the waiter's collection, takes them)."""
+        cdef int i, exited, all_exited = 1
+        cdef bint bounded = timeout is not None
+        cdef double seconds = float(timeout) if bounded else 0.0
+        cdef timespec at
         cdef Slot* slot
+        if bounded:
+            clock_gettime(CLOCK_REALTIME, &at)  # pthread_cond_timedwait's clock
+            at.tv_sec += <long>seconds
+            at.tv_nsec += <long>((seconds - <long>seconds) * 1e9)
+            if at.tv_nsec >= 1000000000:
+                at.tv_sec += 1
+                at.tv_nsec -= 1000000000
         for i in range(self._n):
             slot = &self._slots[i]
-            if slot.started and slot.stop:
-                with nogil:
+            if not (slot.started and slot.stop):
+                continue
+            with nogil:
+                pthread_mutex_lock(&slot.mutex)
+                while not slot.exited:
+                    if not bounded:
+                        pthread_cond_wait(&slot.cond, &slot.mutex)
+                    elif pthread_cond_timedwait(&slot.cond, &slot.mutex, &at) != 0:
+                        break  # timed out (or failed): still in the driver
+                exited = slot.exited
+                pthread_mutex_unlock(&slot.mutex)
+                if exited:
                     pthread_join(slot.thread, NULL)
+            if exited:
                 slot.started = 0
                 slot.stop = 0
+            else:
+                all_exited = 0
+        return bool(all_exited)
 
     def __dealloc__(self):
         cdef int i
+        cdef Slot* slot
+        if self._shared == NULL:
+            return
         if self._slots != NULL:
             self.stop()
-            self.join()
             for i in range(self._n):
-                pthread_mutex_destroy(&self._slots[i].mutex)
-                pthread_cond_destroy(&self._slots[i].cond)
-            free(self._slots)
-        if self.fd >= 0:
-            close(self.fd)
+                slot = &self._slots[i]
+                if slot.started:
+                    # Never waited for here: a thread still in the driver goes on by itself.
+                    pthread_detach(slot.thread)
+                    slot.started = 0
+        _let_go(self._shared)

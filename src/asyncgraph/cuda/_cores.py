@@ -4,7 +4,10 @@
 Python one, with the reason); ``ASYNCGRAPH_CORE=python`` or ``ASYNCGRAPH_PURE_PYTHON=1`` the
 Python one. Without either, :data:`DEFAULT` decides: the compiled core wherever it built and
 loads (it passes the CUDA suite and the benchmarks on a GPU, ``docs/core.md``), else the Python
-core, with the reason.
+core, with the reason. A compiled core that is built but does not match the Python classes whose
+slots it reads in place (``_core_plan.pxi``: one of them is no slot any more, say) fails at its
+import with another error than ``ImportError``; then the Python core runs too, with a
+``RuntimeWarning`` that says why.
 
 The choice is made once, at import; ``python -m asyncgraph info`` reports it.
 """
@@ -13,6 +16,7 @@ from __future__ import annotations
 
 import importlib
 import os
+import warnings
 from typing import TYPE_CHECKING
 
 from . import _core_py
@@ -38,6 +42,13 @@ def _choose() -> tuple[object, str]:
         compiled = importlib.import_module(f"{__package__}._core")  # built where it could be
     except ImportError as exc:
         return _core_py, f"the compiled core is not available: {exc}"
+    except Exception as exc:  # it loaded, and disagrees with the classes it mirrors
+        why = (
+            f"the compiled core does not match this asyncgraph ({type(exc).__name__}: {exc}); "
+            "rebuild it (pip install -e . in a checkout)"
+        )
+        warnings.warn(f"asyncgraph: {why}; the Python core runs", RuntimeWarning, stacklevel=2)
+        return _core_py, why
     return compiled, ""
 
 

@@ -8,6 +8,7 @@ its resources as plain attributes; none of them sets anything up or frees anythi
 from __future__ import annotations
 
 import asyncio
+import time
 from typing import TYPE_CHECKING, Any
 
 from cuda.bindings import driver as drv
@@ -319,10 +320,14 @@ class Device:
             )
 
 
-def join(threads: list[Joinable]) -> None:
-    """Join every one of *threads* (waiter threads, or the native ones)."""
+def join(threads: list[Joinable], timeout: float | None = None) -> int:
+    """Join every one of *threads* (waiter threads, or the native ones), for at most *timeout*
+    seconds in all if given; how many are still alive (waiting in the driver on work that does
+    not finish: they end with it, or with the process)."""
+    deadline = None if timeout is None else time.monotonic() + timeout
     for thread in threads:
-        thread.join()
+        thread.join(None if deadline is None else max(0.0, deadline - time.monotonic()))
+    return sum(thread.is_alive() for thread in threads)
 
 
 def _own_memory_pool(device: Any) -> Any:

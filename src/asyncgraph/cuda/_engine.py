@@ -41,7 +41,11 @@ from ._small import SmallPath
 from ._storage import Storage
 from ._streamed import StreamedPath
 
-__all__ = ("CudaEngine",)
+__all__ = ("LEFT_BEHIND", "CudaEngine")
+
+# Seconds a close of a failed backend waits for its waiter threads: one may wait in the driver
+# for a kernel that never finishes, and must not hold the close, or the process's exit.
+LEFT_BEHIND = 1.0
 
 
 class CudaEngine:
@@ -404,7 +408,12 @@ class CudaEngine:
             await _loop.wait_done(task)
         threads = device.close_reactor()
         if threads:
-            await device.loop.run_in_executor(None, join, threads)
+            # After a failure a waiter may wait in the driver for work that never finishes
+            # (abandon_running): it is not waited for past LEFT_BEHIND seconds.
+            bound = None if device.failure is None else LEFT_BEHIND
+            left = await device.loop.run_in_executor(None, join, threads, bound)
+            if left:
+                device.log.warning("backend.waiters_left", threads=left, waited=bound)
         self._release_all()
         # Return with the pinned memory (the pool's and the staging rings) released: a free
         # still running in the background would wait for kernels of other backends and hold
@@ -432,6 +441,17 @@ class CudaEngine:
                     device.abandoned[1] += abandon_block(block)
         device.release_all([self.graphs.capture_stream])
         self.launches.clear()
+
+    def abandon_running(self, why: str) -> bool:
+        """Stop waiting for the work still running on the device (``aclose``'s timeout ran
+        out): the device fails as after a launch timeout (this backend only: the process is
+        not poisoned), every dispatch watched fails with that error, and what they use is
+        abandoned, not freed, since a kernel may still write it. *why* says what ran."""
+        device = self.device
+        device.fail(DeviceFaultError(702, "CUDA_ERROR_LAUNCH_TIMEOUT", "aclose", why))
+        if device.reactor_ is not None and device.failure is not None:
+            device.reactor_.fail_all(device.failure)  # the watches' fault is set: no poison
+        return True
 
     @in_context
     def release_unclosed(self) -> None:

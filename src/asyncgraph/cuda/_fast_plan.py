@@ -83,6 +83,7 @@ class FastPlan:
             where the kind has no such guard.
         uploads: per staged input ``(index, offset, nbytes, is an InOut)``.
         residents: per resident buffer ``(index, written, is an Out(into=))``.
+        writes: per resident buffer, whether it is written (``track_uses``' argument).
         returned: per result ``(kind, index, offset, nbytes, dtype, shape)``.
     """
 
@@ -104,6 +105,7 @@ class FastPlan:
         "up_copy",
         "up_end",
         "uploads",
+        "writes",
     )
 
     def __init__(self, plan: Plan, call: BoundCall) -> None:
@@ -135,6 +137,7 @@ class FastPlan:
         self.args = tuple(args)
         self.uploads = tuple(uploads)
         self.residents = tuple(residents)
+        self.writes = tuple(written for _index, written, _into in residents)
         self.returned = tuple(
             (_KIND_OF[type(arg)], arg.index, arg.offset, arg.nbytes, arg.value.dtype,
              arg.value.shape)

@@ -4,20 +4,15 @@ in another.
 A dispatch whose argument plan is cached (``_plans``), whose kernel is loaded, with a free
 in-flight slot, nothing queued, and no graph, timing or NVTX range, does not need the layers of
 the general path: :meth:`FastPath.dispatch` checks the plan's guards and does the whole launch
-itself — it copies the staged inputs into the lane's pinned staging ring, enqueues the upload,
-the outputs' memset, the kernel, the download and the event, counts the job in flight, hands it
-to the completion reactor and returns the :class:`~asyncgraph.PendingDispatch`. Anything it
-does not recognise returns ``None`` before anything changed, and the general path runs.
-:meth:`FastPath.complete` is its completion: the reactor's :class:`Watches` calls it when the
-job's event completed, and it builds the results out of the ring, releases the ring, the lane,
-the in-flight slot and the buffers, and resolves the pending result.
+itself — staging in the lane's pinned ring, the upload, the outputs' memset, the kernel, the
+download and the event, the job counted in flight and handed to the reactor — and returns the
+:class:`~asyncgraph.PendingDispatch`. Anything it does not recognise returns ``None`` before
+anything changed, and the general path runs. :meth:`FastPath.complete`, called by the reactor's
+:class:`Watches`, builds the results out of the ring, releases what the job held and resolves it.
 
-The scheduler stays the authority (``Scheduler.fast_state``): this is its ``LAUNCH``
-transition taken without the general pass, and its completion when nothing is queued or
-parked; otherwise completion goes through the dispatcher (``Dispatcher.done``) as any job's.
-
-This is the Python core's fast path; the compiled core (``_core``) has its twin with the same
-methods and behaviour.
+The scheduler stays the authority (``Scheduler.fast_state``): this is its ``LAUNCH`` transition
+taken without the general pass, and its completion when nothing is queued or parked (else it
+goes through ``Dispatcher.done`` as any job's). The compiled core (``_core``) has its twin.
 """
 
 from __future__ import annotations
@@ -34,15 +29,7 @@ from .._exceptions import AllocationError
 from .._lifecycle import OPEN
 from .._pending import PendingDispatch, set_outcome
 from .._plans import same_dims
-from .._resident import (
-    Download,
-    ResidentBuffer,
-    storage_of,
-    track,
-    untrack,
-    uses_of,
-    writer_of,
-)
+from .._resident import Download, storage_of, track_uses, untrack, uses_of, writer_of
 from .._scheduler import JobState
 from ._driver import SUCCESS, error_for
 from ._fast_job import FastJob, KnownKernel, Ring
@@ -63,6 +50,7 @@ if TYPE_CHECKING:
     from .._engine import FastFront
     from .._kernel import Kernel
     from .._plans import Plan
+    from .._resident import ResidentBuffer
     from .._telemetry import Telemetry
     from ..pool import PinnedBlock, StreamPool
     from ._lanes import Lane
@@ -299,22 +287,32 @@ class FastPath:
                 at = 0
             if start_at + staged - ring.tail > RING_BYTES:
                 return None  # the ring is full: the general path stages in the pinned pool
-        # -- from here on, the dispatch happens ---------------------------------------------
-        if placed:
-            self._cursor = (self._cursor + 1) % self._n_lanes
-            self._pool.placements += 1
+        # -- from here on, the dispatch happens: all of it, or nothing if a step raises ------
         job = FastJob(plan, args, lane, t0)
         job.id = dispatch_id = next(self._ids)
         job.pending = pending = PendingDispatch(loop, dispatch_id, plan.name, watches.spin)
-        if plan.residents:
-            buffers = job.buffers
-            for index, write, into in plan.residents:
-                value = args[index]
-                buffer = value.into if into else value  # type: ignore[attr-defined]  # an Out
-                track(buffer, job, write)  # its deps are ordered by the lane (checked above)
-                buffers.append(buffer)
-        self._in_flight[dispatch_id] = job  # type: ignore[assignment]  # a job of this path
-        lane.slot.outstanding += 1
+        in_flight, slot, pool = self._in_flight, lane.slot, self._pool
+        taken = 0  # the steps below taken so far, undone if a later one raises
+        try:
+            in_flight[dispatch_id] = job  # type: ignore[assignment]  # a job of this path
+            slot.outstanding += 1
+            taken = 1
+            if placed:
+                pool.placements += 1
+                taken = 2
+            if plan.residents:
+                buffers = job.buffers
+                for index, _write, into in plan.residents:
+                    arg: Any = args[index]
+                    buffers.append(arg.into if into else arg)  # an Out's, or the buffer
+                track_uses(buffers, plan.writes, job)  # ordered by the lane (checked above)
+        except BaseException:
+            in_flight.pop(dispatch_id, None)
+            slot.outstanding -= taken > 0
+            pool.placements -= taken > 1
+            raise
+        if placed:
+            self._cursor = (self._cursor + 1) % self._n_lanes
         if staged:
             ring.head = job.ring_end = start_at + staged
             job.ring_start = start_at
@@ -420,9 +418,11 @@ class FastPath:
             )
 
     def _not_watched(self, job: FastJob, error: BaseException) -> None:
-        """The job's event could not be recorded: nothing will complete it, so undo its ring
-        region (the newest) and finish it with *error* the general way."""
-        if job.ring_end:
+        """The job's event could not be recorded: nothing will complete it, and what it
+        enqueued may still run. Wait for its lane (``Lane.settle``); then its ring region (the
+        newest) is free again, else (the device failed) it stays taken. Finish the job with
+        *error* the general way."""
+        if job.lane.settle() and job.ring_end:
             self._rings[job.lane.index].head = job.ring_start
         job.lane.slot.outstanding -= 1
         job.gpu_done = True

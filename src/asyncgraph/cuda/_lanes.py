@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING, Any
 
 from cuda.bindings import driver as drv
 
-from .._exceptions import CudaError
+from .._exceptions import CudaError, DeviceFaultError
 from ._cores import core
 from ._driver import SUCCESS, error_for
 
@@ -81,6 +81,29 @@ class Lane:
         """Call ``callback(error)`` on the loop once *event* completed; the event is then
         recycled (nothing may wait on it after the callback)."""
         self._device.reactor.watch(self.index, event, callback)
+
+    def settle(self) -> bool:
+        """Wait (blocking) until the work enqueued on this stream so far is done; whether it is.
+
+        For a failure that left work enqueued with no event watching it (its record failed):
+        what that work uses (staging, buffers) must not be reused or released before it ran.
+        If the stream cannot be synchronized either, nothing on the device can be known done:
+        the device fails (``Device.fail``), and ``False`` is returned.
+        """
+        code = drv.cuStreamSynchronize(self.handle)[0]
+        if code == SUCCESS:
+            return True
+        error = error_for(code, "cuStreamSynchronize")
+        if not isinstance(error, DeviceFaultError):
+            error = DeviceFaultError(
+                error.code,
+                error.name,
+                error.call,
+                "work enqueued on a stream could not be waited for after its event failed to "
+                "record, so nothing the backend enqueued can be known done",
+            )
+        self._device.fail(error)
+        return False
 
     def record_and_watch(self, callback: Callable[[CudaError | None], None]) -> Any:
         """Record an event after the work enqueued so far and watch it; returns the event."""

@@ -179,8 +179,8 @@ class SmallPath:
                 # Copies may be in flight: release the staging only once they are done.
                 try:
                     lane.record_and_watch(lambda _error: self.release(job))
-                except CudaError:
-                    self.release(job)
+                except Exception:
+                    self._release_settled(job, lane)
             else:
                 self.release(job)
             raise failure
@@ -225,13 +225,24 @@ class SmallPath:
     def _watch(self, job: CudaJob, lane: Lane) -> None:
         try:
             job.event = lane.record()
-        except CudaError:
-            self.release(job)
+        except Exception:
+            self._release_settled(job, lane)
             raise
         device = self._device
         reactor = device.reactor_ or device.reactor
         reactor.watch(lane.index, job.event, lambda error: self._done(job, error))
         set_spin(job.pending, reactor.spin)
+
+    def _release_settled(self, job: CudaJob, lane: Lane) -> None:
+        """No event could be recorded after *job*'s enqueued work: it is in flight until the
+        stream is known done. Wait for it (``Lane.settle``), then release what the job holds;
+        if the stream cannot be waited for (the device failed), keep its staging, which the
+        work may still write, and give back the rest."""
+        if not lane.settle():
+            if job.out_block is not None:
+                self.lent -= job.out_block.size
+            job.block = job.out_block = None  # let go of: never reused
+        self.release(job)
 
     # -- completion --------------------------------------------------------------------------------
 

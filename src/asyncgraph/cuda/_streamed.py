@@ -130,6 +130,8 @@ class StreamedPath:
                 # Its completion releases the event; its error (if any) is this one's cause.
                 with contextlib.suppress(BaseException):
                     await _loop.shield(kernel_done)
+            elif job.lane is not None:
+                job.lane.settle()  # no event follows what was enqueued: wait for the stream
             device_time = None
             if isinstance(exc, Exception):
                 outcome = exc

@@ -38,7 +38,9 @@ __all__ = ("Joinable", "Waiters")
 class Joinable(Protocol):
     """What closing leaves to join, off the loop: a thread, or the native threads."""
 
-    def join(self) -> None: ...
+    def join(self, timeout: float | None = None) -> object: ...
+
+    def is_alive(self) -> bool: ...
 
 
 class Waiters:

@@ -1,0 +1,338 @@
+"""The dispatch cores' failure paths, on the CUDA backend over the stand-in driver.
+
+``python -m tests.fake_driver.core_scenario NAME`` runs one and prints what it saw as one JSON
+line; ``tests/test_core_failures.py`` runs them on each dispatch core.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import ctypes
+import gc
+import json
+import os
+import sys
+import time
+from collections.abc import Callable
+from typing import Any
+
+import numpy as np
+import structlog
+
+import asyncgraph as ag
+from asyncgraph._bench import SCALE
+from asyncgraph.cuda._cores import core
+from tests.fake_driver import reset
+from tests.kernels import INC
+
+_lib = ctypes.CDLL("libcuda.so.1")
+_lib.fake_last_launch.restype = ctypes.c_ulonglong
+N = 1024
+
+
+def _mode(mode: str) -> None:
+    _lib.fake_set_complete_mode(mode.encode())
+
+
+def _launches() -> int:
+    """How many kernels the stand-in was asked to launch so far."""
+    dims = (ctypes.c_uint * 7)()
+    stream = ctypes.c_size_t()
+    params = (ctypes.c_ubyte * 16)()
+    return int(_lib.fake_last_launch(dims, ctypes.byref(stream), params, 0))
+
+
+def _inc(gpu: Any, buffer: Any) -> Any:
+    return gpu.dispatch(INC, buffer, np.float32(1), np.int32(N), grid=4, block=256)
+
+
+def _scale(gpu: Any, x: Any) -> Any:
+    return gpu.dispatch(
+        SCALE, x, ag.Out(N, np.float32), np.float32(2), np.int32(N), grid=4, block=256
+    )
+
+
+def _tracking(buffer: Any) -> list[Any]:
+    """The buffer's record of its uses in flight (private fields, read by a test on purpose)."""
+    return [buffer._in_use, buffer._writer is None, len(buffer._readers)]
+
+
+def _error(call: Callable[[], Any]) -> str:
+    try:
+        call()
+    except Exception as exc:
+        return type(exc).__name__
+    return "no error"
+
+
+class _Refusing(int):
+    """A stream's count of work that refuses to grow once: a step of the commit that raises."""
+
+    def __add__(self, other: Any) -> Any:
+        raise RuntimeError("injected: the commit step failed")
+
+
+async def commit_fails() -> dict[str, Any]:
+    """A step of the fast path's commit raises (the lane's count refuses to grow), for a
+    dispatch that writes a resident buffer and one that reads it: nothing may be left of
+    either, and the buffer and the backend still close."""
+    seen: dict[str, Any] = {}
+    x = np.ones(N, np.float32)
+    gpu: Any = ag.open_backend("cuda", streams=1)
+    for kernel in (SCALE, INC):
+        await gpu.compile(kernel)
+    buf = await gpu.upload(x)
+    for _ in range(2):  # plans made: the fast path takes the next ones
+        await _inc(gpu, buf)
+        await _scale(gpu, buf)
+    slot = gpu.stream_pool.lanes[0]
+    fast = gpu.telemetry.snapshot().fast_path_dispatches
+    launches = _launches()
+    for name, use in (("writer", _inc), ("reader", _scale)):
+        slot.outstanding = _Refusing(slot.outstanding)
+        error = _error(lambda use=use: use(gpu, buf))  # type: ignore[misc]  # bound now
+        slot.outstanding = int(slot.outstanding)
+        seen[name] = {
+            "error": error,
+            "tracking": _tracking(buf),
+            "outstanding": gpu.outstanding,
+            "lane": int(slot.outstanding),
+        }
+    seen["launched"] = _launches() - launches
+    seen["fast"] = gpu.telemetry.snapshot().fast_path_dispatches - fast
+    try:  # the backend goes on, and closes (a use left behind would hold both forever)
+        await asyncio.wait_for(_inc(gpu, buf), 5)
+        seen["right"] = bool(np.array_equal(await gpu.download(buf), x + 3))
+        await buf.aclose()
+        await asyncio.wait_for(gpu.aclose(), 5)
+        seen["closed"] = True
+    except TimeoutError:
+        seen["closed"] = False
+    return seen
+
+
+PAIR = ag.Kernel(
+    r"""
+extern "C" __global__ void pair(float* a, const float* b, int n) { }
+""",
+    "pair",
+)
+
+
+def _uses(buffer: Any) -> list[Any]:
+    """The buffer's uses in flight, by identity (private fields, read by a test on purpose)."""
+    return [int(buffer._in_use), id(buffer._writer), [id(use) for use in buffer._readers]]
+
+
+async def tracking_fails() -> dict[str, Any]:
+    """The commit tracks a dispatch's first buffer (written: its writer and readers replaced),
+    then the second one's tracking raises: the first must be put back exactly as it was, its
+    unfinished uses included, or a later use would not wait for them."""
+    x = np.ones(N, np.float32)
+    gpu: Any = ag.open_backend("cuda", streams=1)
+    for kernel in (SCALE, INC, PAIR):
+        await gpu.compile(kernel)
+    first, second = await gpu.upload(x), await gpu.upload(x)
+    for _ in range(2):  # plans made
+        await gpu.dispatch(PAIR, first, second, np.int32(N), grid=4, block=256)
+        await _inc(gpu, first)
+        await _scale(gpu, first)
+    _mode("manual")  # uses of the first buffer still running: a writer, then a reader
+    running = [_inc(gpu, first), _scale(gpu, first)]
+    before = _uses(first)
+    second._in_use = _Refusing(0)
+    error = _error(lambda: gpu.dispatch(PAIR, first, second, np.int32(N), grid=4, block=256))
+    seen = {
+        "error": error,
+        "first_put_back": _uses(first) == before,
+        "first_uses": _uses(first)[0],
+        "second_in_use": int(second._in_use),
+        "outstanding": gpu.outstanding,
+    }
+    second._in_use = 0
+    _mode("instant")
+    for pending in running:
+        await pending
+    seen["right"] = bool(np.array_equal(await gpu.download(first), x + 3))
+    for buffer in (first, second):
+        await buffer.aclose()
+    try:
+        await asyncio.wait_for(gpu.aclose(), 5)
+        seen["closed"] = True
+    except TimeoutError:
+        seen["closed"] = False
+    return seen
+
+
+async def readers_not_a_list() -> dict[str, Any]:
+    """A buffer's readers field holds something else than a list: the dispatch fails at the
+    call, nothing is written out of bounds, nothing is left in flight."""
+    x = np.ones(N, np.float32)
+    async with ag.open_backend("cuda") as gpu:
+        for kernel in (SCALE, INC):
+            await gpu.compile(kernel)
+        buf: Any = await gpu.upload(x)
+        for _ in range(2):
+            await _inc(gpu, buf)
+            await _scale(gpu, buf)
+        buf._readers = ("not", "a", "list")  # a layout change, say
+        reader = _error(lambda: _scale(gpu, buf))
+        writer = _error(lambda: _inc(gpu, buf))
+        outstanding = gpu.outstanding
+        buf._readers = []
+        await buf.aclose()
+    return {"reader": reader, "writer": writer, "outstanding": outstanding}
+
+
+async def _warm(gpu: Any) -> None:
+    """The kernel compiled and its plan made: the fast path takes the next dispatches."""
+    await gpu.compile(SCALE)
+    for _ in range(3):
+        await _scale(gpu, np.ones(N, np.float32))
+
+
+def _attempt(gpu: Any) -> dict[str, Any]:
+    """A dispatch, from wherever this runs: what it said, and what it started."""
+    launches = _launches()
+    fast = gpu.telemetry.snapshot().fast_path_dispatches
+    try:
+        _scale(gpu, np.ones(N, np.float32))
+        outcome = "dispatched"
+    except Exception as exc:
+        outcome = f"{type(exc).__name__}: {exc}"
+    return {
+        "outcome": outcome,
+        "launched": _launches() - launches,
+        "outstanding": gpu.outstanding,
+        "fast": gpu.telemetry.snapshot().fast_path_dispatches - fast,
+    }
+
+
+async def nested_loop() -> dict[str, Any]:
+    """A second event loop runs inside the backend's, on its thread (as nest_asyncio runs
+    one), and dispatches: the backend belongs to the outer loop."""
+    async with ag.open_backend("cuda") as gpu:
+        await _warm(gpu)
+        outer = asyncio.get_running_loop()
+        inner = asyncio.new_event_loop()
+
+        async def use() -> dict[str, Any]:
+            return _attempt(gpu)
+
+        asyncio.events._set_running_loop(None)  # what nest_asyncio does to run the inner one
+        try:
+            seen = inner.run_until_complete(use())
+        finally:
+            asyncio.events._set_running_loop(outer)
+            inner.close()
+    return seen
+
+
+async def forked() -> dict[str, Any]:
+    """The process forks inside a coroutine, and the child dispatches on the parent's
+    backend: no loop runs in the child."""
+    async with ag.open_backend("cuda") as gpu:
+        await _warm(gpu)
+        read, write = os.pipe()
+        child = os.fork()
+        if child == 0:  # the child: say what happened, and leave at once
+            try:
+                os.write(write, json.dumps(_attempt(gpu)).encode())
+            finally:
+                os._exit(0)
+        os.close(write)
+        return _heard(child, read)
+
+
+def _heard(child: int, read: int) -> dict[str, Any]:
+    """What *child* wrote to the pipe *read*, once it exited."""
+    with os.fdopen(read) as pipe:
+        seen: dict[str, Any] = json.loads(pipe.read() or "{}")
+    os.waitpid(child, 0)
+    return seen
+
+
+async def _hang(gpu: Any) -> Any:
+    """A dispatch whose kernel never finishes (the stand-in's events complete by hand only),
+    handed to a waiter thread by the time this returns."""
+    await _warm(gpu)
+    _mode("manual")
+    pending = _scale(gpu, np.ones(N, np.float32))
+    await asyncio.sleep(0.3)  # the reactor's poll window is long over: a waiter holds it
+    return pending
+
+
+def _backend_events(logs: list[Any]) -> list[str]:
+    return [e["event"] for e in logs if str(e["event"]).startswith("backend.")]
+
+
+async def hung_close() -> dict[str, Any]:
+    """``aclose(timeout=...)`` while a kernel never finishes: the close ends, saying so."""
+    with structlog.testing.capture_logs() as logs:
+        gpu = ag.open_backend("cuda")
+        pending = await _hang(gpu)
+        began = time.perf_counter()
+        await gpu.aclose(timeout=0.5)
+        took = time.perf_counter() - began
+    abandoned = [e for e in logs if e["event"] == "backend.close_abandoned"]
+    error = pending.exception()
+    return {
+        "took": took,
+        "closed": gpu.is_closed,
+        "error": [type(error).__name__, getattr(error, "name", None)],
+        "failure": getattr(gpu.failure, "name", None),
+        "events": _backend_events(logs),
+        "abandoned": abandoned[0]["dispatches"] == [pending.dispatch_id] if abandoned else False,
+        "poisoned": ag.process_fault() is not None,
+    }
+
+
+_KEPT: list[Any] = []
+
+
+def hung_exit(kept: bool) -> dict[str, Any]:
+    """The backend is left unclosed while a kernel never finishes, dropped (or *kept* to the
+    end), and the process exits: that must not wait for the kernel."""
+    with structlog.testing.capture_logs() as logs:
+        gpu: Any = asyncio.run(_dropped())
+        if kept:
+            _KEPT.append(gpu)  # still referenced when the interpreter shuts down
+        del gpu
+        gc.collect()
+    return {"events": _backend_events(logs)}
+
+
+async def _dropped() -> Any:
+    gpu = ag.open_backend("cuda")
+    await _hang(gpu)
+    return gpu
+
+
+SCENARIOS: dict[str, Callable[..., Any]] = {
+    "commit_fails": commit_fails,
+    "readers_not_a_list": readers_not_a_list,
+    "tracking_fails": tracking_fails,
+    "nested_loop": nested_loop,
+    "forked": forked,
+    "hung_close": hung_close,
+    "hung_exit": hung_exit,
+}
+
+
+def _say(seen: dict[str, Any]) -> None:
+    print(json.dumps({"compiled": bool(core.COMPILED)} | seen), flush=True)
+    if seen.get("closed") is False:
+        os._exit(0)  # a close that never ends: asyncio.run would wait for it
+
+
+async def _main(name: str) -> None:
+    _say(await SCENARIOS[name]())
+
+
+if __name__ == "__main__":
+    reset(_lib)
+    _mode("instant")
+    if sys.argv[1] == "hung_exit":  # runs its own loop, and the process's exit is the point
+        _say(hung_exit(sys.argv[2:] == ["kept"]))
+    else:
+        asyncio.run(_main(sys.argv[1]))
