@@ -20,7 +20,7 @@ from pathlib import Path
 import pytest
 
 from asyncgraph._resident import ResidentBuffer
-from tests.test_fast_path import CORES
+from tests.needs import CORES
 
 ROOT = Path(__file__).resolve().parent.parent
 PLAN = ROOT / "src" / "asyncgraph" / "cuda" / "_core_plan.pxi"

@@ -20,7 +20,7 @@ from typing import Any
 import pytest
 
 from tests.fake_driver import build, environment, run_scenario
-from tests.test_fast_path import CORES
+from tests.needs import CORES
 from tests.test_fast_path import (
     test_a_cancelled_awaiter_leaves_the_dispatch_running as check_cancel,
 )
@@ -36,6 +36,9 @@ from tests.test_fast_path import (
 from tests.test_fast_path import (
     test_uses_of_one_buffer_keep_their_order_across_both_paths as check_ordering,
 )
+
+# The stand-in driver runs these, compiling kernels with NVRTC (tests/needs.py).
+pytestmark = [pytest.mark.stand_in, pytest.mark.nvrtc]
 
 ROOT = Path(__file__).resolve().parent.parent
 ORDER = "tests.fake_driver.order_scenario"

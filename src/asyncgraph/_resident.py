@@ -22,7 +22,7 @@ import numpy as np
 
 from . import _loop
 from ._dlpack import make_capsule
-from ._exceptions import ArgumentTypeError, NotPicklableError, ShapeMismatchError, StaleBufferError
+from ._exceptions import ArgumentTypeError, NotPicklableError, StaleBufferError
 
 __all__ = (
     "Download",
@@ -30,7 +30,6 @@ __all__ = (
     "ResidentBuffer",
     "ResidentStore",
     "check_buffer",
-    "check_out",
     "hold",
     "identity",
     "in_use",
@@ -485,21 +484,6 @@ def check_buffer(value: object, where: str) -> None:
         raise ArgumentTypeError(
             f"{where} takes a resident buffer, got {type(value).__name__}; pass one that "
             "upload(), empty() or a dispatch's Out(..., resident=True) returned"
-        )
-
-
-def check_out(out: object, buffer: ResidentBuffer) -> None:
-    """Raise unless *out* is an array ``download(out=...)`` can copy *buffer* into."""
-    if not isinstance(out, np.ndarray):
-        raise ArgumentTypeError(f"download(out=...) takes a numpy array, got {type(out).__name__}")
-    if not out.flags.c_contiguous or not out.flags.writeable:
-        raise ArgumentTypeError(
-            "download(out=...) needs a writable, C-contiguous array; pass np.empty(shape, dtype)"
-        )
-    if out.shape != buffer.shape or out.dtype != buffer.dtype:
-        raise ShapeMismatchError(
-            f"download(out=...) got a {out.dtype} array of shape {out.shape}; the buffer is "
-            f"{buffer.dtype} of shape {buffer.shape}"
         )
 
 

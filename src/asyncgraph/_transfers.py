@@ -8,9 +8,9 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from ._checks import check_upload
-from ._exceptions import BackendClosedError
+from ._exceptions import ArgumentTypeError, BackendClosedError, ShapeMismatchError
 from ._lifecycle import OPEN
-from ._resident import Download, ResidentBuffer, check_buffer, check_out, track, untrack
+from ._resident import Download, ResidentBuffer, check_buffer, track, untrack
 
 if TYPE_CHECKING:
     from ._dispatcher import Dispatcher
@@ -20,6 +20,21 @@ if TYPE_CHECKING:
     from ._telemetry import Telemetry
 
 __all__ = ("Transfers",)
+
+
+def check_out(out: object, buffer: ResidentBuffer) -> None:
+    """Raise unless *out* is an array ``download(out=...)`` can copy *buffer* into."""
+    if not isinstance(out, np.ndarray):
+        raise ArgumentTypeError(f"download(out=...) takes a numpy array, got {type(out).__name__}")
+    if not out.flags.c_contiguous or not out.flags.writeable:
+        raise ArgumentTypeError(
+            "download(out=...) needs a writable, C-contiguous array; pass np.empty(shape, dtype)"
+        )
+    if out.shape != buffer.shape or out.dtype != buffer.dtype:
+        raise ShapeMismatchError(
+            f"download(out=...) got a {out.dtype} array of shape {out.shape}; the buffer is "
+            f"{buffer.dtype} of shape {buffer.shape}"
+        )
 
 
 class Transfers:
