@@ -114,17 +114,19 @@ def test_a_kernel_that_never_finishes_does_not_hold_the_process_exit(core: str, 
 
 
 @pytest.mark.parametrize("core", CORES)
-def test_a_close_with_a_timeout_abandons_a_kernel_that_never_finishes(core: str) -> None:
-    # aclose(timeout=) failed what was queued, then waited forever for the running kernel.
+def test_a_close_with_a_timeout_says_what_still_runs_and_keeps_its_result(core: str) -> None:
+    # aclose(timeout=) fails only what was queued: a dispatch already running completes, with
+    # its result (the documented contract; a GPU test holds it with a 200 ms kernel), and the
+    # close says which dispatches it waits for once the timeout ran out.
     seen = run_scenario(SCENARIO, core, "hung_close", timeout=60)
-    assert seen["took"] < 5, seen["took"]  # the timeout, and a bounded wait for the waiters
+    assert seen["waited"] is True  # the timeout did not end the close
+    assert seen["waits"]  # backend.close_waits names the running dispatch
     assert seen["closed"]
-    assert seen["error"] == ["DeviceFaultError", "CUDA_ERROR_LAUNCH_TIMEOUT"]
-    assert seen["failure"] == "CUDA_ERROR_LAUNCH_TIMEOUT"  # the backend's state says so
-    assert seen["abandoned"]  # backend.close_abandoned names the dispatch
+    assert seen["right"] is True
+    assert seen["failure"] is None
+    assert seen["took"] < 5, seen["took"]
     assert seen["events"][-1] == "backend.closed"
-    assert "backend.memory_abandoned" in seen["events"]  # never freed: a kernel may write it
-    assert not seen["poisoned"]  # the process is not: other backends go on
+    assert not seen["poisoned"]
 
 
 @pytest.mark.parametrize("core", CORES)

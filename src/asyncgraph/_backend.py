@@ -447,11 +447,10 @@ class Backend(StreamsAndGraphs):
         close it: the work the old loop left in flight is waited for first.
 
         Args:
-            timeout: seconds to wait. After it, dispatches still queued fail with
-                :class:`BackendClosedError`, and on CUDA those still running on the device are
-                abandoned (``backend.close_abandoned``): they fail, the backend fails as after a
-                launch timeout, and their memory is never freed. Without it, work in flight
-                always completes first (a kernel that never finishes holds the close).
+            timeout: seconds to wait for dispatches still queued (not yet submitted). After
+                it, they fail with :class:`BackendClosedError`, and a ``backend.close_waits``
+                warning names the dispatches still running. Work already submitted always runs
+                to completion first, since its memory cannot be freed before.
 
         Raises:
             TypeError: *timeout* is not a number of seconds.
