@@ -24,8 +24,12 @@ async def gpu() -> AsyncIterator[Any]:
 
 
 def _free_device_bytes() -> int:
+    """Device 0's free memory, asked in its primary context (a backend leaves the thread's
+    context as it found it, so none may be current here)."""
     from cuda.bindings import driver as drv
+    from cuda.core import Device
 
+    Device(0).set_current()
     code, free, _total = drv.cuMemGetInfo()
     assert code == drv.CUresult.CUDA_SUCCESS
     return int(free)
