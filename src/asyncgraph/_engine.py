@@ -319,8 +319,3 @@ class Engine(Protocol):
     def release_unclosed(self) -> None:
         """Best-effort release of a backend dropped without closing."""
         ...
-
-    def abandon_running(self, why: str) -> bool:
-        """``aclose``'s timeout ran out with work still running (*why* says which): stop
-        waiting for it where that is safe; whether the close goes on without it."""
-        ...

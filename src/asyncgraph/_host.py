@@ -438,10 +438,6 @@ class HostEngine:
         """Stop the workers of a backend dropped without closing."""
         self._executor.shutdown(wait=False)
 
-    def abandon_running(self, why: str) -> bool:
-        """A worker thread cannot be stopped, and its arrays are in use: the close waits."""
-        return False
-
 
 def _wait_all(pendings: list[PendingDispatch]) -> None:
     """Block until every dispatch in *pendings* completed (in a worker thread)."""

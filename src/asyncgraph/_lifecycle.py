@@ -225,24 +225,8 @@ class Lifecycle:
             await _loop.wait_for(self._close_task, timeout)
         except TimeoutError:
             self.drop_queued(lambda job: f"was closed before {job} started (aclose timeout)")
-            self._abandon_running(timeout)
+            self.report_in_flight("backend.close_waits", timeout=timeout)
             await _loop.shield(self._close_task)
-
-    def _abandon_running(self, timeout: float) -> None:
-        """``aclose``'s *timeout* ran out: report what still runs, and stop waiting for it
-        where the engine can (a CUDA kernel that never finishes must not hold the close)."""
-        jobs = self._scheduler.jobs_in_flight()
-        if not jobs:
-            return
-        names = ", ".join(f"#{job.id} of {job.call.kernel.name!r}" for job in jobs)
-        why = f"dispatch {names} still ran when aclose(timeout={timeout}) ran out"
-        abandoned = self._engine.abandon_running(why)
-        self._log.warning(
-            "backend.close_abandoned" if abandoned else "backend.close_waits",
-            dispatches=[job.id for job in jobs],
-            kernels=sorted({job.call.kernel.name for job in jobs}),
-            timeout=timeout,
-        )
 
     def _begin_closing(self) -> None:
         self.state = CLOSING
@@ -331,14 +315,16 @@ class Lifecycle:
         self.report_in_flight("backend.dropped_in_flight")
         self._engine.release_unclosed()
 
-    def report_in_flight(self, event: str) -> None:
-        """Log *event* (a warning) naming the dispatches in flight, if any."""
+    def report_in_flight(self, event: str, **facts: Any) -> None:
+        """Log *event* (a warning, with *facts*) naming the dispatches in flight, if any: what
+        a close waits for once its timeout ran out, or what a dropped backend left."""
         jobs = self._scheduler.jobs_in_flight()
         if jobs:
             self._log.warning(
                 event,
                 dispatches=[job.id for job in jobs],
                 kernels=sorted({job.call.kernel.name for job in jobs}),
+                **facts,
             )
 
     def close_unused(self) -> None:

@@ -408,8 +408,8 @@ class CudaEngine:
             await _loop.wait_done(task)
         threads = device.close_reactor()
         if threads:
-            # After a failure a waiter may wait in the driver for work that never finishes
-            # (abandon_running): it is not waited for past LEFT_BEHIND seconds.
+            # After a failure a waiter may wait in the driver for work that never finishes:
+            # it is not waited for past LEFT_BEHIND seconds.
             bound = None if device.failure is None else LEFT_BEHIND
             left = await device.loop.run_in_executor(None, join, threads, bound)
             if left:
@@ -441,14 +441,6 @@ class CudaEngine:
                     device.abandoned[1] += abandon_block(block)
         device.release_all([self.graphs.capture_stream])
         self.launches.clear()
-
-    def abandon_running(self, why: str) -> bool:
-        """Work still runs when ``aclose``'s timeout ran out (*why* says which): the close
-        waits for it, as the documented contract says (work already submitted completes:
-        abandoning it would lose its results, and a long kernel is no hung one). The front
-        reports it (``backend.close_waits``); a kernel that never finishes holds this close,
-        though not the process's exit (the waiter threads detach)."""
-        return False
 
     @in_context
     def release_unclosed(self) -> None:
