@@ -16,18 +16,7 @@ import numpy as np
 
 import asyncgraph as ag
 from asyncgraph._bench import SCALE
-
-# A kernel that writes far past its buffer: an illegal address, the device fault of
-# tests/_fault_child.py.
-POKE = ag.Kernel(
-    r"""
-extern "C" __global__ void poke(float* out, long long offset)
-{
-    out[offset] = 1.0f;
-}
-""",
-    "poke",
-)
+from asyncgraph._poke import POKE
 
 
 async def echo(worker: Any, x: Any) -> Any:

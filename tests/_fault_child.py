@@ -15,17 +15,8 @@ from typing import Any
 import numpy as np
 
 import asyncgraph as ag
+from asyncgraph._poke import POKE
 from asyncgraph._spin import SPIN
-
-POKE = ag.Kernel(
-    r"""
-extern "C" __global__ void poke(float* out, long long offset)
-{
-    out[offset] = 1.0f;  // offset far past the buffer: an illegal address
-}
-""",
-    "poke",
-)
 
 SCALE = ag.Kernel(
     r"""

@@ -20,16 +20,8 @@ import structlog
 
 import asyncgraph as ag
 from asyncgraph._bench import SCALE
+from asyncgraph._poke import POKE
 
-POKE = ag.Kernel(
-    r"""
-extern "C" __global__ void poke(float* out, long long offset)
-{
-    out[offset] = 1.0f;  // offset far past the buffer: an illegal address
-}
-""",
-    "poke",
-)
 N = 1 << 16
 
 

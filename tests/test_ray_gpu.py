@@ -11,17 +11,11 @@ import numpy as np
 import pytest
 
 import asyncgraph as ag
+from asyncgraph._poke import POKE_SOURCE
 
 from .test_ray import _scale
 
 pytestmark = [pytest.mark.ray, pytest.mark.cuda]
-
-POKE_SOURCE = r"""
-extern "C" __global__ void poke(float* out, long long offset)
-{
-    out[offset] = 1.0f;  // offset far past the buffer: an illegal address
-}
-"""
 
 
 @pytest.fixture

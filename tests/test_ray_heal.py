@@ -12,7 +12,7 @@ from __future__ import annotations
 import asyncio
 import os
 import time
-from collections.abc import Iterator, MutableMapping
+from collections.abc import MutableMapping
 from typing import Any
 
 import numpy as np
@@ -23,22 +23,11 @@ import asyncgraph as ag
 
 from .fake_driver import build, environment
 from .test_ray import _scale
+from .test_ray import local_ray as local_ray  # the same local Ray, started per module
 
 pytestmark = pytest.mark.ray
 
 DIED = "its process died: ActorDiedError: The actor died unexpectedly before finishing this task."
-
-
-@pytest.fixture(scope="module")
-def local_ray() -> Iterator[Any]:
-    """A local Ray instance that pretends to have two GPUs."""
-    import ray
-
-    ray.init(num_cpus=4, num_gpus=2, include_dashboard=False, log_to_driver=False)
-    try:
-        yield ray
-    finally:
-        ray.shutdown()
 
 
 @pytest.fixture(scope="module")
