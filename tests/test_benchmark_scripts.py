@@ -34,6 +34,7 @@ SCRIPTS: dict[str, tuple[str, list[str], bool]] = {
     "bench_graphs.py": (STAND_IN, [], True),
     "bench_heal.py": (HOST, ["--device", "host"], True),
     "bench_host_path.py": (STAND_IN, ["--profiled", "20"], True),
+    "bench_latency.py": (STAND_IN, [], True),
     "bench_load.py": (
         HOST,
         [

@@ -14,6 +14,8 @@ from asyncgraph._exceptions import CudaError
 from asyncgraph.cuda import _reactor, _watches
 from asyncgraph.cuda._driver import NOT_READY, SUCCESS
 from asyncgraph.cuda._events import EventPool
+from tests.fake_driver import run_scenario
+from tests.needs import CORES
 
 
 class FakeEvent:
@@ -381,3 +383,141 @@ async def test_a_failed_event_fails_its_watch_and_the_others_complete(
     assert isinstance(outcomes[0], CudaError)
     assert all(outcomes[seq] is None for seq in range(1, 10))
     assert faults == []
+
+
+@pytest.mark.stand_in
+@pytest.mark.nvrtc
+@pytest.mark.parametrize("core", CORES)
+def test_an_awaited_dispatch_catches_up_with_a_poll_that_waits_behind_a_busy_loop(
+    core: str,
+) -> None:
+    # A service's request handlers held the loop for a millisecond after two dispatches
+    # completed: the task awaiting the next dispatch finishes all three before it yields, and
+    # the loop's own poll has nothing left to do.
+    seen = run_scenario("tests.fake_driver.core_scenario", core, "catch_up", streams="deferred")
+    assert seen["compiled"] == (core == "compiled")
+    assert seen["earlier_done"] == [True, True]
+    assert seen["polls"] == 0
+    assert seen["spins"] == 0  # the catch-up found the third complete too: nothing to spin on
+    assert seen["right"]
+    assert seen["earlier_right"] == [True, True]
+
+
+async def test_a_catch_up_waits_until_the_poll_was_asked_for_long_enough(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    clock = _fake_clock(monkeypatch)
+    loop = asyncio.get_running_loop()
+    # No spin of a lone event (spin_window 0): what a catch-up finishes is all there is.
+    reactor = _reactor.Reactor(loop, None, 2, EventPool(0), 1.0, lambda _e: None)
+    completed: list[str] = []
+    first = FakeEvent(done=False)
+    reactor.watch(0, first, lambda _e: completed.append("first"))
+    reactor.watch(1, FakeEvent(done=False), lambda _e: completed.append("second"))
+    first.done = True
+    clock[0] += 0.5 * _watches.CATCH_UP_AFTER
+    reactor.spin()  # the poll was asked for only just now: it serves them
+    assert completed == []
+    clock[0] += _watches.CATCH_UP_AFTER
+    reactor.spin()
+    assert completed == ["first"]
+    assert (reactor.polls, reactor.pending) == (0, 1)
+    reactor.pause()
+    clock[0] += 10 * _watches.CATCH_UP_AFTER
+    reactor.spin()  # a capture runs: no queries on the loop's thread
+    assert reactor.pending == 1
+
+
+async def _idle_until_handed(clock: list[float], handed: list[Any], step: float = 10e-6) -> None:
+    """Let an idle loop poll (*step* apart) until a lane was handed to its waiter."""
+    for _ in range(200):
+        clock[0] += step
+        await asyncio.sleep(0)
+        if handed:
+            return
+
+
+async def test_a_hand_off_asks_its_waiter_to_poke_the_loop_before_the_expected_end(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    clock = _fake_clock(monkeypatch)
+    loop = asyncio.get_running_loop()
+    reactor = _reactor.Reactor(loop, None, 1, EventPool(0), 200e-6, lambda _e: None)
+    handed: list[Any] = []
+    monkeypatch.setattr(reactor._waiters, "hand", lambda *args: handed.append(args))
+    event = FakeEvent(done=False)
+    expect = clock[0] + 5e-3
+    reactor.watch(0, event, lambda _error: None, expect)
+    await _idle_until_handed(clock, handed)
+    [(lane, handed_event, wake_at)] = handed
+    assert (lane.index, handed_event) == (0, event)
+    assert wake_at == pytest.approx(expect - _watches.POKE_MARGIN)
+
+    # Its poke (the waiter still follows the event): the loop polls again, and finds it done.
+    polls = reactor.polls
+    for _ in range(3):
+        await asyncio.sleep(0)
+    assert reactor.polls == polls  # asleep until poked
+    reactor._poked(lane)
+    event.done = True
+    await asyncio.sleep(0)
+    assert (reactor.pokes, reactor.pending) == (1, 0)
+    assert reactor.polls == polls + 1
+
+
+async def test_work_expected_to_end_within_the_margin_is_polled_for_not_handed_off(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    clock = _fake_clock(monkeypatch)
+    loop = asyncio.get_running_loop()
+    window = 200e-6
+    reactor = _reactor.Reactor(loop, None, 1, EventPool(0), window, lambda _e: None)
+    handed: list[Any] = []
+    monkeypatch.setattr(reactor._waiters, "hand", lambda *args: handed.append(args))
+    event = FakeEvent(done=False)
+    # Expected to end just after the polling window: a sleeping loop would wake too late.
+    expect = clock[0] + window + 0.5 * _watches.POKE_MARGIN
+    reactor.watch(0, event, lambda _error: None, expect)
+    await _idle_until_handed(clock, handed)
+    # Handed only once the expected end passed (the kernel runs longer), and with no poke: the
+    # loop has just polled all along.
+    assert clock[0] >= expect
+    [(_lane, _event, wake_at)] = handed
+    assert wake_at == 0.0
+    event.done = True
+
+
+async def test_a_poke_for_a_lane_no_longer_handed_off_changes_nothing(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    _fake_clock(monkeypatch)
+    loop = asyncio.get_running_loop()
+    reactor = _reactor.Reactor(loop, None, 1, EventPool(0), 200e-6, lambda _e: None)
+    reactor._poked(reactor._lanes[0])  # the waiter's report came first: nothing to wake for
+    assert reactor.pokes == 0
+    await asyncio.sleep(0)
+    assert reactor.polls == 0
+
+
+def test_an_expected_time_falls_at_once_and_rises_slowly() -> None:
+    assert _watches.learned(0.0, 1e-3) == 1e-3
+    assert _watches.learned(1e-3, 0.5e-3) == 0.5e-3
+    assert _watches.learned(1e-3, 2e-3) == pytest.approx(1e-3 + _watches.EXPECT_RISE * 1e-3)
+    steps = [_watches.follow_step(t) for t in (0.0, 1e-4, 1e-3, 1e-2)]
+    assert steps == sorted(steps)
+    assert steps[0] == _watches.FOLLOW_MIN
+    assert steps[-1] == _watches.FOLLOW_MAX
+
+
+@pytest.mark.stand_in
+@pytest.mark.nvrtc
+@pytest.mark.parametrize("core", CORES)
+def test_a_waiter_pokes_the_loop_before_a_kernel_of_known_length_ends(core: str) -> None:
+    # Six awaits of a 20 ms kernel, one at a time: each goes to a waiter thread (native on the
+    # compiled core, a Python thread on the other); once the plan's time is learned the waiter
+    # wakes the loop before the end. (Not every poke need land first on a loaded machine.)
+    seen = run_scenario("tests.fake_driver.core_scenario", core, "expected_end", streams="deferred")
+    assert seen["compiled"] == (core == "compiled")
+    assert seen["handoffs"] == 6
+    assert 1 <= seen["pokes"] <= 5  # the first await has no expected end yet
+    assert seen["flag"] == 1

@@ -315,6 +315,52 @@ async def _dropped() -> Any:
     return gpu
 
 
+async def catch_up() -> dict[str, Any]:
+    """Two dispatches complete while the reactor's poll waits behind a busy callback; a task
+    that then awaits a third finds all three finished before the loop polls (deferred
+    streams: the first two complete only when the streams are run here)."""
+    gpu: Any
+    async with ag.open_backend("cuda") as gpu:
+        await _warm(gpu)
+        reactor = gpu._cuda.device.reactor  # its counters, read by a test on purpose
+        x = np.arange(N, dtype=np.float32)
+        _mode("manual")
+        first, second = _scale(gpu, x), _scale(gpu, x + 1)
+        _lib.fake_run_streams()  # both completed on the "GPU"; nobody has queried them
+        _mode("instant")
+        time.sleep(0.001)  # noqa: ASYNC251  # the loop is busy: its poll waited a millisecond
+        polls, spins = reactor.polls, reactor.spins
+        third = _scale(gpu, x + 2)
+        (z,) = await third
+        seen = {
+            "earlier_done": [first.done(), second.done()],
+            "polls": reactor.polls - polls,
+            "spins": reactor.spins - spins,
+            "right": bool(np.array_equal(z, 2 * (x + 2))),
+        }
+        results = [(await first)[0], (await second)[0]]
+        seen["earlier_right"] = [bool(np.array_equal(results[k], 2 * (x + k))) for k in range(2)]
+        return seen
+
+
+async def expected_end() -> dict[str, Any]:
+    """Awaits of a 20 ms spin kernel, one at a time (deferred streams: it takes 20 ms of wall
+    time): from the second on, its plan's time is known, and the waiter pokes the loop before
+    the kernel ends."""
+    from asyncgraph._spin import SPIN
+
+    gpu: Any
+    async with ag.open_backend("cuda") as gpu:
+        await gpu.compile(SPIN)
+        done = gpu.empty(1, np.int32)
+        reactor = gpu._cuda.device.reactor  # its counters, read by a test on purpose
+        cycles = np.int64(2e9 * 0.02)  # 20 ms at the stand-in's clock (2 GHz)
+        for _ in range(6):
+            await gpu.dispatch(SPIN, cycles, done, grid=1, block=1)
+        (flag,) = await gpu.download(done)
+        return {"handoffs": reactor.handoffs, "pokes": reactor.pokes, "flag": int(flag)}
+
+
 SCENARIOS: dict[str, Callable[..., Any]] = {
     "commit_fails": commit_fails,
     "readers_not_a_list": readers_not_a_list,
@@ -323,6 +369,8 @@ SCENARIOS: dict[str, Callable[..., Any]] = {
     "forked": forked,
     "hung_close": hung_close,
     "hung_exit": hung_exit,
+    "catch_up": catch_up,
+    "expected_end": expected_end,
 }
 
 

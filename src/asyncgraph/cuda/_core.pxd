@@ -26,6 +26,8 @@ cdef class WatchItem:
     cdef public object callback
     cdef public bint held
     cdef public bint finished
+    cdef public double expect  # when its work is expected to end (perf_counter()); 0.0: unknown
+    cdef public double seen  # when a waiter thread saw it complete (perf_counter()); 0.0: none
     cdef object _event
     cdef cydriver.CUevent ev
 
@@ -42,6 +44,7 @@ cdef class WatchLane:
     cdef public object queue
     cdef public object thread
     cdef public object last_code
+    cdef public double done_at  # when the waiter saw its last event complete (perf_counter())
 
 
 cdef class Watches:
@@ -51,6 +54,7 @@ cdef class Watches:
     cdef public Py_ssize_t pending
     cdef public long long seq
     cdef public bint poll_scheduled
+    cdef public double poll_asked
     cdef public double window_start
     cdef public double held_since
     cdef public long long spins
@@ -66,6 +70,7 @@ cdef class Watches:
     cdef Py_ssize_t _n
 
     cdef int _request_poll(self) except -1
+    cdef int _spin_lone(self, double now, double held, double until) except -1
     cdef int _finish(self, WatchItem watch, object error) except -1
     cdef int _call(self, WatchItem watch, object error) except -1
 
@@ -141,6 +146,7 @@ cdef class CPlan:
     cdef uint64_t up_copy  # bytes of the upload: up_end, or total with the outputs zeroed
     cdef uint64_t total
     cdef uint64_t staged
+    cdef double expected  # seconds from dispatch to completion, learned (_watches.learned)
 
     cdef PyObject* _hold(self, value)
 

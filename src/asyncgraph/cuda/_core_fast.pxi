@@ -289,6 +289,8 @@ cdef class FastPath:
                 cydriver.cuCtxPopCurrent(&current)
         watches.seq += 1
         job.seq = watches.seq
+        if plan.expected > 0.0:
+            job.expect = t0 + plan.expected
         (<WatchLane>watches.lanes[lane_index]).pending.append(job)
         watches.pending += 1
         if not watches.poll_scheduled:
@@ -403,7 +405,12 @@ cdef class FastPath:
     cdef int _complete(self, FastJob job, object error) except -1:
         cdef LaneC* lc
         cdef object outcome, life
+        cdef double end
         job.gpu_done = True
+        if error is None and job.failure is None:  # what the plan's work takes, learned
+            # (When a waiter thread saw it complete, not when the loop heard of it.)
+            end = job.seen if job.seen > 0.0 else _now()
+            job.cplan.expected = _learned(job.cplan.expected, end - job.t_dispatch)
         if job.failure is not None:
             error = job.failure
         if error is not None:

@@ -31,15 +31,81 @@ cdef extern from "<pthread.h>" nogil:
 
 cdef extern from "<time.h>" nogil:
     enum: CLOCK_REALTIME
+    int nanosleep(const timespec* req, timespec* rem)
+
+cdef extern from "<sys/prctl.h>" nogil:
+    int prctl(int option, unsigned long arg2, unsigned long arg3, unsigned long arg4,
+              unsigned long arg5)
+    enum: PR_SET_TIMERSLACK
+
+from ._watches import (
+    FOLLOW_BLOCK_AFTER, FOLLOW_FRACTION, FOLLOW_MAX, FOLLOW_MIN, SPIN_BEFORE_POKE
+)
+
+cdef double _FOLLOW_MIN = FOLLOW_MIN
+cdef double _FOLLOW_MAX = FOLLOW_MAX
+cdef double _FOLLOW_FRACTION = FOLLOW_FRACTION
+cdef double _FOLLOW_BLOCK_AFTER = FOLLOW_BLOCK_AFTER
+cdef double _SPIN_BEFORE_POKE = SPIN_BEFORE_POKE
+
+
+cdef inline double _seconds() noexcept nogil:
+    cdef timespec ts
+    clock_gettime(CLOCK_MONOTONIC, &ts)
+    return <double>ts.tv_sec + <double>ts.tv_nsec * 1e-9
+
+
+cdef void _sleep_until(double at) noexcept nogil:
+    """Return at the ``CLOCK_MONOTONIC`` time *at* (``perf_counter()``'s clock): asleep until
+    ``SPIN_BEFORE_POKE`` before it, then spinning on the clock (a sleep may end late)."""
+    cdef double left
+    cdef timespec pause
+    while True:
+        left = at - _seconds() - _SPIN_BEFORE_POKE
+        if left <= 0.0:
+            break
+        pause.tv_sec = <long>left
+        pause.tv_nsec = <long>((left - <double>pause.tv_sec) * 1e9)
+        nanosleep(&pause, NULL)
+    while _seconds() < at:
+        pass
+
+
+cdef cydriver.CUresult _follow(cydriver.CUevent event) noexcept nogil:
+    """Wait for *event* by querying it after sleeps that grow with the time waited so far
+    (``_watches.follow_step``), so the thread wakes within a small fraction of the wait after
+    the GPU finished; past ``FOLLOW_BLOCK_AFTER`` it sleeps in ``cuEventSynchronize``."""
+    cdef double start = _seconds()
+    cdef double waited, step
+    cdef cydriver.CUresult code
+    cdef timespec pause
+    while True:
+        code = cydriver.cuEventQuery(event)
+        if code != cydriver.CUDA_ERROR_NOT_READY:
+            return code
+        waited = _seconds() - start
+        if waited > _FOLLOW_BLOCK_AFTER:
+            return cydriver.cuEventSynchronize(event)
+        step = waited * _FOLLOW_FRACTION
+        if step < _FOLLOW_MIN:
+            step = _FOLLOW_MIN
+        elif step > _FOLLOW_MAX:
+            step = _FOLLOW_MAX
+        pause.tv_sec = 0
+        pause.tv_nsec = <long>(step * 1e9)
+        nanosleep(&pause, NULL)
 
 
 cdef struct Slot:
     pthread_mutex_t mutex
     pthread_cond_t cond
     cydriver.CUevent event  # handed to the thread, not taken yet
+    double wake_at  # when to poke the loop (CLOCK_MONOTONIC seconds); 0.0: never
     int handed
     int stop
     int done  # the thread finished waiting and its code is not taken yet
+    double done_at  # when it saw the event complete (CLOCK_MONOTONIC seconds)
+    int poked  # the thread woke the loop before the expected end, not taken yet
     int code
     int started
     int waiting  # in cuEventSynchronize now
@@ -81,13 +147,17 @@ cdef void _let_go(Shared* shared) noexcept nogil:
 
 
 cdef void* _wait_main(void* arg) noexcept nogil:
-    """A waiter thread: sleep in ``cuEventSynchronize`` on each event handed to it, then
-    record the code and write to the eventfd. No Python runs here."""
+    """A waiter thread: for each event handed to it, sleep until its wake time and poke the
+    loop (if it has one), follow the event until it completed (:func:`_follow`), then record
+    the code and write to the eventfd. No Python runs here."""
     cdef Slot* slot = <Slot*>arg
     cdef cydriver.CUevent event
+    cdef double wake_at
     cdef cydriver.CUresult code
     cdef uint64_t one = 1
     cydriver.cuCtxSetCurrent(slot.context)
+    # Sleeps of a few microseconds end on time only with a small timer slack (50 us by default).
+    prctl(PR_SET_TIMERSLACK, 1000, 0, 0, 0)
     pthread_mutex_lock(&slot.mutex)
     while True:
         while not slot.handed and not slot.stop:
@@ -95,11 +165,19 @@ cdef void* _wait_main(void* arg) noexcept nogil:
         if not slot.handed:
             break  # stopped, with nothing left to wait on
         event = slot.event
+        wake_at = slot.wake_at
         slot.handed = 0
         slot.waiting = 1
         pthread_mutex_unlock(&slot.mutex)
-        code = cydriver.cuEventSynchronize(event)
+        if wake_at > 0.0 and cydriver.cuEventQuery(event) == cydriver.CUDA_ERROR_NOT_READY:
+            _sleep_until(wake_at)
+            pthread_mutex_lock(&slot.mutex)
+            slot.poked = 1
+            pthread_mutex_unlock(&slot.mutex)
+            write(slot.fd, &one, 8)
+        code = _follow(event)
         pthread_mutex_lock(&slot.mutex)
+        slot.done_at = _seconds()
         slot.code = <int>code
         slot.done = 1
         slot.waiting = 0
@@ -162,8 +240,9 @@ cdef class NativeWaiter:
             self._slots[i].fd = self.fd
             self._slots[i].context = <cydriver.CUcontext>_address(context)
 
-    def hand(self, int lane, event):
-        """Wake lane *lane*'s thread (started on first use) to wait on *event*."""
+    def hand(self, int lane, event, double wake_at=0.0):
+        """Wake lane *lane*'s thread (started on first use) to wait on *event*, poking the
+        loop at *wake_at* (``perf_counter()`` seconds) first if it is given."""
         cdef Slot* slot
         cdef cydriver.CUevent handle = <cydriver.CUevent>_address(event)
         cdef int error
@@ -175,6 +254,7 @@ cdef class NativeWaiter:
         with nogil:
             pthread_mutex_lock(&slot.mutex)
             slot.event = handle
+            slot.wake_at = wake_at
             slot.handed = 1
             pthread_cond_signal(&slot.cond)
             pthread_mutex_unlock(&slot.mutex)
@@ -191,11 +271,14 @@ cdef class NativeWaiter:
             slot.started = 1
 
     def take(self):
-        """``(lane, code)`` for each lane whose thread finished waiting since the last call."""
+        """``(lane, None, 0.0)`` for each lane whose thread poked the loop since the last call,
+        then ``(lane, code, seen)`` for each lane whose thread finished waiting (*seen*: when,
+        in ``perf_counter()`` seconds)."""
         cdef uint64_t count
         cdef int i
-        cdef int done
+        cdef int done, poked
         cdef int code
+        cdef double seen
         cdef Slot* slot
         read(self.fd, &count, 8)  # non-blocking: clears the eventfd, or finds it clear
         finished = []
@@ -204,11 +287,15 @@ cdef class NativeWaiter:
             with nogil:
                 pthread_mutex_lock(&slot.mutex)
                 done = slot.done
+                poked = slot.poked
                 code = slot.code
-                slot.done = 0
+                seen = slot.done_at
+                slot.done = slot.poked = 0
                 pthread_mutex_unlock(&slot.mutex)
+            if poked:
+                finished.append((i, None, 0.0))
             if done:
-                finished.append((i, code))
+                finished.append((i, code, seen))
         return finished
 
     def waiting(self):

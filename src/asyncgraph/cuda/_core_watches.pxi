@@ -8,9 +8,22 @@ from collections import deque as _deque
 import queue as _queue
 
 from .._telemetry import logger as _logger
-from ._watches import BUSY, FAILED, HOLD_LIMIT, IDLE, MIN_COMPLETIONS, STOPPED
+from ._watches import (
+    BUSY, CATCH_UP_AFTER, CATCH_UP_BUDGET, EXPECT_RISE, FAILED, HOLD_LIMIT, IDLE,
+    MIN_COMPLETIONS, SPIN_CAP, SPIN_SLACK, STOPPED
+)
 
 cdef int _NOT_READY = <int>cydriver.CUDA_ERROR_NOT_READY
+cdef double _EXPECT_RISE = EXPECT_RISE
+cdef double _SPIN_SLACK = SPIN_SLACK
+cdef double _SPIN_CAP = SPIN_CAP
+
+
+cdef inline double _learned(double expected, double sample) noexcept:
+    """``_watches.learned``: the expected time after one more *sample*."""
+    if expected == 0.0 or sample < expected:
+        return sample
+    return expected + _EXPECT_RISE * (sample - expected)
 
 
 cdef inline double _now() noexcept nogil:
@@ -60,6 +73,7 @@ cdef class WatchLane:
         self.queue = _queue.SimpleQueue()
         self.thread = None
         self.last_code = 0
+        self.done_at = 0.0
 
 
 cdef class Watches:
@@ -79,6 +93,7 @@ cdef class Watches:
         self.pending = 0
         self.seq = 0
         self.poll_scheduled = False
+        self.poll_asked = 0.0
         self.window_start = 0.0
         self.held_since = 0.0
         self.spins = 0
@@ -95,18 +110,22 @@ cdef class Watches:
 
     # -- adding ----------------------------------------------------------------------------
 
-    def watch(self, int lane, event, callback):
+    def watch(self, int lane, event, callback, double expect=0.0):
         """Call ``callback(None)`` once *event* (on lane *lane*) completed, or
-        ``callback(error)`` if the device failed. The event returns to the pool afterwards."""
+        ``callback(error)`` if the device failed. The event returns to the pool afterwards.
+        *expect*: when the work is expected to end (``perf_counter()``), if known. Returns the
+        watch."""
         self.seq += 1
         cdef Watch watch = Watch(self.seq, event, callback)
+        watch.expect = expect
         if self.fault is not None:
             self._finish(watch, self.fault)
-            return
+            return watch
         (<WatchLane>self.lanes[lane]).pending.append(watch)
         self.pending += 1
         if not self.poll_scheduled:
             self._request_poll()
+        return watch
 
     def request_poll(self):
         """Have the loop poll soon (once: a scheduled poll is not asked for again)."""
@@ -116,7 +135,7 @@ cdef class Watches:
         if self.schedule is None:
             return 0
         self.poll_scheduled = True
-        self.window_start = _now()
+        self.poll_asked = self.window_start = _now()
         self.schedule()
         return 0
 
@@ -220,26 +239,24 @@ cdef class Watches:
             best.ready -= 1
             self._finish(watch, None)
 
-    def spin(self):
-        """Poll the only watched event here for up to ``spin_window`` seconds; see
-        ``_watches.Watches.spin``."""
-        cdef double now, held, deadline
-        cdef WatchLane lane = None
-        cdef WatchItem watch
-        cdef int code
-        cdef Py_ssize_t i
-        if self.pending != 1 or self.spin_window <= 0.0 or self.paused:
+    def spin(self, double until=0.0):
+        """Poll the only watched event here for up to ``spin_window`` seconds, after catching
+        up with a poll that waits behind other callbacks; see ``_watches.Watches.spin``."""
+        cdef double now, held
+        cdef bint catch_up, lone
+        if self.paused or not self.pending:
             return
         now = _now()
+        catch_up = (
+            self.pending > 1 and self.poll_scheduled and now - self.poll_asked > CATCH_UP_AFTER
+        )
+        if not catch_up and (self.pending != 1 or self.spin_window <= 0.0):
+            return
+        # A task whose dispatches kept completing inline must yield (HOLD_LIMIT); catching up
+        # with others' completions holds it no longer than a poll would.
         held = self.held_since
-        if held and now - held > HOLD_LIMIT:
-            return  # inline completions kept one task from yielding: let the loop run first
-        for i in range(self._n):
-            lane = <WatchLane>self.lanes[i]
-            if lane.pending:
-                break
-        watch = <WatchItem>lane.pending[0]
-        if watch.held:
+        lone = not (held and now - held > HOLD_LIMIT)
+        if not (catch_up or lone):
             return
         cdef cydriver.CUcontext current = NULL
         cdef bint pushed = False
@@ -248,26 +265,47 @@ cdef class Watches:
             if current != <cydriver.CUcontext>self.context:
                 pushed = cydriver.cuCtxPushCurrent(<cydriver.CUcontext>self.context) == 0
         try:
-            deadline = now + self.spin_window
-            while True:
-                code = _query(watch)
-                if code != _NOT_READY:
-                    break
-                if _now() > deadline:
-                    return
-            lane.pending.popleft()
-            lane.ready = 0
-            self.pending -= 1
-            self.spins += 1
-            if not held:
-                self.held_since = now
-            if code == 0:
-                self._finish(watch, None)
-            else:
-                self.failed(watch, code)
+            if catch_up and self.drain(MIN_COMPLETIONS, now, now + CATCH_UP_BUDGET)[1] == FAILED:
+                return
+            if lone and self.pending == 1 and self.spin_window > 0.0:
+                self._spin_lone(now, held, until)
         finally:
             if pushed:
                 cydriver.cuCtxPopCurrent(&current)
+
+    cdef int _spin_lone(self, double now, double held, double until) except -1:
+        cdef WatchLane lane = None
+        cdef WatchItem watch
+        cdef int code
+        cdef Py_ssize_t i
+        cdef double deadline
+        for i in range(self._n):
+            lane = <WatchLane>self.lanes[i]
+            if lane.pending:
+                break
+        watch = <WatchItem>lane.pending[0]
+        if watch.held:
+            return 0
+        deadline = now + self.spin_window
+        if until > 0.0:
+            deadline = max(deadline, min(until + _SPIN_SLACK, now + _SPIN_CAP))
+        while True:
+            code = _query(watch)
+            if code != _NOT_READY:
+                break
+            if _now() > deadline:
+                return 0
+        lane.pending.popleft()
+        lane.ready = 0
+        self.pending -= 1
+        self.spins += 1
+        if not held:
+            self.held_since = now
+        if code == 0:
+            self._finish(watch, None)
+        else:
+            self.failed(watch, code)
+        return 0
 
     def take_all(self):
         """Every watch of every lane, in lane order; the lanes are left empty."""

@@ -95,6 +95,8 @@ class Device:
             self.memory_resource, trim=self.trim, release=self.release_buffer
         )
         self.abandoned = [0, 0]  # device buffers and bytes left to a failed context
+        # Seconds a byte of copy_in takes, by route (``_peers``), learned: when one should end.
+        self.copy_pace: dict[str, float] = {}
         # A pool given in the options (a device group's, shared by its members) is its
         # giver's to close, as a memory resource given in the options is.
         self.owns_pinned = options.host_pool is None

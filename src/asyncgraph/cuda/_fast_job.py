@@ -38,6 +38,7 @@ class FastJob:
         "call",
         "device_time",
         "event",
+        "expect",
         "failure",
         "finished",
         "gpu_done",
@@ -49,6 +50,7 @@ class FastJob:
         "plan",
         "ring_end",
         "ring_start",
+        "seen",
         "seq",
         "state",
         "t_dispatch",
@@ -74,6 +76,8 @@ class FastJob:
         self.buffers: list[ResidentBuffer] = []
         self.event: Any = None
         self.seq = 0
+        self.expect = 0.0  # when its work is expected to end (perf_counter()); 0.0: unknown
+        self.seen = 0.0  # when a waiter thread saw it complete (perf_counter()); 0.0: none
         self.held = False
         self.finished = False
         self.gpu_done = False

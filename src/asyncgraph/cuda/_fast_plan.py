@@ -91,6 +91,7 @@ class FastPlan:
         "args",
         "block",
         "block_dims",
+        "expected",
         "grid",
         "grid_dims",
         "in_end",
@@ -109,6 +110,7 @@ class FastPlan:
     )
 
     def __init__(self, plan: Plan, call: BoundCall) -> None:
+        self.expected = 0.0  # seconds from dispatch to completion, learned (_watches.learned)
         template = plan.template
         self.template = template
         self.name = template.kernel.name

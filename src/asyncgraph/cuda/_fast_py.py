@@ -44,6 +44,7 @@ from ._fast_plan import (
     FastPlan,
     eligible,
 )
+from ._watches import EXPECT_RISE
 
 if TYPE_CHECKING:
     from .._bound import BoundCall
@@ -337,6 +338,8 @@ class FastPath:
                 _pop()
         job.event = event
         watches.seq = job.seq = watches.seq + 1
+        if plan.expected:
+            job.expect = t0 + plan.expected
         watches.lanes[lane.index].pending.append(job)
         watches.pending += 1
         if not watches.poll_scheduled:
@@ -418,17 +421,14 @@ class FastPath:
             )
 
     def _not_watched(self, job: FastJob, error: BaseException) -> None:
-        """The job's event could not be recorded: nothing will complete it, and what it
-        enqueued may still run. Wait for its lane (``Lane.settle``); then its ring region (the
-        newest) is free again, else (the device failed) it stays taken. Finish the job with
-        *error* the general way."""
+        """The job's event could not be recorded, and what it enqueued may still run: wait for
+        its lane (``Lane.settle``), then free its ring region (the newest) unless the device
+        failed, and finish the job with *error* the general way."""
         if job.lane.settle() and job.ring_end:
             self._rings[job.lane.index].head = job.ring_start
         job.lane.slot.outstanding -= 1
         job.gpu_done = True
         self._dispatcher.done(job, error, None)  # type: ignore[arg-type]  # a job of this path
-
-    # -- the completion ------------------------------------------------------------------------
 
     def complete(self, job: FastJob, error: BaseException | None) -> None:
         """*job*'s event completed (or the device failed with *error*): its results, and every
@@ -438,6 +438,9 @@ class FastPath:
         job.gpu_done = True
         plan = job.plan
         failure = job.failure
+        if error is None and failure is None:  # learned(), inline: the plan's time
+            took, known = (job.seen or perf_counter()) - job.t_dispatch, plan.expected
+            plan.expected = known + EXPECT_RISE * (took - known) if 0 < known <= took else took
         if failure is not None:
             error = failure
         outcome: Any
@@ -471,8 +474,6 @@ class FastPath:
             self.failed += 1
         self._latency.append(perf_counter() - job.t_dispatch)
         set_outcome(job.pending, outcome, None)
-
-    # -- telemetry -----------------------------------------------------------------------------
 
     def flush(self, telemetry: Telemetry) -> None:
         """Add what this path counted since the last flush into *telemetry*."""

@@ -41,7 +41,16 @@ class Lane:
         scratch: device memory every small dispatch on this lane uses, ordered by the stream.
     """
 
-    __slots__ = ("_device", "handle", "index", "scratch", "scratch_ptr", "slot", "stream")
+    __slots__ = (
+        "_device",
+        "handle",
+        "index",
+        "scratch",
+        "scratch_ptr",
+        "seen",
+        "slot",
+        "stream",
+    )
 
     def __init__(self, device: Device, slot: StreamLane[Any], scratch: Any | None) -> None:
         self._device = device
@@ -51,6 +60,7 @@ class Lane:
         self.handle = drv.CUstream(int(slot.stream.handle))
         self.scratch = scratch  # None on a wait lane (``_foreign``), which runs no dispatch
         self.scratch_ptr = int(scratch.handle) if scratch is not None else 0
+        self.seen = 0.0  # see future()
 
     def __repr__(self) -> str:
         return f"<Lane {self.index} outstanding={self.slot.outstanding}>"
@@ -77,10 +87,13 @@ class Lane:
             raise error_for(code, "cuEventRecord")
         return event
 
-    def watch(self, event: Any, callback: Callable[[CudaError | None], None]) -> None:
+    def watch(
+        self, event: Any, callback: Callable[[CudaError | None], None], expect: float = 0.0
+    ) -> Any:
         """Call ``callback(error)`` on the loop once *event* completed; the event is then
-        recycled (nothing may wait on it after the callback)."""
-        self._device.reactor.watch(self.index, event, callback)
+        recycled (nothing may wait on it after the callback). *expect*: when the work is
+        expected to end (``perf_counter()``), if known. Returns the watch."""
+        return self._device.reactor.watch(self.index, event, callback, expect)
 
     def settle(self) -> bool:
         """Wait (blocking) until the work enqueued on this stream so far is done; whether it is.
@@ -112,17 +125,22 @@ class Lane:
         return event
 
     def future(
-        self, event: Any, on_done: Callable[[CudaError | None, bool], Any]
+        self, event: Any, on_done: Callable[[CudaError | None, bool], Any], expect: float = 0.0
     ) -> asyncio.Future[Any]:
         """A future for *event*: ``on_done(error, cancelled)`` runs first, on the loop, even if
         the awaiting task was cancelled (so resources are released after the work, never
-        before); its return value is the future's result."""
+        before); its return value is the future's result. *expect*: as for :meth:`watch`;
+        while ``on_done`` runs, :attr:`seen` says when a waiter thread saw the event complete
+        (0.0: the loop's own poll did)."""
         loop = self._device.loop
         future: asyncio.Future[Any] = loop.create_future()
+
+        watches: list[Any] = []  # its watch, once made (a failed device finishes it at once)
 
         def done(error: CudaError | None) -> None:
             outcome: BaseException | None = error
             value = None
+            self.seen = watches[0].seen if watches else 0.0
             try:
                 value = on_done(error, future.cancelled())
             except BaseException as exc:
@@ -136,7 +154,7 @@ class Lane:
                 else:
                     future.set_result(value)
 
-        self.watch(event, done)
+        watches.append(self.watch(event, done, expect))
         return future
 
     def free_scratch(self, memory: StreamOrderedDeviceMemory) -> None:

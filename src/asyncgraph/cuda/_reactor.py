@@ -40,67 +40,32 @@ from .. import _loop
 from .._exceptions import CudaError
 from .._inbox import off_loop_lock
 from .._telemetry import Telemetry
+from ._budget import ITERATION_BUDGET, WakeBudget
 from ._context import OwnContext
 from ._cores import core
 from ._driver import SUCCESS, check, error_for, is_sticky
 from ._events import EventPool
 from ._waiters import Joinable, Waiters
-from ._watches import FAILED, HOLD_LIMIT, MIN_COMPLETIONS, STOPPED, Callback, WatchLane
+from ._watches import (
+    FAILED,
+    HOLD_LIMIT,
+    MIN_COMPLETIONS,
+    POKE_MARGIN,
+    POKE_MARGIN_LIMITS,
+    STOPPED,
+    Callback,
+    WatchLane,
+)
 
-__all__ = ("HOLD_LIMIT", "MIN_COMPLETIONS", "Reactor")
+__all__ = ("HOLD_LIMIT", "ITERATION_BUDGET", "MIN_COMPLETIONS", "Reactor", "WakeBudget")
 
 _get_current = drv.cuCtxGetCurrent
 
 # A poll's own work (completing dispatches) stops before it would pass this, once
 # MIN_COMPLETIONS are done.
 POLL_BUDGET = 150e-6
-# The loop time the tasks one poll wakes may take, judged by what woken tasks cost lately.
-ITERATION_BUDGET = 2e-3
 # Polls further apart than this ran other callbacks between them: the loop is not idle.
 IDLE_GAP = 50e-6
-# How far a woken task's cost below the estimate moves it (a moving average); above, it is taken.
-FALL = 0.25
-
-
-class WakeBudget:
-    """How many completions one poll delivers: as many as the tasks they wake fit in
-    ``ITERATION_BUDGET``, judged by what woken tasks cost the loop lately, and at least
-    ``MIN_COMPLETIONS`` (so slow tasks never bring it down to one a loop iteration).
-
-    The reactor measures the loop iteration that ran the tasks a poll woke, and the cost per
-    task is learned (:meth:`learn`). A cost above the estimate becomes the estimate at once:
-    that iteration already ran past the budget, and waking too many makes the loop late for
-    everything else, while waking too few costs only another iteration's overhead (the next
-    poll delivers the rest). A cost below it is averaged in (by ``FALL``), so one cheap
-    iteration does not let the next poll wake many. When the loop goes idle the estimate is
-    forgotten (:meth:`forget`): the last tasks of a burst, which only return, are cheap, and
-    the next burst's need not be. A poll without an estimate delivers ``MIN_COMPLETIONS``,
-    and what their tasks cost is the estimate.
-    """
-
-    __slots__ = ("cost",)
-
-    def __init__(self) -> None:
-        self.cost = 0.0  # loop time a woken task takes, in seconds; 0.0: none measured yet
-
-    def limit(self) -> int:
-        """How many completions the next poll may deliver."""
-        cost = self.cost
-        if not cost:
-            return MIN_COMPLETIONS
-        return max(MIN_COMPLETIONS, int(ITERATION_BUDGET / cost))
-
-    def learn(self, elapsed: float, woke: int) -> None:
-        """The loop ran *elapsed* seconds between a poll that woke *woke* tasks and the next."""
-        # At least 1 us a task (at most 2000 a poll), and at most a whole budget (a stall of
-        # the loop, not the tasks' doing, must not keep it at MIN_COMPLETIONS for long).
-        sample = min(max(elapsed / woke, 1e-6), ITERATION_BUDGET)
-        cost = self.cost
-        self.cost = sample if sample > cost else cost + FALL * (sample - cost)
-
-    def forget(self) -> None:
-        """The loop went idle: the next tasks' cost is measured afresh."""
-        self.cost = 0.0
 
 
 class Reactor:
@@ -143,13 +108,25 @@ class Reactor:
         self._on_fault = on_fault
         self._telemetry = telemetry
         self._waiters = Waiters(
-            loop, context, self._lanes, self._woken, self._woken_off_loop, self._closed_loop
+            loop,
+            context,
+            self._lanes,
+            self._woken,
+            self._woken_off_loop,
+            self._closed_loop,
+            self._poked,
         )
         self._poll_end = 0.0  # when the last poll returned
         self._woke = 0  # dispatches the last poll completed, if it scheduled the next poll
         self.budget = WakeBudget()  # how many a poll completes, by what woken tasks cost
         self.polls = 0
         self.handoffs = 0
+        self.pokes = 0  # waiters that woke the loop before their work's expected end
+        self._poked_lanes: set[int] = set()  # handed off, and their waiter poked the loop
+        self._wake_at: dict[int, float] = {}  # when each lane's waiter was to poke the loop
+        # How long before a watch's expected end its waiter pokes the loop: as late as the
+        # loop was seen to wake after a poke, and a quarter more.
+        self.poke_margin = POKE_MARGIN
         self._pause_waiters = False  # a "global" capture: no hand-offs either
         self._stopped = False  # close() stopped the waiter threads (until adopt())
         watches.schedule = self._schedule
@@ -178,10 +155,12 @@ class Reactor:
         """Dispatches completed by :meth:`spin` before their task yielded."""
         return int(self._w.spins)
 
-    def watch(self, lane: int, event: Any, callback: Callback) -> None:
+    def watch(self, lane: int, event: Any, callback: Callback, expect: float = 0.0) -> Any:
         """Call ``callback(None)`` once *event* (recorded on lane *lane*) completed, or
-        ``callback(error)`` if the device failed. The event returns to the pool afterwards."""
-        self._w.watch(lane, event, callback)
+        ``callback(error)`` if the device failed. The event returns to the pool afterwards.
+        *expect*: when the work is expected to end (``perf_counter()``), if known. Returns
+        the watch (its ``seen`` says when a waiter thread saw the event complete)."""
+        return self._w.watch(lane, event, callback, expect)
 
     def _schedule(self) -> None:
         self._loop.call_soon(self._poll)
@@ -272,7 +251,11 @@ class Reactor:
                 self._again(done)
                 return
             # Polls followed each other for a whole window with nothing completing and nothing
-            # else to run: let the waiter threads sleep on the events, and the loop sleep too.
+            # else to run: let the waiter threads sleep on the events, and the loop sleep too;
+            # unless some work is expected to end sooner than a sleeping loop would wake.
+            if self._ends_soon(now):
+                self._again(done)
+                return
             self._idle()
             for lane in self._lanes:
                 if lane.pending and lane.handed is None:
@@ -281,6 +264,25 @@ class Reactor:
             if pushed:
                 drv.cuCtxPopCurrent()
 
+    def _ends_soon(self, now: float) -> bool:
+        """Whether some lane's oldest work is expected to end within ``POKE_MARGIN``, sooner
+        than a sleeping loop would wake; or it was poked for and its expected end (give or
+        take the margin) has not passed: the loop keeps polling for it."""
+        for lane in self._lanes:
+            pending = lane.pending
+            if not pending:
+                continue
+            head = pending[0]
+            left = head.expect - now
+            if lane.handed is None:
+                if 0.0 < left < self.poke_margin:
+                    return True
+            elif (
+                lane.handed is head and lane.index in self._poked_lanes and left > -self.poke_margin
+            ):
+                return True
+        return False
+
     def _again(self, done: int) -> None:
         """Poll again in the next loop iteration, after the *done* dispatches' tasks ran."""
         self._woke = done
@@ -288,6 +290,7 @@ class Reactor:
         w = self._w
         if not w.poll_scheduled:  # a watch() of a callback may have scheduled it already
             w.poll_scheduled = True
+            w.poll_asked = self._poll_end
             self._loop.call_soon(self._poll)
 
     def _idle(self) -> None:
@@ -302,14 +305,39 @@ class Reactor:
         self.handoffs += 1
         if self._telemetry is not None:
             self._telemetry.sync_points += 1
-        self._waiters.hand(lane, watch.event)
+        # A poke at once would only repeat the polls that just found nothing: none then.
+        wake_at = watch.expect - self.poke_margin
+        if wake_at <= perf_counter():
+            wake_at = 0.0
+        self._wake_at[lane.index] = wake_at
+        self._waiters.hand(lane, watch.event, wake_at)
+
+    def _poked(self, lane: WatchLane) -> None:
+        """*lane*'s waiter woke the loop shortly before its work's expected end: poll again, so
+        that the loop is awake when it ends (the waiter goes on following it meanwhile)."""
+        w = self._w
+        if lane.handed is None or not w.pending or w.paused:
+            return
+        # How late the loop woke: the margin to poke with from now on (rising at once, falling
+        # by an eighth), a quarter more than that.
+        wanted = 1.25 * (perf_counter() - self._wake_at.get(lane.index, 0.0))
+        low, high = POKE_MARGIN_LIMITS
+        margin = self.poke_margin
+        margin = wanted if wanted > margin else margin + (wanted - margin) / 8
+        self.poke_margin = min(max(margin, low), high)
+        self.pokes += 1
+        self._poked_lanes.add(lane.index)
+        if not w.poll_scheduled:
+            w.request_poll()
 
     def _woken(self, lane: WatchLane) -> None:
         w = self._w
         watch = lane.handed
         lane.handed = None
+        self._poked_lanes.discard(lane.index)
         if watch is not None:
             watch.held = False
+            watch.seen = lane.done_at  # when the waiter saw it complete: what it took
             if watch.finished:
                 self._events.give(watch.event)
             elif w.paused and lane.pending and lane.pending[0] is watch:
@@ -431,6 +459,7 @@ class Reactor:
         self._waiters.adopt(loop)
         w = self._w
         w.poll_scheduled = w.paused = self._pause_waiters = self._stopped = False
+        self._poked_lanes.clear()
         self._idle()
         for lane in self._lanes:
             lane.handed = None

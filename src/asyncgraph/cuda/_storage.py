@@ -11,6 +11,7 @@ access to the other's memory set up once per pair where the devices allow it (``
 from __future__ import annotations
 
 import contextlib
+from time import perf_counter
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -27,6 +28,7 @@ from ._peers import DEVICE, route
 from ._plan import dep_event
 from ._streamed import chunked
 from ._transfer import CHUNKED_ABOVE
+from ._watches import learned
 
 if TYPE_CHECKING:
     from .._engine import Sink
@@ -186,10 +188,12 @@ class Storage:
         lane = device.lanes[device.stream_pool.pick().index]
         nbytes = buffer.nbytes
         storage = self._allocate(nbytes, lane.stream)
+        kind = route(device, source)
         try:
             wait_deps(deps, lane)  # events of another context are waited for all the same
+            start = perf_counter()
             target, origin = int(storage.handle), int(storage_of(buffer).handle)
-            if route(device, source) == DEVICE:
+            if kind == DEVICE:
                 check(
                     drv.cuMemcpyDtoDAsync(target, origin, nbytes, lane.handle),
                     "cuMemcpyDtoDAsync",
@@ -209,15 +213,25 @@ class Storage:
         copy: Download = use  # type: ignore[assignment]  # the front tracks a Download
         copy.event = event  # the buffer's later writers wait for it
 
+        # When it should end, at the pace such copies went so far (seconds a byte, learned).
+        pace = device.copy_pace.get(kind, 0.0)
+
         def on_done(error: CudaError | None, cancelled: bool) -> Any:
             copy.event = None  # recycled by the reactor: later writers must not wait on it
             copy.finished.set()
             if error is not None or cancelled:  # failed, or nobody takes the copy
                 device.release_buffer(storage, device.alloc_stream)
                 return None
+            if nbytes:  # (when a waiter thread saw it end, not when the loop heard of it)
+                took = ((lane.seen or perf_counter()) - start) / nbytes
+                device.copy_pace[kind] = learned(device.copy_pace.get(kind, 0.0), took)
             return storage
 
-        copied: Any = await lane.future(event, on_done)
+        expect = start + pace * nbytes if pace else 0.0
+        future = lane.future(event, on_done, expect)
+        if expect:  # awaited alone and ending soon: completed here, without a loop round trip
+            device.reactor.spin(expect)
+        copied: Any = await future
         return copied
 
     # -- sharing with other libraries ------------------------------------------------------------

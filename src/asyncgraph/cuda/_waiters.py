@@ -1,9 +1,18 @@
-"""The reactor's waiter threads: they sleep in ``cuEventSynchronize`` and wake the event loop.
+"""The reactor's waiter threads: they follow an event until it completed and wake the event loop.
 
 The reactor hands a lane's oldest event to the lane's waiter once polling found nothing to do
 for a while (``Reactor._hand_off``); when the event completed, the reactor hears of the lane on
-the loop's thread (its ``woken``), with the driver's code in ``lane.last_code``. Two kinds of
-waiter do this, and the reactor cannot tell them apart:
+the loop's thread (its ``woken``), with the driver's code in ``lane.last_code``. A waiter
+*follows* its event: it queries it after sleeps that grow with the time waited so far
+(``_watches.follow_step``, with a timer slack of 1 us on Linux so that short sleeps end on
+time), so it wakes within a few percent of the wait (at most ``FOLLOW_MAX``) after the GPU
+finished, whatever the kernel's length. A thread asleep in ``cuEventSynchronize`` on a
+blocking-sync event would wake 0.1 to 0.2 ms late, which is most of a short kernel; only past
+``FOLLOW_BLOCK_AFTER`` does a waiter sleep there. A hand-off may come with a wake time (the
+work's expected end less ``POKE_MARGIN``): the waiter then sleeps until it and *pokes* the loop
+(the reactor's ``poked``), which polls again, so that it is awake when the work ends; a loop
+that slept long wakes 50 to 150 us late. Two kinds of waiter do this, and the reactor cannot
+tell them apart:
 
 - **native** (the compiled core's ``NativeWaiter``): POSIX threads outside Python, one per lane,
   which write to an eventfd the loop watches with ``add_reader``. The loop wakes in its
@@ -21,7 +30,11 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import ctypes
+import ctypes.util
+import sys
 import threading
+import time
 from collections.abc import Callable
 from typing import Any, Protocol
 
@@ -30,9 +43,46 @@ from cuda.bindings import driver as drv
 from .._inbox import Inbox
 from .._telemetry import logger as _log
 from ._cores import core
-from ._watches import WatchLane
+from ._driver import NOT_READY
+from ._watches import FOLLOW_BLOCK_AFTER, SPIN_BEFORE_POKE, WatchLane, follow_step
 
-__all__ = ("Joinable", "Waiters")
+__all__ = ("Joinable", "Poke", "Waiters", "follow")
+
+_PR_SET_TIMERSLACK = 29
+
+
+def _fine_timer_slack() -> None:
+    """Let this thread's short sleeps end on time (Linux: a timer slack of 1 us, not 50)."""
+    if not sys.platform.startswith("linux"):
+        return
+    with contextlib.suppress(Exception):  # no libc to call: sleeps are merely coarser
+        libc = ctypes.CDLL(ctypes.util.find_library("c"), use_errno=True)
+        libc.prctl(_PR_SET_TIMERSLACK, 1000, 0, 0, 0)
+
+
+def _sleep_until(at: float) -> None:
+    """Return at the ``perf_counter()`` time *at*: asleep until ``SPIN_BEFORE_POKE`` before it,
+    then spinning on the clock (letting go of the GIL each turn)."""
+    left = at - time.perf_counter() - SPIN_BEFORE_POKE
+    if left > 0.0:
+        time.sleep(left)
+    while time.perf_counter() < at:
+        time.sleep(0)
+
+
+def follow(event: Any) -> Any:
+    """Wait for *event* as a waiter thread does; the driver's code (``CUresult``)."""
+    start = time.perf_counter()
+    query = drv.cuEventQuery
+    sleep = time.sleep
+    while True:
+        code = query(event)[0]
+        if code != NOT_READY:
+            return code
+        waited = time.perf_counter() - start
+        if waited > FOLLOW_BLOCK_AFTER:
+            return drv.cuEventSynchronize(event)[0]
+        sleep(follow_step(waited))
 
 
 class Joinable(Protocol):
@@ -41,6 +91,15 @@ class Joinable(Protocol):
     def join(self, timeout: float | None = None) -> object: ...
 
     def is_alive(self) -> bool: ...
+
+
+class Poke:
+    """A Python waiter's poke of the loop for *lane* (its event still runs)."""
+
+    __slots__ = ("lane",)
+
+    def __init__(self, lane: WatchLane) -> None:
+        self.lane = lane
 
 
 class Waiters:
@@ -53,6 +112,8 @@ class Waiters:
         woken: called on the loop's thread with each lane whose waiter returned.
         woken_off_loop: called on a Python waiter's thread instead, once the loop is closed.
         closed_loop: what :func:`~asyncgraph._inbox.kick` calls once the loop is closed.
+        poked: called on the loop's thread with each lane whose waiter woke the loop before
+            its work's expected end.
     """
 
     def __init__(
@@ -63,6 +124,7 @@ class Waiters:
         woken: Callable[[WatchLane], None],
         woken_off_loop: Callable[[WatchLane], None],
         closed_loop: Callable[[], None],
+        poked: Callable[[WatchLane], None],
     ) -> None:
         self._loop = loop
         self._context = context
@@ -70,19 +132,35 @@ class Waiters:
         self._woken = woken
         self._woken_off_loop = woken_off_loop
         self._closed_loop = closed_loop
-        self.inbox: Inbox[WatchLane] = Inbox(loop, woken, woken_off_loop, closed_loop)
+        self._poked = poked
+        self.inbox: Inbox[WatchLane | Poke] = self._inbox(loop)
         # Native threads when the compiled core has them; decided for good at the first
         # hand-off, when the loop says whether it can watch the eventfd.
         self.native = core.NativeWaiter is not None
         self._waiter: Any = None  # the NativeWaiter, once made
         self._watched: asyncio.AbstractEventLoop | None = None  # the loop watching its fd
 
-    def hand(self, lane: WatchLane, event: Any) -> None:
-        """Have *lane*'s waiter wait on *event* (the lane's oldest) and report the lane."""
+    def _inbox(self, loop: asyncio.AbstractEventLoop) -> Inbox[WatchLane | Poke]:
+        return Inbox(loop, self._deliver, self._deliver_off_loop, self._closed_loop)
+
+    def _deliver(self, item: WatchLane | Poke) -> None:
+        if isinstance(item, Poke):
+            self._poked(item.lane)
+        else:
+            self._woken(item)
+
+    def _deliver_off_loop(self, item: WatchLane | Poke) -> None:
+        if not isinstance(item, Poke):  # no loop to poke any more
+            self._woken_off_loop(item)
+
+    def hand(self, lane: WatchLane, event: Any, wake_at: float = 0.0) -> None:
+        """Have *lane*'s waiter wait on *event* (the lane's oldest) and report the lane; with
+        *wake_at* (a ``perf_counter()`` time), poke the loop then if the event is still
+        running."""
         if self.native:
             waiter = self._waiter if self._watched is not None else self._start_native()
             if waiter is not None:
-                waiter.hand(lane.index, event)
+                waiter.hand(lane.index, event, wake_at)
                 return
         if lane.thread is None:
             lane.thread = threading.Thread(
@@ -92,7 +170,7 @@ class Waiters:
                 daemon=True,
             )
             lane.thread.start()
-        lane.queue.put(event)
+        lane.queue.put((event, wake_at))
 
     def _start_native(self) -> Any:
         """The native waiter, watched by the loop from now on; ``None`` (and Python threads
@@ -110,22 +188,33 @@ class Waiters:
         self._watched = self._loop
         return self._waiter
 
-    def _ready(self) -> None:
-        """The eventfd is readable: report each lane whose native thread returned."""
+    def _ready(self, pokes: bool = True) -> None:
+        """The eventfd is readable: report each lane whose native thread returned, and (with
+        *pokes*) each whose thread poked the loop."""
         lanes = self._lanes
-        for index, code in self._waiter.take():
+        for index, code, seen in self._waiter.take():
             lane = lanes[index]
+            if code is None:
+                if pokes:
+                    self._poked(lane)
+                continue
             lane.last_code = code
+            lane.done_at = seen
             self._woken(lane)
 
     def _wait_loop(self, lane: WatchLane) -> None:
         drv.cuCtxSetCurrent(self._context)
+        _fine_timer_slack()
         while True:
-            event = lane.queue.get()
-            if event is None:
+            item = lane.queue.get()
+            if item is None:
                 return
-            # Blocks with the GIL released; the loop re-queries, so the result is not needed.
-            lane.last_code = drv.cuEventSynchronize(event)[0]
+            event, wake_at = item
+            if wake_at and drv.cuEventQuery(event)[0] == NOT_READY:
+                _sleep_until(wake_at)
+                self.inbox.post(Poke(lane))
+            lane.last_code = follow(event)
+            lane.done_at = time.perf_counter()
             self.inbox.post(lane)
 
     def collect(self) -> None:
@@ -133,13 +222,13 @@ class Waiters:
         watching): the reactor gives their events back. On the loop's thread, or with no
         loop running."""
         if self._waiter is not None:
-            self._ready()
+            self._ready(pokes=False)
 
     def adopt(self, loop: asyncio.AbstractEventLoop) -> None:
         """Wake *loop* from now on (the one woken so far ended; its threads were joined)."""
         self._unwatch()
         self._loop = loop
-        self.inbox = Inbox(loop, self._woken, self._woken_off_loop, self._closed_loop)
+        self.inbox = self._inbox(loop)
 
     def _unwatch(self) -> None:
         if self._watched is not None and self._waiter is not None:

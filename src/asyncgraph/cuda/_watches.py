@@ -31,15 +31,25 @@ from ._driver import NOT_READY, SUCCESS, check
 
 __all__ = (
     "BUSY",
+    "CATCH_UP_AFTER",
     "FAILED",
+    "FOLLOW_BLOCK_AFTER",
+    "FOLLOW_FRACTION",
+    "FOLLOW_MAX",
+    "FOLLOW_MIN",
     "HOLD_LIMIT",
     "IDLE",
     "MIN_COMPLETIONS",
+    "POKE_MARGIN",
+    "POKE_MARGIN_LIMITS",
+    "SPIN_BEFORE_POKE",
     "STOPPED",
     "Callback",
     "Watch",
     "WatchLane",
     "Watches",
+    "follow_step",
+    "learned",
 )
 
 Callback = Callable[[CudaError | None], None]
@@ -54,20 +64,68 @@ FAILED = 3  # an event failed; ``failed`` was called with it
 MIN_COMPLETIONS = 4
 # Inline completions (Watches.spin) may keep a task from yielding for this long at most.
 HOLD_LIMIT = 500e-6
+# A poll asked for longer ago than this waits behind other callbacks (request handlers): a
+# task that awaits a dispatch meanwhile first finishes what completed (Watches.spin).
+CATCH_UP_AFTER = 100e-6
+# A spin for work expected to end soon (a copy's, ``Watches.spin(until)``) goes on until this
+# long after its expected end, and never longer than SPIN_CAP.
+SPIN_SLACK = 20e-6
+SPIN_CAP = 200e-6
+# What such a catch-up may take of the awaiting task's time (once MIN_COMPLETIONS are done).
+CATCH_UP_BUDGET = 100e-6
+# A waiter thread follows its event (``_waiters``): it queries it after each sleep, and a sleep
+# is FOLLOW_FRACTION of the time waited so far, within [FOLLOW_MIN, FOLLOW_MAX]. It so wakes
+# within a few percent of the wait (at most FOLLOW_MAX) after the GPU finished, where a thread
+# asleep in cuEventSynchronize wakes 0.1 to 0.2 ms late. Past FOLLOW_BLOCK_AFTER it sleeps in
+# cuEventSynchronize after all: that lateness is then a fraction of a percent.
+FOLLOW_MIN = 2e-6
+FOLLOW_MAX = 50e-6
+FOLLOW_FRACTION = 1 / 16
+FOLLOW_BLOCK_AFTER = 0.1
+# A watch may say when its work is expected to end (``expect``, a perf_counter() time; 0.0:
+# not known): the fast path learns each plan's time from dispatch to completion (learned()),
+# copies their pace. A waiter handed such a watch sleeps until POKE_MARGIN before that time,
+# then wakes the loop (a *poke*), which polls again until the work completed: a loop that slept
+# long wakes 50 to 150 us late, so it must be awake when the work ends, and the thread that
+# follows the event is only the fallback. The loop keeps polling rather than handing off when
+# the expected end is nearer than POKE_MARGIN.
+POKE_MARGIN = 150e-6  # to begin with: the reactor learns how late its loop wakes (_poked)
+POKE_MARGIN_LIMITS = (50e-6, 1e-3)
+# A sleep of a thread ends 50 to 100 us late on some machines, timer slack or not: a waiter
+# sleeps until this long before its poke, then spins on the clock.
+SPIN_BEFORE_POKE = 200e-6
+# How an expected time follows a longer sample: by this share of the difference (a shorter
+# one is taken at once: a late completion seen late must not push the next poke later).
+EXPECT_RISE = 1 / 8
 # cuEventQuery(event): (code,), NOT_READY while it runs (the Python core's query).
 query = drv.cuEventQuery
 current_context = drv.cuCtxGetCurrent
 
 
+def follow_step(waited: float) -> float:
+    """Seconds a waiter sleeps before it queries its event again, *waited* seconds in."""
+    return min(max(waited * FOLLOW_FRACTION, FOLLOW_MIN), FOLLOW_MAX)
+
+
+def learned(expected: float, sample: float) -> float:
+    """The expected time of some work after it took *sample* seconds once more (*expected*:
+    what was expected so far, 0.0 for nothing yet)."""
+    if not expected or sample < expected:
+        return sample
+    return expected + EXPECT_RISE * (sample - expected)
+
+
 class Watch:
     """One watched event and what to call when it completed."""
 
-    __slots__ = ("callback", "event", "finished", "held", "seq")
+    __slots__ = ("callback", "event", "expect", "finished", "held", "seen", "seq")
 
-    def __init__(self, seq: int, event: Any, callback: Callback) -> None:
+    def __init__(self, seq: int, event: Any, callback: Callback, expect: float = 0.0) -> None:
         self.seq = seq  # the order it was watched in: completions are delivered in this order
         self.event = event
         self.callback: Callback | None = callback
+        self.expect = expect  # when its work is expected to end (perf_counter()); 0.0: unknown
+        self.seen = 0.0  # when a waiter thread saw it complete (perf_counter()); 0.0: none
         self.held = False  # handed to the lane's waiter thread
         self.finished = False
 
@@ -75,7 +133,16 @@ class Watch:
 class WatchLane:
     """The watched events of one stream, and its waiter thread."""
 
-    __slots__ = ("handed", "index", "last_code", "pending", "queue", "ready", "thread")
+    __slots__ = (
+        "done_at",
+        "handed",
+        "index",
+        "last_code",
+        "pending",
+        "queue",
+        "ready",
+        "thread",
+    )
 
     def __init__(self, index: int) -> None:
         self.index = index
@@ -85,7 +152,8 @@ class WatchLane:
         self.handed: Any = None  # the watch handed to the lane's waiter thread
         self.queue: queue.SimpleQueue[Any] = queue.SimpleQueue()
         self.thread: threading.Thread | None = None
-        self.last_code: Any = SUCCESS  # what the waiter's last cuEventSynchronize returned
+        self.last_code: Any = SUCCESS  # what the waiter's last wait on an event returned
+        self.done_at = 0.0  # when the waiter saw that event complete (perf_counter())
 
 
 class Watches:
@@ -112,6 +180,7 @@ class Watches:
         "lanes",
         "paused",
         "pending",
+        "poll_asked",
         "poll_scheduled",
         "schedule",
         "seq",
@@ -127,6 +196,7 @@ class Watches:
         self.pending = 0  # watched and not yet completed
         self.seq = 0  # watches so far
         self.poll_scheduled = False
+        self.poll_asked = 0.0  # when the scheduled poll was asked for
         self.window_start = 0.0  # since when polls found nothing complete
         self.held_since = 0.0  # first inline completion since the loop last polled
         self.spins = 0  # completions spin() delivered before their task yielded
@@ -139,18 +209,21 @@ class Watches:
 
     # -- adding ----------------------------------------------------------------------------
 
-    def watch(self, lane: int, event: Any, callback: Callback) -> None:
+    def watch(self, lane: int, event: Any, callback: Callback, expect: float = 0.0) -> Watch:
         """Call ``callback(None)`` once *event* (recorded on lane *lane*) completed, or
-        ``callback(error)`` if the device failed. The event returns to the pool afterwards."""
+        ``callback(error)`` if the device failed. The event returns to the pool afterwards.
+        *expect*: when the work is expected to end (``perf_counter()``), if known. Returns the
+        watch."""
         self.seq = seq = self.seq + 1
-        watch = Watch(seq, event, callback)
+        watch = Watch(seq, event, callback, expect)
         if self.fault is not None:
             self.finish(watch, self.fault)
-            return
+            return watch
         self.lanes[lane].pending.append(watch)
         self.pending += 1
         if not self.poll_scheduled:
             self.request_poll()
+        return watch
 
     def request_poll(self) -> None:
         """Have the loop poll soon (once: a scheduled poll is not asked for again)."""
@@ -158,7 +231,7 @@ class Watches:
         if schedule is None:
             return  # no reactor yet
         self.poll_scheduled = True
-        self.window_start = perf_counter()
+        self.poll_asked = self.window_start = perf_counter()
         schedule()
 
     # -- completing --------------------------------------------------------------------------
@@ -257,35 +330,54 @@ class Watches:
     def context(self, address: int) -> None:
         self._own = drv.CUcontext(address) if address else None
 
-    def spin(self) -> None:
-        """Poll the only watched event right here for up to ``spin_window`` seconds.
+    def spin(self, until: float = 0.0) -> None:
+        """Poll the only watched event right here for up to ``spin_window`` seconds, or until
+        ``SPIN_SLACK`` after *until* (its work's expected end, ``perf_counter()``) if that is
+        later, and at most ``SPIN_CAP``.
 
         For a lone awaited dispatch: its task asks before it yields, and if the event completes
         within the window the dispatch resolves without a trip around the event loop. With more
         than one event watched the loop's regular polling serves them all, so this returns at
-        once. A task whose dispatches keep completing inline is made to yield once
+        once, unless that poll was asked for more than ``CATCH_UP_AFTER`` ago and still waits
+        behind other callbacks (request handlers of a busy service): then what completed is
+        finished here first (:meth:`drain`, bounded like a poll), and a lone event left is
+        spun on. A task whose dispatches keep completing inline is made to yield once
         ``HOLD_LIMIT`` passed since the loop last ran the reactor, so a tight loop of awaits
         cannot starve other tasks.
         """
-        if self.pending != 1 or self.spin_window <= 0.0 or self.paused:
+        if self.paused or not self.pending:
             return
         now = perf_counter()
+        catch_up = (
+            self.pending > 1 and self.poll_scheduled and now - self.poll_asked > CATCH_UP_AFTER
+        )
+        if not catch_up and (self.pending != 1 or self.spin_window <= 0.0):
+            return
+        # A task whose dispatches kept completing inline must yield (HOLD_LIMIT); catching up
+        # with others' completions holds it no longer than a poll would.
         held = self.held_since
-        if held and now - held > HOLD_LIMIT:
-            return  # inline completions kept one task from yielding: let the loop run first
-        for lane in self.lanes:
-            if lane.pending:
-                break
-        watch = lane.pending[0]
-        if watch.held:
+        lone = not (held and now - held > HOLD_LIMIT)
+        if not (catch_up or lone):
             return
         own = self._own
         pushed = own is not None and current_context()[1] != own  # the backend's, current
         if pushed:
             check(drv.cuCtxPushCurrent(own), "cuCtxPushCurrent")
         try:
+            if catch_up and self.drain(MIN_COMPLETIONS, now, now + CATCH_UP_BUDGET)[1] == FAILED:
+                return
+            if not lone or self.pending != 1 or self.spin_window <= 0.0:
+                return
+            for lane in self.lanes:
+                if lane.pending:
+                    break
+            watch = lane.pending[0]
+            if watch.held:
+                return
             event = watch.event
             deadline = now + self.spin_window
+            if until:
+                deadline = max(deadline, min(until + SPIN_SLACK, now + SPIN_CAP))
             while True:
                 code = query(event)[0]
                 if code != NOT_READY:
