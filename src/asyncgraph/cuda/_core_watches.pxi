@@ -265,9 +265,10 @@ cdef class Watches:
             if current != <cydriver.CUcontext>self.context:
                 pushed = cydriver.cuCtxPushCurrent(<cydriver.CUcontext>self.context) == 0
         try:
-            if catch_up and self.drain(MIN_COMPLETIONS, now, now + CATCH_UP_BUDGET)[1] == FAILED:
+            if catch_up:  # others' completions only, the newest left: the task yields
+                self.drain(min(MIN_COMPLETIONS, self.pending - 1), now, now + CATCH_UP_BUDGET)
                 return
-            if lone and self.pending == 1 and self.spin_window > 0.0:
+            if lone:
                 self._spin_lone(now, held, until)
         finally:
             if pushed:

@@ -94,9 +94,11 @@ POKE_MARGIN_LIMITS = (50e-6, 1e-3)
 # A sleep of a thread ends 50 to 100 us late on some machines, timer slack or not: a waiter
 # sleeps until this long before its poke, then spins on the clock.
 SPIN_BEFORE_POKE = 200e-6
-# How an expected time follows a longer sample: by this share of the difference (a shorter
-# one is taken at once: a late completion seen late must not push the next poke later).
-EXPECT_RISE = 1 / 8
+# How an expected time follows a longer sample: by this share of the difference, so that work
+# that grew longer (a kernel given more to do) is followed within a few dispatches, while one
+# long outlier moves it only halfway. A shorter sample is taken at once: a poke too late
+# costs a late completion, one too early only some polls.
+EXPECT_RISE = 1 / 2
 # cuEventQuery(event): (code,), NOT_READY while it runs (the Python core's query).
 query = drv.cuEventQuery
 current_context = drv.cuCtxGetCurrent
@@ -340,8 +342,8 @@ class Watches:
         than one event watched the loop's regular polling serves them all, so this returns at
         once, unless that poll was asked for more than ``CATCH_UP_AFTER`` ago and still waits
         behind other callbacks (request handlers of a busy service): then what completed is
-        finished here first (:meth:`drain`, bounded like a poll), and a lone event left is
-        spun on. A task whose dispatches keep completing inline is made to yield once
+        finished here (:meth:`drain`, bounded like a poll), and the task yields as it would
+        have. A task whose dispatches keep completing inline is made to yield once
         ``HOLD_LIMIT`` passed since the loop last ran the reactor, so a tight loop of awaits
         cannot starve other tasks.
         """
@@ -364,9 +366,13 @@ class Watches:
         if pushed:
             check(drv.cuCtxPushCurrent(own), "cuCtxPushCurrent")
         try:
-            if catch_up and self.drain(MIN_COMPLETIONS, now, now + CATCH_UP_BUDGET)[1] == FAILED:
+            if catch_up:
+                # Others' completions only, the newest (the task's own) left to the poll: the
+                # task yields as it would have, and does not run on ahead of those it woke.
+                limit = min(MIN_COMPLETIONS, self.pending - 1)
+                self.drain(limit, now, now + CATCH_UP_BUDGET)
                 return
-            if not lone or self.pending != 1 or self.spin_window <= 0.0:
+            if not lone:
                 return
             for lane in self.lanes:
                 if lane.pending:
