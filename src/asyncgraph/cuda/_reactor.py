@@ -52,6 +52,7 @@ from ._watches import (
     MIN_COMPLETIONS,
     POKE_MARGIN,
     POKE_MARGIN_LIMITS,
+    POKE_TAIL,
     STOPPED,
     Callback,
     WatchLane,
@@ -265,9 +266,9 @@ class Reactor:
                 drv.cuCtxPopCurrent()
 
     def _ends_soon(self, now: float) -> bool:
-        """Whether some lane's oldest work is expected to end within ``POKE_MARGIN``, sooner
-        than a sleeping loop would wake; or it was poked for and its expected end (give or
-        take the margin) has not passed: the loop keeps polling for it."""
+        """Whether some lane's oldest work is expected to end within :attr:`poke_margin`,
+        sooner than a sleeping loop would wake; or it was poked for and its expected end
+        passed by less than ``POKE_TAIL``: the loop keeps polling for it."""
         for lane in self._lanes:
             pending = lane.pending
             if not pending:
@@ -277,9 +278,7 @@ class Reactor:
             if lane.handed is None:
                 if 0.0 < left < self.poke_margin:
                     return True
-            elif (
-                lane.handed is head and lane.index in self._poked_lanes and left > -self.poke_margin
-            ):
+            elif lane.handed is head and lane.index in self._poked_lanes and left > -POKE_TAIL:
                 return True
         return False
 

@@ -42,6 +42,7 @@ __all__ = (
     "MIN_COMPLETIONS",
     "POKE_MARGIN",
     "POKE_MARGIN_LIMITS",
+    "POKE_TAIL",
     "SPIN_BEFORE_POKE",
     "STOPPED",
     "Callback",
@@ -90,7 +91,10 @@ FOLLOW_BLOCK_AFTER = 0.1
 # follows the event is only the fallback. The loop keeps polling rather than handing off when
 # the expected end is nearer than POKE_MARGIN.
 POKE_MARGIN = 150e-6  # to begin with: the reactor learns how late its loop wakes (_poked)
-POKE_MARGIN_LIMITS = (50e-6, 1e-3)
+POKE_MARGIN_LIMITS = (100e-6, 1e-3)
+# After a poke the loop polls until the work completed, or until this long after its expected
+# end (the waiter, still following it, reports it then).
+POKE_TAIL = 300e-6
 # A sleep of a thread ends 50 to 100 us late on some machines, timer slack or not: a waiter
 # sleeps until this long before its poke, then spins on the clock.
 SPIN_BEFORE_POKE = 200e-6
