@@ -58,9 +58,11 @@ def test_both_paths_compute_what_numpy_computes(seen: dict[str, Any]) -> None:
         assert all(error == 0.0 for error in results[path]["worst"].values()), results[path]
         assert results[path]["failed"] == 0
     assert results["general"]["fast_path_dispatches"] == 0
-    # Every kind of argument took the fast path: all but each signature's first dispatch (and
-    # the uploads' and downloads' orderings, which are no dispatches).
-    assert results["fast"]["fast_path_dispatches"] >= 0.85 * results["fast"]["dispatches"]
+    # Every kind of argument took the fast path: all but the first dispatch of each of the six
+    # signatures (scale, saxpy, in-out, a resident chain, into, fill). (A share of at least
+    # 0.85 failed where the random chains were short: 33 of 39.)
+    fast = results["fast"]
+    assert fast["dispatches"] - fast["fast_path_dispatches"] == 6
 
 
 def test_invalid_calls_get_the_same_errors_on_both_paths(seen: dict[str, Any]) -> None:

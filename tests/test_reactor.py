@@ -410,9 +410,9 @@ async def test_a_catch_up_waits_until_the_poll_was_asked_for_long_enough(
     # No spin of a lone event (spin_window 0): what a catch-up finishes is all there is.
     reactor = _reactor.Reactor(loop, None, 2, EventPool(0), 1.0, lambda _e: None)
     completed: list[str] = []
-    first = FakeEvent(done=False)
+    first, second = FakeEvent(done=False), FakeEvent(done=False)
     reactor.watch(0, first, lambda _e: completed.append("first"))
-    reactor.watch(1, FakeEvent(done=False), lambda _e: completed.append("second"))
+    reactor.watch(1, second, lambda _e: completed.append("second"))
     first.done = True
     clock[0] += 0.5 * _watches.CATCH_UP_AFTER
     reactor.spin()  # the poll was asked for only just now: it serves them
@@ -425,6 +425,11 @@ async def test_a_catch_up_waits_until_the_poll_was_asked_for_long_enough(
     clock[0] += 10 * _watches.CATCH_UP_AFTER
     reactor.spin()  # a capture runs: no queries on the loop's thread
     assert reactor.pending == 1
+    # Nothing left behind for the loop to hand to a real waiter thread after the test.
+    reactor.resume()
+    second.done = True
+    await asyncio.sleep(0)
+    assert completed == ["first", "second"]
 
 
 async def _idle_until_handed(clock: list[float], handed: list[Any], step: float = 10e-6) -> None:
