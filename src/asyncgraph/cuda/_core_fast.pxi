@@ -405,12 +405,8 @@ cdef class FastPath:
     cdef int _complete(self, FastJob job, object error) except -1:
         cdef LaneC* lc
         cdef object outcome, life
-        cdef double end
+        cdef double now
         job.gpu_done = True
-        if error is None and job.failure is None:  # what the plan's work takes, learned
-            # (When a waiter thread saw it complete, not when the loop heard of it.)
-            end = job.seen if job.seen > 0.0 else _now()
-            job.cplan.expected = _learned(job.cplan.expected, end - job.t_dispatch)
         if job.failure is not None:
             error = job.failure
         if error is not None:
@@ -438,11 +434,16 @@ cdef class FastPath:
         job.outcome = outcome
         for buffer in job.buffers:
             _untrack_use(self._store, self._generations, self._buffers, buffer, job)
+        now = _now()
+        _record_value(&self._latency, now - job.t_dispatch)
         if isinstance(outcome, BaseException):
             self.failed += 1
         else:
             self.completed += 1
-        _record_value(&self._latency, _now() - job.t_dispatch)
+            # The plan's time, learned, from when a waiter saw it end if one did.
+            job.cplan.expected = _learned(
+                job.cplan.expected, (job.seen if job.seen > 0.0 else now) - job.t_dispatch
+            )
         _resolve(job.pending, outcome)
         return 0
 

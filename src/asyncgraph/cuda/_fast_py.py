@@ -438,9 +438,6 @@ class FastPath:
         job.gpu_done = True
         plan = job.plan
         failure = job.failure
-        if error is None and failure is None:  # learned(), inline: the plan's time
-            took, known = (job.seen or perf_counter()) - job.t_dispatch, plan.expected
-            plan.expected = known + EXPECT_RISE * (took - known) if 0 < known <= took else took
         if failure is not None:
             error = failure
         outcome: Any
@@ -468,11 +465,14 @@ class FastPath:
         job.outcome = outcome
         for buffer in job.buffers:
             untrack(buffer, job)
+        self._latency.append((now := perf_counter()) - job.t_dispatch)
         if error is None:
             self.completed += 1
+            # The plan's time: learned(), inline; from when a waiter saw it end, if one did.
+            took, known = (job.seen or now) - job.t_dispatch, plan.expected
+            plan.expected = known + EXPECT_RISE * (took - known) if 0 < known <= took else took
         else:
             self.failed += 1
-        self._latency.append(perf_counter() - job.t_dispatch)
         set_outcome(job.pending, outcome, None)
 
     def flush(self, telemetry: Telemetry) -> None:

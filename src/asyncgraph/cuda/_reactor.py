@@ -315,11 +315,12 @@ class Reactor:
         """*lane*'s waiter woke the loop shortly before its work's expected end: poll again, so
         that the loop is awake when it ends (the waiter goes on following it meanwhile)."""
         w = self._w
-        if lane.handed is None or not w.pending or w.paused:
+        wake_at = self._wake_at.get(lane.index, 0.0)
+        if lane.handed is None or not w.pending or w.paused or not wake_at:
             return
         # How late the loop woke: the margin to poke with from now on (rising at once, falling
         # by an eighth), a quarter more than that.
-        wanted = 1.25 * (perf_counter() - self._wake_at.get(lane.index, 0.0))
+        wanted = 1.25 * (perf_counter() - wake_at)
         low, high = POKE_MARGIN_LIMITS
         margin = self.poke_margin
         margin = wanted if wanted > margin else margin + (wanted - margin) / 8

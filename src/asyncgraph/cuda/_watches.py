@@ -116,9 +116,7 @@ def follow_step(waited: float) -> float:
 def learned(expected: float, sample: float) -> float:
     """The expected time of some work after it took *sample* seconds once more (*expected*:
     what was expected so far, 0.0 for nothing yet)."""
-    if not expected or sample < expected:
-        return sample
-    return expected + EXPECT_RISE * (sample - expected)
+    return expected + EXPECT_RISE * (sample - expected) if 0 < expected <= sample else sample
 
 
 class Watch:
