@@ -5,6 +5,8 @@ from __future__ import annotations
 import asyncio
 import ctypes
 import random
+import subprocess
+import sys
 from typing import Any
 
 import attrs
@@ -48,7 +50,63 @@ class FakeAllocator:
 
 def settle() -> None:
     """Wait until the background thread finished the frees handed to it."""
-    _reaper.submit(lambda: None).result()
+    _reaper.flushed().result()
+
+
+# A finalizer (PinnedMemory.__del__) may free a block on a thread that holds
+# concurrent.futures' module-wide submit lock: the collector ran while ``submit`` made its
+# Future. The free must not wait on that lock (it hung a copy thread, and the loop behind it).
+_FREE_INSIDE_SUBMIT = """
+import ctypes, os, sys, threading
+from concurrent.futures import thread as futures_thread
+from asyncgraph.pool import PinnedPool
+from asyncgraph.pool._pinned import _reaper
+
+closed = []
+
+class Owner:
+    def __init__(self, size):
+        self.buffer = (ctypes.c_uint8 * size)()
+    def close(self):
+        closed.append(self)
+
+def allocate(size):
+    owner = Owner(size)
+    return owner, ctypes.addressof(owner.buffer)
+
+pool = PinnedPool(0, allocate)  # nothing idle is kept: a release frees
+block = pool.acquire(4096)
+
+def release_as_a_finalizer_inside_submit():
+    with futures_thread._global_shutdown_lock:
+        pool.release(block)
+
+thread = threading.Thread(target=release_as_a_finalizer_inside_submit, daemon=True)
+thread.start()
+thread.join(20)
+try:
+    print("stuck" if thread.is_alive() else "returned")
+    _reaper.flushed().result(20)
+    print("freed", len(closed))
+finally:
+    sys.stdout.flush()
+    os._exit(0)  # a stuck thread holds the lock that the exit's own clean-up takes
+"""
+
+
+def test_a_free_from_a_finalizer_inside_an_executors_submit_does_not_hang() -> None:
+    from concurrent.futures import thread as futures_thread
+
+    if not hasattr(futures_thread, "_global_shutdown_lock"):
+        pytest.skip("this Python's concurrent.futures has no module-wide submit lock")
+    done = subprocess.run(
+        [sys.executable, "-c", _FREE_INSIDE_SUBMIT],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    assert done.stdout.split() == ["returned", "freed", "1"], done.stdout + done.stderr
 
 
 def test_size_classes_waste_at_most_a_ninth() -> None:

@@ -22,7 +22,7 @@ from __future__ import annotations
 import ctypes
 from collections import OrderedDict
 from collections.abc import Callable
-from concurrent.futures import Future, ThreadPoolExecutor
+from concurrent.futures import Future
 from typing import Any, Protocol, runtime_checkable
 
 import attrs
@@ -31,6 +31,7 @@ import numpy as np
 from .._exceptions import AllocationError
 from .._poison import fault_from, process_fault
 from ._abandon import abandon
+from ._reaper import Reaper
 
 __all__ = (
     "HostPool",
@@ -45,11 +46,8 @@ __all__ = (
     "size_class",
 )
 
-_reaper = ThreadPoolExecutor(max_workers=1, thread_name_prefix="asyncgraph-pinned-free")
-
-
-def _nothing() -> None:
-    pass
+# Frees of pinned memory, off the caller's thread and safe from a finalizer (``_reaper``).
+_reaper = Reaper("asyncgraph-pinned-free")
 
 
 MIN_BLOCK = 4096
@@ -205,6 +203,7 @@ def allocate_staging(nbytes: int) -> PinnedBlock:
     """A pinned block of exactly *nbytes* outside any pool: staging a lane keeps for its
     lifetime (the fast path's ring). Give it back with :func:`free_staging`."""
     owner, ptr = _legacy_pinned_allocator()(nbytes)
+    _reaper.start()  # here, not in a finalizer that frees it
     return PinnedBlock(owner, ptr, nbytes)
 
 
@@ -252,6 +251,7 @@ class PinnedPool:
         self._allocated_total = 0
         self._closed = False
         self._abandoned = False  # closed after a device fault: blocks are let go of, not freed
+        _reaper.start()  # here, not in a finalizer that frees the first block
 
     def __repr__(self) -> str:
         return (
@@ -376,7 +376,7 @@ class PinnedPool:
         Frees run in one background thread, in order; a backend awaits this when it closes,
         so that ``aclose()`` returns with its pinned memory released.
         """
-        return _reaper.submit(_nothing)
+        return _reaper.flushed()
 
     @staticmethod
     def _free(block: PinnedBlock) -> None:
@@ -388,5 +388,6 @@ class PinnedPool:
         if close is not None:
             # Freeing pinned memory waits until the whole device is idle (measured on an
             # NVIDIA H100 80GB HBM3: 95 ms behind a 100 ms kernel), so it never runs on the
-            # caller's thread, which is the event loop's.
+            # caller's thread, which is the event loop's; and this may run in a finalizer,
+            # anywhere (``_reaper``).
             _reaper.submit(close)
