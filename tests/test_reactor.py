@@ -516,6 +516,21 @@ def test_an_expected_time_falls_at_once_and_rises_slowly() -> None:
 @pytest.mark.stand_in
 @pytest.mark.nvrtc
 @pytest.mark.parametrize("core", CORES)
+def test_work_that_ends_long_before_its_expected_end_is_reported_as_it_ends(core: str) -> None:
+    # A plan that once took 200 ms, then 5 ms: its waiter follows the event while it waits for
+    # the stale wake time, so the end is reported, and no poke comes 200 ms in. (A waiter that
+    # slept until the wake time made each later await take as long as the longest before it,
+    # less a margin: a hang, to its callers.)
+    seen = run_scenario(
+        "tests.fake_driver.core_scenario", core, "stale_expectation", streams="deferred"
+    )
+    assert seen["compiled"] == (core == "compiled")
+    assert seen["handoffs"] == 1
+    assert seen["pokes"] == 0
+    assert seen["flag"] == 1
+
+
+@pytest.mark.parametrize("core", CORES)
 def test_a_waiter_pokes_the_loop_before_a_kernel_of_known_length_ends(core: str) -> None:
     # Six awaits of a 20 ms kernel, one at a time: each goes to a waiter thread (native on the
     # compiled core, a Python thread on the other); once the plan's time is learned the waiter

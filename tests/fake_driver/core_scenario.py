@@ -361,6 +361,29 @@ async def expected_end() -> dict[str, Any]:
         return {"handoffs": reactor.handoffs, "pokes": reactor.pokes, "flag": int(flag)}
 
 
+async def stale_expectation() -> dict[str, Any]:
+    """A spin kernel's plan learns 200 ms from its first await, then runs 5 ms (deferred
+    streams: wall time). The second await's waiter, handed a wake time near 200 ms, follows the
+    event meanwhile: it reports the end when it comes, and pokes nobody."""
+    from asyncgraph._spin import SPIN
+
+    gpu: Any
+    async with ag.open_backend("cuda") as gpu:
+        await gpu.compile(SPIN)
+        done = gpu.empty(1, np.int32)
+        reactor = gpu._cuda.device.reactor  # its counters, read by a test on purpose
+        for seconds in (0.001, 0.2):  # the first dispatch of a plan learns nothing
+            await gpu.dispatch(SPIN, np.int64(2e9 * seconds), done, grid=1, block=1)
+        handoffs, pokes = reactor.handoffs, reactor.pokes
+        await gpu.dispatch(SPIN, np.int64(2e9 * 0.005), done, grid=1, block=1)
+        (flag,) = await gpu.download(done)
+        return {
+            "handoffs": reactor.handoffs - handoffs,
+            "pokes": reactor.pokes - pokes,
+            "flag": int(flag),
+        }
+
+
 SCENARIOS: dict[str, Callable[..., Any]] = {
     "commit_fails": commit_fails,
     "readers_not_a_list": readers_not_a_list,
@@ -371,6 +394,7 @@ SCENARIOS: dict[str, Callable[..., Any]] = {
     "hung_exit": hung_exit,
     "catch_up": catch_up,
     "expected_end": expected_end,
+    "stale_expectation": stale_expectation,
 }
 
 

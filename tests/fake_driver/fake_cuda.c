@@ -15,7 +15,10 @@
  * fake_set_complete_mode()):
  *   "manual" (the default): when a test calls fake_event_complete(), from any thread;
  *   "instant": at once;
- *   "queries:N": after answering NOT_READY to N queries (cuEventSynchronize returns at once).
+ *   "queries:N": after answering NOT_READY to N queries (cuEventSynchronize returns at once);
+ *   "after:US[:JITTER]": US microseconds after its record, plus up to JITTER more drawn at
+ *   random, as a kernel of that length would (cuEventSynchronize sleeps until then); on
+ *   immediate streams only (a deferred stream's event completes at once).
  * An event recorded in one mode and queried after a switch to "instant" is complete. In the
  * deferred mode an event completes when its stream reaches its record, and the mode says who
  * runs the queue (fake_streams.c).
@@ -135,6 +138,7 @@ typedef struct {
     int state;              /* NOT_READY while running, else the code it completed with */
     int outcome;            /* what a running event completes with */
     int countdown;          /* queries still answered NOT_READY ("queries:N") */
+    long long due_ns;       /* CLOCK_MONOTONIC when it completes ("after:US[:JITTER]") */
     long long completed_ns; /* CLOCK_MONOTONIC when fake_complete_after() completed it */
     long long recorded_ns;  /* CLOCK_MONOTONIC at its last record (elapsed times), 0: never */
     unsigned int flags;     /* as created: CU_EVENT_DISABLE_TIMING (2) refuses elapsed times */
@@ -152,9 +156,10 @@ typedef struct {
     void* record_stream;
 } fake_event;
 
-enum { MANUAL, INSTANT, QUERIES };
+enum { MANUAL, INSTANT, QUERIES, AFTER };
 static int complete_mode = -1;
 static int complete_queries;
+static long long after_ns, after_jitter_ns; /* "after:US[:JITTER]" */
 static long live_events, events_created;
 static pthread_mutex_t events_mutex = PTHREAD_MUTEX_INITIALIZER;
 static fake_event* all_events;
@@ -173,6 +178,11 @@ static void set_mode(const char* mode, int sweep) {
             pthread_mutex_unlock(&event->mutex);
         }
         pthread_mutex_unlock(&events_mutex);
+    } else if (mode && strncmp(mode, "after:", 6) == 0) {
+        complete_mode = AFTER;
+        char* rest = NULL;
+        after_ns = (long long)(strtod(mode + 6, &rest) * 1000.0);
+        after_jitter_ns = rest && *rest == ':' ? (long long)(strtod(rest + 1, NULL) * 1000.0) : 0;
     } else if (mode && strncmp(mode, "queries:", 8) == 0) {
         complete_mode = QUERIES;
         complete_queries = atoi(mode + 8);
@@ -349,6 +359,13 @@ static int next_outcome(void) {
 
 static int is_sticky_code(int code) { return code == ILLEGAL_ADDRESS || (code >= 700 && code < 720); }
 
+/* "after:US[:JITTER]": how long after its record an event completes, jitter drawn at random. */
+static long long due_after(void) {
+    static unsigned int seed = 12345;
+    long long jitter = after_jitter_ns > 0 ? (long long)(rand_r(&seed) % (after_jitter_ns + 1)) : 0;
+    return after_ns + jitter;
+}
+
 /* Record *handle* now (it completes as the mode says): a record outside a capture, or a graph's
  * event record node running. */
 static int record_now(void* handle) {
@@ -365,6 +382,7 @@ static int record_now(void* handle) {
     } else {
         event->state = NOT_READY;
         event->countdown = how == QUERIES ? complete_queries : 0;
+        event->due_ns = how == AFTER ? event->recorded_ns + due_after() : 0;
     }
     pthread_mutex_unlock(&event->mutex);
     return SUCCESS;
@@ -409,7 +427,7 @@ int cuEventQuery(void* handle) {
     if (forbidden != SUCCESS) return forbidden;
     if (sticky != SUCCESS) return sticky;
     if (event_queued(event)) { /* the deferred mode: the stream runs up to it, as the mode says */
-        int how = mode(), now = how == INSTANT;
+        int how = mode(), now = how == INSTANT || how == AFTER; /* "after": immediate streams */
         if (how == QUERIES) {
             pthread_mutex_lock(&event->mutex);
             now = event->countdown-- <= 0;
@@ -426,6 +444,8 @@ int cuEventQuery(void* handle) {
     if (event->state == NOT_READY && mode() == QUERIES) {
         if (event->countdown > 0) event->countdown--;
         else event->state = event->outcome;
+    } else if (event->state == NOT_READY && mode() == AFTER) {
+        if (now_ns() >= event->due_ns) event->state = event->outcome;
     } else if (event->state == NOT_READY && mode() == INSTANT) {
         event->state = event->outcome; /* recorded in another mode: done now */
     }
@@ -441,6 +461,15 @@ int cuEventSynchronize(void* handle) {
     /* The deferred mode: the stream runs up to it (in "manual", a test runs it). */
     if (mode() != MANUAL && event_queued(event)) drive_event(event, 3);
     pthread_mutex_lock(&event->mutex);
+    if (event->state == NOT_READY && mode() == AFTER) { /* sleeps until it is due */
+        long long left = event->due_ns - now_ns();
+        if (left > 0) {
+            struct timespec pause = {left / 1000000000LL, left % 1000000000LL};
+            pthread_mutex_unlock(&event->mutex);
+            nanosleep(&pause, NULL);
+            pthread_mutex_lock(&event->mutex);
+        }
+    }
     if (event->state == NOT_READY && mode() != MANUAL && event->reached_gen == event->recorded_gen)
         event->state = event->outcome;
     while (event->state == NOT_READY) pthread_cond_wait(&event->cond, &event->mutex);

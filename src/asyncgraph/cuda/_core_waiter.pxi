@@ -39,7 +39,8 @@ cdef extern from "<sys/prctl.h>" nogil:
     enum: PR_SET_TIMERSLACK
 
 from ._watches import (
-    FOLLOW_BLOCK_AFTER, FOLLOW_FRACTION, FOLLOW_MAX, FOLLOW_MIN, SPIN_BEFORE_POKE
+    EARLY_FRACTION, EARLY_MAX, EARLY_MIN, FOLLOW_BLOCK_AFTER, FOLLOW_FRACTION, FOLLOW_MAX,
+    FOLLOW_MIN, SPIN_BEFORE_POKE
 )
 
 cdef double _FOLLOW_MIN = FOLLOW_MIN
@@ -47,6 +48,9 @@ cdef double _FOLLOW_MAX = FOLLOW_MAX
 cdef double _FOLLOW_FRACTION = FOLLOW_FRACTION
 cdef double _FOLLOW_BLOCK_AFTER = FOLLOW_BLOCK_AFTER
 cdef double _SPIN_BEFORE_POKE = SPIN_BEFORE_POKE
+cdef double _EARLY_MIN = EARLY_MIN
+cdef double _EARLY_MAX = EARLY_MAX
+cdef double _EARLY_FRACTION = EARLY_FRACTION
 
 
 cdef inline double _seconds() noexcept nogil:
@@ -55,20 +59,38 @@ cdef inline double _seconds() noexcept nogil:
     return <double>ts.tv_sec + <double>ts.tv_nsec * 1e-9
 
 
-cdef void _sleep_until(double at) noexcept nogil:
-    """Return at the ``CLOCK_MONOTONIC`` time *at* (``perf_counter()``'s clock): asleep until
-    ``SPIN_BEFORE_POKE`` before it, then spinning on the clock (a sleep may end late)."""
-    cdef double left
+cdef cydriver.CUresult _follow_until(cydriver.CUevent event, double at) noexcept nogil:
+    """``_waiters.follow_until``: follow *event* until the ``CLOCK_MONOTONIC`` time *at*
+    (``perf_counter()``'s clock); its code once it completed, or ``CUDA_ERROR_NOT_READY`` at
+    *at* if it still runs. Asleep between queries (``_watches.early_step``) until
+    ``SPIN_BEFORE_POKE`` before *at* (a sleep may end late), then querying on the clock; past
+    ``FOLLOW_BLOCK_AFTER`` in ``cuEventSynchronize``, as :func:`_follow`."""
+    cdef double start = _seconds()
+    cdef double now, waited, step
+    cdef cydriver.CUresult code
     cdef timespec pause
     while True:
-        left = at - _seconds() - _SPIN_BEFORE_POKE
-        if left <= 0.0:
-            break
-        pause.tv_sec = <long>left
-        pause.tv_nsec = <long>((left - <double>pause.tv_sec) * 1e9)
+        code = cydriver.cuEventQuery(event)
+        if code != cydriver.CUDA_ERROR_NOT_READY:
+            return code
+        now = _seconds()
+        if now >= at:
+            return code
+        waited = now - start
+        if waited > _FOLLOW_BLOCK_AFTER:
+            return cydriver.cuEventSynchronize(event)
+        step = waited * _EARLY_FRACTION
+        if step < _EARLY_MIN:
+            step = _EARLY_MIN
+        elif step > _EARLY_MAX:
+            step = _EARLY_MAX
+        if step > at - now - _SPIN_BEFORE_POKE:
+            step = at - now - _SPIN_BEFORE_POKE
+        if step <= 0.0:
+            continue  # the last SPIN_BEFORE_POKE: querying on the clock
+        pause.tv_sec = <long>step
+        pause.tv_nsec = <long>((step - <double>pause.tv_sec) * 1e9)
         nanosleep(&pause, NULL)
-    while _seconds() < at:
-        pass
 
 
 cdef cydriver.CUresult _follow(cydriver.CUevent event) noexcept nogil:
@@ -147,9 +169,10 @@ cdef void _let_go(Shared* shared) noexcept nogil:
 
 
 cdef void* _wait_main(void* arg) noexcept nogil:
-    """A waiter thread: for each event handed to it, sleep until its wake time and poke the
-    loop (if it has one), follow the event until it completed (:func:`_follow`), then record
-    the code and write to the eventfd. No Python runs here."""
+    """A waiter thread: for each event handed to it, follow it until its wake time (if it has
+    one, :func:`_follow_until`) and poke the loop if it still runs then, follow it until it
+    completed (:func:`_follow`), then record the code and write to the eventfd. No Python runs
+    here."""
     cdef Slot* slot = <Slot*>arg
     cdef cydriver.CUevent event
     cdef double wake_at
@@ -169,13 +192,16 @@ cdef void* _wait_main(void* arg) noexcept nogil:
         slot.handed = 0
         slot.waiting = 1
         pthread_mutex_unlock(&slot.mutex)
-        if wake_at > 0.0 and cydriver.cuEventQuery(event) == cydriver.CUDA_ERROR_NOT_READY:
-            _sleep_until(wake_at)
-            pthread_mutex_lock(&slot.mutex)
-            slot.poked = 1
-            pthread_mutex_unlock(&slot.mutex)
-            write(slot.fd, &one, 8)
-        code = _follow(event)
+        code = cydriver.CUDA_ERROR_NOT_READY
+        if wake_at > 0.0:
+            code = _follow_until(event, wake_at)
+        if code == cydriver.CUDA_ERROR_NOT_READY:
+            if wake_at > 0.0:  # still running at its wake time: wake the loop for its end
+                pthread_mutex_lock(&slot.mutex)
+                slot.poked = 1
+                pthread_mutex_unlock(&slot.mutex)
+                write(slot.fd, &one, 8)
+            code = _follow(event)
         pthread_mutex_lock(&slot.mutex)
         slot.done_at = _seconds()
         slot.code = <int>code

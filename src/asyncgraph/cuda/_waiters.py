@@ -9,9 +9,11 @@ time), so it wakes within a few percent of the wait (at most ``FOLLOW_MAX``) aft
 finished, whatever the kernel's length. A thread asleep in ``cuEventSynchronize`` on a
 blocking-sync event would wake 0.1 to 0.2 ms late, which is most of a short kernel; only past
 ``FOLLOW_BLOCK_AFTER`` does a waiter sleep there. A hand-off may come with a wake time (the
-work's expected end less ``POKE_MARGIN``): the waiter then sleeps until it and *pokes* the loop
-(the reactor's ``poked``), which polls again, so that it is awake when the work ends; a loop
-that slept long wakes 50 to 150 us late. Two kinds of waiter do this, and the reactor cannot
+work's expected end less ``POKE_MARGIN``): the waiter then follows the event until then, in
+coarser steps (:func:`follow_until`), and if it still runs *pokes* the loop (the reactor's
+``poked``), which polls again, so that it is awake when the work ends; a loop that slept long
+wakes 50 to 150 us late. Work that ends before the wake time is reported at once, as without
+one. Two kinds of waiter do this, and the reactor cannot
 tell them apart:
 
 - **native** (the compiled core's ``NativeWaiter``): POSIX threads outside Python, one per lane,
@@ -44,9 +46,9 @@ from .._inbox import Inbox
 from .._telemetry import logger as _log
 from ._cores import core
 from ._driver import NOT_READY
-from ._watches import FOLLOW_BLOCK_AFTER, SPIN_BEFORE_POKE, WatchLane, follow_step
+from ._watches import FOLLOW_BLOCK_AFTER, WatchLane, early_step, follow_step
 
-__all__ = ("Joinable", "Poke", "Waiters", "follow")
+__all__ = ("Joinable", "Poke", "Waiters", "follow", "follow_until")
 
 _PR_SET_TIMERSLACK = 29
 
@@ -60,14 +62,26 @@ def _fine_timer_slack() -> None:
         libc.prctl(_PR_SET_TIMERSLACK, 1000, 0, 0, 0)
 
 
-def _sleep_until(at: float) -> None:
-    """Return at the ``perf_counter()`` time *at*: asleep until ``SPIN_BEFORE_POKE`` before it,
-    then spinning on the clock (letting go of the GIL each turn)."""
-    left = at - time.perf_counter() - SPIN_BEFORE_POKE
-    if left > 0.0:
-        time.sleep(left)
-    while time.perf_counter() < at:
-        time.sleep(0)
+def follow_until(event: Any, at: float) -> Any:
+    """Follow *event* until the ``perf_counter()`` time *at*: the driver's code once it
+    completed, or ``NOT_READY`` at *at* if it still runs then. Asleep between queries
+    (``_watches.early_step``) until ``SPIN_BEFORE_POKE`` before *at*, then querying on the
+    clock (letting go of the GIL each turn). Past ``FOLLOW_BLOCK_AFTER`` it waits in
+    ``cuEventSynchronize`` instead, as :func:`follow` does."""
+    start = time.perf_counter()
+    query = drv.cuEventQuery
+    sleep = time.sleep
+    while True:
+        code = query(event)[0]
+        if code != NOT_READY:
+            return code
+        now = time.perf_counter()
+        if now >= at:
+            return code
+        waited = now - start
+        if waited > FOLLOW_BLOCK_AFTER:
+            return drv.cuEventSynchronize(event)[0]
+        sleep(early_step(waited, at - now))
 
 
 def follow(event: Any) -> Any:
@@ -210,10 +224,12 @@ class Waiters:
             if item is None:
                 return
             event, wake_at = item
-            if wake_at and drv.cuEventQuery(event)[0] == NOT_READY:
-                _sleep_until(wake_at)
-                self.inbox.post(Poke(lane))
-            lane.last_code = follow(event)
+            code = follow_until(event, wake_at) if wake_at else NOT_READY
+            if code == NOT_READY:
+                if wake_at:  # still running at its wake time: wake the loop for its end
+                    self.inbox.post(Poke(lane))
+                code = follow(event)
+            lane.last_code = code
             lane.done_at = time.perf_counter()
             self.inbox.post(lane)
 

@@ -32,6 +32,9 @@ from ._driver import NOT_READY, SUCCESS, check
 __all__ = (
     "BUSY",
     "CATCH_UP_AFTER",
+    "EARLY_FRACTION",
+    "EARLY_MAX",
+    "EARLY_MIN",
     "FAILED",
     "FOLLOW_BLOCK_AFTER",
     "FOLLOW_FRACTION",
@@ -49,6 +52,7 @@ __all__ = (
     "Watch",
     "WatchLane",
     "Watches",
+    "early_step",
     "follow_step",
     "learned",
 )
@@ -85,19 +89,29 @@ FOLLOW_FRACTION = 1 / 16
 FOLLOW_BLOCK_AFTER = 0.1
 # A watch may say when its work is expected to end (``expect``, a perf_counter() time; 0.0:
 # not known): the fast path learns each plan's time from dispatch to completion (learned()),
-# copies their pace. A waiter handed such a watch sleeps until POKE_MARGIN before that time,
-# then wakes the loop (a *poke*), which polls again until the work completed: a loop that slept
-# long wakes 50 to 150 us late, so it must be awake when the work ends, and the thread that
-# follows the event is only the fallback. The loop keeps polling rather than handing off when
-# the expected end is nearer than POKE_MARGIN.
+# copies their pace. A waiter handed such a watch follows it until POKE_MARGIN before that time
+# (early_step(): coarser steps than after it), then, if it still runs, wakes the loop (a
+# *poke*), which polls again until the work completed: a loop that slept long wakes 50 to 150
+# us late, so it must be awake when the work ends, and the thread that follows the event is
+# only the fallback. Work that ends before its wake time is reported as it ends, and teaches a
+# shorter time at once: an expectation too long (a first dispatch that included loading its
+# module, work queued behind other work) costs one late completion, never a sleep through the
+# end of every later one. The loop keeps polling rather than handing off when the expected end
+# is nearer than POKE_MARGIN.
 POKE_MARGIN = 150e-6  # to begin with: the reactor learns how late its loop wakes (_poked)
 POKE_MARGIN_LIMITS = (100e-6, 1e-3)
 # After a poke the loop polls until the work completed, or until this long after its expected
 # end (the waiter, still following it, reports it then).
 POKE_TAIL = 300e-6
 # A sleep of a thread ends 50 to 100 us late on some machines, timer slack or not: a waiter
-# sleeps until this long before its poke, then spins on the clock.
+# sleeps until this long before its poke, then spins on the clock (querying its event).
 SPIN_BEFORE_POKE = 200e-6
+# Before its wake time a waiter sleeps EARLY_FRACTION of the time waited so far between
+# queries, within [EARLY_MIN, EARLY_MAX]: a few wake-ups for a kernel of milliseconds, and work
+# that ends sooner than expected is seen at most EARLY_MAX late.
+EARLY_MIN = 50e-6
+EARLY_MAX = 500e-6
+EARLY_FRACTION = 1 / 4
 # How an expected time follows a longer sample: by this share of the difference, so that work
 # that grew longer (a kernel given more to do) is followed within a few dispatches, while one
 # long outlier moves it only halfway. A shorter sample is taken at once: a poke too late
@@ -111,6 +125,13 @@ current_context = drv.cuCtxGetCurrent
 def follow_step(waited: float) -> float:
     """Seconds a waiter sleeps before it queries its event again, *waited* seconds in."""
     return min(max(waited * FOLLOW_FRACTION, FOLLOW_MIN), FOLLOW_MAX)
+
+
+def early_step(waited: float, left: float) -> float:
+    """Seconds a waiter sleeps before it queries its event again, *waited* seconds in and
+    *left* seconds before its wake time (``0.0``: spin, querying, until the wake time)."""
+    step = min(max(waited * EARLY_FRACTION, EARLY_MIN), EARLY_MAX)
+    return max(min(step, left - SPIN_BEFORE_POKE), 0.0)
 
 
 def learned(expected: float, sample: float) -> float:
