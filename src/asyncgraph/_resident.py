@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import threading
 from collections.abc import Callable
+from math import prod
 from typing import Any, NoReturn, Protocol
 
 import numpy as np
@@ -127,7 +128,7 @@ class ResidentBuffer:
         self._storage = storage
         self.shape = shape
         self.dtype = dtype
-        self.nbytes = int(np.prod(shape, dtype=np.int64)) * dtype.itemsize
+        self.nbytes = int(prod(shape)) * dtype.itemsize
         self._in_use = 0
         self._exports = 0  # DLPack tensors consumers still hold
         self._writer: Use | None = None
