@@ -11,7 +11,7 @@ import pytest
 from cuda.bindings import driver as drv
 
 from asyncgraph._exceptions import CudaError
-from asyncgraph.cuda import _reactor, _watches
+from asyncgraph.cuda import _expect, _reactor, _watches
 from asyncgraph.cuda._driver import NOT_READY, SUCCESS
 from asyncgraph.cuda._events import EventPool
 from tests.fake_driver import run_scenario
@@ -515,6 +515,65 @@ def test_an_expected_time_falls_at_once_and_rises_slowly() -> None:
 
 @pytest.mark.stand_in
 @pytest.mark.nvrtc
+@pytest.mark.parametrize("core", CORES)
+def test_a_lone_dispatch_expected_to_end_well_past_the_spin_window_is_not_spun_for(
+    core: str,
+) -> None:
+    seen = run_scenario("tests.fake_driver.core_scenario", core, "spin_skip")
+    assert seen["compiled"] == (core == "compiled")
+    assert seen["far"] == {"spun": 0, "done_inline": 0, "done": 1}  # left to the loop's poll
+    assert seen["unknown"] == {"spun": 1, "done_inline": 1, "done": 1}
+
+
+async def test_work_expected_to_end_well_past_the_window_is_handed_off_at_once(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    clock = _fake_clock(monkeypatch)
+    loop = asyncio.get_running_loop()
+    window = 200e-6
+    reactor = _reactor.Reactor(loop, None, 2, EventPool(0), window, lambda _e: None)
+    handed: list[Any] = []
+    monkeypatch.setattr(reactor._waiters, "hand", lambda *args: handed.append(args))
+    far, near = FakeEvent(done=False), FakeEvent(done=False)
+    # Expected to end sooner than a window and two margins: polled for the window first.
+    reactor.watch(1, near, lambda _error: None, clock[0] + window + reactor.poke_margin)
+    await asyncio.sleep(0)
+    assert handed == []
+    near.done = True
+    await asyncio.sleep(0)
+    assert reactor.pending == 0
+    # Five milliseconds away: the first poll hands it to its waiter, no window of polls.
+    polls = reactor.polls
+    reactor.watch(0, far, lambda _error: None, clock[0] + 5e-3)
+    await asyncio.sleep(0)
+    assert reactor.polls == polls + 1
+    [(lane, event, wake_at)] = handed
+    assert (lane.index, event) == (0, far)
+    assert wake_at == pytest.approx(clock[0] + 5e-3 - reactor.poke_margin)
+    # Nothing left behind for a real waiter thread after the test.
+    far.done = True
+    reactor._woken(lane)
+    await asyncio.sleep(0)
+    assert reactor.pending == 0
+
+
+def test_the_poke_margin_rises_to_a_late_wake_falls_slowly_and_eases_back() -> None:
+    low, high = _watches.POKE_MARGIN_LIMITS
+    start = _watches.POKE_MARGIN
+    assert _expect.margin_after_poke(start, 400e-6) == pytest.approx(500e-6)  # at once
+    assert _expect.margin_after_poke(500e-6, 100e-6) == pytest.approx(500e-6 - 375e-6 / 8)
+    assert _expect.margin_after_poke(start, 1.0) == high
+    assert _expect.margin_after_poke(start, 0.0) == pytest.approx(start - (start - 0) / 8)
+    assert _expect.margin_after_poke(low, 0.0) == low
+    # Polls within the margin ease it back to where it starts, never below.
+    margin = high
+    for _ in range(1000):
+        margin = _expect.eased(margin)
+    assert start < margin < start + 1e-6
+    assert _expect.eased(start) == start
+    assert _expect.eased(low) == low
+
+
 @pytest.mark.parametrize("core", CORES)
 def test_work_that_ends_long_before_its_expected_end_is_reported_as_it_ends(core: str) -> None:
     # A plan that once took 200 ms, then 5 ms: its waiter follows the event while it waits for

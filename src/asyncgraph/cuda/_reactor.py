@@ -45,18 +45,9 @@ from ._context import OwnContext
 from ._cores import core
 from ._driver import SUCCESS, check, error_for, is_sticky
 from ._events import EventPool
+from ._expect import WITHIN_MARGIN, eased, ends_late, ends_soon, margin_after_poke
 from ._waiters import Joinable, Waiters
-from ._watches import (
-    FAILED,
-    HOLD_LIMIT,
-    MIN_COMPLETIONS,
-    POKE_MARGIN,
-    POKE_MARGIN_LIMITS,
-    POKE_TAIL,
-    STOPPED,
-    Callback,
-    WatchLane,
-)
+from ._watches import FAILED, HOLD_LIMIT, MIN_COMPLETIONS, POKE_MARGIN, STOPPED, Callback, WatchLane
 
 __all__ = ("HOLD_LIMIT", "ITERATION_BUDGET", "MIN_COMPLETIONS", "Reactor", "WakeBudget")
 
@@ -248,13 +239,18 @@ class Reactor:
             now = perf_counter()
             if done:
                 w.window_start = now
-            if now - w.window_start < self._window or not busy:
+            late = ends_late(self._lanes, now + self._window + 2 * self.poke_margin)
+            if not busy or (now - w.window_start < self._window and not late):
                 self._again(done)
                 return
             # Polls followed each other for a whole window with nothing completing and nothing
-            # else to run: let the waiter threads sleep on the events, and the loop sleep too;
-            # unless some work is expected to end sooner than a sleeping loop would wake.
-            if self._ends_soon(now):
+            # else to run, or the work is expected to end later than that (``late``): let the
+            # waiter threads sleep on the events, and the loop sleep too; unless some work is
+            # expected to end sooner than a sleeping loop would wake (``_expect``).
+            soon = ends_soon(self._lanes, self._poked_lanes, now, self.poke_margin)
+            if soon:
+                if soon == WITHIN_MARGIN:
+                    self.poke_margin = eased(self.poke_margin)
                 self._again(done)
                 return
             self._idle()
@@ -264,23 +260,6 @@ class Reactor:
         finally:
             if pushed:
                 drv.cuCtxPopCurrent()
-
-    def _ends_soon(self, now: float) -> bool:
-        """Whether some lane's oldest work is expected to end within :attr:`poke_margin`,
-        sooner than a sleeping loop would wake; or it was poked for and its expected end
-        passed by less than ``POKE_TAIL``: the loop keeps polling for it."""
-        for lane in self._lanes:
-            pending = lane.pending
-            if not pending:
-                continue
-            head = pending[0]
-            left = head.expect - now
-            if lane.handed is None:
-                if 0.0 < left < self.poke_margin:
-                    return True
-            elif lane.handed is head and lane.index in self._poked_lanes and left > -POKE_TAIL:
-                return True
-        return False
 
     def _again(self, done: int) -> None:
         """Poll again in the next loop iteration, after the *done* dispatches' tasks ran."""
@@ -318,13 +297,8 @@ class Reactor:
         wake_at = self._wake_at.get(lane.index, 0.0)
         if lane.handed is None or not w.pending or w.paused or not wake_at:
             return
-        # How late the loop woke: the margin to poke with from now on (rising at once, falling
-        # by an eighth), a quarter more than that.
-        wanted = 1.25 * (perf_counter() - wake_at)
-        low, high = POKE_MARGIN_LIMITS
-        margin = self.poke_margin
-        margin = wanted if wanted > margin else margin + (wanted - margin) / 8
-        self.poke_margin = min(max(margin, low), high)
+        # How late the loop woke: the margin to poke with from now on (``_expect``).
+        self.poke_margin = margin_after_poke(self.poke_margin, perf_counter() - wake_at)
         self.pokes += 1
         self._poked_lanes.add(lane.index)
         if not w.poll_scheduled:
