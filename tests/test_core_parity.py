@@ -3,9 +3,10 @@ core has, and their classes have the same public methods with the same parameter
 
 The front and the reactor call either core through these names only (``_cores.core``), so a
 method added to one core and not the other, or a parameter renamed in one, would pass the suite
-on one core and break the other where it runs. The behaviour behind the names is checked by the
-scenarios that run on both cores against the stand-in driver (``tests/test_reactor.py``,
-``tests/test_core.py``).
+on one core and break the other where it runs. Behind the names, one workload runs on each core
+against the stand-in driver (``tests/fake_driver/parity_scenario.py``) and must show the same:
+results, errors and their messages, telemetry counts, in-flight counts and the buffers' record
+of their uses.
 """
 
 from __future__ import annotations
@@ -15,9 +16,11 @@ from collections.abc import Callable
 from types import ModuleType
 from typing import Any
 
+import numpy as np
 import pytest
 
 from asyncgraph.cuda import _core_py
+from tests.fake_driver import run_scenario
 
 from .needs import compiled_core
 
@@ -88,3 +91,31 @@ def test_the_module_functions_take_as_many_arguments_in_both_cores(compiled: Mod
         assert len(_parameters(ours)) == len(_parameters(theirs)), name
         if name not in DRIVER_FUNCTIONS:
             assert _parameters(ours) == _parameters(theirs), name
+
+
+@pytest.mark.parametrize("streams", ["immediate", "deferred"])
+def test_one_workload_shows_the_same_on_both_cores(compiled: ModuleType, streams: str) -> None:
+    seen = {
+        core: run_scenario("tests.fake_driver.parity_scenario", core, streams=streams)
+        for core in ("python", "compiled")
+    }
+    assert (seen["python"].pop("compiled"), seen["compiled"].pop("compiled")) == (False, True)
+    for observed in seen.values():
+        observed.pop("stderr")
+    assert seen["python"] == seen["compiled"]
+    # And what both saw is right (two cores wrong alike would agree too).
+    observed = seen["python"]
+    x = np.arange(1024, dtype=np.float32)
+    assert observed["round_trips"] == [["ok", [float((2 * (x + i)).sum())]] for i in range(6)]
+    assert observed["resident"] == float((x + 5).sum())
+    assert observed["into_result"] == float((3 * (x + 5)).sum())
+    assert observed["concurrent"] == [["ok", [float((2 * (x - i)).sum())]] for i in range(32)]
+    assert [kind for kind, _ in observed["refused"]] == ["ArgumentTypeError"] * 2
+    assert observed["stale"][0] == "StaleBufferError"
+    assert observed["launch_failed"][0] == observed["event_failed"][0] == "CudaError"
+    assert observed["after_failures"] == observed["round_trips"][0]  # the backend goes on
+    counts = observed["telemetry"]
+    assert counts["dispatches"] == counts["dispatches_completed"] + counts["dispatches_failed"]
+    assert (counts["dispatches_failed"], counts["in_flight"], counts["queued"]) == (2, 0, 0)
+    assert observed["resident_tracking"] == observed["target_tracking"] == [0, True, 0]
+    assert observed["buffers_tracking"] == [[0, True, 0], [0, True, 0]]

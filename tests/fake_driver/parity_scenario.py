@@ -1,0 +1,123 @@
+"""One workload, everything it lets a user observe: run on each dispatch core, it must print the
+same (``tests/test_core_parity.py``).
+
+``python -m tests.fake_driver.parity_scenario`` runs round trips (the first of a signature on
+the general path, the rest on the fast path), resident buffers written by dispatches in flight,
+``Out(into=...)``, 32 concurrent dispatches, refused input, a failed launch and a failed event,
+on the CUDA backend over the stand-in driver, and prints one JSON line: results, errors (type
+and message), telemetry counts, in-flight counts and the buffers' record of their uses.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import ctypes
+import json
+from collections.abc import Awaitable, Callable
+from functools import partial
+from typing import Any
+
+import attrs
+import numpy as np
+
+import asyncgraph as ag
+from asyncgraph._bench import SCALE
+from asyncgraph._telemetry import TelemetrySnapshot
+from asyncgraph.cuda._cores import core
+from tests.fake_driver import reset
+from tests.kernels import INC
+
+_lib = ctypes.CDLL("libcuda.so.1")
+N = 1024
+INVALID_VALUE = 1  # not sticky: the backend goes on
+# Telemetry that counts (the histograms measure time, which differs from run to run).
+TIMED = {"queue_wait", "submit_time", "completion_latency", "device_time"}
+COUNTS = [f.name for f in attrs.fields(TelemetrySnapshot) if f.name not in TIMED]
+
+
+def _scale(gpu: Any, x: Any) -> Any:
+    return gpu.dispatch(
+        SCALE, x, ag.Out(N, np.float32), np.float32(2), np.int32(N), grid=4, block=256
+    )
+
+
+def _inc(gpu: Any, buffer: Any) -> Any:
+    return gpu.dispatch(INC, buffer, np.float32(1), np.int32(N), grid=4, block=256)
+
+
+def _tracking(buffer: Any) -> list[Any]:
+    """The buffer's record of its uses in flight (private fields, read by a test on purpose)."""
+    return [buffer._in_use, buffer._writer is None, len(buffer._readers)]
+
+
+async def _outcome(call: Callable[[], Awaitable[Any]]) -> list[Any]:
+    """``[type, message]`` of what awaiting *call()* raised, or ``["ok", checksum]``."""
+    try:
+        result = await call()
+    except Exception as exc:
+        return [type(exc).__name__, str(exc)]
+    values = result if isinstance(result, tuple) else (result,)
+    return [
+        "ok",
+        [float(v.sum()) if isinstance(v, np.ndarray) else type(v).__name__ for v in values],
+    ]
+
+
+async def workload() -> dict[str, Any]:
+    seen: dict[str, Any] = {}
+    x = np.arange(N, dtype=np.float32)
+    gpu: Any
+    async with ag.open_backend("cuda") as gpu:
+        seen["round_trips"] = [await _outcome(partial(_scale, gpu, x + i)) for i in range(6)]
+
+        buffer = await gpu.upload(x)
+        await asyncio.gather(*(_inc(gpu, buffer) for _ in range(5)))  # in flight together
+        seen["resident"] = float((await gpu.download(buffer)).sum())
+        seen["resident_tracking"] = _tracking(buffer)
+
+        target = gpu.empty(N, np.float32)
+        into = ag.Out(into=target)
+        seen["into"] = await _outcome(
+            lambda: gpu.dispatch(SCALE, buffer, into, np.float32(3), np.int32(N), grid=4, block=256)
+        )
+        seen["into_result"] = float((await gpu.download(target)).sum())
+        seen["target_tracking"] = _tracking(target)
+
+        many = await asyncio.gather(*(_outcome(partial(_scale, gpu, x - i)) for i in range(32)))
+        seen["concurrent"] = many
+
+        seen["refused"] = [
+            await _outcome(
+                lambda: gpu.dispatch(
+                    SCALE, x, ag.Out(N, np.float32), 2.0, np.int32(N), grid=4, block=256
+                )
+            ),
+            await _outcome(
+                lambda: gpu.dispatch(
+                    SCALE, x, ag.Out(N, np.float64), np.float32(2), np.int32(N), grid=4, block=256
+                )
+            ),
+        ]
+        stale = gpu.empty(N, np.float32)
+        await stale.aclose()
+        seen["stale"] = await _outcome(lambda: _inc(gpu, stale))
+
+        _lib.fake_fail_next(b"launch", 1, INVALID_VALUE)
+        seen["launch_failed"] = await _outcome(lambda: _scale(gpu, x))
+        _lib.fake_fail_next_events(1, INVALID_VALUE)
+        seen["event_failed"] = await _outcome(lambda: _scale(gpu, x))
+        seen["after_failures"] = await _outcome(lambda: _scale(gpu, x))
+
+        snapshot = gpu.telemetry.snapshot()
+        seen["telemetry"] = {name: getattr(snapshot, name) for name in COUNTS}
+        seen["buffers_tracking"] = [_tracking(buffer), _tracking(target)]
+        await buffer.aclose()
+        await target.aclose()
+    return seen
+
+
+if __name__ == "__main__":
+    reset(_lib)
+    _lib.fake_set_complete_mode(b"instant")
+    result = asyncio.run(workload())
+    print(json.dumps({"compiled": bool(core.COMPILED)} | result), flush=True)
