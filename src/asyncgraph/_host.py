@@ -31,6 +31,7 @@ from ._checks import describe, describe_value
 from ._dlpack import KDL_CPU
 from ._engine import Engine, FastFront, Sink
 from ._exceptions import AllocationError, HostFunctionError, UnsupportedError
+from ._finished import Finished
 from ._inbox import Inbox
 from ._kernel import Kernel
 from ._lease import StreamLease
@@ -234,7 +235,7 @@ class HostEngine:
         """
         try:
             for dep in job.deps:
-                finished: threading.Event | None = getattr(dep, "finished", None)
+                finished: threading.Event | Finished | None = getattr(dep, "finished", None)
                 if finished is not None:
                     finished.wait()
             args: list[Any] = []

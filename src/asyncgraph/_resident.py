@@ -14,7 +14,6 @@ Each buffer also tracks the dispatches in flight that use it, for two purposes:
 
 from __future__ import annotations
 
-import threading
 from collections.abc import Callable
 from math import prod
 from typing import Any, NoReturn, Protocol
@@ -24,6 +23,7 @@ import numpy as np
 from . import _loop
 from ._dlpack import make_capsule
 from ._exceptions import ArgumentTypeError, NotPicklableError, StaleBufferError
+from ._finished import Finished
 
 __all__ = (
     "Download",
@@ -494,5 +494,5 @@ class Download:
     __slots__ = ("event", "finished")
 
     def __init__(self) -> None:
-        self.finished = threading.Event()
+        self.finished = Finished()
         self.event: object = None  # the CUDA backend's copy event, once enqueued
