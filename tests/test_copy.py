@@ -98,4 +98,5 @@ def test_copies_between_cuda_backends_on_the_stand_in(core: str) -> None:
     assert seen["group_copy"] is True
     assert seen["replicated"] == [True, True]
     assert seen["replicate_uploads"] == [4096 * 4, 0]  # uploaded once, copied on the devices
+    assert seen["after_queued_writers"] == [2, True]  # two writers queued, both in the copy
     assert seen["wrong_context_calls"] == 0

@@ -234,11 +234,12 @@ class Engine(Protocol):
         sets up access to *source*'s memory the first time."""
         ...
 
-    async def copy_in(
+    def copy_in(
         self, buffer: ResidentBuffer, use: Use, deps: list[Use], source: Engine
-    ) -> Any:
+    ) -> Awaitable[Any]:
         """New storage here holding a copy of *buffer* (storage of *source*, which this
-        :meth:`copies_from`), read as *use* after the uses in *deps*."""
+        :meth:`copies_from`), read as *use* after the uses in *deps*: an awaitable of it (a
+        coroutine, or a future of a copy already enqueued)."""
         ...
 
     def free_storage(self, storage: Any) -> None:

@@ -68,6 +68,26 @@ async def main() -> dict[str, Any]:
             await a.copy(twin, to="cuda:1")  # type: ignore[arg-type]
         except ag.ArgumentTypeError as exc:
             seen["not_a_backend"] = str(exc)
+    # Writers queued behind the in-flight bound, not launched yet when the copy starts: the
+    # copy waits for them (then enqueues, with the context current) and holds what they wrote.
+    async with (
+        ag.open_backend("cuda:0", max_in_flight=1) as narrow,
+        ag.open_backend("cuda:1") as other,
+    ):
+        await narrow.compile(INC)
+        source = await narrow.upload(x)
+        one = np.float32(1)
+        writes = [
+            narrow.dispatch(INC, source, np.float32(1), np.int32(N), grid=16, block=256)
+            for _ in range(3)
+        ]
+        queued = narrow.telemetry.snapshot().queued
+        copied = await narrow.copy(source, to=other)
+        await asyncio.gather(*writes)
+        seen["after_queued_writers"] = [
+            queued,
+            bool(np.array_equal(await other.download(copied), x + one + one + one)),
+        ]
     async with ag.open_group(["cuda:0", "cuda:1"]) as group:
         on_0 = await group.upload(x, group[0])
         on_1 = await group.copy_to(on_0, group[1])

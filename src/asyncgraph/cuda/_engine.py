@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Awaitable
 from contextlib import AbstractAsyncContextManager
 from typing import Any
 
@@ -262,10 +262,13 @@ class CudaEngine:
         return route(self.device, source.device)
 
     @in_context
-    async def copy_in(self, buffer: ResidentBuffer, use: Use, deps: list[Use], source: Any) -> Any:
+    def copy_in(
+        self, buffer: ResidentBuffer, use: Use, deps: list[Use], source: Any
+    ) -> Awaitable[Any]:
         """New device storage holding a copy of *buffer* (of *source*, a CUDA engine), copied
-        on this device after the writers in *deps*."""
-        return await self.storage.copy_in(buffer, use, deps, source.device)
+        on this device after the writers in *deps*: enqueued here, with the context current,
+        when the writers are (the awaitable is its future)."""
+        return self.storage.copy_in(buffer, use, deps, source.device)
 
     @in_context
     def free_storage(self, storage: Any) -> None:

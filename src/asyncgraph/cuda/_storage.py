@@ -10,7 +10,9 @@ access to the other's memory set up once per pair where the devices allow it (``
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
+from collections.abc import Awaitable
 from time import perf_counter
 from typing import TYPE_CHECKING, Any
 
@@ -175,16 +177,32 @@ class Storage:
         array: np.ndarray[Any, Any] = await lane.future(event, on_done)
         return array
 
-    async def copy_in(
+    def copy_in(
         self, buffer: ResidentBuffer, use: Use, deps: list[Use], source: Device
-    ) -> Any:
+    ) -> Awaitable[Any]:
         """New storage here holding a copy of *buffer* (storage of *source*'s backend, this
-        one's or another's), copied on the device after the writers in *deps*."""
+        one's or another's), copied on the device after the writers in *deps*: enqueued now,
+        with this device's context current, and the awaitable is its future; or, while a
+        writer is not launched yet, a coroutine that waits for it first."""
         device = self._device
         device.check_healthy()
         source.check_healthy()
-        if any(dep_event(dep) is False for dep in deps):
-            await wait_finished(deps)  # a writer is not launched yet
+        if deps and any(dep_event(dep) is False for dep in deps):
+            return device.ctx.steps(self._copy_after_writers(buffer, use, deps, source))
+        return self._copy(buffer, use, deps, source)
+
+    async def _copy_after_writers(
+        self, buffer: ResidentBuffer, use: Use, deps: list[Use], source: Device
+    ) -> Any:
+        await wait_finished(deps)  # a writer is not launched yet
+        self._device.check_healthy()
+        source.check_healthy()
+        return await self._copy(buffer, use, deps, source)
+
+    def _copy(
+        self, buffer: ResidentBuffer, use: Use, deps: list[Use], source: Device
+    ) -> asyncio.Future[Any]:
+        device = self._device
         lane = device.lanes[device.stream_pool.pick().index]
         nbytes = buffer.nbytes
         storage = self._allocate(nbytes, lane.stream)
@@ -231,8 +249,7 @@ class Storage:
         future = lane.future(event, on_done, expect)
         if expect:  # awaited alone and ending soon: completed here, without a loop round trip
             device.reactor.spin(expect)
-        copied: Any = await future
-        return copied
+        return future
 
     # -- sharing with other libraries ------------------------------------------------------------
 
