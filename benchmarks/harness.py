@@ -31,13 +31,13 @@ from pathlib import Path
 from types import TracebackType
 from typing import Any, TypeVar
 
-import numpy as np
-
+from asyncgraph._timing import Clock as Clock  # the scripts' clock type
+from asyncgraph._timing import percentile as percentile  # the scripts' percentile
+from asyncgraph._timing import samples_async, samples_sync
 from asyncgraph._version import provenance
 
 T = TypeVar("T")
 LoopFactory = Callable[[], asyncio.AbstractEventLoop]
-Clock = Callable[[], float]
 
 # Where ``--json`` with no path writes: benchmarks/results/<script>-<device>.json.
 RESULTS = Path(__file__).resolve().parent / "results"
@@ -118,28 +118,13 @@ def median_us(samples: Iterable[float]) -> float:
     return statistics.median(samples) * 1e6
 
 
-def percentile(samples: Sequence[float] | np.ndarray[Any, Any], q: float) -> float:
-    """The *q*-th percentile (0 to 100) of *samples*, as ``numpy.percentile`` computes it.
-
-    Interpolated between the nearest two samples; ``q=100`` is the largest.
-    """
-    return float(np.percentile(samples, q))
-
-
 def time_sync(
     fn: Callable[[], object], reps: int, warmup: int = 100, *, clock: Clock = time.perf_counter
 ) -> float:
     """Calls *fn* *warmup* times, then times *reps* calls one by one; returns the median µs."""
     if smoke():
         reps, warmup = min(reps, SMOKE_REPS), min(warmup, 1)
-    for _ in range(warmup):
-        fn()
-    samples = []
-    for _ in range(reps):
-        t0 = clock()
-        fn()
-        samples.append(clock() - t0)
-    return median_us(samples)
+    return median_us(samples_sync(fn, reps, warmup, clock))
 
 
 async def time_async(
@@ -152,14 +137,7 @@ async def time_async(
     """Awaits *fn()* *warmup* times, then times *reps* awaits one by one; returns the median µs."""
     if smoke():
         reps, warmup = min(reps, SMOKE_REPS), min(warmup, 1)
-    for _ in range(warmup):
-        await fn()
-    samples = []
-    for _ in range(reps):
-        t0 = clock()
-        await fn()
-        samples.append(clock() - t0)
-    return median_us(samples)
+    return median_us(await samples_async(fn, reps, warmup, clock))
 
 
 class Heartbeat:

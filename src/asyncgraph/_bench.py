@@ -44,6 +44,7 @@ from ._detect import DeviceInfo, probe_cuda
 from ._exceptions import AsyncGraphError, UnsupportedError
 from ._kernel import Kernel
 from ._open import open_backend
+from ._timing import samples_async
 from ._version import package_version, provenance
 
 __all__ = (
@@ -167,15 +168,7 @@ async def time_async(fn: Callable[[], Awaitable[object]], settings: BenchSetting
     Returns:
         The latency of each timed await, in µs.
     """
-    for _ in range(settings.warmup):
-        await fn()
-    clock = time.perf_counter
-    samples = []
-    for _ in range(settings.reps):
-        start = clock()
-        await fn()
-        samples.append((clock() - start) * 1e6)
-    return samples
+    return [s * 1e6 for s in await samples_async(fn, settings.reps, settings.warmup)]
 
 
 # -- asyncgraph's rows -------------------------------------------------------------------------

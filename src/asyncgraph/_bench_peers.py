@@ -15,7 +15,6 @@ imported only here, inside the rows, after asyncgraph's rows ran.
 from __future__ import annotations
 
 import importlib
-import time
 from collections.abc import Callable
 from typing import Any
 
@@ -37,6 +36,7 @@ from ._bench import (
     expect_scaled,
 )
 from ._bench_report import BenchSettings, LatencyRow, Row, SkippedRow
+from ._timing import samples_sync
 
 __all__ = ("PEER_ROWS", "Peer", "time_sync")
 
@@ -49,15 +49,7 @@ def time_sync(fn: Callable[[], object], settings: BenchSettings) -> list[float]:
     Returns:
         The latency of each timed call, in µs.
     """
-    for _ in range(settings.warmup):
-        fn()
-    clock = time.perf_counter
-    samples = []
-    for _ in range(settings.reps):
-        start = clock()
-        fn()
-        samples.append((clock() - start) * 1e6)
-    return samples
+    return [s * 1e6 for s in samples_sync(fn, settings.reps, settings.warmup)]
 
 
 def _first_line(exc: BaseException) -> str:

@@ -18,7 +18,8 @@ from pathlib import Path
 from typing import Any, ClassVar, TextIO
 
 import attrs
-import numpy as np
+
+from ._timing import percentile  # one percentile for every benchmark (re-exported)
 
 __all__ = (
     "BenchReport",
@@ -46,19 +47,6 @@ PLOT_COLORS = {"asyncgraph": "#9ecae1", "peer": "#d9d9d9"}  # box fill by source
 
 
 # -- summaries ---------------------------------------------------------------------------------
-
-
-def percentile(samples: Sequence[float], q: float) -> float:
-    """The *q*-th percentile (0 to 100) of *samples*, interpolated as ``numpy.percentile`` does.
-
-    Raises:
-        ValueError: *samples* is empty, or *q* is outside 0 to 100.
-    """
-    if not samples:
-        raise ValueError("percentile of no samples")
-    if not 0 <= q <= 100:
-        raise ValueError(f"q={q!r}; a percentile is between 0 and 100")
-    return float(np.percentile(np.asarray(samples, dtype=np.float64), q))
 
 
 def slug(name: str) -> str:
