@@ -384,29 +384,6 @@ async def stale_expectation() -> dict[str, Any]:
         }
 
 
-async def spin_skip() -> dict[str, Any]:
-    """A lone watched event, already complete: ``spin()`` leaves it to the poll when its work
-    was expected to end a second from now (a spin would only burn its window), and completes
-    it inline when nothing is known."""
-    gpu: Any
-    async with ag.open_backend("cuda") as gpu:
-        device = gpu._cuda.device  # the reactor and a lane, driven by a test on purpose
-        reactor, lane = device.reactor, device.lanes[0]
-        seen: dict[str, Any] = {}
-        for label, expect in (("far", time.perf_counter() + 1.0), ("unknown", 0.0)):
-            done: list[object] = []
-            reactor.watch(lane.index, lane.record(), done.append, expect)
-            spins = reactor.spins
-            reactor.spin()
-            seen[label] = {"spun": reactor.spins - spins, "done_inline": len(done)}
-            for _ in range(1000):  # the loop's poll completes it
-                if done:
-                    break
-                await asyncio.sleep(0)
-            seen[label]["done"] = len(done)
-        return seen
-
-
 SCENARIOS: dict[str, Callable[..., Any]] = {
     "commit_fails": commit_fails,
     "readers_not_a_list": readers_not_a_list,
@@ -418,7 +395,6 @@ SCENARIOS: dict[str, Callable[..., Any]] = {
     "catch_up": catch_up,
     "expected_end": expected_end,
     "stale_expectation": stale_expectation,
-    "spin_skip": spin_skip,
 }
 
 

@@ -47,7 +47,6 @@ __all__ = (
     "POKE_MARGIN_LIMITS",
     "POKE_TAIL",
     "SPIN_BEFORE_POKE",
-    "SPIN_SKIP",
     "STOPPED",
     "Callback",
     "Watch",
@@ -77,8 +76,6 @@ CATCH_UP_AFTER = 100e-6
 # long after its expected end, and never longer than SPIN_CAP.
 SPIN_SLACK = 20e-6
 SPIN_CAP = 200e-6
-# A lone dispatch expected to end later than this many spin windows away is not spun for.
-SPIN_SKIP = 2.0
 # What such a catch-up may take of the awaiting task's time (once MIN_COMPLETIONS are done).
 CATCH_UP_BUDGET = 100e-6
 # A waiter thread follows its event (``_waiters``): it queries it after each sleep, and a sleep
@@ -404,8 +401,8 @@ class Watches:
                 if lane.pending:
                     break
             watch = lane.pending[0]
-            if watch.held or (not until and watch.expect - now > SPIN_SKIP * self.spin_window):
-                return  # (expected to end well past the window: the spin would only burn it)
+            if watch.held:
+                return
             event = watch.event
             deadline = now + self.spin_window
             if until:
