@@ -253,7 +253,7 @@ def main() -> None:
                     values["waits"],
                 )
             )
-            length_us = int(length.split()[0]) if length.split()[0].isdigit() else 0
+            length_us = int(length.split()[0])  # row: "<loop> <µs> us"
             if reference is not None:
                 bound = late_bound(name, length_us)
                 label = f"{name} core, {row}: asyncgraph - fastest peer, us <= {bound:g}"

@@ -59,12 +59,18 @@ cdef inline double _seconds() noexcept nogil:
     return <double>ts.tv_sec + <double>ts.tv_nsec * 1e-9
 
 
-cdef cydriver.CUresult _follow_until(cydriver.CUevent event, double at) noexcept nogil:
-    """``_waiters.follow_until``: follow *event* until the ``CLOCK_MONOTONIC`` time *at*
-    (``perf_counter()``'s clock); its code once it completed, or ``CUDA_ERROR_NOT_READY`` at
-    *at* if it still runs. Asleep between queries (``_watches.early_step``) until
-    ``SPIN_BEFORE_POKE`` before *at* (a sleep may end late), then querying on the clock; past
-    ``FOLLOW_BLOCK_AFTER`` in ``cuEventSynchronize``, as :func:`_follow`."""
+cdef inline double _clamp(double value, double low, double high) noexcept nogil:
+    return low if value < low else (high if value > high else value)
+
+
+cdef cydriver.CUresult _follow(cydriver.CUevent event, double until) noexcept nogil:
+    """``_waiters.follow``: wait for *event* by querying it after sleeps that grow with the time
+    waited so far (``_watches.follow_step``), so the thread wakes within a small fraction of the
+    wait after the GPU finished; past ``FOLLOW_BLOCK_AFTER`` it sleeps in
+    ``cuEventSynchronize``. With *until* > 0 (a ``CLOCK_MONOTONIC`` time, ``perf_counter()``'s
+    clock): only until then, in ``_watches.early_step``'s coarser steps and querying on the
+    clock for the last ``SPIN_BEFORE_POKE``, returning ``CUDA_ERROR_NOT_READY`` then if it
+    still runs."""
     cdef double start = _seconds()
     cdef double now, waited, step
     cdef cydriver.CUresult code
@@ -74,47 +80,21 @@ cdef cydriver.CUresult _follow_until(cydriver.CUevent event, double at) noexcept
         if code != cydriver.CUDA_ERROR_NOT_READY:
             return code
         now = _seconds()
-        if now >= at:
+        if until > 0.0 and now >= until:
             return code
         waited = now - start
         if waited > _FOLLOW_BLOCK_AFTER:
             return cydriver.cuEventSynchronize(event)
-        step = waited * _EARLY_FRACTION
-        if step < _EARLY_MIN:
-            step = _EARLY_MIN
-        elif step > _EARLY_MAX:
-            step = _EARLY_MAX
-        if step > at - now - _SPIN_BEFORE_POKE:
-            step = at - now - _SPIN_BEFORE_POKE
-        if step <= 0.0:
-            continue  # the last SPIN_BEFORE_POKE: querying on the clock
+        if until > 0.0:
+            step = _clamp(waited * _EARLY_FRACTION, _EARLY_MIN, _EARLY_MAX)
+            if step > until - now - _SPIN_BEFORE_POKE:
+                step = until - now - _SPIN_BEFORE_POKE
+            if step <= 0.0:
+                continue  # the last SPIN_BEFORE_POKE: querying on the clock
+        else:
+            step = _clamp(waited * _FOLLOW_FRACTION, _FOLLOW_MIN, _FOLLOW_MAX)
         pause.tv_sec = <long>step
         pause.tv_nsec = <long>((step - <double>pause.tv_sec) * 1e9)
-        nanosleep(&pause, NULL)
-
-
-cdef cydriver.CUresult _follow(cydriver.CUevent event) noexcept nogil:
-    """Wait for *event* by querying it after sleeps that grow with the time waited so far
-    (``_watches.follow_step``), so the thread wakes within a small fraction of the wait after
-    the GPU finished; past ``FOLLOW_BLOCK_AFTER`` it sleeps in ``cuEventSynchronize``."""
-    cdef double start = _seconds()
-    cdef double waited, step
-    cdef cydriver.CUresult code
-    cdef timespec pause
-    while True:
-        code = cydriver.cuEventQuery(event)
-        if code != cydriver.CUDA_ERROR_NOT_READY:
-            return code
-        waited = _seconds() - start
-        if waited > _FOLLOW_BLOCK_AFTER:
-            return cydriver.cuEventSynchronize(event)
-        step = waited * _FOLLOW_FRACTION
-        if step < _FOLLOW_MIN:
-            step = _FOLLOW_MIN
-        elif step > _FOLLOW_MAX:
-            step = _FOLLOW_MAX
-        pause.tv_sec = 0
-        pause.tv_nsec = <long>(step * 1e9)
         nanosleep(&pause, NULL)
 
 
@@ -170,8 +150,8 @@ cdef void _let_go(Shared* shared) noexcept nogil:
 
 cdef void* _wait_main(void* arg) noexcept nogil:
     """A waiter thread: for each event handed to it, follow it until its wake time (if it has
-    one, :func:`_follow_until`) and poke the loop if it still runs then, follow it until it
-    completed (:func:`_follow`), then record the code and write to the eventfd. No Python runs
+    one, :func:`_follow` with it) and poke the loop if it still runs then, follow it until it
+    completed, then record the code and write to the eventfd. No Python runs
     here."""
     cdef Slot* slot = <Slot*>arg
     cdef cydriver.CUevent event
@@ -194,14 +174,14 @@ cdef void* _wait_main(void* arg) noexcept nogil:
         pthread_mutex_unlock(&slot.mutex)
         code = cydriver.CUDA_ERROR_NOT_READY
         if wake_at > 0.0:
-            code = _follow_until(event, wake_at)
+            code = _follow(event, wake_at)
         if code == cydriver.CUDA_ERROR_NOT_READY:
             if wake_at > 0.0:  # still running at its wake time: wake the loop for its end
                 pthread_mutex_lock(&slot.mutex)
                 slot.poked = 1
                 pthread_mutex_unlock(&slot.mutex)
                 write(slot.fd, &one, 8)
-            code = _follow(event)
+            code = _follow(event, 0.0)
         pthread_mutex_lock(&slot.mutex)
         slot.done_at = _seconds()
         slot.code = <int>code

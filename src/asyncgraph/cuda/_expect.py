@@ -26,9 +26,8 @@ __all__ = (
     "margin_after_poke",
 )
 
-# A poke answered later than the margin allows raises the margin to a quarter more than that
-# lateness (RISE of the way, all of it); one answered sooner lowers it by FALL of the way.
-RISE = 1.0
+# A poke answered later than the margin allows raises the margin at once to a quarter more than
+# that lateness; one answered sooner lowers it by FALL of the way.
 FALL = 1 / 8
 # What a poll within the margin eases it by, of the way back to POKE_MARGIN.
 EASE = 1 / 64
@@ -42,7 +41,7 @@ POKED = 2  # a poked lane's work is due, or passed its expected end by less than
 def margin_after_poke(margin: float, lateness: float) -> float:
     """The poke margin after the loop answered a poke *lateness* seconds after its wake time."""
     wanted = 1.25 * lateness
-    margin += (wanted - margin) * (RISE if wanted > margin else FALL)
+    margin = wanted if wanted > margin else margin + (wanted - margin) * FALL
     low, high = POKE_MARGIN_LIMITS
     return min(max(margin, low), high)
 

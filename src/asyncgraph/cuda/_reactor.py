@@ -239,12 +239,14 @@ class Reactor:
             now = perf_counter()
             if done:
                 w.window_start = now
-            late = ends_late(self._lanes, now + self._window + 2 * self.poke_margin)
-            if not busy or (now - w.window_start < self._window and not late):
+            if not busy or (
+                now - w.window_start < self._window
+                and not ends_late(self._lanes, now + self._window + 2 * self.poke_margin)
+            ):
                 self._again(done)
                 return
             # Polls followed each other for a whole window with nothing completing and nothing
-            # else to run, or the work is expected to end later than that (``late``): let the
+            # else to run, or the work is expected to end later than that (``ends_late``): let the
             # waiter threads sleep on the events, and the loop sleep too; unless some work is
             # expected to end sooner than a sleeping loop would wake (``_expect``).
             soon = ends_soon(self._lanes, self._poked_lanes, now, self.poke_margin)

@@ -10,7 +10,7 @@ finished, whatever the kernel's length. A thread asleep in ``cuEventSynchronize`
 blocking-sync event would wake 0.1 to 0.2 ms late, which is most of a short kernel; only past
 ``FOLLOW_BLOCK_AFTER`` does a waiter sleep there. A hand-off may come with a wake time (the
 work's expected end less ``POKE_MARGIN``): the waiter then follows the event until then, in
-coarser steps (:func:`follow_until`), and if it still runs *pokes* the loop (the reactor's
+coarser steps (:func:`follow` with *until*), and if it still runs *pokes* the loop (the reactor's
 ``poked``), which polls again, so that it is awake when the work ends; a loop that slept long
 wakes 50 to 150 us late. Work that ends before the wake time is reported at once, as without
 one. Two kinds of waiter do this, and the reactor cannot
@@ -48,7 +48,7 @@ from ._cores import core
 from ._driver import NOT_READY
 from ._watches import FOLLOW_BLOCK_AFTER, WatchLane, early_step, follow_step
 
-__all__ = ("Joinable", "Poke", "Waiters", "follow", "follow_until")
+__all__ = ("Joinable", "Poke", "Waiters", "follow")
 
 _PR_SET_TIMERSLACK = 29
 
@@ -62,12 +62,13 @@ def _fine_timer_slack() -> None:
         libc.prctl(_PR_SET_TIMERSLACK, 1000, 0, 0, 0)
 
 
-def follow_until(event: Any, at: float) -> Any:
-    """Follow *event* until the ``perf_counter()`` time *at*: the driver's code once it
-    completed, or ``NOT_READY`` at *at* if it still runs then. Asleep between queries
-    (``_watches.early_step``) until ``SPIN_BEFORE_POKE`` before *at*, then querying on the
-    clock (letting go of the GIL each turn). Past ``FOLLOW_BLOCK_AFTER`` it waits in
-    ``cuEventSynchronize`` instead, as :func:`follow` does."""
+def follow(event: Any, until: float = 0.0) -> Any:
+    """Wait for *event* as a waiter thread does; the driver's code (``CUresult``).
+
+    With *until* (a ``perf_counter()`` time, its wake time): follow it only until then, in the
+    coarser steps of ``_watches.early_step`` and querying on the clock for the last
+    ``SPIN_BEFORE_POKE`` (letting go of the GIL each turn), and return ``NOT_READY`` then if it
+    still runs. Past ``FOLLOW_BLOCK_AFTER`` it waits in ``cuEventSynchronize`` either way."""
     start = time.perf_counter()
     query = drv.cuEventQuery
     sleep = time.sleep
@@ -76,27 +77,12 @@ def follow_until(event: Any, at: float) -> Any:
         if code != NOT_READY:
             return code
         now = time.perf_counter()
-        if now >= at:
+        if until and now >= until:
             return code
         waited = now - start
         if waited > FOLLOW_BLOCK_AFTER:
             return drv.cuEventSynchronize(event)[0]
-        sleep(early_step(waited, at - now))
-
-
-def follow(event: Any) -> Any:
-    """Wait for *event* as a waiter thread does; the driver's code (``CUresult``)."""
-    start = time.perf_counter()
-    query = drv.cuEventQuery
-    sleep = time.sleep
-    while True:
-        code = query(event)[0]
-        if code != NOT_READY:
-            return code
-        waited = time.perf_counter() - start
-        if waited > FOLLOW_BLOCK_AFTER:
-            return drv.cuEventSynchronize(event)[0]
-        sleep(follow_step(waited))
+        sleep(early_step(waited, until - now) if until else follow_step(waited))
 
 
 class Joinable(Protocol):
@@ -224,7 +210,7 @@ class Waiters:
             if item is None:
                 return
             event, wake_at = item
-            code = follow_until(event, wake_at) if wake_at else NOT_READY
+            code = follow(event, wake_at) if wake_at else NOT_READY
             if code == NOT_READY:
                 if wake_at:  # still running at its wake time: wake the loop for its end
                     self.inbox.post(Poke(lane))
