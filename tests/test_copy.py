@@ -96,6 +96,7 @@ def test_copies_between_cuda_backends_on_the_stand_in(core: str) -> None:
     assert "closed" in seen["stale"]
     assert seen["not_a_backend"] == "copy(..., to='cuda:1'): pass a backend, or nothing"
     assert seen["group_copy"] is True
+    assert seen["spare_reused"] == [True, True]  # the closed copy's storage, right bytes
     assert seen["replicated"] == [True, True]
     assert seen["replicate_uploads"] == [4096 * 4, 0]  # uploaded once, copied on the devices
     assert seen["after_queued_writers"] == [2, True]  # two writers queued, both in the copy

@@ -16,7 +16,7 @@ import asyncio
 from collections import deque
 from collections.abc import Awaitable, Callable
 from time import perf_counter
-from typing import TYPE_CHECKING, Any, cast
+from typing import TYPE_CHECKING, Any
 
 from ._pending import set_outcome
 from ._resident import untrack
@@ -88,7 +88,7 @@ class Dispatcher:
     @property
     def loop(self) -> asyncio.AbstractEventLoop:
         """The event loop the backend belongs to (bound before any work starts)."""
-        return cast("asyncio.AbstractEventLoop", self._loop)  # bound before any job exists
+        return self._loop  # type: ignore[return-value]  # bound before any job exists
 
     def bind(self, loop: asyncio.AbstractEventLoop | None) -> None:
         """Belong to *loop* from now on."""

@@ -92,6 +92,19 @@ async def main() -> dict[str, Any]:
         on_0 = await group.upload(x, group[0])
         on_1 = await group.copy_to(on_0, group[1])
         seen["group_copy"] = bool(np.array_equal(await group.download(on_1), x))
+        # A closed buffer's storage serves the next allocation of its size; what it held is
+        # overwritten by the new copy.
+        pointer = on_1.__cuda_array_interface__["data"][0]
+        await on_1.aclose()
+        y = rng.standard_normal(N, dtype=np.float32)
+        other = await group.upload(y, group[0])
+        reused = await group.copy_to(other, group[1])
+        seen["spare_reused"] = [
+            reused.__cuda_array_interface__["data"][0] == pointer,
+            bool(np.array_equal(await group.download(reused), y)),
+        ]
+        await reused.aclose()
+        await other.aclose()
         up = [m.telemetry.snapshot().bytes_up for m in group]
         replicated = await group.replicate(x)
         seen["replicated"] = [

@@ -28,6 +28,7 @@ from ._events import EventPool
 from ._foreign import WAIT_LANES, ForeignWork
 from ._lanes import SCRATCH_BYTES, Lane
 from ._reactor import Reactor
+from ._spares import Spares
 from ._waiters import Joinable
 
 if TYPE_CHECKING:
@@ -95,6 +96,7 @@ class Device:
             self.memory_resource, trim=self.trim, release=self.release_buffer
         )
         self.abandoned = [0, 0]  # device buffers and bytes left to a failed context
+        self.spares = Spares(self.release_buffer)  # freed resident storage, kept for reuse
         # Seconds a byte of copy_in takes, by route (``_peers``), learned: when one should end.
         self.copy_pace: dict[str, float] = {}
         # A pool given in the options (a device group's, shared by its members) is its
@@ -133,6 +135,7 @@ class Device:
         self.watches = core.Watches(n + WAIT_LANES, self.events.idle, options.spin_window)
         self.watches.context = self.ctx.address
         self.granted: set[int] = set()  # devices given access to this device's memory pool
+        self.routes: dict[int, str] = {}  # how each context copies from here (``_peers``)
         # Failed with every other CUDA backend of the process by a sticky fault anywhere.
         _poison.join(self)
 
@@ -227,6 +230,7 @@ class Device:
 
     def trim(self) -> None:
         """Free what caches hold before an allocation is retried (device out of memory)."""
+        self.spares.release(self.alloc_stream)
         self.pinned.trim(0)
         pool = getattr(self.memory_resource, "handle", None)
         if pool is not None:
@@ -302,6 +306,7 @@ class Device:
         self.timing_events.close()
         for lane in self.lanes:
             lane.free_scratch(self.memory)  # abandoned, after a fault
+        self.spares.release(self.alloc_stream)  # abandoned, after a fault
         self.closed = True
         waits = [lane.stream for lane in self.wait_lanes]
         for stream in [*self.stream_pool.streams, self.alloc_stream, *waits, *extra_streams]:

@@ -9,7 +9,6 @@ the pool after the callback ran.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
@@ -145,14 +144,15 @@ class Lane:
                 value = on_done(error, future.cancelled())
             except BaseException as exc:
                 outcome = exc
-            # After the loop closed (Reactor.adopt settles this) no task is left to wake.
-            with contextlib.suppress(RuntimeError):
-                if future.done():
-                    return
+            if future.done():
+                return
+            try:
                 if outcome is not None:
                     future.set_exception(outcome)
                 else:
                     future.set_result(value)
+            except RuntimeError:  # the loop closed (Reactor.adopt settles this): none to wake
+                pass
 
         watches.append(self.watch(event, done, expect))
         return future

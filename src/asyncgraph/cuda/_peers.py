@@ -38,11 +38,17 @@ def route(device: Device, source: Device) -> str:
     """How *device* (whose context is current) copies from *source*'s memory: :data:`DEVICE`,
     :data:`PEER` or :data:`STAGED`. The first time for a pair, gives *device* the access the
     devices allow: to *source*'s context, and to *source*'s memory pool."""
+    known = source.routes.get(device.ctx.address)
+    if known is not None:
+        return known
     if source.ctx.address == device.ctx.address:
-        return DEVICE
-    if not _context_access(device, source):
-        return STAGED
-    return PEER if source.grant_access(device.ordinal) else STAGED
+        kind = DEVICE
+    elif not _context_access(device, source):
+        kind = STAGED
+    else:
+        kind = PEER if source.grant_access(device.ordinal) else STAGED
+    source.routes[device.ctx.address] = kind
+    return kind
 
 
 def _context_access(device: Device, peer: Device) -> bool:

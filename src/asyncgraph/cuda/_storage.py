@@ -89,6 +89,9 @@ class Storage:
 
     def _allocate(self, nbytes: int, stream: Any) -> Any:
         device = self._device
+        spare = device.spares.take(nbytes)  # freed after its last use: usable on any stream
+        if spare is not None:
+            return spare
         try:
             return device.memory_resource.allocate(nbytes, stream=stream)
         except Exception as exc:
@@ -117,11 +120,15 @@ class Storage:
         return storage
 
     def free(self, storage: Any) -> None:
-        """Free device storage (every use completed)."""
+        """Free device storage (every use completed), or keep it for the next allocation of
+        its size (``_spares``)."""
         # After close (a DLPack consumer let go of a buffer late) the streams are gone; the
         # memory resource then frees without one.
         device = self._device
-        device.release_buffer(storage, None if device.closed else device.alloc_stream)
+        if device.closed:
+            device.release_buffer(storage, None)
+        elif device.failure is not None or not device.spares.keep(storage, int(storage.size)):
+            device.release_buffer(storage, device.alloc_stream)
 
     async def download(
         self,
@@ -208,7 +215,8 @@ class Storage:
         storage = self._allocate(nbytes, lane.stream)
         kind = route(device, source)
         try:
-            wait_deps(deps, lane)  # events of another context are waited for all the same
+            if deps:  # events of another context are waited for all the same
+                wait_deps(deps, lane)
             start = perf_counter()
             target, origin = int(storage.handle), int(storage_of(buffer).handle)
             if kind == DEVICE:
