@@ -97,14 +97,14 @@ async def main() -> dict[str, Any]:
         pointer = on_1.__cuda_array_interface__["data"][0]
         await on_1.aclose()
         y = rng.standard_normal(N, dtype=np.float32)
-        other = await group.upload(y, group[0])
-        reused = await group.copy_to(other, group[1])
+        second = await group.upload(y, group[0])
+        reused = await group.copy_to(second, group[1])
         seen["spare_reused"] = [
             reused.__cuda_array_interface__["data"][0] == pointer,
             bool(np.array_equal(await group.download(reused), y)),
         ]
         await reused.aclose()
-        await other.aclose()
+        await second.aclose()
         up = [m.telemetry.snapshot().bytes_up for m in group]
         replicated = await group.replicate(x)
         seen["replicated"] = [
