@@ -31,13 +31,15 @@ from pathlib import Path
 from types import TracebackType
 from typing import Any, TypeVar
 
-from asyncgraph._timing import Clock as Clock  # the scripts' clock type
-from asyncgraph._timing import percentile as percentile  # the scripts' percentile
-from asyncgraph._timing import samples_async, samples_sync
+from asyncgraph._harness import Clock as Clock  # the scripts' clock type
+from asyncgraph._harness import LoopFactory as LoopFactory  # the scripts' loop factory type
+from asyncgraph._harness import loop_factories as loop_factories  # asyncio, and uvloop if any
+from asyncgraph._harness import percentile as percentile  # the scripts' percentile
+from asyncgraph._harness import samples_async, samples_sync
+from asyncgraph._harness import slug as slug  # the results' file-name rule
 from asyncgraph._version import provenance
 
 T = TypeVar("T")
-LoopFactory = Callable[[], asyncio.AbstractEventLoop]
 
 # Where ``--json`` with no path writes: benchmarks/results/<script>-<device>.json.
 RESULTS = Path(__file__).resolve().parent / "results"
@@ -55,20 +57,6 @@ def smoke() -> bool:
 
 
 # -- event loops -------------------------------------------------------------------------------
-
-
-def loop_factories() -> dict[str, LoopFactory | None]:
-    """The event loops at hand, by name: asyncio's, and uvloop's where it is installed.
-
-    asyncio's factory is ``None``: :class:`asyncio.Runner` then makes asyncio's default loop.
-    """
-    factories: dict[str, LoopFactory | None] = {"asyncio": None}
-    try:
-        import uvloop
-    except ImportError:
-        return factories
-    factories["uvloop"] = uvloop.new_event_loop
-    return factories
 
 
 def run(main: Coroutine[Any, Any, T], loop: str = "asyncio") -> T:
@@ -343,8 +331,7 @@ def results_path(script: str, device: str) -> Path:
         device: the GPU's name; each run of characters other than letters, digits, ``.``, ``_``
             and ``-`` becomes one ``-`` (``NVIDIA H100 80GB HBM3`` → ``NVIDIA-H100-80GB-HBM3``).
     """
-    slug = re.sub(r"[^A-Za-z0-9._-]+", "-", device).strip("-") or "unknown"
-    return RESULTS / f"{Path(script).stem}-{slug}.json"
+    return RESULTS / f"{Path(script).stem}-{slug(device)}.json"
 
 
 def write_json(

@@ -42,9 +42,9 @@ from ._bench_report import (
 )
 from ._detect import DeviceInfo, probe_cuda
 from ._exceptions import AsyncGraphError, UnsupportedError
+from ._harness import loop_factories, samples_async
 from ._kernel import Kernel
 from ._open import open_backend
-from ._timing import samples_async
 from ._version import package_version, provenance
 
 __all__ = (
@@ -377,18 +377,14 @@ def loop_factory(name: str) -> Callable[[], asyncio.AbstractEventLoop] | None:
     Raises:
         UnsupportedError: *name* is ``"uvloop"`` and uvloop is not installed, or not a loop.
     """
-    if name == "asyncio":
-        return None
+    factories = loop_factories()
+    if name in factories:
+        return factories[name]
     if name == "uvloop":
-        try:
-            import uvloop
-        except ImportError:
-            raise UnsupportedError(
-                "--loop uvloop needs uvloop, which is not installed: pip install uvloop, "
-                "or use --loop asyncio"
-            ) from None
-        factory: Callable[[], asyncio.AbstractEventLoop] = uvloop.new_event_loop
-        return factory
+        raise UnsupportedError(
+            "--loop uvloop needs uvloop, which is not installed: pip install uvloop, "
+            "or use --loop asyncio"
+        )
     raise UnsupportedError(f"loop={name!r}; choose 'asyncio' or 'uvloop'")
 
 

@@ -36,7 +36,7 @@ from ._bench import (
     expect_scaled,
 )
 from ._bench_report import BenchSettings, LatencyRow, Row, SkippedRow
-from ._timing import samples_sync
+from ._harness import samples_sync
 
 __all__ = ("PEER_ROWS", "Peer", "time_sync")
 

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import itertools
 import json
-import re
 from collections.abc import Iterable, Sequence
 from importlib.metadata import PackageNotFoundError, version
 from pathlib import Path
@@ -19,7 +18,10 @@ from typing import Any, ClassVar, TextIO
 
 import attrs
 
-from ._timing import percentile  # one percentile for every benchmark (re-exported)
+from ._harness import (
+    percentile,  # one percentile for every benchmark (re-exported)
+    slug,  # one file-name rule for every benchmark (re-exported)
+)
 
 __all__ = (
     "BenchReport",
@@ -47,12 +49,6 @@ PLOT_COLORS = {"asyncgraph": "#9ecae1", "peer": "#d9d9d9"}  # box fill by source
 
 
 # -- summaries ---------------------------------------------------------------------------------
-
-
-def slug(name: str) -> str:
-    """*name* as a file-name part: each run of characters other than letters, digits, ``.``,
-    ``_`` and ``-`` becomes one ``-`` (``NVIDIA H100 80GB HBM3`` → ``NVIDIA-H100-80GB-HBM3``)."""
-    return re.sub(r"[^A-Za-z0-9._-]+", "-", name).strip("-") or "unknown"
 
 
 def default_path(device: str, suffix: str) -> Path:
