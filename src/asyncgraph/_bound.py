@@ -23,7 +23,7 @@ each argument's ``offset``. :meth:`BoundCall.results` is the one place a result 
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any, ClassVar
+from typing import TYPE_CHECKING, Any, ClassVar, Protocol
 
 import attrs
 import numpy as np
@@ -33,7 +33,6 @@ from ._exceptions import ArgumentTypeError, DispatchError
 from ._resident import identity, storage_of
 
 if TYPE_CHECKING:
-    from ._args import Out
     from ._kernel import Kernel, Param
     from ._resident import ResidentBuffer
 
@@ -46,6 +45,7 @@ __all__ = (
     "InOutArg",
     "OutArg",
     "ResidentArg",
+    "ResidentOut",
     "ResidentOutArg",
     "ScalarArg",
     "StagedArg",
@@ -54,6 +54,21 @@ __all__ = (
     "host_copy",
     "lay_out",
 )
+
+
+class ResidentOut(Protocol):
+    """What a resident output's argument reads of its ``Out`` (``_args.Out``)."""
+
+    @property
+    def into(self) -> ResidentBuffer | None:
+        """The buffer written in place, or ``None`` for a new one (``resident=True``)."""
+        ...
+
+    @property
+    def nbytes(self) -> int:
+        """Bytes of the output."""
+        ...
+
 
 ALIGN = 256  # bytes each staged argument is aligned to
 _ROUND = ALIGN - 1
@@ -240,7 +255,7 @@ class ResidentOutArg(Arg):
     output = True
     writes = True  # the kernel writes its output
 
-    def __init__(self, index: int, value: Out, param: Param | None) -> None:
+    def __init__(self, index: int, value: ResidentOut, param: Param | None) -> None:
         super().__init__(index, value, param)
         self.buffer: ResidentBuffer | None = value.into
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import contextlib
 from collections.abc import Awaitable, Callable, Sequence
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Protocol
 
 import anyio
 import attrs
@@ -17,9 +17,27 @@ from ._telemetry import TelemetrySnapshot
 
 if TYPE_CHECKING:
     from ._backend import Backend
-    from ._group import DeviceGroup
 
-__all__ = ("GroupSnapshot", "Replicated", "check_group_buffer", "each_member", "first_failure")
+__all__ = (
+    "GroupSnapshot",
+    "Members",
+    "Replicated",
+    "check_group_buffer",
+    "each_member",
+    "first_failure",
+)
+
+
+class Members(Protocol):
+    """What a replicated array asks of its group (a :class:`~asyncgraph.DeviceGroup`)."""
+
+    def index(self, member: Backend | int) -> int:
+        """*member*'s position in the group (a member backend, or its index)."""
+        ...
+
+    def __getitem__(self, index: int) -> Backend:
+        """The member at *index*."""
+        ...
 
 
 @attrs.frozen
@@ -67,7 +85,7 @@ class Replicated:
 
     __slots__ = ("_group", "buffers", "dtype", "nbytes", "shape")
 
-    def __init__(self, group: DeviceGroup, buffers: tuple[ResidentBuffer | None, ...]) -> None:
+    def __init__(self, group: Members, buffers: tuple[ResidentBuffer | None, ...]) -> None:
         self._group = group
         self.buffers = buffers
         first = next(b for b in buffers if b is not None)
