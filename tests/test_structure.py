@@ -150,10 +150,15 @@ def _shortest_cycle(graph: dict[str, set[str]], start: str, members: set[str]) -
     return [start]
 
 
-def check_import_cycles(root: Path, package: str) -> list[str]:
+def check_import_cycles(
+    root: Path, package: str, typing: bool = False, known: frozenset[frozenset[str]] = frozenset()
+) -> list[str]:
     """Cycles among the package's runtime imports, and imports from the package's ``__init__``.
 
-    Imports under ``if TYPE_CHECKING:`` make no edge. Imports of the top-level ``__init__``
+    Imports under ``if TYPE_CHECKING:`` make no edge, unless *typing* (then a cycle closed only
+    through them is found too, and imports from the ``__init__`` are left to the runtime
+    check). A cycle whose modules are exactly one of *known* is not reported. Imports of the
+    top-level ``__init__``
     (typing-only ones too) are reported on their own and kept out of the graph:
     it imports nearly every module, so any edge into it would merge them all into one cycle.
     """
@@ -171,12 +176,12 @@ def check_import_cycles(root: Path, package: str) -> list[str]:
                         f"{where}  (takes {symbol or 'the package'} from {package}/__init__.py;"
                         " import from the defining module)"
                     )
-                elif not typing_only and target not in (module.name, package):
+                elif (typing or not typing_only) and target not in (module.name, package):
                     graph[module.name].add(target)
                     if where not in lines[module.name, target]:
                         lines[module.name, target].append(where)
     for component in _strongly_connected(graph):
-        if len(component) < 2:
+        if len(component) < 2 or frozenset(component) in known:
             continue
         members = set(component)
         cycle = " -> ".join(_shortest_cycle(graph, component[0], members))
@@ -185,7 +190,7 @@ def check_import_cycles(root: Path, package: str) -> list[str]:
             for target in sorted(graph[source] & members):
                 made = sorted(lines[source, target], key=lambda w: int(w.split(":")[1]))
                 problems.extend(f"    {where}  (-> {target})" for where in made)
-    return problems + from_init
+    return problems if typing else problems + from_init
 
 
 def check_module_lengths(root: Path, package: str, limit: int = MAX_LINES) -> list[str]:
@@ -310,6 +315,37 @@ def test_no_import_cycle() -> None:
     )
 
 
+# Cycles closed through ``if TYPE_CHECKING:`` imports that are still to be broken (issue 39:
+# the engine's protocol split into the few its callers use, and the CUDA dispatch core's
+# modules). The list only shrinks: a new cycle, or a known one that grew, fails.
+TYPING_CYCLES_LEFT = frozenset(
+    {
+        frozenset({f"{PACKAGE}._dispatcher", f"{PACKAGE}._engine", f"{PACKAGE}._lifecycle"}),
+        frozenset(
+            f"{PACKAGE}.cuda.{name}"
+            for name in (
+                "_core_py",
+                "_cores",
+                "_device",
+                "_fast_job",
+                "_fast_py",
+                "_foreign",
+                "_lanes",
+                "_reactor",
+                "_waiters",
+            )
+        ),
+    }
+)
+
+
+def test_no_new_import_cycle_through_typing_imports() -> None:
+    _report(
+        "import cycles, typing-only imports included (beyond the known ones)",
+        check_import_cycles(SRC, PACKAGE, typing=True, known=TYPING_CYCLES_LEFT),
+    )
+
+
 def test_modules_stay_under_500_lines() -> None:
     _report("modules of 500 lines or more", check_module_lengths(SRC, PACKAGE))
 
@@ -355,6 +391,11 @@ def test_structure_checks_catch_what_they_claim(tmp_path: Path) -> None:
     assert "import cycle among 3 modules, e.g. pkg._p -> pkg.sub -> pkg.sub._s -> pkg._p" in cycles
     assert "pkg._c:3: from . import A, _d  (takes A from pkg/__init__.py" in cycles, cycles
     assert "_t1" not in cycles, cycles
+    typing = "\n".join(check_import_cycles(tmp_path, "pkg", typing=True))
+    assert "import cycle among 2 modules, e.g. pkg._t1 -> pkg._t2 -> pkg._t1" in typing, typing
+    assert "from . import A, _d" not in typing, typing  # the runtime check reports those
+    known = frozenset({frozenset({"pkg._t1", "pkg._t2"})})
+    assert "_t1" not in "\n".join(check_import_cycles(tmp_path, "pkg", typing=True, known=known))
 
     assert check_module_lengths(tmp_path, "pkg") == [
         f"pkg._big: {MAX_LINES} lines (limit: fewer than {MAX_LINES})"
