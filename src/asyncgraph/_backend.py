@@ -26,9 +26,9 @@ from . import _loop
 from ._bound import BoundCall
 from ._checks import check_kernel, numeric_dtype, shape_tuple
 from ._dispatcher import Dispatcher
-from ._engine import Engine, FastFront
 from ._exceptions import ArgumentTypeError, DeviceFaultError, QueueFullError, UnsupportedError
 from ._export import EngineExporter
+from ._fast_front import FastFront, FrontEngine
 from ._kernel import Kernel
 from ._lifecycle import CLOSED, OPEN, Lifecycle
 from ._nvtx import NvtxRanges
@@ -65,7 +65,7 @@ class Backend(StreamsAndGraphs):
     """
 
     def __init__(
-        self, name: str, options: BackendOptions, make_engine: Callable[[], Engine]
+        self, name: str, options: BackendOptions, make_engine: Callable[[], FrontEngine]
     ) -> None:
         # First: it may refuse (no nvtx package) before anything needs closing.
         nvtx = NvtxRanges() if options.nvtx_enabled else None

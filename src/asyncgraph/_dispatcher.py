@@ -24,7 +24,7 @@ from ._scheduler import Effect, Job, Scheduler, Step
 
 if TYPE_CHECKING:
     from ._bound import BoundCall
-    from ._engine import Engine
+    from ._engine import Runs
     from ._kernel import Kernel
     from ._nvtx import NvtxRanges
     from ._resident import ResidentBuffer
@@ -58,7 +58,7 @@ class Dispatcher:
 
     def __init__(
         self,
-        engine: Engine,
+        engine: Runs,
         max_in_flight: int,
         telemetry: Telemetry,
         log: Any,

@@ -3,13 +3,16 @@
 An engine (the CUDA engine in ``asyncgraph.cuda``, the host engine in ``_host``) does the work:
 it compiles, stages, launches and collects dispatches, and makes, reads and frees resident
 storage. The front does everything a user touches: validation, the scheduler, pending results,
-telemetry, resident buffers, closing. They meet here, in two protocols:
+telemetry, resident buffers, closing. They meet here:
 
-- :class:`Engine`: what the front asks of an engine (the scheduler's predicates among them);
+- :class:`Engine`: what the front asks of an engine (the scheduler's predicates among them),
+  made of the small protocols each collaborator of the front uses: :class:`Runs` (the
+  dispatcher), :class:`Stores` (transfers and the resident store), :class:`Exports` (DLPack),
+  :class:`Streams` (leases, graphs, foreign work) and :class:`Closes` (the lifecycle);
 - :class:`Sink`: what an engine reports back (the scheduler's events), implemented by the
-  front's dispatcher;
-- :class:`FastDispatch` and :class:`FastFront`: an engine's fast path (the steady state of a
-  dispatch in one call) and what it may use of the front.
+  front's dispatcher.
+
+An engine's fast path, and what it may use of the front, are in ``_fast_front``.
 
 Neither side reaches into the other's private members.
 """
@@ -17,28 +20,23 @@ Neither side reaches into the other's private members.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Awaitable, Callable, Iterator
+from collections.abc import Awaitable, Callable
 from contextlib import AbstractAsyncContextManager
 from typing import TYPE_CHECKING, Any, Protocol
 
-import attrs
 import numpy as np
 
 if TYPE_CHECKING:
     from ._args import LaunchLimits
     from ._bound import BoundCall
-    from ._dispatcher import Dispatcher
     from ._exceptions import DeviceFaultError
     from ._kernel import Kernel
     from ._lease import StreamLease
-    from ._lifecycle import Lifecycle
-    from ._pending import PendingDispatch
-    from ._plans import Plan
-    from ._resident import ResidentBuffer, ResidentStore, Use
-    from ._scheduler import Job, Scheduler
+    from ._resident import ResidentBuffer, Use
+    from ._scheduler import Job
     from ._telemetry import PoolCounters, Telemetry
 
-__all__ = ("Engine", "FastDispatch", "FastFront", "Sink")
+__all__ = ("Closes", "Engine", "Exports", "Runs", "Sink", "Stores", "Streams")
 
 
 class Sink(Protocol):
@@ -92,70 +90,9 @@ class Sink(Protocol):
         ...
 
 
-@attrs.frozen(kw_only=True)
-class FastFront:
-    """What an engine's fast path may use of the front (``Engine.fast_path``).
-
-    Attributes:
-        scheduler: the scheduler, whose two common transitions the fast path takes itself
-            (``Scheduler.fast_state``).
-        lifecycle: the backend's state, loop and the queue's waiting room (read only).
-        dispatcher: completes a job the general way (``Dispatcher.done``) when anything waits.
-        store: the resident store (``is_live``).
-        ids: the dispatch numbers (shared with the general path).
-    """
-
-    scheduler: Scheduler
-    lifecycle: Lifecycle
-    dispatcher: Dispatcher
-    store: ResidentStore
-    ids: Iterator[int]
-
-
-class FastDispatch(Protocol):
-    """An engine's fast path: the steady state of ``dispatch()`` in one call."""
-
-    def dispatch(
-        self,
-        kernel: Kernel,
-        args: tuple[object, ...],
-        grid: object,
-        block: object,
-        shared_mem: object,
-        timing: object,
-        graph: object,
-    ) -> PendingDispatch | None:
-        """Launch the call and return its pending result, or ``None`` having changed nothing
-        (then the general path runs, and raises whatever is wrong with the call)."""
-        ...
-
-    def learn(self, plan: Plan, call: BoundCall) -> None:
-        """A plan was made from *call* (``Plans``): launch the calls that fit it, if it can."""
-        ...
-
-
-class Engine(Protocol):
-    """What the front asks of an implementation. Every method runs on the loop's thread."""
-
-    kind: str  # "cuda", "host"
-    limits: LaunchLimits
-    takes_device_arrays: bool  # whether dispatch() takes CuPy / PyTorch device arrays
-
-    @property
-    def failure(self) -> DeviceFaultError | None:
-        """The device fault that failed the engine, or ``None``."""
-        ...
-
-    def attach(self, sink: Sink, telemetry: Telemetry, log: Any) -> None:
-        """Report job events to *sink* and count into *telemetry* from now on (called once,
-        when the front is made); *log* is the backend's bound logger."""
-        ...
-
-    def fast_path(self, front: FastFront) -> FastDispatch | None:
-        """The engine's fast path, if it has one (called once, after :meth:`attach`)."""
-        ...
-
-    # -- the scheduler's predicates --------------------------------------------------------------
+class Runs(Protocol):
+    """What the dispatcher runs jobs with, and the scheduler's predicates (``Scheduler``'s
+    ``Runner``), on the loop's thread."""
 
     def needs_compile(self, job: Job) -> bool:
         """Whether *job*'s kernel must compile before it launches."""
@@ -167,24 +104,6 @@ class Engine(Protocol):
 
     def is_ready(self, job: Job) -> bool:
         """Whether every use *job* depends on can be ordered after now."""
-        ...
-
-    # -- jobs --------------------------------------------------------------------------------------
-
-    def check_kernel(self, kernel: Kernel) -> None:
-        """Raise if this engine cannot run *kernel* at all."""
-        ...
-
-    def prepare(self, call: BoundCall, timing: bool) -> Job:
-        """Make the job for *call*, checking the engine's own rules (before anything starts)."""
-        ...
-
-    def graph_job(self, call: BoundCall, always: bool) -> Job | None:
-        """A job replaying a recorded graph of *call* (``dispatch(graph=...)``), or ``None``."""
-        ...
-
-    async def compile(self, kernel: Kernel) -> None:
-        """Compile and load *kernel* now (``backend.compile``)."""
         ...
 
     def start_compile(self, job: Job) -> None:
@@ -203,14 +122,12 @@ class Engine(Protocol):
         """Give back what *job* holds; it failed before it ran (idempotent)."""
         ...
 
-    # -- resident storage --------------------------------------------------------------------------
+
+class Stores(Protocol):
+    """Resident storage an engine makes, moves and frees (``Transfers``, ``ResidentStore``)."""
 
     async def upload_storage(self, array: np.ndarray[Any, Any]) -> Any:
         """Resident storage holding a copy of *array*."""
-        ...
-
-    def alloc_storage(self, shape: tuple[int, ...], dtype: np.dtype[Any]) -> Any:
-        """Uninitialised resident storage."""
         ...
 
     async def download_storage(
@@ -223,19 +140,19 @@ class Engine(Protocol):
         """Copy *buffer* out (as *use*, into *out* if given) after the uses in *deps*."""
         ...
 
-    def copies_from(self, other: Engine) -> bool:
+    def copies_from(self, other: Stores) -> bool:
         """Whether :meth:`copy_in` copies resident storage of *other* (else the front copies
         through a host array)."""
         ...
 
-    def copy_route(self, source: Engine) -> str:
+    def copy_route(self, source: Stores) -> str:
         """How :meth:`copy_in` moves storage of *source* (which this :meth:`copies_from`)
         here: ``"device"``, ``"peer"``, ``"staged"`` or ``"host"`` (``Backend.copy_route``);
         sets up access to *source*'s memory the first time."""
         ...
 
     def copy_in(
-        self, buffer: ResidentBuffer, use: Use, deps: list[Use], source: Engine
+        self, buffer: ResidentBuffer, use: Use, deps: list[Use], source: Stores
     ) -> Awaitable[Any]:
         """New storage here holding a copy of *buffer* (storage of *source*, which this
         :meth:`copies_from`), read as *use* after the uses in *deps*: an awaitable of it (a
@@ -246,15 +163,13 @@ class Engine(Protocol):
         """Free resident storage (every use completed)."""
         ...
 
+
+class Exports(Protocol):
+    """What DLPack and ``__cuda_array_interface__`` ask of an engine (``_export``)."""
+
     def storage_pointer(self, storage: Any) -> int:
         """The address of resident storage."""
         ...
-
-    def host_array(self, shape: tuple[int, ...], dtype: np.dtype[Any]) -> np.ndarray[Any, Any]:
-        """An array for ``pinned_empty`` (page-locked where the engine has a pinned pool)."""
-        ...
-
-    # -- interop -----------------------------------------------------------------------------------
 
     def export_device(self) -> tuple[int, int]:
         """DLPack device of resident buffers."""
@@ -267,6 +182,10 @@ class Engine(Protocol):
     def export_stream(self, buffer: ResidentBuffer) -> int | None:
         """``__cuda_array_interface__``: the stream of the write in flight, or ``None``."""
         ...
+
+
+class Streams(Protocol):
+    """Streams and graphs: leases, records, captures and foreign work (``_streams_api``)."""
 
     def stream(self) -> AbstractAsyncContextManager[StreamLease]:
         """Lease a stream for foreign work (raises ``UnsupportedError`` without streams)."""
@@ -291,19 +210,13 @@ class Engine(Protocol):
         """An awaitable for the work on another library's stream or event so far."""
         ...
 
-    def fence(self, job: Job, after: object) -> None:
-        """Have *job* run after the work on *after* (streams or events) so far."""
-        ...
-
     def order_foreign(self, stream: object, job: Job | None) -> bool:
         """Order *stream* after *job* on the device; ``False`` if *job* has not launched."""
         ...
 
-    def pool_counters(self) -> PoolCounters:
-        """The pinned pool's counters for the telemetry snapshot."""
-        ...
 
-    # -- closing -----------------------------------------------------------------------------------
+class Closes(Protocol):
+    """How an engine ends (``Lifecycle``)."""
 
     async def settle_after(self, ended: asyncio.AbstractEventLoop, jobs: list[Job]) -> None:
         """The backend's loop ended with *jobs* in flight: settle what it left (new loop)."""
@@ -319,4 +232,61 @@ class Engine(Protocol):
 
     def release_unclosed(self) -> None:
         """Best-effort release of a backend dropped without closing."""
+        ...
+
+
+class Engine(Runs, Stores, Exports, Streams, Closes, Protocol):
+    """What the front asks of an implementation: the small protocols its collaborators use, and
+    what the front itself asks. Every method runs on the loop's thread."""
+
+    kind: str  # "cuda", "host"
+    limits: LaunchLimits
+    takes_device_arrays: bool  # whether dispatch() takes CuPy / PyTorch device arrays
+
+    @property
+    def failure(self) -> DeviceFaultError | None:
+        """The device fault that failed the engine, or ``None``."""
+        ...
+
+    def attach(self, sink: Sink, telemetry: Telemetry, log: Any) -> None:
+        """Report job events to *sink* and count into *telemetry* from now on (called once,
+        when the front is made); *log* is the backend's bound logger."""
+        ...
+
+    # -- jobs --------------------------------------------------------------------------------------
+
+    def check_kernel(self, kernel: Kernel) -> None:
+        """Raise if this engine cannot run *kernel* at all."""
+        ...
+
+    def prepare(self, call: BoundCall, timing: bool) -> Job:
+        """Make the job for *call*, checking the engine's own rules (before anything starts)."""
+        ...
+
+    def graph_job(self, call: BoundCall, always: bool) -> Job | None:
+        """A job replaying a recorded graph of *call* (``dispatch(graph=...)``), or ``None``."""
+        ...
+
+    async def compile(self, kernel: Kernel) -> None:
+        """Compile and load *kernel* now (``backend.compile``)."""
+        ...
+
+    # -- resident storage --------------------------------------------------------------------------
+
+    def alloc_storage(self, shape: tuple[int, ...], dtype: np.dtype[Any]) -> Any:
+        """Uninitialised resident storage."""
+        ...
+
+    def host_array(self, shape: tuple[int, ...], dtype: np.dtype[Any]) -> np.ndarray[Any, Any]:
+        """An array for ``pinned_empty`` (page-locked where the engine has a pinned pool)."""
+        ...
+
+    # -- interop -----------------------------------------------------------------------------------
+
+    def fence(self, job: Job, after: object) -> None:
+        """Have *job* run after the work on *after* (streams or events) so far."""
+        ...
+
+    def pool_counters(self) -> PoolCounters:
+        """The pinned pool's counters for the telemetry snapshot."""
         ...

@@ -11,7 +11,7 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from ._engine import Engine
+    from ._engine import Exports
     from ._resident import ResidentBuffer
 
 __all__ = ("EngineExporter",)
@@ -28,7 +28,7 @@ class EngineExporter:
     __slots__ = ("_engine", "_loop")
 
     def __init__(
-        self, engine: Engine, loop: Callable[[], asyncio.AbstractEventLoop | None]
+        self, engine: Exports, loop: Callable[[], asyncio.AbstractEventLoop | None]
     ) -> None:
         self._engine = engine
         self._loop = loop

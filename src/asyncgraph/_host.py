@@ -29,8 +29,9 @@ from ._backend import Backend
 from ._bound import BoundCall, InOutArg, host_copy
 from ._checks import describe, describe_value
 from ._dlpack import KDL_CPU
-from ._engine import Engine, FastFront, Sink
+from ._engine import Sink, Stores
 from ._exceptions import AllocationError, HostFunctionError, UnsupportedError
+from ._fast_front import FastFront
 from ._finished import Finished
 from ._inbox import Inbox
 from ._kernel import Kernel
@@ -311,16 +312,16 @@ class HostEngine:
             return copy(storage)
         return await self._sink.loop.run_in_executor(None, copy, storage)
 
-    def copies_from(self, other: Engine) -> bool:
+    def copies_from(self, other: Stores) -> bool:
         """Another host engine's storage is a numpy array too."""
         return isinstance(other, HostEngine)
 
-    def copy_route(self, source: Engine) -> str:
+    def copy_route(self, source: Stores) -> str:
         """Host memory to host memory."""
         return "host"
 
     async def copy_in(
-        self, buffer: ResidentBuffer, use: Use, deps: list[Use], source: Engine
+        self, buffer: ResidentBuffer, use: Use, deps: list[Use], source: Stores
     ) -> Any:
         """A copy of *buffer*'s array, after the writers in *deps*."""
         return await self.download_storage(buffer, use, deps, None)

@@ -23,7 +23,7 @@ from ._exceptions import BackendClosedError, DeviceFaultError, UnsupportedError
 
 if TYPE_CHECKING:
     from ._dispatcher import Dispatcher
-    from ._engine import Engine
+    from ._engine import Closes
     from ._resident import ResidentStore
     from ._scheduler import Job
     from ._telemetry import Telemetry
@@ -48,7 +48,7 @@ class Lifecycle:
     def __init__(
         self,
         name: str,
-        engine: Engine,
+        engine: Closes,
         dispatcher: Dispatcher,
         store: ResidentStore,
         telemetry: Telemetry,

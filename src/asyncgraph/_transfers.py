@@ -14,7 +14,7 @@ from ._resident import Download, ResidentBuffer, check_buffer, track, untrack
 
 if TYPE_CHECKING:
     from ._dispatcher import Dispatcher
-    from ._engine import Engine
+    from ._engine import Stores
     from ._lifecycle import Lifecycle
     from ._resident import ResidentStore
     from ._telemetry import Telemetry
@@ -43,7 +43,7 @@ class Transfers:
     def __init__(
         self,
         name: str,
-        engine: Engine,
+        engine: Stores,
         store: ResidentStore,
         lifecycle: Lifecycle,
         dispatcher: Dispatcher,

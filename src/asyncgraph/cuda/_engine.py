@@ -18,8 +18,8 @@ from cuda.bindings import driver as drv
 
 from .. import _loop
 from .._bound import BoundCall
-from .._engine import FastFront
 from .._exceptions import BackendClosedError, DeviceFaultError
+from .._fast_front import FastFront
 from .._kernel import Kernel
 from .._lease import StreamLease, end_lease
 from .._options import BackendOptions

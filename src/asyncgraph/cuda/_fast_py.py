@@ -48,7 +48,7 @@ from ._watches import EXPECT_RISE
 
 if TYPE_CHECKING:
     from .._bound import BoundCall
-    from .._engine import FastFront
+    from .._fast_front import FastFront
     from .._kernel import Kernel
     from .._plans import Plan
     from .._resident import ResidentBuffer
