@@ -150,17 +150,14 @@ def _shortest_cycle(graph: dict[str, set[str]], start: str, members: set[str]) -
     return [start]
 
 
-def check_import_cycles(
-    root: Path, package: str, typing: bool = False, known: frozenset[frozenset[str]] = frozenset()
-) -> list[str]:
+def check_import_cycles(root: Path, package: str, typing: bool = False) -> list[str]:
     """Cycles among the package's runtime imports, and imports from the package's ``__init__``.
 
     Imports under ``if TYPE_CHECKING:`` make no edge, unless *typing* (then a cycle closed only
     through them is found too, and imports from the ``__init__`` are left to the runtime
-    check). A cycle whose modules are exactly one of *known* is not reported. Imports of the
-    top-level ``__init__``
-    (typing-only ones too) are reported on their own and kept out of the graph:
-    it imports nearly every module, so any edge into it would merge them all into one cycle.
+    check). Imports of the top-level ``__init__`` (typing-only ones too) are reported on their
+    own and kept out of the graph: it imports nearly every module, so any edge into it would
+    merge them all into one cycle.
     """
     modules = load_modules(root, package)
     graph: dict[str, set[str]] = defaultdict(set)
@@ -181,7 +178,7 @@ def check_import_cycles(
                     if where not in lines[module.name, target]:
                         lines[module.name, target].append(where)
     for component in _strongly_connected(graph):
-        if len(component) < 2 or frozenset(component) in known:
+        if len(component) < 2:
             continue
         members = set(component)
         cycle = " -> ".join(_shortest_cycle(graph, component[0], members))
@@ -315,39 +312,11 @@ def test_no_import_cycle() -> None:
     )
 
 
-# Cycles closed through ``if TYPE_CHECKING:`` imports that are still to be broken (issue 39:
-# the CUDA dispatch core's modules). The list only shrinks: a new cycle, a known one that grew,
-# and a known one that is gone (take it off the list) fail.
-TYPING_CYCLES_LEFT = frozenset(
-    {
-        frozenset(
-            f"{PACKAGE}.cuda.{name}"
-            for name in (
-                "_core_py",
-                "_cores",
-                "_device",
-                "_fast_job",
-                "_fast_py",
-                "_foreign",
-                "_lanes",
-                "_reactor",
-                "_waiters",
-            )
-        ),
-    }
-)
-
-
-def test_no_new_import_cycle_through_typing_imports() -> None:
+def test_no_import_cycle_through_typing_imports_either() -> None:
     _report(
-        "import cycles, typing-only imports included (beyond the known ones)",
-        check_import_cycles(SRC, PACKAGE, typing=True, known=TYPING_CYCLES_LEFT),
+        "import cycles, typing-only imports included",
+        check_import_cycles(SRC, PACKAGE, typing=True),
     )
-    found = "\n".join(check_import_cycles(SRC, PACKAGE, typing=True))
-    for cycle in TYPING_CYCLES_LEFT:
-        assert f"import cycle among {len(cycle)} modules" in found, (
-            f"a known cycle is gone; take it off TYPING_CYCLES_LEFT: {sorted(cycle)}"
-        )
 
 
 def test_modules_stay_under_500_lines() -> None:
@@ -398,8 +367,6 @@ def test_structure_checks_catch_what_they_claim(tmp_path: Path) -> None:
     typing = "\n".join(check_import_cycles(tmp_path, "pkg", typing=True))
     assert "import cycle among 2 modules, e.g. pkg._t1 -> pkg._t2 -> pkg._t1" in typing, typing
     assert "from . import A, _d" not in typing, typing  # the runtime check reports those
-    known = frozenset({frozenset({"pkg._t1", "pkg._t2"})})
-    assert "_t1" not in "\n".join(check_import_cycles(tmp_path, "pkg", typing=True, known=known))
 
     assert check_module_lengths(tmp_path, "pkg") == [
         f"pkg._big: {MAX_LINES} lines (limit: fewer than {MAX_LINES})"

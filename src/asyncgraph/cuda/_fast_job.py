@@ -6,7 +6,7 @@ of the backend reads of any job, so general-path code treats the two paths' jobs
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 from .._scheduler import JobState
 from ._fast_plan import K_INTO, RING_BYTES
@@ -14,13 +14,25 @@ from ._fast_plan import K_INTO, RING_BYTES
 if TYPE_CHECKING:
     from .._pending import PendingDispatch
     from .._resident import ResidentBuffer
-    from ..pool import PinnedBlock
+    from ..pool import PinnedBlock, StreamLane
     from ._fast_plan import FastPlan
-    from ._lanes import Lane
 
-__all__ = ("FastJob", "KnownKernel", "Ring")
+__all__ = ("FastJob", "FastLane", "KnownKernel", "Ring")
 
 _LAUNCHED = JobState.LAUNCHED
+
+
+class FastLane(Protocol):
+    """What the fast path uses of a lane (``_lanes.Lane``)."""
+
+    index: int
+    handle: Any
+    scratch_ptr: int
+    slot: StreamLane[Any]
+
+    def settle(self) -> bool:
+        """Wait until the work enqueued on the stream so far is done; whether it is."""
+        ...
 
 
 class FastJob:
@@ -66,7 +78,7 @@ class FastJob:
     device_buffer = None
     t_submit = 0.0
 
-    def __init__(self, plan: FastPlan, args: tuple[object, ...], lane: Lane, t: float) -> None:
+    def __init__(self, plan: FastPlan, args: tuple[object, ...], lane: FastLane, t: float) -> None:
         self.plan = plan
         self.call = plan.template
         self.args = args

@@ -18,7 +18,7 @@ goes through ``Dispatcher.done`` as any job's). The compiled core (``_core``) ha
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from time import perf_counter
 from typing import TYPE_CHECKING, Any
 
@@ -32,7 +32,7 @@ from .._plans import same_dims
 from .._resident import Download, storage_of, track_uses, untrack, uses_of, writer_of
 from .._scheduler import JobState
 from ._driver import SUCCESS, error_for
-from ._fast_job import FastJob, KnownKernel, Ring
+from ._fast_job import FastJob, FastLane, KnownKernel, Ring
 from ._fast_plan import (
     K_IN,
     K_IN_OUT,
@@ -54,7 +54,6 @@ if TYPE_CHECKING:
     from .._resident import ResidentBuffer
     from .._telemetry import Telemetry
     from ..pool import PinnedBlock, StreamPool
-    from ._lanes import Lane
     from ._watches import Watches
 
 __all__ = ("RING_BYTES", "FastJob", "FastPath")
@@ -85,7 +84,7 @@ class FastPath:
 
     def __init__(
         self,
-        lanes: list[Lane],
+        lanes: Sequence[FastLane],
         rings: list[PinnedBlock],
         watches: Watches,
         events: Any,
@@ -355,7 +354,7 @@ class FastPath:
         plan: FastPlan,
         launcher: Any,
         args: tuple[object, ...],
-        lane: Lane,
+        lane: FastLane,
         view: np.ndarray[Any, Any],
         host: int,
         at: int,

@@ -26,7 +26,7 @@ driver call.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 from cuda.bindings import driver as drv
 
@@ -39,10 +39,11 @@ from ._plan import dep_event
 if TYPE_CHECKING:
     import asyncio
 
-    from ._device import Device
+    from ._context import OwnContext
+    from ._events import EventPool
     from ._lanes import Lane
 
-__all__ = ("WAIT_LANES", "ForeignWork", "resolve")
+__all__ = ("WAIT_LANES", "ForeignWork", "Owner", "resolve")
 
 WAIT_LANES = 2  # reactor lanes of foreign waits: the relay lane (a stream), the direct one
 _RELAY, _DIRECT = 0, 1
@@ -112,10 +113,33 @@ def _event_handle(work: Any, module: str) -> int | None:
     return None
 
 
+class Owner(Protocol):
+    """What foreign work uses of its device (``Device``)."""
+
+    name: str
+    context: Any  # the context's CUcontext
+    ctx: OwnContext
+    events: EventPool
+    wait_lanes: list[Lane]
+    watches: Any  # the reactor's hot half (``core.Watches``)
+
+    def check_healthy(self) -> None:
+        """Raise the device fault, if the device failed."""
+        ...
+
+    def lease_started(self) -> None:
+        """A stream was leased."""
+        ...
+
+    def lease_ended(self) -> None:
+        """A lease ended."""
+        ...
+
+
 class ForeignWork:
     """Waits for, and orders with, work other libraries enqueue on the backend's device."""
 
-    def __init__(self, device: Device) -> None:
+    def __init__(self, device: Owner) -> None:
         self._device = device
         self._direct_stream: int | None = None  # the stream the direct wait lane serves
 

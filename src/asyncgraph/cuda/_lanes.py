@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 from cuda.bindings import driver as drv
 
@@ -20,14 +20,48 @@ from ._driver import SUCCESS, error_for
 
 if TYPE_CHECKING:
     from ..pool import StreamLane, StreamOrderedDeviceMemory
-    from ._device import Device
+    from ._events import EventPool
 
-__all__ = ("SCRATCH_BYTES", "Lane")
+__all__ = ("SCRATCH_BYTES", "Lane", "Owner", "Watcher")
 
 record = core.record
 
 # Dispatches needing at most this much device memory use their lane's scratch buffer.
 SCRATCH_BYTES = 1 << 20
+
+
+class Watcher(Protocol):
+    """What a lane asks of the reactor (``Reactor.watch``)."""
+
+    def watch(
+        self,
+        lane: int,
+        event: Any,
+        callback: Callable[[CudaError | None], None],
+        expect: float = 0.0,
+    ) -> Any:
+        """Call *callback* once *event* (recorded on lane *lane*) completed; the watch."""
+        ...
+
+
+class Owner(Protocol):
+    """What a lane uses of its device (``Device``)."""
+
+    events: EventPool
+
+    @property
+    def loop(self) -> asyncio.AbstractEventLoop:
+        """The loop the backend belongs to now."""
+        ...
+
+    @property
+    def reactor(self) -> Watcher:
+        """The completion reactor."""
+        ...
+
+    def fail(self, error: DeviceFaultError) -> None:
+        """Fail the device (and every CUDA backend of the process: a sticky fault)."""
+        ...
 
 
 class Lane:
@@ -51,7 +85,7 @@ class Lane:
         "stream",
     )
 
-    def __init__(self, device: Device, slot: StreamLane[Any], scratch: Any | None) -> None:
+    def __init__(self, device: Owner, slot: StreamLane[Any], scratch: Any | None) -> None:
         self._device = device
         self.slot = slot
         self.index = slot.index
