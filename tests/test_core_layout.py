@@ -1,5 +1,6 @@
 """The compiled core reads and writes some slots of the front's classes in place, at offsets it
-takes from their member descriptors at import (``_core_plan.pxi``: ``_slot`` and ``_offset``).
+takes from their member descriptors at import (``_core_plan.pxi`` and the ``_core_mirror.pxi``
+it includes: ``_slot`` and ``_offset``).
 
 These tests read those mirrors from the source, so they fail when a mirrored name is no slot of
 its Python class any more, whether the compiled core is built or not; and they check that such
@@ -23,7 +24,8 @@ from asyncgraph._resident import ResidentBuffer
 from tests.needs import CORES
 
 ROOT = Path(__file__).resolve().parent.parent
-PLAN = ROOT / "src" / "asyncgraph" / "cuda" / "_core_plan.pxi"
+CUDA = ROOT / "src" / "asyncgraph" / "cuda"
+SOURCES = (CUDA / "_core_plan.pxi", CUDA / "_core_mirror.pxi")  # the second included by the first
 _IMPORTED = re.compile(r"^from \.\.(\w+) import (\w+) as (\w+)$", re.MULTILINE)
 _SLOT = re.compile(r"_slot\((\w+), \"(\w+)\"\)")
 _OFFSET = re.compile(r"_offset\(\"(\w+)\"\)")
@@ -32,7 +34,7 @@ _OFFSET_OF = re.compile(r"return _slot\((\w+), name\)")  # the class _offset() r
 
 def mirrored() -> list[tuple[type, str]]:
     """Each (class, slot name) the compiled core mirrors, read from its source."""
-    source = PLAN.read_text(encoding="utf-8")
+    source = "\n".join(path.read_text(encoding="utf-8") for path in SOURCES)
     classes: dict[str, type] = {}
     for module, name, alias in _IMPORTED.findall(source):
         value = getattr(importlib.import_module(f"asyncgraph.{module}"), name)

@@ -319,6 +319,21 @@ def test_no_import_cycle_through_typing_imports_either() -> None:
     )
 
 
+def check_cython_lengths(root: Path, limit: int = MAX_LINES) -> list[str]:
+    """The compiled core's sources (``.pyx``, ``.pxi``, ``.pxd``) of *limit* lines or more."""
+    problems = []
+    for path in sorted(root.rglob("*.p[xy][xid]")):
+        lines = len(path.read_text(encoding="utf-8").splitlines())
+        if lines >= limit:
+            problems.append(f"{path.relative_to(root)}: {lines} lines (limit: fewer than {limit})")
+    return problems
+
+
+def test_cython_sources_stay_under_500_lines() -> None:
+    assert any(SRC.rglob("*.pxi")), "no Cython sources found: the check would pass vacuously"
+    _report("Cython sources of 500 lines or more", check_cython_lengths(SRC))
+
+
 def test_modules_stay_under_500_lines() -> None:
     _report("modules of 500 lines or more", check_module_lengths(SRC, PACKAGE))
 
@@ -368,6 +383,10 @@ def test_structure_checks_catch_what_they_claim(tmp_path: Path) -> None:
     assert "import cycle among 2 modules, e.g. pkg._t1 -> pkg._t2 -> pkg._t1" in typing, typing
     assert "from . import A, _d" not in typing, typing  # the runtime check reports those
 
+    (tmp_path / "pkg" / "_big.pxi").write_text("x = 1\n" * MAX_LINES, encoding="utf-8")
+    assert check_cython_lengths(tmp_path) == [
+        f"pkg/_big.pxi: {MAX_LINES} lines (limit: fewer than {MAX_LINES})"
+    ]
     assert check_module_lengths(tmp_path, "pkg") == [
         f"pkg._big: {MAX_LINES} lines (limit: fewer than {MAX_LINES})"
     ]
