@@ -11,6 +11,7 @@ from ._backend import Backend as Backend
 from ._batch import Batcher as Batcher
 from ._batch import batcher as batcher
 from ._batch_spec import BatcherStatistics as BatcherStatistics
+from ._batch_spec import BatchLaunches as BatchLaunches
 from ._batch_spec import Row as Row
 from ._exceptions import AllocationError as AllocationError
 from ._exceptions import ArgumentTypeError as ArgumentTypeError
@@ -57,6 +58,7 @@ __all__ = (
     "Backend",
     "BackendClosedError",
     "BackendOptions",
+    "BatchLaunches",
     "Batcher",
     "BatcherStatistics",
     "CaptureError",

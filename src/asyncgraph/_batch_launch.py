@@ -1,8 +1,8 @@
 """Launching a batch: its rows written into reused pinned staging, one dispatch, the answers.
 
-:class:`BatchLauncher` is what a :class:`~asyncgraph._batch.Batcher` dispatches through. It
-knows the kernel, the rows and the shared arguments; the batcher keeps the callers and the
-batches' states.
+:class:`BatchLauncher` is the runner a :class:`~asyncgraph._batch.Batcher`'s queue
+(``_batch_queue.BatchQueue``) launches its batches through. It knows the kernel, the rows, the
+shared arguments and the buckets; the queue keeps the callers and the batches' states.
 
 A batch's rows go into one array per input from ``backend.pinned_empty`` (pinned memory on the
 CUDA backend, which a dispatch uploads without a copy of its own into staging; ordinary memory
@@ -14,6 +14,7 @@ fails drops its set instead: a copy may still read it.
 
 from __future__ import annotations
 
+import bisect
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -23,6 +24,7 @@ from ._batch_spec import check_launch_shape
 
 if TYPE_CHECKING:
     from ._backend import Backend
+    from ._batch_queue import Done
     from ._batch_spec import LaunchShape, Row
     from ._kernel import Kernel
     from ._pending import PendingDispatch
@@ -41,7 +43,8 @@ class BatchLauncher:
         inputs, outputs: the row of each input and output.
         shared: the arguments every batch passes after the outputs.
         launch: ``launch(n) -> (grid, block)``.
-        capacity: the most rows a batch has (``max_size``, or the largest bucket).
+        max_size: the most items in a batch.
+        buckets: the batch sizes to pad up to, in ascending order (empty: none).
         graph, shared_mem: passed to each dispatch.
         keep: the most staging sets kept between batches (more are made while more batches
             are in flight, and dropped when they come back).
@@ -49,6 +52,7 @@ class BatchLauncher:
 
     __slots__ = (
         "_backend",
+        "_buckets",
         "_by_row",
         "_capacity",
         "_graph",
@@ -56,6 +60,7 @@ class BatchLauncher:
         "_keep",
         "_kernel",
         "_launch",
+        "_max_size",
         "_outputs",
         "_shared",
         "_shared_mem",
@@ -71,7 +76,8 @@ class BatchLauncher:
         outputs: tuple[Row, ...],
         shared: tuple[object, ...],
         launch: LaunchShape,
-        capacity: int,
+        max_size: int,
+        buckets: tuple[int, ...],
         graph: str,
         shared_mem: int,
         keep: int = 4,
@@ -82,7 +88,9 @@ class BatchLauncher:
         self._outputs = outputs
         self._shared = shared
         self._launch = launch
-        self._capacity = capacity
+        self._max_size = max_size
+        self._buckets = buckets
+        self._capacity = buckets[-1] if buckets else max_size  # the rows of a staging set
         self._graph = graph
         self._shared_mem = shared_mem
         self._keep = keep
@@ -97,6 +105,39 @@ class BatchLauncher:
     def kept(self) -> int:
         """How many staging sets wait for a later batch."""
         return len(self._spare)
+
+    def sizes(self, n: int) -> tuple[int, int]:
+        """For a batch of *n* items: the rows it dispatches (the smallest bucket that holds
+        them, or *n*), and the capacity its fill counts against (that bucket, or
+        ``max_size``)."""
+        buckets = self._buckets
+        if not buckets:
+            return n, self._max_size
+        size = buckets[bisect.bisect_left(buckets, n)]
+        return size, size
+
+    def run(self, loop: Any, items: list[tuple[object, ...]], size: int, done: Done) -> object:
+        """Dispatch the batch of *items* as *size* rows; its completion gives the staging
+        back and calls ``done(answers, None)`` (or ``done(None, error)``).
+
+        Returns:
+            The dispatch's id.
+
+        Raises:
+            Exception: whatever the staging or the dispatch raised.
+        """
+        pending, staging = self.launch(items, size)
+        n = len(items)
+        pending.add_done_callback(lambda finished: self._end(finished, staging, n, done))
+        return pending.dispatch_id
+
+    def _end(self, pending: PendingDispatch, staging: list[Array], n: int, done: Done) -> None:
+        self.give_back(staging)  # the dispatch is done with it
+        exc = pending.exception()
+        if exc is not None:
+            done(None, exc)
+        else:
+            done(self.answers(pending.result(), n), None)
 
     def launch(
         self, items: list[tuple[object, ...]], size: int
@@ -135,7 +176,9 @@ class BatchLauncher:
             self._spare.append(staging)
 
     def clear(self) -> None:
-        """Drop the kept staging (its pinned memory goes back to the pool when collected)."""
+        """Drop the kept staging and keep none from now on (its batcher closed: the pinned
+        memory goes back to the pool when collected)."""
+        self._keep = 0
         self._spare.clear()
 
     def _take(self) -> list[Array]:
