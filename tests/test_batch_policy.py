@@ -17,7 +17,7 @@ import pytest
 
 import asyncgraph as ag
 
-from .batching import HOUR, Affine, Array, Callers, make, row, until, want
+from .batching import AFFINE_SRC, BIAS, HOUR, A, Affine, Array, Callers, F, make, row, until, want
 from .loops import LOOPS, run
 
 ASYNCIO_LOOPS = [loop for loop in LOOPS if loop != "trio"]
@@ -311,3 +311,133 @@ async def test_the_policy_is_checked_when_the_batcher_is_made(host: ag.Backend) 
     ):
         make(host, Affine(), policy="eager")
     assert make(host, Affine(), policy="fixed_delay").statistics().batches == 0
+
+
+# -- a caller alone: its batch of one launches in its call ----------------------------------------
+
+
+def test_after_a_batch_of_one_a_caller_finding_it_idle_launches_in_its_call(loop: Any) -> None:
+    # While callers come one at a time, a caller that finds the batcher idle dispatches its
+    # batch of one itself; a caller of the same turn then collects behind it, and launches
+    # when it completes (under the end-of-turn launch, both would share one batch).
+    async def body() -> None:
+        host = Affine()
+        async with ag.open_backend("host") as backend:
+            batch = adaptive(backend, host, max_size=8)
+            (y,) = await batch(row(0))  # a batch of one: callers come one at a time
+            np.testing.assert_allclose(y, want(0))
+            host.release.clear()
+            callers = Callers(batch)
+            with anyio.fail_after(10):
+                async with anyio.create_task_group() as tg:
+                    tg.start_soon(callers.call, 1)
+                    tg.start_soon(callers.call, 2)
+                    await until(lambda: batch.statistics().pending == 1)
+                    stats = batch.statistics()
+                    assert (stats.batches, stats.in_flight) == (2, 1)
+                    host.release.set()
+            assert [n for n, _ in host.batches] == [1, 1, 1]
+            for i in (1, 2):
+                np.testing.assert_allclose(callers.got[i], want(i))
+            stats = batch.statistics()
+            assert stats.launched == ag.BatchLaunches(
+                full=0, idle=2, completion=1, deadline=0, flush=0
+            )
+            assert (stats.items, stats.in_flight, stats.waiting.count) == (3, 0, 3)
+
+    run(loop, body)
+
+
+def test_a_lone_caller_gets_its_rows_strided_or_not_and_its_error(loop: Any) -> None:
+    async def body() -> None:
+        host = Affine()
+        async with ag.open_backend("host") as backend:
+            batch = adaptive(backend, host)
+            strided = np.stack([row(5), row(6)], axis=1)[:, 0]  # every other float: staged
+            assert not strided.flags.c_contiguous
+            with anyio.fail_after(10):
+                for x, i in ((row(0), 0), (row(1), 1), (strided, 5), (row(2), 2)):
+                    (y,) = await batch(x)
+                    np.testing.assert_allclose(y, want(i))
+                with pytest.raises(ValueError, match=r"^poison row$"):
+                    await batch(np.full(4, -1, np.float32))
+                (y,) = await batch(row(3))
+            np.testing.assert_allclose(y, want(3))
+            stats = batch.statistics()
+            assert (stats.batches, stats.failed_batches, stats.in_flight) == (6, 1, 0)
+            assert stats.launched.idle == 6
+            assert [n for n, _ in host.batches] == [1] * 6
+
+    run(loop, body)
+
+
+def test_a_lone_caller_cancelled_while_its_batch_runs_leaves_it_running(loop: Any) -> None:
+    async def body() -> None:
+        host = Affine()
+        async with ag.open_backend("host") as backend:
+            batch = adaptive(backend, host)
+            await batch(row(0))
+            host.release.clear()
+            host.started.clear()
+            got: list[Array] = []
+            ended: list[bool] = []
+            scope = anyio.CancelScope()
+
+            async def one() -> None:
+                try:
+                    with scope:
+                        got.extend(await batch(row(1)))
+                finally:
+                    ended.append(True)
+
+            with anyio.fail_after(10):
+                async with anyio.create_task_group() as tg:
+                    tg.start_soon(one)
+                    await until(host.started.is_set)  # launched in its call, running
+                    scope.cancel()
+                    await until(lambda: bool(ended))  # it stopped waiting; the batch runs
+                    assert batch.statistics().in_flight == 1
+                    host.release.set()
+                await until(lambda: batch.statistics().in_flight == 0)
+                (y,) = await batch(row(2))
+            assert got == []
+            np.testing.assert_allclose(y, want(2))
+            assert [n for n, _ in host.batches] == [1, 1, 1]
+            stats = batch.statistics()
+            assert (stats.cancelled_before_launch, stats.failed_batches) == (0, 0)
+
+    run(loop, body)
+
+
+def test_a_lone_caller_waits_in_line_when_the_backend_queue_is_full(loop: Any) -> None:
+    async def body() -> None:
+        host = Affine()
+        async with ag.open_backend("host", max_in_flight=1, max_queued=1) as backend:
+            batch = adaptive(backend, host)
+            await batch(row(0))  # callers come one at a time
+            host.release.clear()
+            host.started.clear()
+            kernel = ag.Kernel(AFFINE_SRC, "affine_rows", host=host)
+            running, queued = plain(backend, kernel, 10), plain(backend, kernel, 11)
+            await until(host.started.is_set)
+            callers = Callers(batch)
+            with anyio.fail_after(10):
+                async with anyio.create_task_group() as tg:
+                    tg.start_soon(callers.call, 1)  # no room: in line, as any batch
+                    await until(lambda: batch.statistics().waiting_for_room == 1)
+                    host.release.set()
+            np.testing.assert_allclose(callers.got[1], want(1))
+            np.testing.assert_allclose((await running)[0][0], want(10))
+            np.testing.assert_allclose((await queued)[0][0], want(11))
+            assert [n for n, _ in host.batches] == [1, 1, 1, 1]
+            assert batch.statistics().launched.idle == 2
+
+    run(loop, body)
+
+
+def plain(backend: ag.Backend, kernel: ag.Kernel, i: int) -> ag.PendingDispatch:
+    """A dispatch of the batch kernel on one row, not through the batcher."""
+    return backend.dispatch(
+        kernel, row(i)[None], ag.Out((1, F), np.float32), BIAS, A, np.int32(F), np.int32(1),
+        grid=1, block=256,
+    )  # fmt: skip

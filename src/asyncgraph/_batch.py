@@ -8,6 +8,11 @@ batcher's batches is in flight, see ``docs/batching.md``); ``_batch_launch``'s
 ``backend.pinned_empty``, runs one dispatch over the batch and hands each caller its own row of
 each output (reusing the staging).
 
+While callers come one at a time, a caller that finds the batcher idle dispatches its batch of
+one itself and awaits the dispatch in its own task (``BatchQueue.alone``): it then costs what
+``await backend.dispatch(...)`` does, the lone await's spin on CUDA included, instead of a
+trip around the loop for the launch and two for the answer.
+
 A batch due while the backend's bounded queue is full (``max_queued``) waits for room in line
 with ``submit()`` (``backend.call_in_turn``), collecting more items meanwhile, up to
 ``max_size``: under backpressure batches grow instead of failing.
@@ -18,6 +23,7 @@ from __future__ import annotations
 import weakref
 from asyncio import _get_running_loop
 from collections.abc import Callable, Sequence
+from time import perf_counter
 from types import TracebackType
 from typing import Any
 
@@ -34,8 +40,9 @@ from ._batch_spec import (
     check_options,
     kernel_item_checker,
 )
-from ._exceptions import ArgumentTypeError, BackendClosedError
+from ._exceptions import ArgumentTypeError, BackendClosedError, QueueFullError
 from ._kernel import Kernel
+from ._pending import PendingDispatch
 from ._telemetry import logger
 
 __all__ = ("Batcher", "batcher")
@@ -69,6 +76,7 @@ class Batcher:
         self._fits = tuple((row.dtype, row.shape) for row in inputs)
         self._one = self._fits[0] if len(inputs) == 1 else None  # (the common case, inlined)
         self._launcher = launcher
+        self._one_size = launcher.sizes(1)[0]  # the rows of a batch of one (its bucket)
         # One event per batch, only where the backend logs one per dispatch: unconfigured,
         # structlog prints every debug event to stdout, from the loop's thread.
         log = logger.bind(device=backend.name, kernel=kernel.name)
@@ -141,11 +149,33 @@ class Batcher:
             except Exception:
                 await _loop.sleep(0)  # a checkpoint, also for a refusal
                 raise
-        batch, future = queue.add(loop, rows)
+        if queue.alone(loop):
+            launcher = self._launcher
+            t_call = perf_counter()
+            try:
+                pending, staging = launcher.launch_alone(rows)
+            except QueueFullError:
+                pass  # no room in the backend's queue: in line, as any batch (below)
+            except Exception as exc:
+                queue.launched_alone(t_call, self._one_size, None)
+                queue.ended_alone(exc)
+                await _loop.sleep(0)  # a checkpoint, also for a refusal
+                raise
+            else:
+                queue.launched_alone(t_call, self._one_size, pending.dispatch_id)
+                try:
+                    results = await pending
+                finally:
+                    if pending.done():
+                        self._end_alone(pending, staging)
+                    else:  # the caller stopped waiting: the batch ends when its dispatch does
+                        pending.add_done_callback(lambda done: self._end_alone(done, staging))
+                return launcher.first(results)
+        waiter = queue.add(loop, rows)
         try:
-            return await future  # type: ignore[no-any-return]  # a tuple, set by the queue
+            return await waiter  # type: ignore[no-any-return]  # a tuple, set by the queue
         except BaseException:
-            queue.leave(batch, future)
+            queue.leave(waiter)
             raise
 
     def _fit(self, rows: tuple[object, ...]) -> bool:
@@ -156,6 +186,11 @@ class Batcher:
             if type(value) is not np.ndarray or value.dtype != dtype or value.shape != shape:
                 return False
         return True
+
+    def _end_alone(self, pending: PendingDispatch, staging: list[Array] | None) -> None:
+        """The dispatch of a lone caller's batch completed: its staging is free again."""
+        self._launcher.give_back(staging)
+        self._queue.ended_alone(pending.exception())
 
     def _check_backend(self) -> None:
         if self._backend.is_closed:

@@ -180,11 +180,11 @@ class BatchedFunction(Generic[T, R]):
             except Exception:
                 await _loop.sleep(0)  # a checkpoint, also for a refusal
                 raise
-        batch, future = queue.add(loop, item)
+        waiter = queue.add(loop, item)
         try:
-            return await future  # type: ignore[no-any-return]  # the function's output
+            return await waiter  # type: ignore[no-any-return]  # the function's output
         except BaseException:
-            queue.leave(batch, future)
+            queue.leave(waiter)
             raise
 
     def __get__(self, instance: object, owner: type | None = None) -> BatchedFunction[T, R]:

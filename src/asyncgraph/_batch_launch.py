@@ -10,6 +10,13 @@ on the host backend). Making such an array is costly (it lends a block of the pi
 numpy), so a set of them is taken when a batch launches, given back when its dispatch
 completes (its upload is done by then) and used again by a later batch. A batch whose launch
 fails drops its set instead: a copy may still read it.
+
+A caller alone (``Batcher``'s lone path) dispatches its batch of one with
+:meth:`launch_alone` (its own rows, each as a view of one row, where they are C-contiguous
+arrays: the dispatch stages them as it would one request's), awaits the dispatch itself, as
+one ``await backend.dispatch(...)`` would (on CUDA a lone dispatch's await polls its event for
+a short while before it sleeps, so its result arrives without a trip around the loop), and
+takes its rows with :meth:`first`.
 """
 
 from __future__ import annotations
@@ -131,6 +138,41 @@ class BatchLauncher:
         pending.add_done_callback(lambda finished: self._end(finished, staging, n, done))
         return pending.dispatch_id
 
+    def launch_alone(self, rows: tuple[object, ...]) -> tuple[PendingDispatch, list[Array] | None]:
+        """Dispatch one caller's *rows* as a batch of one: the rows themselves, each as a view
+        of one row, where each is a C-contiguous array and no bucket pads a batch of one; else
+        through staging (:meth:`launch`).
+
+        Returns:
+            The dispatch, and the staging it reads (``None``: none): :meth:`give_back` it once
+            the dispatch is done.
+
+        Raises:
+            Exception: whatever the staging or the dispatch raised.
+        """
+        views: list[object] = []
+        if not self._buckets or self._buckets[0] == 1:
+            for value in rows:
+                if type(value) is not np.ndarray or not value.flags.c_contiguous:
+                    break
+                views.append(value[None])
+            else:
+                grid, block = check_launch_shape(self._kernel, 1, self._launch(1))
+                views.extend(self._tail(1))
+                pending = self._backend.dispatch(
+                    self._kernel, *views, grid=grid, block=block,  # type: ignore[arg-type]  # checked by dispatch
+                    shared_mem=self._shared_mem, graph=self._graph,
+                )  # fmt: skip
+                return pending, None
+        size = self._buckets[0] if self._buckets else 1
+        return self.launch([rows], size)
+
+    def first(self, results: tuple[Array, ...]) -> tuple[Array, ...]:
+        """The first caller's rows of a batch's *results* (views)."""
+        if self._by_row:
+            return tuple([result[0] for result in results])
+        return tuple([result[0, ...] for result in results])
+
     def _end(self, pending: PendingDispatch, staging: list[Array], n: int, done: Done) -> None:
         self.give_back(staging)  # the dispatch is done with it
         exc = pending.exception()
@@ -170,9 +212,9 @@ class BatchLauncher:
             return zip(*results, strict=False)
         return (tuple(result[i, ...] for result in results) for i in range(n))
 
-    def give_back(self, staging: list[Array]) -> None:
+    def give_back(self, staging: list[Array] | None) -> None:
         """The dispatch that read *staging* is done: keep it for a later batch."""
-        if len(self._spare) < self._keep:
+        if staging is not None and len(self._spare) < self._keep:
             self._spare.append(staging)
 
     def clear(self) -> None:

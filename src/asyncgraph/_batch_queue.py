@@ -12,7 +12,11 @@ The launch policies (``policy=``, ``docs/batching.md``):
   ``call_soon``), so that the callers of the same turn join it: *idle*. A batch started while
   one is in flight collects until that one completes, and launches at the end of the
   completion's turn, so that the callers the completion woke join it too: *completion*; or
-  once full, or at ``max_delay`` after its first caller, whichever comes first.
+  once full, or at ``max_delay`` after its first caller, whichever comes first. While callers
+  come one at a time (the last batch held one item), a caller that finds the queue idle
+  (:meth:`BatchQueue.alone`) may launch its batch of one itself, at once, and await it in its
+  own task (``Batcher``'s lone path: one caller then costs what one dispatch does); it tells
+  the queue with :meth:`BatchQueue.launched_alone` and :meth:`BatchQueue.ended_alone`.
 - ``"fixed_delay"`` launches a batch once full (*full*), or at ``max_delay`` after its first
   caller (*deadline*), as Ray Serve's ``@serve.batch`` and Triton's dynamic batcher do.
 
@@ -30,7 +34,7 @@ to ``max_size``.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from time import perf_counter
 from typing import Any, Protocol
 
@@ -60,7 +64,7 @@ class BatchRunner(Protocol):
         """For a batch of *n* items: the rows it runs (more with padding), and the capacity
         its fill is counted against."""
 
-    def run(self, loop: Any, items: list[Any], size: int, done: Done) -> object:
+    def run(self, loop: Any, items: list[Any], size: int, done: Done) -> Any:
         """Start the batch of *items* (run as *size* rows) on *loop*; call *done* once when it
         ends (never from within this call). Returns an id for the log (or ``None``).
 
@@ -130,6 +134,8 @@ class BatchQueue:
         self._gate = gate
         self._log = log
         self._depth = depth
+        self._lone = False  # whether the last batch launched held one item
+        self._lone_fill = 1 / runner.sizes(1)[1]  # a batch of one's fill
         self._loop: Any = None  # the event loop of the first call
         self._open: _Batch | None = None  # the batch collecting now, if any
         self._line: list[_Batch] = []  # due batches waiting at the gate
@@ -213,10 +219,10 @@ class BatchQueue:
             )
         return loop
 
-    def add(self, loop: Any, item: object) -> tuple[_Batch, Any]:
+    def add(self, loop: Any, item: object) -> Awaitable[Any]:
         """Add *item* to the batch collecting (on the queue's *loop*, checked by
-        :meth:`takes` or :meth:`loop_for_use`); return its batch and the future of its answer.
-        Await the future; if the caller stops waiting, call :meth:`leave`."""
+        :meth:`takes` or :meth:`loop_for_use`); return the future of its answer. If the caller
+        stops waiting, call :meth:`leave` with it."""
         batch = self._open
         if batch is None:
             batch = self._open = _Batch()
@@ -226,7 +232,7 @@ class BatchQueue:
                 batch.timer = _deadline.call_at_deadline(
                     loop, self._max_delay, self._launch_due, batch, DEADLINE
                 )
-        future = loop.create_future()
+        future: Awaitable[Any] = loop.create_future()
         futures = batch.futures
         futures.append(future)
         batch.items.append(item)
@@ -234,15 +240,53 @@ class BatchQueue:
         if len(futures) >= self._max_size:
             self._open = None  # full: the next call starts the next batch
             self._due(batch, FULL)
-        return batch, future
+        return future
 
-    def leave(self, batch: _Batch, future: Any) -> None:
-        """The caller of *future* in *batch* stopped waiting (cancelled, or its batch failed):
-        undo what is undone."""
+    def alone(self, loop: object) -> bool:
+        """Whether a call on *loop* (checked as by :meth:`takes`) may launch a batch of its
+        one item itself, at once: under ``"adaptive"``, while callers come one at a time (the
+        last batch held one item) and nothing of the queue collects, waits or runs."""
+        return (
+            self._lone
+            and self._adaptive
+            and self._open is None
+            and not self._in_flight
+            and not self._line
+            and loop is self._loop
+            and loop is not None
+            and not self._closed
+        )
+
+    def launched_alone(self, t_call: float, size: int, launch_id: object) -> None:
+        """A caller launched its batch of one item itself (called at *t_call*, run as *size*
+        rows), after :meth:`alone`: count it, in flight until :meth:`ended_alone`."""
+        now = perf_counter()
+        self._waiting.record_all([now - t_call])
+        self._batches += 1
+        self._items += 1
+        self._padded += size - 1
+        self._fill += self._lone_fill
+        self._reasons[IDLE] += 1
+        self._in_flight += 1
+        if self._log is not None:
+            self._log.debug(
+                "batch.launched", dispatch_id=launch_id, items=1, size=size,
+                waited_max=now - t_call,
+            )  # fmt: skip
+
+    def ended_alone(self, exc: BaseException | None = None) -> None:
+        """The batch of :meth:`launched_alone` ended (failed with *exc*)."""
+        self._end([], (), exc)
+
+    def leave(self, waiter: Awaitable[Any]) -> None:
+        """The caller of *waiter* (what :meth:`add` returned) stopped waiting (cancelled, or
+        its batch failed): it leaves its batch if that did not launch yet."""
+        batch = self._holding(waiter)
+        if batch is None:
+            return  # launched: the batch goes on without this caller; its answer is dropped
+        future: Any = waiter
         if not future.done():
             future.cancel()
-        if batch.launched:
-            return  # the batch goes on without this caller; its answer is dropped
         i = batch.futures.index(future)
         del batch.futures[i], batch.items[i], batch.t_calls[i]
         self._cancelled += 1
@@ -256,6 +300,16 @@ class BatchQueue:
                 batch.leave_line = None
                 self._line.remove(batch)
                 self._check_idle()
+
+    def _holding(self, waiter: object) -> _Batch | None:
+        """The batch not launched yet whose caller *waiter* is (collecting, or at the gate)."""
+        batch = self._open
+        if batch is not None and waiter in batch.futures:
+            return batch
+        for batch in self._line:
+            if waiter in batch.futures:
+                return batch
+        return None
 
     # -- launching -------------------------------------------------------------------------------
 
@@ -307,6 +361,7 @@ class BatchQueue:
         self._padded += size - n
         self._fill += n / capacity
         self._reasons[batch.reason] += 1
+        self._lone = n == 1
         if refused is not None:
             self._fail(futures, refused)
             return
