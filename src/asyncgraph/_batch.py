@@ -83,7 +83,7 @@ class Batcher:
         self._queue = BatchQueue(
             launcher, name=f"batcher {kernel.name!r}", remake="asyncgraph.batcher()",
             max_size=max_size, max_delay=max_delay, policy=policy, gate=self._gate,
-            log=log if backend.options.dispatch_events_enabled else None,
+            log=log if backend.options.dispatch_events_enabled else None, lone=True,
         )  # fmt: skip
         ref = weakref.ref(self)
 
@@ -132,51 +132,59 @@ class Batcher:
         # dtype and shape (for one input: of the very dtype object, which numpy shares between
         # arrays of a builtin dtype). Anything else takes the checks.
         loop: Any = _get_running_loop()
+        one = self._one
+        if one is not None and len(rows) == 1:
+            value = rows[0]
+            fits = type(value) is np.ndarray and value.dtype is one[0] and value.shape == one[1]
+        else:
+            fits = self._fit(rows)
         queue = self._queue
-        fits = queue.takes(loop)
-        if fits:
-            one = self._one
-            if one is not None and len(rows) == 1:
-                value = rows[0]
-                fits = type(value) is np.ndarray and value.dtype is one[0] and value.shape == one[1]
-            else:
-                fits = self._fit(rows)
-        if not fits:
-            try:
-                self._check(rows)
-                self._check_backend()
-                loop = queue.loop_for_use()
-            except Exception:
-                await _loop.sleep(0)  # a checkpoint, also for a refusal
-                raise
-        if queue.alone(loop):
-            launcher = self._launcher
-            t_call = perf_counter()
-            try:
-                pending, staging = launcher.launch_alone(rows)
-            except QueueFullError:
-                pass  # no room in the backend's queue: in line, as any batch (below)
-            except Exception as exc:
-                queue.launched_alone(t_call, self._one_size, None)
-                queue.ended_alone(exc)
-                await _loop.sleep(0)  # a checkpoint, also for a refusal
-                raise
-            else:
-                queue.launched_alone(t_call, self._one_size, pending.dispatch_id)
+        waiter = queue.join(loop, rows) if fits else None
+        if waiter is None:
+            if not (fits and queue.takes(loop)):
                 try:
-                    results = await pending
-                finally:
-                    if pending.done():
-                        self._end_alone(pending, staging)
-                    else:  # the caller stopped waiting: the batch ends when its dispatch does
-                        pending.add_done_callback(lambda done: self._end_alone(done, staging))
-                return launcher.first(results)
-        waiter = queue.add(loop, rows)
+                    self._check(rows)
+                    self._check_backend()
+                    loop = queue.loop_for_use()
+                except Exception:
+                    await _loop.sleep(0)  # a checkpoint, also for a refusal
+                    raise
+            if queue.alone(loop):
+                return await self._alone(rows)
+            waiter = queue.add(loop, rows)
         try:
             return await waiter  # type: ignore[no-any-return]  # a tuple, set by the queue
         except BaseException:
             queue.leave(waiter)
             raise
+
+    async def _alone(self, rows: tuple[object, ...]) -> tuple[Array, ...]:
+        """Dispatch a caller's batch of one itself and await it (``BatchQueue.alone``)."""
+        queue, launcher = self._queue, self._launcher
+        t_call = perf_counter()
+        try:
+            pending, staging = launcher.launch_alone(rows)
+        except QueueFullError:  # no room in the backend's queue: in line, as any batch
+            waiter = queue.add(queue.loop_for_use(), rows)
+            try:
+                return await waiter  # type: ignore[no-any-return]  # a tuple, set by the queue
+            except BaseException:
+                queue.leave(waiter)
+                raise
+        except Exception as exc:
+            queue.launched_alone(t_call, self._one_size, None)
+            queue.ended_alone(exc)
+            await _loop.sleep(0)  # a checkpoint, also for a refusal
+            raise
+        queue.launched_alone(t_call, self._one_size, pending.dispatch_id)
+        try:
+            results = await pending
+        finally:
+            if pending.done():
+                self._end_alone(pending, staging)
+            else:  # the caller stopped waiting: the batch ends when its dispatch does
+                pending.add_done_callback(lambda done: self._end_alone(done, staging))
+        return launcher.first(results)
 
     def _fit(self, rows: tuple[object, ...]) -> bool:
         """Whether *rows* are exactly an ndarray of each input row's dtype and shape."""

@@ -166,13 +166,15 @@ class BatchedFunction(Generic[T, R]):
             Exception: whatever the function raised (every caller of the batch gets it).
         """
         loop: Any = _get_running_loop()
-        queue = self._queue
-        fits = queue.takes(loop)
         row = self._row
-        if fits and row is not None:
+        if row is None:
+            fits = True
+        else:
             value: Any = item
             fits = type(value) is np.ndarray and value.dtype is row[0] and value.shape == row[1]
-        if not fits:
+        queue = self._queue
+        waiter = queue.join(loop, item) if fits else None
+        if waiter is None:
             try:
                 if self._check is not None:
                     self._check((item,))
@@ -180,7 +182,7 @@ class BatchedFunction(Generic[T, R]):
             except Exception:
                 await _loop.sleep(0)  # a checkpoint, also for a refusal
                 raise
-        waiter = queue.add(loop, item)
+            waiter = queue.add(loop, item)
         try:
             return await waiter  # type: ignore[no-any-return]  # the function's output
         except BaseException:

@@ -108,6 +108,7 @@ class BatchQueue:
         policy: ``"adaptive"`` or ``"fixed_delay"`` (checked by ``check_launch_options``).
         gate: what a due batch passes before it launches (the backend's ``call_in_turn``).
         log: where one ``batch.launched`` debug event per batch goes (``None``: none).
+        lone: whether its callers take the lone path (:meth:`alone`) where they may.
         depth: under ``"adaptive"``, how many batches in flight still count as idle (1: a
             batch launches at once only while none is in flight).
     """
@@ -123,6 +124,7 @@ class BatchQueue:
         policy: str,
         gate: Gate | None = None,
         log: Any = None,
+        lone: bool = False,
         depth: int = 1,
     ) -> None:
         self._runner = runner
@@ -135,6 +137,7 @@ class BatchQueue:
         self._log = log
         self._depth = depth
         self._lone = False  # whether the last batch launched held one item
+        self._takes_lone = lone
         self._lone_fill = 1 / runner.sizes(1)[1]  # a batch of one's fill
         self._loop: Any = None  # the event loop of the first call
         self._open: _Batch | None = None  # the batch collecting now, if any
@@ -219,10 +222,20 @@ class BatchQueue:
             )
         return loop
 
+    def join(self, loop: Any, item: object) -> Awaitable[Any] | None:
+        """The steady path of a call whose *item* is checked: :meth:`add` it, if the call runs
+        on the queue's *loop* (an asyncio loop), the queue is open and the caller may not go
+        alone (:meth:`alone`); else ``None`` (the caller checks more, or goes alone)."""
+        if loop is not self._loop or loop is None or self._closed:
+            return None
+        if self._lone and self._takes_lone and self._open is None and self.alone(loop):
+            return None
+        return self.add(loop, item)
+
     def add(self, loop: Any, item: object) -> Awaitable[Any]:
         """Add *item* to the batch collecting (on the queue's *loop*, checked by
-        :meth:`takes` or :meth:`loop_for_use`); return the future of its answer. If the caller
-        stops waiting, call :meth:`leave` with it."""
+        :meth:`join`, :meth:`takes` or :meth:`loop_for_use`); return the future of its answer.
+        If the caller stops waiting, call :meth:`leave` with it."""
         batch = self._open
         if batch is None:
             batch = self._open = _Batch()
@@ -248,6 +261,7 @@ class BatchQueue:
         last batch held one item) and nothing of the queue collects, waits or runs."""
         return (
             self._lone
+            and self._takes_lone
             and self._adaptive
             and self._open is None
             and not self._in_flight
@@ -261,7 +275,7 @@ class BatchQueue:
         """A caller launched its batch of one item itself (called at *t_call*, run as *size*
         rows), after :meth:`alone`: count it, in flight until :meth:`ended_alone`."""
         now = perf_counter()
-        self._waiting.record_all([now - t_call])
+        self._waiting.record(now - t_call)
         self._batches += 1
         self._items += 1
         self._padded += size - 1
@@ -276,7 +290,13 @@ class BatchQueue:
 
     def ended_alone(self, exc: BaseException | None = None) -> None:
         """The batch of :meth:`launched_alone` ended (failed with *exc*)."""
-        self._end([], (), exc)
+        self._in_flight -= 1
+        if exc is not None:
+            self._failed += 1
+        if self._open is not None:
+            self._launch_next()
+        if self._idle is not None:
+            self._check_idle()
 
     def leave(self, waiter: Awaitable[Any]) -> None:
         """The caller of *waiter* (what :meth:`add` returned) stopped waiting (cancelled, or
@@ -405,6 +425,13 @@ class BatchQueue:
             for future, answer in zip(futures, answers, strict=False):
                 if not future.done():  # (a caller that stopped waiting gets nothing)
                     future.set_result(answer)
+        if self._open is not None:
+            self._launch_next()
+        self._check_idle()
+
+    def _launch_next(self) -> None:
+        """A batch ended: under ``"adaptive"``, the batch collecting launches at the end of
+        this turn, if the queue counts as idle now."""
         batch = self._open
         if (
             self._adaptive
@@ -413,7 +440,6 @@ class BatchQueue:
             and self._in_flight + len(self._line) < self._depth
         ):
             self._loop.call_soon(self._launch_due, batch, COMPLETION)
-        self._check_idle()
 
     def _check_idle(self) -> None:
         """Let a waiting ``aclose()`` return once no batch is due or in flight."""
