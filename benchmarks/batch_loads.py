@@ -6,8 +6,10 @@
   host function, so the script runs on the host backend too. It takes any number of
   features: the benchmark uses 1024 (4 KiB rows).
 - :class:`Service` holds the weights (resident on the backend), a pool of input rows and
-  their answers computed by numpy in float64, and the two ways to serve a row: one dispatch per
-  request (:meth:`Service.per_request`) and through a batcher (:meth:`Service.batched`).
+  their answers computed by numpy in float64, and the ways to serve a row: one dispatch per
+  request (:meth:`Service.per_request`) and through a batcher of either launch policy
+  (:meth:`Service.batched`, adaptive; :meth:`Service.fixed_delay`). On the stand-in driver,
+  which runs no dense layer, the answers are not checked (``checked=False``).
 - :class:`BatchFloor` is the floor of batching itself: futures resolved a batch at a time,
   with no work behind them; with a :class:`DispatchFloor`'s release, by one dispatch of a batch
   staged once (what a batcher whose per-item work cost nothing would serve).
@@ -147,9 +149,11 @@ class Service:
         bias: the bias, resident on *backend*.
         w: the weights on the host, ``(features, features)`` float32.
         b: the bias on the host, ``(features,)`` float32.
-        max_size: the batcher's ``max_size``.
-        max_delay: the batcher's ``max_delay`` in seconds.
+        max_size: the batchers' ``max_size``.
+        max_delay: the batchers' ``max_delay`` in seconds.
         pool: how many different rows the requests send.
+        checked: whether answers are checked against numpy's (not on the stand-in driver,
+            whose kernels compute nothing but a few of its own).
     """
 
     def __init__(
@@ -163,8 +167,10 @@ class Service:
         max_size: int,
         max_delay: float,
         pool: int = 509,
+        checked: bool = True,
     ) -> None:
         self.backend = backend
+        self.checked = checked
         self.features = f = w.shape[0]
         self.weights, self.bias = weights, bias
         rng = np.random.default_rng(11)
@@ -174,17 +180,29 @@ class Service:
         self._out = ag.Out(f, np.float32)
         self._f, self._one = np.int32(f), np.int32(1)
         self._grid = (f + BLOCK - 1) // BLOCK
-        self.batcher = ag.batcher(
-            backend, DENSE_ROWS,
-            inputs=[ag.Row((f,), np.float32)], outputs=[ag.Row((f,), np.float32)],
-            shared=(weights, bias, self._f),
-            launch=lambda n: ((n * f + BLOCK - 1) // BLOCK, BLOCK),
-            max_size=max_size, max_delay=max_delay,
-        )  # fmt: skip
+        # By way: the batcher of each launch policy.
+        self.batchers = {
+            way: ag.batcher(
+                backend, DENSE_ROWS,
+                inputs=[ag.Row((f,), np.float32)], outputs=[ag.Row((f,), np.float32)],
+                shared=(weights, bias, self._f),
+                launch=lambda n: ((n * f + BLOCK - 1) // BLOCK, BLOCK),
+                max_size=max_size, max_delay=max_delay, policy=policy,
+            )
+            for way, policy in (("batched", "adaptive"), ("fixed delay", "fixed_delay"))
+        }  # fmt: skip
+        self.batcher = self.batchers["batched"]
+        self._fixed = self.batchers["fixed delay"]
 
     @classmethod
     async def open(
-        cls, backend: ag.Backend, features: int, *, max_size: int, max_delay: float
+        cls,
+        backend: ag.Backend,
+        features: int,
+        *,
+        max_size: int,
+        max_delay: float,
+        checked: bool = True,
     ) -> Service:
         """Upload weights of *features* x *features* (the example's scale) and compile."""
         rng = np.random.default_rng(7)
@@ -192,7 +210,9 @@ class Service:
         b = (0.1 * rng.standard_normal(features)).astype(np.float32)
         weights, bias = await backend.upload(w), await backend.upload(b)
         await backend.compile(DENSE_ROWS)
-        return cls(backend, weights, bias, w, b, max_size=max_size, max_delay=max_delay)
+        return cls(
+            backend, weights, bias, w, b, max_size=max_size, max_delay=max_delay, checked=checked
+        )
 
     def per_request(self, x: Array) -> Awaitable[tuple[Array, ...]]:
         """One dispatch of the dense layer for the row *x* alone."""
@@ -202,8 +222,12 @@ class Service:
         )  # fmt: skip
 
     def batched(self, x: Array) -> Awaitable[tuple[Array, ...]]:
-        """The row *x* through the batcher, with the rows of whoever calls meanwhile."""
+        """The row *x* through the adaptive batcher, with the rows of whoever calls meanwhile."""
         return self.batcher(x)
+
+    def fixed_delay(self, x: Array) -> Awaitable[tuple[Array, ...]]:
+        """The row *x* through the batcher of the fixed-delay policy."""
+        return self._fixed(x)
 
     def check(self, picks: list[int], outputs: list[Array], what: str) -> None:
         """Every output against numpy's answer to its row.
@@ -211,7 +235,7 @@ class Service:
         Raises:
             WrongAnswer: an output differs by more than float32 rounding.
         """
-        if not picks:
+        if not picks or not self.checked:
             return
         got, want = np.stack(outputs), self.answers[np.asarray(picks)]
         if got.shape != want.shape or not np.allclose(got, want, rtol=1e-4, atol=1e-4):
@@ -227,12 +251,14 @@ class Service:
         outputs = [(await self.per_request(self.rows[i]))[0] for i in picks]
         self.check(picks, outputs, "one dispatch per request")
         picks = list(range(64))
-        done = await asyncio.gather(*(self.batched(self.rows[i]) for i in picks))
-        self.check(picks, [y for (y,) in done], "batched")
+        for way in (self.batched, self.fixed_delay):
+            done = await asyncio.gather(*(way(self.rows[i]) for i in picks))
+            self.check(picks, [y for (y,) in done], way.__name__)
 
     async def aclose(self) -> None:
-        """Close the batcher and free the weights."""
-        await self.batcher.aclose()
+        """Close the batchers and free the weights."""
+        for batcher in self.batchers.values():
+            await batcher.aclose()
         await self.weights.aclose()
         await self.bias.aclose()
 

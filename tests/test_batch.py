@@ -1,14 +1,13 @@
 """The batcher (``ag.batcher``) on the host backend, under asyncio, uvloop and trio.
 
 Every test waits on counts and events, never on a duration: where a test needs a batch to
-collect, its ``max_delay`` is an hour and something else (a full batch, a flush, a close)
-launches it.
+collect, its ``max_delay`` is an hour, its policy ``"fixed_delay"`` (which launches a batch
+only when full or at its deadline), and something else (a full batch, a flush, a close)
+launches it. The adaptive policy, the default, is tested in ``test_batch_policy.py``.
 """
 
 from __future__ import annotations
 
-import threading
-from collections.abc import Callable
 from typing import Any
 
 import anyio
@@ -19,97 +18,27 @@ from structlog.testing import capture_logs
 
 import asyncgraph as ag
 
+from .batching import (
+    AFFINE_SRC,
+    BIAS,
+    HOUR,
+    A,
+    Affine,
+    Array,
+    Callers,
+    F,
+    make,
+    row,
+    until,
+    want,
+)
 from .loops import LOOPS, run
-
-Array = np.ndarray[Any, Any]
-F = 4  # features per row
-HOUR = 3600.0
-
-# The batch kernel of docs/batching.md: y[i] = a * x[i] + bias, for each of the n rows.
-AFFINE_SRC = r"""
-extern "C" __global__ void affine_rows(const float* x, float* y, const float* bias, float a,
-                                       int features, int n)
-{
-    int i = blockIdx.x * blockDim.x + threadIdx.x;
-    if (i < n * features) y[i] = a * x[i] + bias[i % features];
-}
-"""
-
-
-class Affine:
-    """The host function: records each batch (n and its x), may hold it, fails on a poison row."""
-
-    def __init__(self) -> None:
-        self.lock = threading.Lock()
-        self.batches: list[tuple[int, Array]] = []
-        self.started = threading.Event()
-        self.release = threading.Event()
-        self.release.set()
-
-    def __call__(
-        self, x: Array, y: Array, bias: Array, a: np.float32, features: np.int32, n: np.int32
-    ) -> None:
-        rows, f = int(n), int(features)
-        xs = x.reshape(rows, f)
-        with self.lock:
-            self.batches.append((rows, xs.copy()))
-        self.started.set()
-        self.release.wait(10)
-        if (xs[:, 0] == -1).any():
-            raise ValueError("poison row")
-        np.add(a * xs, bias.reshape(f), out=y.reshape(rows, f))
 
 
 @pytest.fixture(params=LOOPS)
 def loop(request: pytest.FixtureRequest) -> Any:
     """The loop to run a test's body on: a name, or a name and anyio's backend options."""
     return request.param
-
-
-BIAS = np.arange(F, dtype=np.float32)
-A = np.float32(2.0)
-
-
-def make(
-    backend: ag.Backend, host: Affine, *, max_size: int = 8, max_delay: float = HOUR, **kw: Any
-) -> ag.Batcher:
-    kernel = ag.Kernel(AFFINE_SRC, "affine_rows", host=host)
-    return ag.batcher(
-        backend, kernel,
-        inputs=[ag.Row((F,), np.float32)], outputs=[ag.Row((F,), np.float32)],
-        shared=(BIAS, A, np.int32(F)),
-        launch=lambda n: ((n * F + 255) // 256, 256),
-        max_size=max_size, max_delay=max_delay, **kw,
-    )  # fmt: skip
-
-
-def row(i: int) -> Array:
-    return np.full(F, i, np.float32) + np.arange(F, dtype=np.float32) / 10
-
-
-def want(i: int) -> Array:
-    return A * row(i) + BIAS
-
-
-class Callers:
-    """Callers of *batch* with ``row(i)``, each in a cancel scope of its own: what each got
-    (``got[i]``) and its scope (``scopes[i]``)."""
-
-    def __init__(self, batch: ag.Batcher) -> None:
-        self.batch = batch
-        self.got: dict[int, Array] = {}
-        self.scopes: dict[int, anyio.CancelScope] = {}
-
-    async def call(self, i: int) -> None:
-        with anyio.CancelScope() as self.scopes[i]:
-            (self.got[i],) = await self.batch(row(i))
-
-
-async def until(condition: Callable[[], bool]) -> None:
-    """Wait until *condition()* holds (counters of the batcher, a thread's event)."""
-    with anyio.fail_after(10):
-        while not condition():  # polls plain counters: no event to await
-            await anyio.lowlevel.checkpoint()
 
 
 def test_concurrent_callers_get_their_rows_in_full_batches(loop: Any) -> None:
@@ -130,6 +59,9 @@ def test_concurrent_callers_get_their_rows_in_full_batches(loop: Any) -> None:
             stats = batch.statistics()
             assert (stats.batches, stats.items, stats.padded_rows) == (8, 64, 0)
             assert stats.mean_fill == 1.0
+            assert stats.launched == ag.BatchLaunches(
+                full=8, idle=0, completion=0, deadline=0, flush=0
+            )
             assert stats.waiting.count == 64
             assert (stats.pending, stats.in_flight, stats.failed_batches) == (0, 0, 0)
             assert repr(batch) == "<Batcher 'affine_rows' open pending=0 in_flight=0 batches=8>"
@@ -148,6 +80,7 @@ def test_a_lone_caller_is_dispatched_as_a_batch_of_one_after_the_delay(loop: Any
             assert [n for n, _ in host.batches] == [1]
             stats = batch.statistics()
             assert (stats.batches, stats.items, stats.mean_fill) == (1, 1, 1 / 8)
+            assert (stats.launched.deadline, stats.launched.idle) == (1, 0)
             assert stats.waiting.count == 1
 
     run(loop, body)
@@ -197,6 +130,7 @@ def test_buckets_pad_with_zero_rows_that_never_show(loop: Any) -> None:
             stats = batch.statistics()
             assert (stats.batches, stats.items, stats.padded_rows) == (1, 3, 1)
             assert stats.mean_fill == 3 / 4
+            assert stats.launched.flush == 1
 
     run(loop, body)
 

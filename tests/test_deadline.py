@@ -16,8 +16,8 @@ import pytest
 import asyncgraph as ag
 from asyncgraph import _deadline, _loop
 
+from .batching import Affine, make, row, want
 from .loops import LOOPS, run
-from .test_batch import Affine, make, row, want
 
 Array = np.ndarray[Any, Any]
 HOUR = 3600.0

@@ -30,6 +30,22 @@ def test_every_public_attribute_is_exported() -> None:
     assert public - set(ag.__all__) == set()
 
 
+def test_both_batchers_and_what_they_return_are_exported() -> None:
+    # ag.batcher batches a kernel's rows, ag.batch any async function; both return objects
+    # whose statistics() is a BatcherStatistics with a BatchLaunches.
+    names = (
+        "batch", "batcher", "BatchedFunction", "Batcher", "BatcherStatistics", "BatchLaunches",
+        "BatchFunctionError", "Row",
+    )  # fmt: skip
+    assert [name for name in names if name not in ag.__all__] == []
+    assert isinstance(ag.batch(_nothing), ag.BatchedFunction)
+    assert issubclass(ag.BatchFunctionError, ag.AsyncGraphError)
+
+
+async def _nothing(xs: list[object]) -> list[object]:
+    return xs
+
+
 def test_exceptions_form_the_documented_tree() -> None:
     assert issubclass(ag.DeviceFaultError, ag.CudaError)
     assert issubclass(ag.ShapeMismatchError, ag.DispatchError)

@@ -8,9 +8,11 @@ weights are uploaded once and stay resident for every request. The event loop ke
 while the GPU computes, so ``/health`` answers promptly under load.
 
 The dense endpoint batches: the rows of concurrent requests go to the GPU in one dispatch of
-up to 64 rows (``ag.batcher``, waiting at most ``EXAMPLE_BATCH_DELAY_US`` microseconds, 500 by
-default, for a batch to fill). ``EXAMPLE_BATCH=0`` dispatches each request on its own instead,
-to compare; ``/health`` reports the batches and rows (``docs/batching.md``).
+up to 64 rows (``ag.batcher``, its default adaptive policy: a batch launches as soon as none is
+in flight, so a lone request waits for nothing; else when the one in flight completes, when it
+is full, or ``EXAMPLE_BATCH_DELAY_US`` microseconds, 500 by default, after its first row).
+``EXAMPLE_BATCH=0`` dispatches each request on its own instead, to compare; ``/health`` reports
+the batches, their rows and why they launched (``docs/batching.md``).
 
 At most ``EXAMPLE_MAX_ACTIVE`` requests (default 4) read and check their bodies at once (JSON
 and numpy, on the event loop); the others wait their turn before any of their work starts.
@@ -39,6 +41,7 @@ from contextlib import asynccontextmanager
 from typing import Any
 
 import anyio
+import attrs
 import numpy as np
 from starlette.applications import Starlette
 from starlette.requests import Request
@@ -163,7 +166,8 @@ def max_active() -> int:
 
 
 def batch_delay() -> float:
-    """``EXAMPLE_BATCH_DELAY_US`` (default 500) in seconds: how long a batch may wait to fill."""
+    """``EXAMPLE_BATCH_DELAY_US`` (default 500) in seconds: how long a batch may wait behind
+    one in flight."""
     value = os.environ.get("EXAMPLE_BATCH_DELAY_US", "500")
     try:
         delay = float(value)
@@ -207,6 +211,9 @@ def _dense_input(body: dict[str, Any]) -> Array:
 
 async def _batched(batcher: ag.Batcher, x: Array) -> Array:
     """Each row of *x* through the batcher, all at once: it takes one row per call."""
+    if len(x) == 1:  # no task for one row
+        (y,) = await batcher(x[0])
+        return y[None]
     ys: list[Array] = [x[0]] * len(x)
 
     async def one(i: int) -> None:
@@ -281,6 +288,7 @@ async def health(request: Request) -> Response:
             "dense_batched_rows": batched.items if batched is not None else None,
             "dense_pending": batched.pending if batched is not None else None,
             "dense_in_flight": batched.in_flight if batched is not None else None,
+            "dense_launched": attrs.asdict(batched.launched) if batched is not None else None,
             "dispatch_latency_ms": {
                 "p50": 1e3 * latency.quantile(0.5),
                 "p99": 1e3 * latency.quantile(0.99),

@@ -46,15 +46,17 @@ def make_model(seed: int = 0) -> torch.nn.Module:
 
 class PinnedBuffers:
     """Pinned (page-locked) host tensors for inputs and results, reused across requests:
-    allocating pinned memory per request would cost more than the model."""
+    allocating pinned memory per request would cost more than the model. Each pair holds
+    *rows* rows (a request's most, or a batch's)."""
 
-    def __init__(self) -> None:
+    def __init__(self, rows: int = MAX_ROWS) -> None:
+        self._rows = rows
         self._free: list[tuple[torch.Tensor, torch.Tensor]] = []
 
     def take(self) -> tuple[torch.Tensor, torch.Tensor]:
         if self._free:
             return self._free.pop()
-        shape = (MAX_ROWS, WIDTH)
+        shape = (self._rows, WIDTH)
         return torch.empty(shape, pin_memory=True), torch.empty(shape, pin_memory=True)
 
     def give(self, pair: tuple[torch.Tensor, torch.Tensor]) -> None:

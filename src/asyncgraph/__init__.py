@@ -10,12 +10,16 @@ from ._args import Out as Out
 from ._backend import Backend as Backend
 from ._batch import Batcher as Batcher
 from ._batch import batcher as batcher
+from ._batch_function import BatchedFunction as BatchedFunction
+from ._batch_function import batch as batch
 from ._batch_spec import BatcherStatistics as BatcherStatistics
+from ._batch_spec import BatchLaunches as BatchLaunches
 from ._batch_spec import Row as Row
 from ._exceptions import AllocationError as AllocationError
 from ._exceptions import ArgumentTypeError as ArgumentTypeError
 from ._exceptions import AsyncGraphError as AsyncGraphError
 from ._exceptions import BackendClosedError as BackendClosedError
+from ._exceptions import BatchFunctionError as BatchFunctionError
 from ._exceptions import CaptureError as CaptureError
 from ._exceptions import CompileError as CompileError
 from ._exceptions import CudaError as CudaError
@@ -57,6 +61,9 @@ __all__ = (
     "Backend",
     "BackendClosedError",
     "BackendOptions",
+    "BatchFunctionError",
+    "BatchLaunches",
+    "BatchedFunction",
     "Batcher",
     "BatcherStatistics",
     "CaptureError",
@@ -89,6 +96,7 @@ __all__ = (
     "TelemetrySnapshot",
     "UnsupportedError",
     "__version__",
+    "batch",
     "batcher",
     "open_backend",
     "open_group",

@@ -1,8 +1,8 @@
 """Launching a batch: its rows written into reused pinned staging, one dispatch, the answers.
 
-:class:`BatchLauncher` is what a :class:`~asyncgraph._batch.Batcher` dispatches through. It
-knows the kernel, the rows and the shared arguments; the batcher keeps the callers and the
-batches' states.
+:class:`BatchLauncher` is the runner a :class:`~asyncgraph._batch.Batcher`'s queue
+(``_batch_queue.BatchQueue``) launches its batches through. It knows the kernel, the rows, the
+shared arguments and the buckets; the queue keeps the callers and the batches' states.
 
 A batch's rows go into one array per input from ``backend.pinned_empty`` (pinned memory on the
 CUDA backend, which a dispatch uploads without a copy of its own into staging; ordinary memory
@@ -10,10 +10,18 @@ on the host backend). Making such an array is costly (it lends a block of the pi
 numpy), so a set of them is taken when a batch launches, given back when its dispatch
 completes (its upload is done by then) and used again by a later batch. A batch whose launch
 fails drops its set instead: a copy may still read it.
+
+A caller alone (``Batcher``'s lone path) dispatches its batch of one with
+:meth:`launch_alone` (its own rows, each as a view of one row, where they are C-contiguous
+arrays: the dispatch stages them as it would one request's), awaits the dispatch itself, as
+one ``await backend.dispatch(...)`` would (on CUDA a lone dispatch's await polls its event for
+a short while before it sleeps, so its result arrives without a trip around the loop), and
+takes its rows with :meth:`first`.
 """
 
 from __future__ import annotations
 
+import bisect
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -23,6 +31,7 @@ from ._batch_spec import check_launch_shape
 
 if TYPE_CHECKING:
     from ._backend import Backend
+    from ._batch_queue import Done
     from ._batch_spec import LaunchShape, Row
     from ._kernel import Kernel
     from ._pending import PendingDispatch
@@ -41,7 +50,8 @@ class BatchLauncher:
         inputs, outputs: the row of each input and output.
         shared: the arguments every batch passes after the outputs.
         launch: ``launch(n) -> (grid, block)``.
-        capacity: the most rows a batch has (``max_size``, or the largest bucket).
+        max_size: the most items in a batch.
+        buckets: the batch sizes to pad up to, in ascending order (empty: none).
         graph, shared_mem: passed to each dispatch.
         keep: the most staging sets kept between batches (more are made while more batches
             are in flight, and dropped when they come back).
@@ -49,6 +59,7 @@ class BatchLauncher:
 
     __slots__ = (
         "_backend",
+        "_buckets",
         "_by_row",
         "_capacity",
         "_graph",
@@ -56,6 +67,7 @@ class BatchLauncher:
         "_keep",
         "_kernel",
         "_launch",
+        "_max_size",
         "_outputs",
         "_shared",
         "_shared_mem",
@@ -71,7 +83,8 @@ class BatchLauncher:
         outputs: tuple[Row, ...],
         shared: tuple[object, ...],
         launch: LaunchShape,
-        capacity: int,
+        max_size: int,
+        buckets: tuple[int, ...],
         graph: str,
         shared_mem: int,
         keep: int = 4,
@@ -82,7 +95,9 @@ class BatchLauncher:
         self._outputs = outputs
         self._shared = shared
         self._launch = launch
-        self._capacity = capacity
+        self._max_size = max_size
+        self._buckets = buckets
+        self._capacity = buckets[-1] if buckets else max_size  # the rows of a staging set
         self._graph = graph
         self._shared_mem = shared_mem
         self._keep = keep
@@ -97,6 +112,74 @@ class BatchLauncher:
     def kept(self) -> int:
         """How many staging sets wait for a later batch."""
         return len(self._spare)
+
+    def sizes(self, n: int) -> tuple[int, int]:
+        """For a batch of *n* items: the rows it dispatches (the smallest bucket that holds
+        them, or *n*), and the capacity its fill counts against (that bucket, or
+        ``max_size``)."""
+        buckets = self._buckets
+        if not buckets:
+            return n, self._max_size
+        size = buckets[bisect.bisect_left(buckets, n)]
+        return size, size
+
+    def run(self, loop: Any, items: list[tuple[object, ...]], size: int, done: Done) -> object:
+        """Dispatch the batch of *items* as *size* rows; its completion gives the staging
+        back and calls ``done(answers, None)`` (or ``done(None, error)``).
+
+        Returns:
+            The dispatch's id.
+
+        Raises:
+            Exception: whatever the staging or the dispatch raised.
+        """
+        pending, staging = self.launch(items, size)
+        n = len(items)
+        pending.add_done_callback(lambda finished: self._end(finished, staging, n, done))
+        return pending.dispatch_id
+
+    def launch_alone(self, rows: tuple[object, ...]) -> tuple[PendingDispatch, list[Array] | None]:
+        """Dispatch one caller's *rows* as a batch of one: the rows themselves, each as a view
+        of one row, where each is a C-contiguous array and no bucket pads a batch of one; else
+        through staging (:meth:`launch`).
+
+        Returns:
+            The dispatch, and the staging it reads (``None``: none): :meth:`give_back` it once
+            the dispatch is done.
+
+        Raises:
+            Exception: whatever the staging or the dispatch raised.
+        """
+        views: list[object] = []
+        if not self._buckets or self._buckets[0] == 1:
+            for value in rows:
+                if type(value) is not np.ndarray or not value.flags.c_contiguous:
+                    break
+                views.append(value[None])
+            else:
+                grid, block = check_launch_shape(self._kernel, 1, self._launch(1))
+                views.extend(self._tail(1))
+                pending = self._backend.dispatch(
+                    self._kernel, *views, grid=grid, block=block,  # type: ignore[arg-type]  # checked by dispatch
+                    shared_mem=self._shared_mem, graph=self._graph,
+                )  # fmt: skip
+                return pending, None
+        size = self._buckets[0] if self._buckets else 1
+        return self.launch([rows], size)
+
+    def first(self, results: tuple[Array, ...]) -> tuple[Array, ...]:
+        """The first caller's rows of a batch's *results* (views)."""
+        if self._by_row:
+            return tuple([result[0] for result in results])
+        return tuple([result[0, ...] for result in results])
+
+    def _end(self, pending: PendingDispatch, staging: list[Array], n: int, done: Done) -> None:
+        self.give_back(staging)  # the dispatch is done with it
+        exc = pending.exception()
+        if exc is not None:
+            done(None, exc)
+        else:
+            done(self.answers(pending.result(), n), None)
 
     def launch(
         self, items: list[tuple[object, ...]], size: int
@@ -129,13 +212,15 @@ class BatchLauncher:
             return zip(*results, strict=False)
         return (tuple(result[i, ...] for result in results) for i in range(n))
 
-    def give_back(self, staging: list[Array]) -> None:
+    def give_back(self, staging: list[Array] | None) -> None:
         """The dispatch that read *staging* is done: keep it for a later batch."""
-        if len(self._spare) < self._keep:
+        if staging is not None and len(self._spare) < self._keep:
             self._spare.append(staging)
 
     def clear(self) -> None:
-        """Drop the kept staging (its pinned memory goes back to the pool when collected)."""
+        """Drop the kept staging and keep none from now on (its batcher closed: the pinned
+        memory goes back to the pool when collected)."""
+        self._keep = 0
         self._spare.clear()
 
     def _take(self) -> list[Array]:

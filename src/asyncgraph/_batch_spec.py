@@ -1,9 +1,10 @@
 """What a batcher is made of: the rows of an item, its options checked, its statistics.
 
 :class:`Row` describes one item's part of a batch array; :func:`check_options` checks what
-:func:`asyncgraph.batcher` was given, against the kernel's parameter list where it can be read;
-:class:`ItemChecker` checks each caller's item; :class:`BatcherStatistics` is the snapshot that
-``Batcher.statistics()`` returns.
+:func:`asyncgraph.batcher` was given, against the kernel's parameter list where it can be read,
+and :func:`check_launch_options` the options both batchers share (``max_size``, ``max_delay``,
+``policy``); :class:`ItemChecker` checks each caller's item; :class:`BatcherStatistics` (with
+:class:`BatchLaunches`) is the snapshot that ``statistics()`` returns.
 """
 
 from __future__ import annotations
@@ -22,9 +23,21 @@ from ._exceptions import ArgumentTypeError, DispatchError, ShapeMismatchError
 from ._kernel import Kernel, Param
 from ._telemetry import HistogramSnapshot
 
-__all__ = ("BatcherStatistics", "ItemChecker", "Row", "check_launch_shape", "check_options")
+__all__ = (
+    "POLICIES",
+    "BatchLaunches",
+    "BatcherStatistics",
+    "ItemChecker",
+    "Row",
+    "check_launch_options",
+    "check_launch_shape",
+    "check_options",
+    "kernel_item_checker",
+)
 
 GRAPH_CHOICES = ("never", "auto", "always")
+# The launch policies (docs/batching.md): the first is the default.
+POLICIES = ("adaptive", "fixed_delay")
 INT32_MAX = 2**31 - 1  # the kernel's int n
 
 
@@ -56,6 +69,27 @@ class Row:
 
 
 @attrs.frozen(kw_only=True)
+class BatchLaunches:
+    """Why each batch launched: the counts sum to ``BatcherStatistics.batches``.
+
+    Attributes:
+        full: it reached ``max_size`` (at the call that filled it).
+        idle: its first caller found none of the batcher's batches in flight, so it launched
+            at the end of that turn of the loop (``policy="adaptive"``).
+        completion: it collected while a batch was in flight, and launched at the end of the
+            turn in which that batch completed (``policy="adaptive"``).
+        deadline: ``max_delay`` passed since its first caller.
+        flush: ``flush()``, ``aclose()`` or the backend's close launched it.
+    """
+
+    full: int
+    idle: int
+    completion: int
+    deadline: int
+    flush: int
+
+
+@attrs.frozen(kw_only=True)
 class BatcherStatistics:
     """What a batcher did so far, frozen when ``Batcher.statistics()`` was called.
 
@@ -75,6 +109,7 @@ class BatcherStatistics:
         waiting_for_room: batches due that wait for room in the backend's queue
             (``BackendOptions.max_queued``); they take more items meanwhile, up to
             ``max_size``.
+        launched: why the batches launched (:class:`BatchLaunches`).
     """
 
     batches: int
@@ -87,6 +122,7 @@ class BatcherStatistics:
     pending: int
     in_flight: int
     waiting_for_room: int
+    launched: BatchLaunches
 
 
 def _name(param: Param | None, fallback: str) -> str:
@@ -94,19 +130,20 @@ def _name(param: Param | None, fallback: str) -> str:
 
 
 class ItemChecker:
-    """Checks one caller's item against the batcher's input rows, cheaply when it is right."""
+    """Checks one caller's item against a batcher's input rows, cheaply when it is right.
 
-    __slots__ = ("_kernel", "_rows", "_where")
+    Args:
+        owner: the batcher, as messages name it (``"batcher 'affine_rows'"``).
+        where: for each row, what messages call the caller's value of it.
+        rows: the rows an item holds.
+    """
 
-    def __init__(self, kernel: Kernel, rows: Sequence[Row]) -> None:
-        self._kernel = kernel
+    __slots__ = ("_owner", "_rows", "_where")
+
+    def __init__(self, owner: str, where: Sequence[str], rows: Sequence[Row]) -> None:
+        self._owner = owner
         self._rows = tuple(rows)
-        params = kernel.params
-        self._where = tuple(
-            f"items[{k}] of batcher {kernel.name!r} "
-            f"({_name(params[k] if params is not None else None, f'input {k}')})"
-            for k in range(len(rows))
-        )
+        self._where = tuple(where)
 
     def __call__(self, items: tuple[object, ...]) -> None:
         """Raise if *items* is not one array per input row, of its dtype and shape.
@@ -120,7 +157,7 @@ class ItemChecker:
         if len(items) != len(rows):
             want = ", ".join(f"{r.dtype}{list(r.shape)}" for r in rows)
             raise DispatchError(
-                f"batcher {self._kernel.name!r} takes {len(rows)} arrays per item ({want}), "
+                f"{self._owner} takes {len(rows)} arrays per item ({want}), "
                 f"got {len(items)} — pass one row of each input per call"
             )
         for k, (value, row) in enumerate(zip(items, rows, strict=True)):
@@ -163,6 +200,46 @@ class ItemChecker:
             f"{where} has shape {value.shape}; the batcher takes {want}, one row per call — "
             "call it once per row (rows of one call are not split)"
         )
+
+
+def kernel_item_checker(kernel: Kernel, rows: Sequence[Row]) -> ItemChecker:
+    """The :class:`ItemChecker` of a kernel's batcher: each row named by its parameter."""
+    params = kernel.params
+    where = tuple(
+        f"items[{k}] of batcher {kernel.name!r} "
+        f"({_name(params[k] if params is not None else None, f'input {k}')})"
+        for k in range(len(rows))
+    )
+    return ItemChecker(f"batcher {kernel.name!r}", where, rows)
+
+
+def check_launch_options(
+    call: str, max_size: object, max_delay: object, policy: object
+) -> tuple[int, float, str]:
+    """Check the options both batchers share; *call* names the function in messages
+    (``"batcher"``, ``"batch"``).
+
+    Returns:
+        ``max_size``, ``max_delay`` and ``policy``, as an int, a float and a str.
+
+    Raises:
+        DispatchError: an option's value is wrong.
+    """
+    if not is_int(max_size) or int(max_size) < 1:
+        raise DispatchError(f"{call}(max_size={max_size!r}); pass an int >= 1")
+    if (
+        isinstance(max_delay, bool)
+        or not isinstance(max_delay, numbers.Real)
+        or not 0.0 <= float(max_delay) < math.inf
+    ):
+        raise DispatchError(f"{call}(max_delay={max_delay!r}); pass seconds as a float >= 0")
+    if not isinstance(policy, str) or policy not in POLICIES:
+        raise DispatchError(
+            f"{call}(policy={policy!r}); pass 'adaptive' (launch as soon as nothing of the "
+            "batcher is in flight, the default) or 'fixed_delay' (wait for max_size or "
+            "max_delay)"
+        )
+    return int(max_size), float(max_delay), policy
 
 
 def _check_rows(rows: object, what: str) -> tuple[Row, ...]:
@@ -225,6 +302,7 @@ def check_options(
     launch: object,
     max_size: object,
     max_delay: object,
+    policy: object,
     buckets: object,
     graph: object,
 ) -> tuple[tuple[Row, ...], tuple[Row, ...], tuple[object, ...], tuple[int, ...]]:
@@ -252,14 +330,7 @@ def check_options(
             f"batcher(launch={launch!r}); pass a function of the batch size n that returns "
             "(grid, block), e.g. lambda n: ((n + 255) // 256, 256)"
         )
-    if not is_int(max_size) or int(max_size) < 1:
-        raise DispatchError(f"batcher(max_size={max_size!r}); pass an int >= 1")
-    if (
-        isinstance(max_delay, bool)
-        or not isinstance(max_delay, numbers.Real)
-        or not 0.0 <= float(max_delay) < math.inf
-    ):
-        raise DispatchError(f"batcher(max_delay={max_delay!r}); pass seconds as a float >= 0")
+    size = check_launch_options("batcher", max_size, max_delay, policy)[0]
     if graph not in GRAPH_CHOICES:
         raise DispatchError(f"batcher(graph={graph!r}); pass 'never', 'auto' or 'always'")
     sizes: tuple[int, ...] = ()
@@ -269,7 +340,7 @@ def check_options(
                 f"batcher(buckets={buckets!r}); pass batch sizes as ints >= 1, e.g. (8, 16, 32)"
             )
         sizes = tuple(sorted({int(b) for b in buckets}))
-        if not sizes or sizes[-1] < int(max_size):
+        if not sizes or sizes[-1] < size:
             raise DispatchError(
                 f"batcher(buckets={buckets!r}, max_size={max_size}); a full batch must fit a "
                 f"bucket — add {max_size} to the buckets, or lower max_size"
@@ -278,7 +349,7 @@ def check_options(
     if sizes:
         _check_capacity(sizes[-1], (*ins, *outs), f"buckets={buckets!r}", "the largest bucket")
     else:
-        _check_capacity(int(max_size), (*ins, *outs), f"max_size={max_size!r}", "max_size")
+        _check_capacity(size, (*ins, *outs), f"max_size={max_size!r}", "max_size")
     return ins, outs, tuple(shared), sizes
 
 

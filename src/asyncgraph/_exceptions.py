@@ -12,6 +12,7 @@ working for callers who do not know this library::
      │   ├─ ArgumentTypeError (TypeError) an argument of the wrong kind or dtype
      │   └─ ShapeMismatchError           shapes that do not fit
      ├─ HostFunctionError                a kernel's host= function broke its contract
+     ├─ BatchFunctionError               a function batched by batch() broke its contract
      ├─ AllocationError (MemoryError)    device or pinned memory exhausted after trimming caches
      ├─ QueueFullError                   BackendOptions.max_queued dispatches already queued
      ├─ CaptureError
@@ -21,7 +22,7 @@ working for callers who do not know this library::
      │   └─ NotPicklableError (TypeError) a resident buffer pickled to leave its process (Ray)
      ├─ GroupError (ValueError)          a device group or actor pool cannot do what was asked
      ├─ StartTimeoutError (TimeoutError) an actor pool's actors did not start in time
-     └─ BackendClosedError               the backend is closed or closing
+     └─ BackendClosedError               the backend (or a batcher) is closed or closing
 """
 
 from __future__ import annotations
@@ -31,6 +32,7 @@ __all__ = (
     "ArgumentTypeError",
     "AsyncGraphError",
     "BackendClosedError",
+    "BatchFunctionError",
     "CaptureError",
     "CompileError",
     "CudaError",
@@ -126,6 +128,16 @@ class HostFunctionError(AsyncGraphError):
     """
 
 
+class BatchFunctionError(AsyncGraphError):
+    """A function batched by ``asyncgraph.batch`` broke its contract, so its batch failed.
+
+    It takes the inputs of a batch and returns an awaitable of one output per input, in order.
+    Returning no awaitable (a plain ``def``), or outputs without ``len()`` or of another count,
+    fails every caller of that batch with this error; the batched function goes on with the
+    next batch.
+    """
+
+
 class QueueFullError(AsyncGraphError):
     """``dispatch()`` found ``BackendOptions.max_queued`` dispatches already waiting.
 
@@ -179,4 +191,5 @@ class StartTimeoutError(AsyncGraphError, TimeoutError):
 
 
 class BackendClosedError(AsyncGraphError):
-    """The backend is closed, or closing, and takes no new work."""
+    """The backend is closed, or closing, and takes no new work; or a batcher (or batched
+    function) is closed and takes no new calls."""
