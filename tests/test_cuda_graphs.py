@@ -265,7 +265,7 @@ async def test_the_cache_serves_64_concurrent_tasks(rng: np.random.Generator) ->
                     np.int32(N),
                     grid=4,
                     block=256,
-                    graph="auto",
+                    graph="always",
                 )
             return out  # type: ignore[return-value]
 
@@ -286,12 +286,39 @@ async def test_the_cache_serves_64_concurrent_tasks(rng: np.random.Generator) ->
             np.int32(N),
             grid=4,
             block=256,
-            graph="auto",
+            graph="always",
         )
         np.testing.assert_array_equal(y, inputs[0] * 7)
         stats = gpu.graph_cache.statistics()
         assert stats.captures == captures
         assert stats.updates >= 1
+    assert gpu.pinned_pool.statistics().bytes_in_use == 0
+
+
+async def test_auto_measures_both_ways_and_keeps_to_one(rng: np.random.Generator) -> None:
+    async with ag.open_backend("cuda") as opened:
+        gpu: Any = opened
+        x = _rand(rng)
+        for k in range(40):
+            (y,) = await gpu.dispatch(
+                SCALE, x, ag.Out(N, np.float32), np.float32(k), np.int32(N), grid=4, block=256,
+                graph="auto",
+            )  # fmt: skip
+            np.testing.assert_array_equal(y, x * np.float32(k))
+        stats = gpu.graph_cache.statistics()
+        (choice,) = stats.choices
+        assert choice.choice in ("eager", "graph"), choice
+        assert choice.eager_samples == choice.graph_samples > 0
+        assert choice.reason.startswith(f"{choice.choice}: a replay took ")
+        assert choice.signature == (
+            "scale(float32[1000], Out float32[1000], float32, int32) grid (4, 1, 1) block "
+            "(256, 1, 1)"
+        )
+        assert (stats.chose_eager, stats.chose_graph) == (
+            (1, 0) if choice.choice == "eager" else (0, 1)
+        )
+        if choice.choice == "eager":
+            assert stats.instances == stats.bytes == 0  # its graph was freed
     assert gpu.pinned_pool.statistics().bytes_in_use == 0
 
 

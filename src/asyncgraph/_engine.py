@@ -179,8 +179,10 @@ class Engine(Protocol):
         """Make the job for *call*, checking the engine's own rules (before anything starts)."""
         ...
 
-    def graph_job(self, call: BoundCall, always: bool) -> Job | None:
-        """A job replaying a recorded graph of *call* (``dispatch(graph=...)``), or ``None``."""
+    def graph_job(self, call: BoundCall, always: bool, started: float) -> Job | None:
+        """The job of *call* under ``dispatch(graph="always" | "auto")``: a replay of a
+        recorded graph, an eager job ``"auto"`` measures, or ``None`` (a plain dispatch).
+        *started* is ``perf_counter()`` at the ``dispatch()`` call."""
         ...
 
     async def compile(self, kernel: Kernel) -> None:

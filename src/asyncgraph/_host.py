@@ -195,7 +195,7 @@ class HostEngine:
         self.check_kernel(call.kernel)
         return _HostJob(call, timing)
 
-    def graph_job(self, call: BoundCall, always: bool) -> Job | None:
+    def graph_job(self, call: BoundCall, always: bool, started: float) -> Job | None:
         """None: the host backend runs every dispatch."""
         return None
 

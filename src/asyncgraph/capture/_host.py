@@ -13,6 +13,7 @@ if TYPE_CHECKING:
     from .._kernel import Kernel
     from .._telemetry import Telemetry
     from ..pool import HostPool
+    from ._choice import Choice
     from ._guard import CaptureGuard
 
 __all__ = ("GraphHost",)
@@ -66,4 +67,22 @@ class GraphHost(Protocol):
 
     def record_now(self, call: BoundCall) -> Any:
         """A :class:`CachedGraph` of *call* recorded now, or ``None`` if it cannot be now."""
+        ...
+
+    def recordable(self, call: BoundCall) -> bool:
+        """Whether *call* can be recorded at all (a dispatch big enough to stream cannot)."""
+        ...
+
+    def eager_job(self, call: BoundCall) -> Any:
+        """The plain job of *call*, as ``dispatch(graph="never")`` makes it."""
+        ...
+
+    def sample(self, job: Any, choice: Choice, started: float) -> None:
+        """When *job* completes, report to *choice* how long it took from *started*
+        (``perf_counter()`` at its ``dispatch()`` call): ``choice.took(eager, seconds)``."""
+        ...
+
+    def steer(self, call: BoundCall, choice: Choice) -> None:
+        """Let the fast path take ``graph="auto"`` dispatches with *call*'s signature eagerly
+        while ``choice.eager`` holds (and report their costs while ``choice.sampling``)."""
         ...

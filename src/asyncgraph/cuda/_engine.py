@@ -172,9 +172,9 @@ class CudaEngine:
         return plan(call, timing, self.device.pinned, self.graphs.stream_above)
 
     @in_context
-    def graph_job(self, call: BoundCall, always: bool) -> Job | None:
-        """A replay from the graph cache, or ``None``."""
-        job: Job | None = self.graphs.cache.job_for(call, always)
+    def graph_job(self, call: BoundCall, always: bool, started: float) -> Job | None:
+        """A replay from the graph cache, an eager job ``graph="auto"`` measures, or ``None``."""
+        job: Job | None = self.graphs.cache.job_for(call, always, started)
         return job
 
     @in_context

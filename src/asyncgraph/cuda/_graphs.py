@@ -26,13 +26,14 @@ from ..capture._graphs import CachedGraph, kernel_config, record_graph
 from ..capture._guard import CaptureGuard, CaptureLock, CaptureMode
 from ._driver import translate
 from ._launch import Launches
-from ._plan import STREAM_MIN, CudaJob
+from ._plan import STREAM_MIN, CudaJob, plan
 from ._storage import Storage
 
 if TYPE_CHECKING:
     from .._engine import Sink
     from .._telemetry import Telemetry
     from ..capture._captured import CapturedGraph
+    from ..capture._choice import Choice
     from ..pool import HostPool
     from ._device import Device
     from ._kernels import Kernels
@@ -102,8 +103,8 @@ class Graphs:
         device = self._device
         if not self._launches.is_loaded(call.kernel) or device.failure is not None:
             return None
-        if call.bytes_in + call.bytes_out > self.stream_above:
-            return None  # streamed dispatches are not recorded
+        if not self.recordable(call):
+            return None
         if not self.lock.try_acquire():
             return None
         try:
@@ -113,6 +114,25 @@ class Graphs:
             return None
         finally:
             self.lock.release()
+
+    def recordable(self, call: BoundCall) -> bool:
+        """Whether *call* can be recorded at all: dispatches big enough to stream cannot."""
+        return call.bytes_in + call.bytes_out <= self.stream_above
+
+    def eager_job(self, call: BoundCall) -> CudaJob:
+        """The plain job of *call* (``graph="never"``)."""
+        return plan(call, False, self.pinned, self.stream_above)
+
+    def sample(self, job: Any, choice: Choice, started: float) -> None:
+        """Report *job*'s cost from *started* to *choice* when it completes (``SmallPath``)."""
+        job.choice = choice
+        job.started = started
+
+    def steer(self, call: BoundCall, choice: Choice) -> None:
+        """Let the fast path take ``graph="auto"`` dispatches like *call* as *choice* says."""
+        fast = self._launches.fast
+        if fast is not None:
+            fast.steer(call, choice)
 
     def _record_locked(self, call: BoundCall) -> CachedGraph:
         self._device.check_healthy()
