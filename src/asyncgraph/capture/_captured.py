@@ -16,7 +16,7 @@ from .._kernel import Kernel
 from .._resident import ResidentBuffer, storage_of
 from ..cuda._driver import check
 from ._graphs import keep_alive, launch_values, let_go_of
-from ._host import GraphHost
+from ._host import GraphHost, KernelNode
 
 __all__ = ("CapturedGraph", "RecordedDispatch", "captured_graph")
 
@@ -39,10 +39,32 @@ class RecordedDispatch:
         self.kernel = call.kernel
         self._call = call
         self._node = node  # its kernel node's handle in the captured graph
-        self._exec_node: Any = None
+        self._kernel_node: Any = None  # its KernelNode in the executable graph, once made
+        self._graph: CapturedGraph | None = None  # the graph it is in, once made
+        # What an update may change, checked without binding: the scalars (by exact type);
+        # the other arguments must be the very objects recorded.
+        self._values = list(launch_values(call, 0))
+        self._scalars = tuple((arg.index, type(arg.value)) for arg in call.args if arg.by_value)
+        self._others = tuple((arg.index, arg.value) for arg in call.args if not arg.by_value)
 
     def __repr__(self) -> str:
         return f"<RecordedDispatch #{self.index} {self.kernel.name!r}>"
+
+    def _values_for(self, args: tuple[object, ...]) -> list[Any] | None:
+        """The launch values of *args* if they differ from the recorded arguments in scalar
+        values only (the same scalar types, the same other objects); else ``None``."""
+        if len(args) != len(self._values):
+            return None
+        for index, value in self._others:
+            if args[index] is not value:
+                return None
+        values = self._values.copy()
+        for index, kind in self._scalars:
+            value = args[index]
+            if type(value) is not kind:
+                return None
+            values[index] = value
+        return values
 
 
 class CapturedGraph:
@@ -112,22 +134,36 @@ class CapturedGraph:
     def update(self, dispatch: RecordedDispatch, *args: object) -> None:
         """Change the scalar arguments of a recorded *dispatch* for the following replays.
 
-        *args* are all its arguments again: the same resident buffers, and numpy scalars of the
-        same dtypes with new values. The executable graph is updated in place (no new capture
-        or instantiation).
+        *args* are all its arguments again: the same resident buffers (the graph keeps their
+        memory, closed or not), and numpy scalars of the same dtypes with new values. The
+        executable graph's kernel node is updated in place: one parameter set, no new
+        capture or instantiation.
 
         Raises:
             DispatchError: *dispatch* is not of this graph, or an argument is not a scalar and
                 differs from the recorded one.
         """
         self._check_open()
-        if not isinstance(dispatch, RecordedDispatch) or dispatch not in self.dispatches:
+        if type(dispatch) is not RecordedDispatch or dispatch._graph is not self:
             raise DispatchError(
                 "update() takes a RecordedDispatch of this graph (from cap.dispatch)"
             )
-        backend = self._backend
+        values = dispatch._values_for(args)
+        if values is None:  # not simply new scalars: checked as dispatch() checks them
+            values = self._bound_values(dispatch, args)
+        self._backend.update_nodes([dispatch._kernel_node], dispatch._call, values)
+        dispatch._values = values
+        self.updates += 1
+
+    def _bound_values(self, dispatch: RecordedDispatch, args: tuple[object, ...]) -> list[Any]:
+        """The launch values of *args* for *dispatch*, bound and checked as ``dispatch()``
+        binds them.
+
+        Raises:
+            DispatchError: an argument is not a scalar and differs from the recorded one.
+        """
         recorded = dispatch._call
-        call = backend.bind_like(dispatch.kernel, args, recorded)
+        call = self._backend.bind_like(dispatch.kernel, args, recorded)
         for arg, was in zip(call.args, recorded.args, strict=True):
             if type(arg) is not type(was) or (not arg.by_value and arg.buffer is not was.buffer):
                 raise DispatchError(
@@ -135,11 +171,8 @@ class CapturedGraph:
                     "argument; update() changes scalar arguments only (capture again for other "
                     "buffers)"
                 )
-        values = launch_values(call, 0)
-        with backend.ctx:
-            backend.update_nodes([dispatch._exec_node], call, values)
         dispatch._call = call
-        self.updates += 1
+        return list(launch_values(call, 0))
 
     def _check_open(self) -> None:
         if self._closed:
@@ -168,7 +201,7 @@ class CapturedGraph:
         with self._backend.ctx:
             self._graph.close()
         for recorded in self.dispatches:
-            recorded._exec_node = None
+            recorded._kernel_node = None
         self._graph = None
         let_go_of(self._buffers)
         self._buffers = []
@@ -184,6 +217,10 @@ def captured_graph(
 ) -> CapturedGraph:
     """The :class:`CapturedGraph` of a finished capture: *graph* (instantiated), whose kernel
     nodes *nodes* maps from their capture-time handles, holding *dispatches* on *buffers*."""
+    graph_exec = drv.CUgraphExec(int(graph.handle))
     for recorded in dispatches:
-        recorded._exec_node = graph[nodes[recorded._node]]
-    return CapturedGraph(backend, graph, dispatches, buffers)
+        recorded._kernel_node = KernelNode(graph_exec, recorded._node, graph[nodes[recorded._node]])
+    captured = CapturedGraph(backend, graph, dispatches, buffers)
+    for recorded in dispatches:
+        recorded._graph = captured
+    return captured

@@ -6,7 +6,7 @@ The CUDA engine implements :class:`GraphHost`; the graphs use nothing else of it
 from __future__ import annotations
 
 from collections.abc import Awaitable, Callable
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import TYPE_CHECKING, Any, NamedTuple, Protocol
 
 if TYPE_CHECKING:
     from .._bound import BoundCall
@@ -16,7 +16,15 @@ if TYPE_CHECKING:
     from ._choice import Choice
     from ._guard import CaptureGuard
 
-__all__ = ("GraphHost",)
+__all__ = ("GraphHost", "KernelNode")
+
+
+class KernelNode(NamedTuple):
+    """A kernel node of an executable graph, as updating its arguments needs it."""
+
+    graph_exec: Any  # the executable graph's CUgraphExec
+    handle: int  # the node's handle in the graph the executable graph was made from
+    node: Any  # the same node as a ``cuda.core`` executable node
 
 
 class GraphHost(Protocol):
@@ -45,8 +53,9 @@ class GraphHost(Protocol):
         address *base*); the handle of its kernel node."""
         ...
 
-    def update_nodes(self, nodes: list[Any], call: BoundCall, values: tuple[Any, ...]) -> None:
-        """Set the arguments of executable kernel *nodes* to *values* (for *call*'s kernel)."""
+    def update_nodes(self, nodes: list[KernelNode], call: BoundCall, values: list[Any]) -> None:
+        """Set the arguments of the kernel *nodes* to *values* (launch values: scalars, and
+        pointers as ints) for *call*'s kernel and launch shape, in place."""
         ...
 
     def bind_like(self, kernel: Kernel, args: tuple[object, ...], like: BoundCall) -> BoundCall:

@@ -24,7 +24,8 @@ from ..capture._cache import GraphCache
 from ..capture._captured import RecordedDispatch, captured_graph
 from ..capture._graphs import CachedGraph, kernel_config, record_graph
 from ..capture._guard import CaptureGuard, CaptureLock, CaptureMode
-from ._driver import translate
+from ..capture._host import KernelNode
+from ._driver import SUCCESS, error_for, translate
 from ._launch import Launches
 from ._plan import STREAM_MIN, CudaJob, plan
 from ._storage import Storage
@@ -196,16 +197,35 @@ class Graphs:
         self._launches.enqueue(job, base, guard.handle, guard.stream)
         return guard.last_node()
 
-    def update_nodes(self, nodes: list[Any], call: BoundCall, values: tuple[Any, ...]) -> None:
-        """Set the arguments of executable kernel *nodes*."""
-        config = kernel_config(call)
-        kernel = self._launches.loaded[call.kernel]
+    def update_nodes(self, nodes: list[KernelNode], call: BoundCall, values: list[Any]) -> None:
+        """Set the arguments of the kernel *nodes*: packed by the kernel's launcher, one
+        ``cuGraphExecKernelNodeSetParams`` each (through ``cuda.core`` for a kernel without
+        one)."""
+        launcher = self._launches.launchers.get(call.kernel)
         for node in nodes:
+            if launcher is not None:
+                code = launcher.set_node(
+                    node.graph_exec, node.handle, values, call.grid, call.block,
+                    call.shared_mem, self.ctx.address,
+                )  # fmt: skip
+                if code != SUCCESS:
+                    raise error_for(code, "cuGraphExecKernelNodeSetParams")
+            else:
+                self._update_node(node, call, values)
+            self.telemetry.graph_updates += 1
+
+    def _update_node(self, node: KernelNode, call: BoundCall, values: list[Any]) -> None:
+        """:meth:`update_nodes` through ``cuda.core`` (it packs any argument)."""
+        args = [
+            value if arg.by_value else np.uint64(value)
+            for arg, value in zip(call.args, values, strict=True)
+        ]
+        kernel = self._launches.loaded[call.kernel]
+        with self.ctx:
             try:
-                node.update(config=config, kernel=kernel, args=values)
+                node.node.update(config=kernel_config(call), kernel=kernel, args=args)
             except Exception as exc:
                 raise translate(exc, "cuGraphExecKernelNodeSetParams") from exc
-            self.telemetry.graph_updates += 1
 
     def bind_like(self, kernel: Kernel, args: tuple[object, ...], like: BoundCall) -> BoundCall:
         """Validate *args* with the launch shape of *like*."""
