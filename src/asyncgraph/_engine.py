@@ -285,8 +285,9 @@ class Engine(Protocol):
         """Record one dispatch as a graph (raises ``UnsupportedError`` without graphs)."""
         ...
 
-    def capture(self, mode: object) -> AbstractAsyncContextManager[Any]:
-        """Capture dispatches into a graph (raises ``UnsupportedError`` without graphs)."""
+    def capture(self, mode: object, into: object) -> AbstractAsyncContextManager[Any]:
+        """Capture dispatches into a new graph, or into *into* (raises ``UnsupportedError``
+        without graphs)."""
         ...
 
     def wait_foreign(self, work: object) -> Awaitable[None]:

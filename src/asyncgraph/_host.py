@@ -378,7 +378,7 @@ class HostEngine:
         """
         raise UnsupportedError("record(): the host backend has no CUDA graphs")
 
-    def capture(self, mode: object) -> AbstractAsyncContextManager[Any]:
+    def capture(self, mode: object, into: object) -> AbstractAsyncContextManager[Any]:
         """No graphs here.
 
         Raises:

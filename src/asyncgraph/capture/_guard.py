@@ -5,6 +5,7 @@ from __future__ import annotations
 import contextlib
 import enum
 import threading
+from collections.abc import Callable
 from types import TracebackType
 from typing import Any
 
@@ -122,15 +123,26 @@ class CaptureGuard:
         stream: the ``cuda.core`` stream to capture on.
         handle: its ``CUstream``.
         mode: the :class:`CaptureMode`.
+        reuse: called with the graph builder once the capture ended cleanly; it may update an
+            executable graph it has in place with what was captured and return it (then
+            ``reused`` is set, and nothing is instantiated), or return ``None``.
     """
 
-    def __init__(self, stream: Any, handle: Any, mode: CaptureMode) -> None:
+    def __init__(
+        self,
+        stream: Any,
+        handle: Any,
+        mode: CaptureMode,
+        reuse: Callable[[Any], Any] | None = None,
+    ) -> None:
         self._stream = stream
         self._handle = handle
         self._mode = mode
+        self._reuse = reuse
         self._builder: Any = None
         self.graph: Any = None  # the executable graph (cuda.core Graph)
         self.nodes: dict[int, Any] = {}  # node handle -> cuda.core GraphNode, after the exit
+        self.reused = False  # the executable graph is reuse()'s, updated in place
 
     @property
     def stream(self) -> Any:
@@ -189,8 +201,13 @@ class CaptureGuard:
         if exc_type is None and capture_status(self._handle) is CaptureStatus.ACTIVE:
             try:
                 builder.end_building()
-                self.graph = builder.complete()
-                self.nodes = {int(node.handle): node for node in builder.graph_definition.nodes()}
+                reused = self._reuse(builder) if self._reuse is not None else None
+                if reused is not None:
+                    self.graph, self.reused = reused, True
+                else:
+                    self.graph = builder.complete()
+                    definition = builder.graph_definition
+                    self.nodes = {int(node.handle): node for node in definition.nodes()}
             except Exception as error:
                 self._abort(builder)
                 raise CaptureError(f"could not complete the captured graph: {error}") from error

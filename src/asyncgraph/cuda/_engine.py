@@ -354,9 +354,9 @@ class CudaEngine:
         """Record one dispatch as graphs."""
         return await self.graphs.record(kernel, args, grid, block, shared_mem)
 
-    def capture(self, mode: object) -> AbstractAsyncContextManager[Any]:
-        """Capture dispatches into a graph."""
-        return self.device.ctx.manager(self.graphs.capture(mode))
+    def capture(self, mode: object, into: object) -> AbstractAsyncContextManager[Any]:
+        """Capture dispatches into a graph (a new one, or *into*)."""
+        return self.device.ctx.manager(self.graphs.capture(mode, into))
 
     def pool_counters(self) -> PoolCounters:
         """The pinned pool's counters."""
