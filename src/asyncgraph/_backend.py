@@ -206,12 +206,12 @@ class Backend(StreamsAndGraphs):
             BackendClosedError: the backend is closed.
             DeviceFaultError: the backend failed earlier with a device fault.
         """
-        started = 0.0 if graph is _NEVER else perf_counter()  # where "auto" measures from
         fast = self._fast
         if fast is not None and after is None:
             pending = fast(kernel, args, grid, block, shared_mem, timing, graph)
             if pending is not None:
                 return pending
+        started = 0.0 if graph is _NEVER else perf_counter()  # where "auto" measures from
         loop = self._loop_for_use()
         if self._scheduler.queued >= self._max_queued:
             raise QueueFullError(
