@@ -229,6 +229,21 @@ def record(event, stream):
     ),)
 
 
+def capture_tail(stream):
+    """``cuStreamGetCaptureInfo(stream)`` as a capture asks it: (the driver's code, the capture
+    status, how many nodes the stream's next work would depend on, the first of them as an
+    int, 0 if none)."""
+    cdef cydriver.CUstreamCaptureStatus status = cydriver.CU_STREAM_CAPTURE_STATUS_NONE
+    cdef const cydriver.CUgraphNode* deps = NULL
+    cdef size_t count = 0
+    cdef cydriver.CUresult code = cydriver.cuStreamGetCaptureInfo(
+        <cydriver.CUstream>_address(stream), &status, NULL, NULL, &deps, NULL, &count
+    )
+    return (
+        <int>code, <int>status, count, <uintptr_t>deps[0] if code == 0 and count else 0
+    )
+
+
 def query(event):
     """``cuEventQuery(event)``; ``(code,)`` (``NOT_READY`` while it runs)."""
     return (<int>cydriver.cuEventQuery(<cydriver.CUevent>_address(event)),)

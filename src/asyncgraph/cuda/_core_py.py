@@ -35,6 +35,7 @@ __all__ = (
     "Watch",
     "WatchLane",
     "Watches",
+    "capture_tail",
     "query",
     "record",
 )
@@ -50,6 +51,15 @@ _SUCCESS = drv.CUresult.CUDA_SUCCESS
 # cuEventRecord(event, stream) and cuEventQuery(event): (code,), NOT_READY while it runs.
 record = drv.cuEventRecord
 query = drv.cuEventQuery
+
+
+def capture_tail(stream: Any) -> tuple[Any, int, int, int]:
+    """``cuStreamGetCaptureInfo(stream)`` as a capture asks it: (the driver's code, the capture
+    status, how many nodes the stream's next work would depend on, the first of them as an
+    int, 0 if none)."""
+    result = drv.cuStreamGetCaptureInfo(stream)
+    deps = result[4]
+    return result[0], int(result[1]), len(deps), int(deps[0]) if deps else 0
 
 
 class Launcher:

@@ -33,6 +33,7 @@ from ..capture._captured import (
 from ..capture._graphs import CachedGraph, kernel_config, record_graph
 from ..capture._guard import CaptureGuard, CaptureLock, CaptureMode
 from ..capture._host import KernelNode
+from ._cores import core
 from ._driver import SUCCESS, error_for, translate
 from ._launch import Launches
 from ._plan import STREAM_MIN, CudaJob, plan
@@ -214,8 +215,9 @@ class Graphs:
     def run_capture(self, body: Callable[[CaptureGuard], int]) -> tuple[Any, dict[int, Any], int]:
         """Capture what *body* enqueues on the capture stream."""
         with CaptureGuard(
-            self.capture_stream, self.capture_handle, CaptureMode.THREAD_LOCAL
-        ) as guard:
+            self.capture_stream, self.capture_handle, CaptureMode.THREAD_LOCAL,
+            tail=core.capture_tail,
+        ) as guard:  # fmt: skip
             result = body(guard)
         return guard.graph, guard.nodes, result
 
@@ -341,7 +343,9 @@ class Capture:
         def reuse(builder: Any) -> Any:
             return reuse_for(into, builder, self._dispatches) if into is not None else None
 
-        self.guard = CaptureGuard(stream, handle, mode, reuse if into is not None else None)
+        self.guard = CaptureGuard(
+            stream, handle, mode, reuse if into is not None else None, core.capture_tail
+        )
         self.mode = mode
         self.stream = _CaptureStream(int(handle))
         self._dispatches: list[RecordedDispatch] = []
