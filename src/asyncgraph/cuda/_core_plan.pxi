@@ -470,8 +470,12 @@ cdef class KnownKernel:
         self.steered = False
 
     def steer(self, call, choice):
-        """Set *choice* as ``auto`` of the plans that launch *call*'s signature."""
+        """Set *choice* as ``auto`` of the plans that launch *call*'s signature (at once done
+        if one has it already)."""
         cdef CPlan plan
+        for candidate in self.plans:
+            if (<CPlan>candidate).auto is choice:
+                return
         for candidate in self.plans:
             plan = <CPlan>candidate
             if _describes(plan.plan, call):

@@ -154,7 +154,10 @@ class KnownKernel:
         del self.plans[MAX_PLANS:]
 
     def steer(self, call: BoundCall, choice: Any) -> None:
-        """Set *choice* as ``auto`` of the plans that launch *call*'s signature."""
+        """Set *choice* as ``auto`` of the plans that launch *call*'s signature (at once done
+        if one has it already)."""
+        if any(plan.auto is choice for plan in self.plans):
+            return
         for plan in self.plans:
             if describes(plan, call):
                 plan.auto = choice
