@@ -95,5 +95,7 @@ def test_a_capture_into_a_graph_with_other_nodes_replaces_its_executable_graph(
         "of an earlier capture), got str",
         "closed": "BackendClosedError: capture(into=graph): the graph is closed; capture "
         "without into= for a new one",
+        "other_backend": "DispatchError: capture(into=graph): the graph is another backend's; "
+        "capture into a graph of this backend, or without into= for a new one",
     }
     assert again["live_graphs_closed"] == 0

@@ -150,6 +150,8 @@ async def recaptures(gpu: Any) -> dict[str, Any]:
         "not_a_graph": _error(lambda: gpu.capture(into="graph")),
         "closed": None,
     }
+    async with ag.open_backend("cuda") as second:
+        seen["errors"]["other_backend"] = _error(lambda: second.capture(into=graph))
     graph.close()
     seen["errors"]["closed"] = _error(lambda: gpu.capture(into=graph))
     seen["live_graphs_closed"] = _lib.fake_live_graphs() - live

@@ -172,7 +172,10 @@ class Graphs:
                     "capture(into=graph): the graph is closed; capture without into= for a new one"
                 )
             if into not in self._open:
-                raise DispatchError("capture(into=graph): the graph is another backend's")
+                raise DispatchError(
+                    "capture(into=graph): the graph is another backend's; capture into a graph of "
+                    "this backend, or without into= for a new one"
+                )
         return self._capture(parsed, into)
 
     @contextlib.asynccontextmanager
