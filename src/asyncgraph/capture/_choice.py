@@ -6,8 +6,9 @@ assume; once a signature repeated, it measures both ways, alternating, and settl
 cheaper:
 
 - ``MEASURING``: each dispatch of the signature runs one way or the other (``eager`` says which)
-  and reports its cost with :meth:`Choice.took`: seconds from the ``dispatch()`` call to its
-  completion as the reactor sees it. Eager and graph samples alternate, eager first, until
+  and reports its cost with :meth:`Choice.took`: seconds from the ``dispatch()`` call (from
+  where the fast path declined it, on the general path) to its completion as the reactor sees
+  it. Eager and graph samples alternate, eager first, until
   there are :data:`SAMPLES` of each.
 - ``EAGER``: the medians showed the graph no cheaper, or no graph can be recorded. The
   dispatches run eagerly, and on the fast path (which reads :attr:`Choice.eager` and nothing
