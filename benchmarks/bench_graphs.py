@@ -1,19 +1,29 @@
 """CUDA graphs: asyncgraph's captured and cached graphs against raw graphs, CuPy and PyTorch.
 
-In one run on one GPU (medians in µs after a warm-up; awaited rows on asyncio and uvloop):
+In one run on one GPU, on one dispatch core (medians in µs after a warm-up; awaited rows on
+asyncio and uvloop):
 - a chain of 50 small kernels (``inc`` over 1024 floats): ``await graph.replay()`` of an
   ``async with backend.capture()`` graph, against raw ``cuGraphLaunch`` + ``cuStreamSynchronize``
   of the same kernels captured through ``cuda.core``, CuPy's stream-captured graph
   (``graph.launch`` + synchronize) of the same kernel, and PyTorch's ``CUDAGraph.replay`` +
   synchronize of ``x.add_(1)`` (its own kernel); the same 50 launched eagerly, for reference;
-- the 4 KiB round trip of bench_dispatch (upload, ``scale``, download) with ``graph="auto"``
-  and ``graph="never"``, against CuPy's synchronous ``asarray`` + kernel + ``asnumpy``;
-- changing a scalar: ``CapturedGraph.update`` against capturing the 50 dispatches again.
-Targets: replay at most 1.15x raw, faster than CuPy's and PyTorch's replays; the 4 KiB round
-trip with ``graph="auto"`` at most 0.6x CuPy's synchronous one; the 50 dispatches awaited
-eagerly (no graph) at most 1.5x CuPy's 50 launches + synchronize.
+- where a graph pays: 10 of these kernels captured as one graph (an awaited replay) against the
+  same 10 dispatched eagerly (the last awaited);
+- the round trip of bench_dispatch (upload, ``scale``, download) at 4 KiB and 1 MiB with
+  ``graph="auto"`` and ``graph="never"`` (``"auto"`` measures both ways during the warm-up and
+  keeps to the cheaper: what it chose, and why, is in the JSON), against CuPy's synchronous
+  ``asarray`` + kernel + ``asnumpy`` at 4 KiB;
+- changing a scalar: ``CapturedGraph.update``; capturing the 50 dispatches again into the graph
+  (``capture(into=graph)``, new scalars each time), and, for reference, into a new graph.
+Targets (issue 40): ``graph="auto"`` at most 1.0x ``"never"`` at 4 KiB and 1 MiB; the
+10-kernel graph at most 0.4x its 10 eager dispatches; an update at most 4 µs; a capture into
+the graph at most 500 µs; and, from before, the replay at most 1.15x raw and faster than CuPy's
+and PyTorch's replays, the 50 dispatches awaited eagerly at most 1.5x CuPy's 50 launches +
+synchronize. The 4 KiB ``"auto"`` round trip against CuPy's synchronous one is kept as
+information.
 
-Run on a GPU:  python benchmarks/bench_graphs.py --json [PATH]
+Run on a GPU, once per core:  python benchmarks/bench_graphs.py --json
+(``ASYNCGRAPH_CORE=python``: the results go to ``bench_graphs_python_core-<device>.json``)
 """
 
 from __future__ import annotations
@@ -30,11 +40,14 @@ from cuda.bindings import driver as drv
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import asyncgraph as ag
+from asyncgraph.cuda._cores import core
 from benchmarks import harness
 from benchmarks.bench_dispatch import N4K, SCALE, SCALE_SRC
 
 CHAIN = 50
+SHORT = 10  # the chain where a graph should pay: one launch for 10 nodes
 N = 1024
+N1M = 1 << 18  # float32 elements: 1 MiB
 INC_SRC = r"""
 extern "C" __global__ void inc(float* buf, float step, int n)
 {
@@ -45,76 +58,125 @@ extern "C" __global__ void inc(float* buf, float step, int n)
 INC = ag.Kernel(INC_SRC, "inc")
 
 
-async def asyncgraph_rows(reps: int, loop_name: str) -> dict[str, float]:
+async def _chain(cap: Any, buf: Any, length: int, step: float = 1.0) -> Any:
+    """Record ``inc`` on *buf* *length* times; the first recorded dispatch."""
+    first = None
+    for _ in range(length):
+        recorded = await cap.dispatch(INC, buf, np.float32(step), np.int32(N), grid=4, block=256)
+        first = first or recorded
+    return first
+
+
+async def chain_rows(gpu: Any, reps: int, loop_name: str) -> dict[str, float]:
+    """The 50-kernel chain: replay, eager, update, captures; the 10-kernel chain."""
     rows: dict[str, float] = {}
+    buf = await gpu.upload(np.zeros(N, np.float32))
+    async with gpu.capture() as cap:
+        first = await _chain(cap, buf, CHAIN)
+    graph = cap.graph
+    graph.upload()
+    await graph.replay()
+    assert np.array_equal(await gpu.download(buf), np.full(N, CHAIN, np.float32))
+    rows[f"asyncgraph 50-kernel graph, awaited replay ({loop_name})"] = await harness.time_async(
+        graph.replay, reps
+    )
+
+    async def eager(length: int = CHAIN) -> None:
+        pending = [
+            gpu.dispatch(INC, buf, np.float32(1), np.int32(N), grid=4, block=256)
+            for _ in range(length)
+        ]
+        await pending[-1]
+
+    rows[f"(info) asyncgraph 50 dispatches, eager ({loop_name})"] = await harness.time_async(
+        eager, max(reps // 10, 50), 20
+    )
+    # Changing a scalar: in place; capturing the chain again into the graph, and anew.
+    steps = itertools.count()
+    rows[f"CapturedGraph.update of one scalar ({loop_name})"] = harness.time_sync(
+        lambda: graph.update(first, buf, np.float32(next(steps) % 3), np.int32(N)), 200, 0
+    )
+    into, anew = [], []
+    for k in range(3 if harness.smoke() else 40):
+        t0 = time.perf_counter()
+        async with gpu.capture(into=graph) as again:
+            await _chain(again, buf, CHAIN, float(k % 3))
+        into.append(time.perf_counter() - t0)
+        t0 = time.perf_counter()
+        async with gpu.capture() as other:
+            await _chain(other, buf, CHAIN)
+        other.graph.upload()
+        anew.append(time.perf_counter() - t0)
+        other.graph.close()
+    assert graph.updated_in_place == graph.recaptures, (graph.recaptures, graph.updated_in_place)
+    skip = 0 if harness.smoke() else 10
+    rows[f"capture of the 50 dispatches into the graph ({loop_name})"] = harness.median_us(
+        into[skip:]
+    )
+    rows[f"(info) capture of the 50 dispatches into a new graph ({loop_name})"] = harness.median_us(
+        anew[skip:]
+    )
+    graph.close()
+    # Where a graph pays: 10 kernels, one launch.
+    async with gpu.capture() as cap:
+        await _chain(cap, buf, SHORT)
+    short = cap.graph
+    short.upload()
+    rows[f"10-kernel graph, awaited replay ({loop_name})"] = await harness.time_async(
+        short.replay, reps
+    )
+    rows[f"10 eager dispatches, the last awaited ({loop_name})"] = await harness.time_async(
+        lambda: eager(SHORT), reps
+    )
+    short.close()
+    await buf.aclose()
+    return rows
+
+
+async def round_trip_rows(gpu: Any, reps: int, loop_name: str) -> tuple[dict[str, float], Any]:
+    """The round trip at 4 KiB and 1 MiB, ``graph="auto"`` and ``"never"``; and what "auto"
+    chose for each."""
+    rows: dict[str, float] = {}
+    for n, size in ((N4K, "4 KiB"), (N1M, "1 MiB")):
+        x = np.random.default_rng().standard_normal(n, dtype=np.float32)
+        for choice in ("auto", "never"):
+
+            async def round_trip(choice: str = choice, x: Any = x, n: int = n) -> Any:
+                return await gpu.dispatch(
+                    SCALE, x, ag.Out(n, np.float32), np.float32(2), np.int32(n),
+                    grid=(n + 255) // 256, block=256, graph=choice,
+                )  # fmt: skip
+
+            for _ in range(3):
+                (y,) = await round_trip()
+            assert np.array_equal(y, 2 * x)
+            rows[
+                f"asyncgraph {size} round trip, graph={choice!r} ({loop_name})"
+            ] = await harness.time_async(round_trip, reps if n == N4K else max(reps // 4, 50))
+    choices = [
+        {
+            "signature": c.signature,
+            "choice": c.choice,
+            "reason": c.reason,
+            "eager_us": None if c.eager_seconds is None else c.eager_seconds * 1e6,
+            "graph_us": None if c.graph_seconds is None else c.graph_seconds * 1e6,
+        }
+        for c in gpu.graph_cache.statistics().choices
+    ]
+    return rows, choices
+
+
+CHOICES: dict[str, Any] = {}  # loop -> what graph="auto" chose for each round trip
+
+
+async def asyncgraph_rows(reps: int, loop_name: str) -> dict[str, float]:
     async with ag.open_backend("cuda") as opened:
         gpu: Any = opened
         await gpu.compile(INC)
         await gpu.compile(SCALE)
-        buf = await gpu.upload(np.zeros(N, np.float32))
-        async with gpu.capture() as cap:
-            first = await cap.dispatch(INC, buf, np.float32(1), np.int32(N), grid=4, block=256)
-            for _ in range(CHAIN - 1):
-                await cap.dispatch(INC, buf, np.float32(1), np.int32(N), grid=4, block=256)
-        graph = cap.graph
-        graph.upload()
-        await graph.replay()
-        assert np.array_equal(await gpu.download(buf), np.full(N, CHAIN, np.float32))
-        rows[
-            f"asyncgraph 50-kernel graph, awaited replay ({loop_name})"
-        ] = await harness.time_async(graph.replay, reps)
-
-        async def eager() -> None:
-            pending = [
-                gpu.dispatch(INC, buf, np.float32(1), np.int32(N), grid=4, block=256)
-                for _ in range(CHAIN)
-            ]
-            await pending[-1]
-
-        rows[f"(info) asyncgraph 50 dispatches, eager ({loop_name})"] = await harness.time_async(
-            eager, max(reps // 10, 50), 20
-        )
-        # Changing a scalar: in place, against capturing the chain again.
-        steps = itertools.count()
-        rows[f"CapturedGraph.update of one scalar ({loop_name})"] = harness.time_sync(
-            lambda: graph.update(first, buf, np.float32(next(steps) % 3), np.int32(N)), 200, 0
-        )
-        samples = []
-        for _ in range(30):
-            t0 = time.perf_counter()
-            async with gpu.capture() as again:
-                for _ in range(CHAIN):
-                    await again.dispatch(INC, buf, np.float32(1), np.int32(N), grid=4, block=256)
-            again.graph.upload()
-            samples.append(time.perf_counter() - t0)
-            again.graph.close()
-        rows[f"capture of the 50 dispatches again ({loop_name})"] = harness.median_us(samples)
-        graph.close()
-        # The 4 KiB round trip, with and without the graph cache.
-        x = np.random.default_rng().standard_normal(N4K, dtype=np.float32)
-        for choice in ("auto", "never"):
-
-            async def round_trip(choice: str = choice) -> Any:
-                return await gpu.dispatch(
-                    SCALE,
-                    x,
-                    ag.Out(N4K, np.float32),
-                    np.float32(2),
-                    np.int32(N4K),
-                    grid=4,
-                    block=256,
-                    graph=choice,
-                )
-
-            (y,) = await round_trip()
-            (y,) = await round_trip()
-            (y,) = await round_trip()
-            assert np.array_equal(y, 2 * x)
-            rows[
-                f"asyncgraph 4 KiB round trip, graph={choice!r} ({loop_name})"
-            ] = await harness.time_async(round_trip, reps)
-        stats = gpu.graph_cache.statistics()
-        assert stats.hits >= reps, stats
+        rows = await chain_rows(gpu, reps, loop_name)
+        trips, CHOICES[loop_name] = await round_trip_rows(gpu, reps, loop_name)
+        rows.update(trips)
     return rows
 
 
@@ -237,6 +299,52 @@ def met(value: float, op: str, bound: float) -> bool:
     return value <= bound if op == "<=" else value < bound
 
 
+def targets_of(
+    results: dict[str, float], loops: tuple[str, ...]
+) -> dict[str, tuple[float, float, str]]:
+    """Each target: (measured, bound, operator), by name."""
+    raw = results["raw 50-kernel graph: cuGraphLaunch + stream synchronize"]
+    targets: dict[str, tuple[float, float, str]] = {}
+    for loop_name in loops:
+        row = f" ({loop_name})"
+        for size in ("4 KiB", "1 MiB"):
+            auto = results[f"asyncgraph {size} round trip, graph='auto'{row}"]
+            never = results[f"asyncgraph {size} round trip, graph='never'{row}"]
+            targets[f"{size} round trip graph='auto' / 'never'{row}"] = (auto / never, 1.0, "<=")
+        targets[f"10-kernel graph / 10 eager dispatches{row}"] = (
+            results[f"10-kernel graph, awaited replay{row}"]
+            / results[f"10 eager dispatches, the last awaited{row}"],
+            0.4,
+            "<=",
+        )
+        targets[f"CapturedGraph.update of one scalar, µs{row}"] = (
+            results[f"CapturedGraph.update of one scalar{row}"],
+            4.0,
+            "<=",
+        )
+        targets[f"capture of the 50 dispatches into the graph, µs{row}"] = (
+            results[f"capture of the 50 dispatches into the graph{row}"],
+            500.0,
+            "<=",
+        )
+        ours = results[f"asyncgraph 50-kernel graph, awaited replay{row}"]
+        targets[f"replay / raw graph{row}"] = (ours / raw, 1.15, "<=")
+        for peer, peer_row in (
+            ("CuPy", "CuPy 50-kernel graph: launch + synchronize"),
+            ("PyTorch", "PyTorch 50-op graph (x.add_): replay + synchronize"),
+        ):
+            if peer_row in results:
+                targets[f"replay / {peer} graph replay{row}"] = (ours / results[peer_row], 1.0, "<")
+        if "CuPy 50 launches + synchronize" in results:
+            eager = results[f"(info) asyncgraph 50 dispatches, eager{row}"]
+            targets[f"50 eager dispatches / CuPy's 50 launches{row}"] = (
+                eager / results["CuPy 50 launches + synchronize"],
+                1.5,
+                "<=",
+            )
+    return targets
+
+
 def main() -> None:
     args = harness.arguments(
         __doc__, reps=2000, reps_help="timed repetitions of each row (the eager rows take a tenth)"
@@ -248,59 +356,49 @@ def main() -> None:
     results.update(torch_rows(reps))
 
     device = harness.device_name()
-    raw = results["raw 50-kernel graph: cuGraphLaunch + stream synchronize"]
-    targets: dict[str, tuple[float, float, str]] = {}
-    for loop_name in loops:
-        ours = results[f"asyncgraph 50-kernel graph, awaited replay ({loop_name})"]
-        targets[f"replay / raw graph ({loop_name})"] = (ours / raw, 1.15, "<=")
-        for peer, row in (
-            ("CuPy", "CuPy 50-kernel graph: launch + synchronize"),
-            ("PyTorch", "PyTorch 50-op graph (x.add_): replay + synchronize"),
-        ):
-            if row in results:
-                targets[f"replay / {peer} graph replay ({loop_name})"] = (
-                    ours / results[row],
-                    1.0,
-                    "<",
-                )
-        if "CuPy 50 launches + synchronize" in results:
-            eager = results[f"(info) asyncgraph 50 dispatches, eager ({loop_name})"]
-            targets[f"50 eager dispatches / CuPy's 50 launches ({loop_name})"] = (
-                eager / results["CuPy 50 launches + synchronize"],
-                1.5,
-                "<=",
-            )
-        if "CuPy 4 KiB round trip, synchronous" in results:
+    core_name = "compiled" if core.COMPILED else "python"
+    targets = targets_of(results, loops)
+    info: dict[str, float] = {}
+    if "CuPy 4 KiB round trip, synchronous" in results:
+        for loop_name in loops:
             auto = results[f"asyncgraph 4 KiB round trip, graph='auto' ({loop_name})"]
-            targets[f"4 KiB round trip graph='auto' / CuPy sync ({loop_name})"] = (
-                auto / results["CuPy 4 KiB round trip, synchronous"],
-                0.6,
-                "<=",
+            info[f"(info) 4 KiB round trip graph='auto' / CuPy sync ({loop_name})"] = (
+                auto / results["CuPy 4 KiB round trip, synchronous"]
             )
-    print(f"device: {device}")
+    print(f"device: {device}, dispatch core: {core_name}")
     harness.print_table(("measurement (median µs)", "value"), results.items(), (".1f",))
     print()
     harness.print_table(
         ("target", "measured", ""),
-        (
-            (f"{name} {op} {bound}", value, "met" if met(value, op, bound) else "missed")
-            for name, (value, bound, op) in targets.items()
-        ),
+        [
+            *(
+                (f"{name} {op} {bound}", value, "met" if met(value, op, bound) else "missed")
+                for name, (value, bound, op) in targets.items()
+            ),
+            *((name, value, "") for name, value in info.items()),
+        ],
         (".3f", ""),
     )
+    print()
+    for loop_name, choices in CHOICES.items():
+        for choice in choices:
+            print(f"graph='auto' ({loop_name}): {choice['signature']}: {choice['reason']}")
     harness.write_json(
         {
             **harness.environment(device),
+            "core": core_name,
             "reps": reps,
             "median_us": results,
             "targets": {k: {"measured": v, op: b} for k, (v, b, op) in targets.items()},
+            "information": info,
             "verdicts": {
                 f"{k} {op} {b}": "met" if met(v, op, b) else "missed"
                 for k, (v, b, op) in targets.items()
             },
+            "auto_choices": CHOICES,
         },
         args.json,
-        script=__file__,
+        script=__file__ if core.COMPILED else "bench_graphs_python_core",
         device=device,
     )
 

@@ -233,6 +233,44 @@ async def test_update_changes_scalars_in_place(gpu: Any) -> None:
     graph.close()
 
 
+async def test_a_capture_into_a_graph_updates_it_in_place(gpu: Any) -> None:
+    await gpu.compile(INC)
+    buf = await gpu.upload(np.zeros(N, np.float32))
+    other = await gpu.upload(np.zeros(N, np.float32))
+    async with gpu.capture() as cap:
+        for step in (1, 2):
+            await cap.dispatch(INC, buf, np.float32(step), np.int32(N), grid=4, block=256)
+    graph = cap.graph
+    await graph.replay()
+    # Another buffer, other scalars: the same nodes, so the executable graph is updated.
+    async with gpu.capture(into=graph) as again:
+        for step in (10, 20):
+            await again.dispatch(INC, other, np.float32(step), np.int32(N), grid=4, block=256)
+    assert again.graph is graph
+    assert (graph.recaptures, graph.updated_in_place) == (1, 1)
+    await graph.replay()
+    # The same again but for scalars: recorded from the last capture; then updated.
+    async with gpu.capture(into=graph) as repeat:
+        second = None
+        for step in (100, 200):
+            second = await repeat.dispatch(
+                INC, other, np.float32(step), np.int32(N), grid=4, block=256
+            )
+    graph.update(second, other, np.float32(1000), np.int32(N))
+    await graph.replay()
+    assert (graph.recaptures, graph.updated_in_place) == (2, 2)
+    np.testing.assert_array_equal(await gpu.download(buf), np.full(N, 3, np.float32))
+    np.testing.assert_array_equal(await gpu.download(other), np.full(N, 1130, np.float32))
+    # Other nodes: a new executable graph.
+    async with gpu.capture(into=graph) as third:
+        await third.dispatch(INC, buf, np.float32(1), np.int32(N), grid=4, block=256)
+    await graph.replay()
+    assert (graph.recaptures, graph.updated_in_place) == (3, 2)
+    np.testing.assert_array_equal(await gpu.download(buf), np.full(N, 4, np.float32))
+    graph.close()
+    _clean(gpu)
+
+
 async def test_foreign_work_on_the_capture_stream(gpu: Any) -> None:
     cp = pytest.importorskip("cupy")
     await gpu.compile(INC)
@@ -265,7 +303,7 @@ async def test_the_cache_serves_64_concurrent_tasks(rng: np.random.Generator) ->
                     np.int32(N),
                     grid=4,
                     block=256,
-                    graph="auto",
+                    graph="always",
                 )
             return out  # type: ignore[return-value]
 
@@ -286,12 +324,39 @@ async def test_the_cache_serves_64_concurrent_tasks(rng: np.random.Generator) ->
             np.int32(N),
             grid=4,
             block=256,
-            graph="auto",
+            graph="always",
         )
         np.testing.assert_array_equal(y, inputs[0] * 7)
         stats = gpu.graph_cache.statistics()
         assert stats.captures == captures
         assert stats.updates >= 1
+    assert gpu.pinned_pool.statistics().bytes_in_use == 0
+
+
+async def test_auto_measures_both_ways_and_keeps_to_one(rng: np.random.Generator) -> None:
+    async with ag.open_backend("cuda") as opened:
+        gpu: Any = opened
+        x = _rand(rng)
+        for k in range(40):
+            (y,) = await gpu.dispatch(
+                SCALE, x, ag.Out(N, np.float32), np.float32(k), np.int32(N), grid=4, block=256,
+                graph="auto",
+            )  # fmt: skip
+            np.testing.assert_array_equal(y, x * np.float32(k))
+        stats = gpu.graph_cache.statistics()
+        (choice,) = stats.choices
+        assert choice.choice in ("eager", "graph"), choice
+        assert choice.eager_samples == choice.graph_samples > 0
+        assert choice.reason.startswith(f"{choice.choice}: a replay took ")
+        assert choice.signature == (
+            "scale(float32[1000], Out float32[1000], float32, int32) grid (4, 1, 1) block "
+            "(256, 1, 1)"
+        )
+        assert (stats.chose_eager, stats.chose_graph) == (
+            (1, 0) if choice.choice == "eager" else (0, 1)
+        )
+        if choice.choice == "eager":
+            assert stats.instances == stats.bytes == 0  # its graph was freed
     assert gpu.pinned_pool.statistics().bytes_in_use == 0
 
 

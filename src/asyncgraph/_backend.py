@@ -43,7 +43,8 @@ from ._transfers import Transfers
 
 __all__ = ("Backend",)
 
-_GRAPH_CHOICES: Final = ("never", "auto", "always")
+_NEVER: Final = "never"
+_GRAPH_CHOICES: Final = (_NEVER, "auto", "always")
 
 
 class Backend(StreamsAndGraphs):
@@ -184,10 +185,10 @@ class Backend(StreamsAndGraphs):
             block: threads per block, an int or a tuple of up to three.
             shared_mem: bytes of dynamic shared memory per block.
             timing: measure the kernel's device time into ``pending.device_time``.
-            graph: ``"never"`` (launch it), ``"auto"`` (replay a CUDA graph recorded once the
-                same signature was dispatched ``BackendOptions.graph_repeats`` times) or
-                ``"always"`` (record on first sight); see ``docs/graphs.md``. The host backend
-                has no graphs and runs every dispatch; ``timing=True`` runs without one too.
+            graph: ``"never"`` (launch it), ``"auto"`` (once the signature repeated, measure
+                eager dispatches against replays of a recorded CUDA graph, then keep to the
+                cheaper) or ``"always"`` (record on first sight); see ``docs/graphs.md``.
+                The host backend has no graphs; ``timing=True`` dispatches run without one.
             after: a CUDA stream or event of another library (see :meth:`wait`), or a list of
                 them: the dispatch runs after the work enqueued on them before this call,
                 ordered on the GPU, with no host round trip (CUDA backend).
@@ -210,6 +211,7 @@ class Backend(StreamsAndGraphs):
             pending = fast(kernel, args, grid, block, shared_mem, timing, graph)
             if pending is not None:
                 return pending
+        started = 0.0 if graph is _NEVER else perf_counter()  # where "auto" measures from
         loop = self._loop_for_use()
         if self._scheduler.queued >= self._max_queued:
             raise QueueFullError(
@@ -227,7 +229,7 @@ class Backend(StreamsAndGraphs):
         try:
             job: Job | None = None
             if graph != "never" and not timing:
-                job = self._engine.graph_job(call, graph == "always")
+                job = self._engine.graph_job(call, graph == "always", started)
             if job is None:
                 job = self._engine.prepare(call, timing)
         except BaseException:

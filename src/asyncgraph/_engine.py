@@ -202,8 +202,9 @@ class Streams(Protocol):
         """Record one dispatch as a graph (raises ``UnsupportedError`` without graphs)."""
         ...
 
-    def capture(self, mode: object) -> AbstractAsyncContextManager[Any]:
-        """Capture dispatches into a graph (raises ``UnsupportedError`` without graphs)."""
+    def capture(self, mode: object, into: object) -> AbstractAsyncContextManager[Any]:
+        """Capture dispatches into a new graph, or into *into* (raises ``UnsupportedError``
+        without graphs)."""
         ...
 
     def wait_foreign(self, work: object) -> Awaitable[None]:
@@ -263,8 +264,10 @@ class Engine(Runs, Stores, Exports, Streams, Closes, Protocol):
         """Make the job for *call*, checking the engine's own rules (before anything starts)."""
         ...
 
-    def graph_job(self, call: BoundCall, always: bool) -> Job | None:
-        """A job replaying a recorded graph of *call* (``dispatch(graph=...)``), or ``None``."""
+    def graph_job(self, call: BoundCall, always: bool, started: float) -> Job | None:
+        """The job of *call* under ``dispatch(graph="always" | "auto")``: a replay of a
+        recorded graph, an eager job ``"auto"`` measures, or ``None`` (a plain dispatch).
+        *started* is ``perf_counter()`` at the ``dispatch()`` call."""
         ...
 
     async def compile(self, kernel: Kernel) -> None:

@@ -196,7 +196,7 @@ class HostEngine:
         self.check_kernel(call.kernel)
         return _HostJob(call, timing)
 
-    def graph_job(self, call: BoundCall, always: bool) -> Job | None:
+    def graph_job(self, call: BoundCall, always: bool, started: float) -> Job | None:
         """None: the host backend runs every dispatch."""
         return None
 
@@ -379,7 +379,7 @@ class HostEngine:
         """
         raise UnsupportedError("record(): the host backend has no CUDA graphs")
 
-    def capture(self, mode: object) -> AbstractAsyncContextManager[Any]:
+    def capture(self, mode: object, into: object) -> AbstractAsyncContextManager[Any]:
         """No graphs here.
 
         Raises:

@@ -58,7 +58,8 @@ class BackendOptions:
             a trip around the loop. The loop is held for at most this long; 0 turns it off.
         graph_cache_bytes: bound on the pinned and device bytes of the graphs that
             ``dispatch(graph="auto")`` records (CUDA backend); least recently used go first.
-        graph_repeats: dispatches of one signature before ``graph="auto"`` records it.
+        graph_repeats: dispatches of one signature before ``graph="auto"`` measures it (eager
+            dispatches against replays of a graph it records).
         nvtx_enabled: mark each dispatch with NVTX ranges for Nsight Systems (needs the
             ``nvtx`` package, extra ``nvtx``); see ``docs/observability.md``.
         fast_path_enabled: launch the steady state of dispatches in one call of the dispatch

@@ -56,16 +56,28 @@ class StreamsAndGraphs:
         self._loop_for_use()
         return await self._engine.record(kernel, args, grid, block, shared_mem)
 
-    def capture(self, mode: object = "thread_local") -> AbstractAsyncContextManager[Any]:
+    def capture(
+        self, mode: object = "thread_local", *, into: object = None
+    ) -> AbstractAsyncContextManager[Any]:
         """Capture dispatches on resident buffers into a CUDA graph (CUDA backend).
 
         See ``docs/graphs.md`` and the CUDA backend's ``capture``.
 
+        Args:
+            mode: the capture mode: ``"thread_local"``, ``"global"`` or ``"relaxed"``.
+            into: a :class:`~asyncgraph.capture.CapturedGraph` of this backend to capture into
+                again: it runs what this capture records from then on (``cap.graph`` is it),
+                its executable graph updated in place where the capture has the same nodes
+                (``cuGraphExecUpdate``), else replaced by a new one.
+
         Raises:
             UnsupportedError: the backend has no CUDA graphs (the host backend).
+            ArgumentTypeError: *into* is not a ``CapturedGraph``.
+            BackendClosedError: *into* is closed.
+            DispatchError: *into* belongs to another backend.
         """
         self._loop_for_use()
-        return self._engine.capture(mode)
+        return self._engine.capture(mode, into)
 
     # -- streams --------------------------------------------------------------------------------
 

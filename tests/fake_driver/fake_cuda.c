@@ -29,7 +29,10 @@
  * *code*, nothing done: "record" (cuEventRecord), "launch" (cuLaunchKernel), "copy" (the
  * asynchronous copies), "alloc" (device allocations) or "sync" (cuStreamSynchronize). cuLaunchKernel records what it was given
  * (fake_expect_params() says how many parameters to keep), for fake_last_launch().
- * fake_reset() forgets injected failures, the fault and what is queued.
+ * fake_set_host_cost(call, us) makes each call of a kind take *us* microseconds of host time
+ * more (a busy wait, as a driver's own work would): "launch" (cuLaunchKernel outside a capture)
+ * or "graph_launch" (cuGraphLaunch); the tests make eager dispatches or replays the dearer so.
+ * fake_reset() forgets injected failures, host costs, the fault and what is queued.
  */
 #include <pthread.h>
 #include <stdint.h>
@@ -224,9 +227,34 @@ int fake_fail_next(const char* kind, int count, int code) {
     return SUCCESS;
 }
 
-/* Forget injected failures, a fault and what is queued: the next scenario starts with a
- * healthy context. */
+/* Host time added to each call of a kind (fake_set_host_cost), in nanoseconds. */
+static long long launch_cost_ns, graph_launch_cost_ns;
+
+int fake_set_host_cost(const char* kind, double us) {
+    long long* cost = strcmp(kind, "launch") == 0         ? &launch_cost_ns
+                      : strcmp(kind, "graph_launch") == 0 ? &graph_launch_cost_ns
+                                                          : NULL;
+    if (cost == NULL || us < 0) return INVALID_VALUE;
+    __atomic_store_n(cost, (long long)(us * 1000.0), __ATOMIC_RELEASE);
+    return SUCCESS;
+}
+
+static long long now_ns(void);
+
+/* Spend *cost* nanoseconds of this thread's time (a busy wait: sleeps are coarser). */
+static void host_cost(const long long* cost) {
+    long long ns = __atomic_load_n(cost, __ATOMIC_ACQUIRE);
+    if (ns <= 0) return;
+    long long until = now_ns() + ns;
+    while (now_ns() < until) {
+    }
+}
+
+/* Forget injected failures, host costs, a fault and what is queued: the next scenario starts
+ * with a healthy context. */
 void fake_reset(void) {
+    __atomic_store_n(&launch_cost_ns, 0, __ATOMIC_RELEASE);
+    __atomic_store_n(&graph_launch_cost_ns, 0, __ATOMIC_RELEASE);
     pthread_mutex_lock(&fail_mutex);
     fail_count = 0;
     inject_record.count = inject_launch.count = inject_copy.count = inject_alloc.count = 0;
@@ -554,6 +582,7 @@ int cuLaunchKernel(void* f, unsigned int gx, unsigned int gy, unsigned int gz, u
     unsigned int dims[7] = {gx, gy, gz, bx, by, bz, shared};
     int captured = capture_launch(stream, f, dims, params);
     if (captured != NOT_CAPTURED) return captured;
+    host_cost(&launch_cost_ns);
     if (defer_launch(stream, f, dims, params) == NOT_DEFERRED) return launch_now(f, dims, stream, params);
     note_launch(dims, stream, params);
     return SUCCESS;

@@ -1195,6 +1195,7 @@ int cuGraphLaunch(void* exec, void* stream) {
         drive(stream, NULL, 0, DRIVE_TIME, 0);
         pthread_mutex_unlock(&queue_mutex);
     }
+    host_cost(&graph_launch_cost_ns);
     pthread_mutex_lock(&graph_mutex);
     fake_graph* g = exec;
     for (size_t i = 0; i < g->n; i++) run_node(g->nodes[i], stream);

@@ -7,6 +7,7 @@ from ._cache import GraphCache as GraphCache
 from ._cache import GraphCacheStatistics as GraphCacheStatistics
 from ._captured import CapturedGraph as CapturedGraph
 from ._captured import RecordedDispatch as RecordedDispatch
+from ._choice import GraphChoiceStatistics as GraphChoiceStatistics
 from ._graphs import CachedGraph as CachedGraph
 from ._guard import CaptureGuard as CaptureGuard
 from ._guard import CaptureLock as CaptureLock
@@ -23,6 +24,7 @@ __all__ = (
     "CapturedGraph",
     "GraphCache",
     "GraphCacheStatistics",
+    "GraphChoiceStatistics",
     "RecordedDispatch",
     "capture_status",
 )

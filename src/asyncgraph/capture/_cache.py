@@ -8,12 +8,14 @@ from typing import Any
 import attrs
 
 from .._bound import BoundCall
+from ._choice import Choice, ChoiceState, GraphChoiceStatistics, describe
 from ._graphs import CachedGraph, prepare_replay
 from ._host import GraphHost
 
 __all__ = ("GraphCache", "GraphCacheStatistics")
 
-# Signatures seen but not yet recorded are forgotten past this many (a bound on memory).
+# Signatures seen but not yet measured are forgotten past this many (a bound on memory), and so
+# are the choices made, past this many.
 _SEEN_LIMIT = 4096
 
 
@@ -23,14 +25,21 @@ class GraphCacheStatistics:
 
     Attributes:
         hits: dispatches replayed from a recorded graph.
-        misses: dispatches that ran without one (signature not repeated yet, every instance
-            busy at the bound, or the capture lock held elsewhere).
+        misses: dispatches the cache saw run without one (signature not repeated yet, every
+            instance busy at the bound, the capture lock held elsewhere, or ``"auto"`` chose
+            eager for it and the dispatch could not take the fast path; those on the fast path
+            are not counted here, only in the telemetry's ``fast_path_dispatches``).
         captures: graphs recorded (one per instance; each holds two variants at most).
         updates: replays whose scalars changed, updated in place instead of recorded again.
         evictions: instances freed to stay within the byte bound.
         bytes: pinned and device bytes the cached graphs hold.
         signatures: signatures with recorded graphs.
         instances: recorded graphs over all signatures.
+        measuring: signatures ``"auto"`` is measuring both ways.
+        chose_eager: signatures ``"auto"`` settled on eager dispatches.
+        chose_graph: signatures ``"auto"`` settled on graph replays.
+        choices: what ``"auto"`` chose for each signature and why, with the costs it measured
+            (:class:`~asyncgraph.capture.GraphChoiceStatistics`), oldest first.
     """
 
     hits: int
@@ -41,29 +50,38 @@ class GraphCacheStatistics:
     bytes: int
     signatures: int
     instances: int
+    measuring: int
+    chose_eager: int
+    chose_graph: int
+    choices: tuple[GraphChoiceStatistics, ...]
 
 
 class _Entry:
-    __slots__ = ("instances",)
+    __slots__ = ("choice", "instances")
 
-    def __init__(self) -> None:
+    def __init__(self, choice: Choice | None) -> None:
         self.instances: list[CachedGraph] = []
+        self.choice = choice  # the "auto" choice it was recorded for (None: "always")
 
 
 class GraphCache:
     """Recorded dispatch graphs of one backend, keyed by signature, bounded by bytes (LRU).
 
     A signature is the kernel, each argument's kind with its shape and dtype (a scalar's dtype,
-    a resident buffer's identity) and the launch shape. Once a signature has been dispatched
-    ``repeats`` times (``graph="auto"``; at once with ``"always"``) the next dispatch records a
-    :class:`CachedGraph` and the following ones replay it. Each signature keeps up to
-    ``instances`` graphs, one per concurrent dispatch, so equal-shape requests do not queue
-    behind one executable. Changed scalars update the graph's kernel node in place.
+    a resident buffer's identity) and the launch shape. ``"always"`` records a
+    :class:`CachedGraph` on first sight and replays it from then on. ``"auto"`` measures: once
+    a signature has been dispatched ``repeats`` times, its next dispatches alternate between
+    eager dispatches and replays of a recorded graph, each timed from the ``dispatch()`` call to
+    its completion, and then keep to the cheaper (``asyncgraph.capture._choice``; the choice is
+    made for the shapes, so it holds for other resident buffers of the same dtypes too). Each
+    signature keeps up to ``instances`` graphs, one per concurrent dispatch, so equal-shape
+    requests do not queue behind one executable. Changed scalars update the graph's kernel node
+    in place.
 
     Args:
         backend: the CUDA backend.
         max_bytes: bound on the bytes the graphs hold; least recently used ones go first.
-        repeats: dispatches of a signature before ``"auto"`` records it.
+        repeats: dispatches of a signature before ``"auto"`` measures it.
         instances: graphs per signature at most.
     """
 
@@ -74,17 +92,20 @@ class GraphCache:
         self.max_instances = instances
         self._entries: OrderedDict[tuple[Any, ...], _Entry] = OrderedDict()
         self._seen: dict[tuple[Any, ...], int] = {}
+        self._choices: dict[tuple[Any, ...], Choice] = {}
         self._hits = self._misses = self._captures = self._updates = self._evictions = 0
         self._bytes = 0
 
     def __repr__(self) -> str:
         return (
             f"<GraphCache signatures={len(self._entries)} bytes={self._bytes} "
-            f"hits={self._hits} misses={self._misses}>"
+            f"hits={self._hits} misses={self._misses} choices={len(self._choices)}>"
         )
 
     def statistics(self) -> GraphCacheStatistics:
-        """Frozen counts."""
+        """Frozen counts, and what ``"auto"`` chose for each signature."""
+        choices = tuple(choice.statistics() for choice in self._choices.values())
+        states = [choice.state for choice in self._choices.values()]
         return GraphCacheStatistics(
             hits=self._hits,
             misses=self._misses,
@@ -94,36 +115,80 @@ class GraphCache:
             bytes=self._bytes,
             signatures=len(self._entries),
             instances=sum(len(e.instances) for e in self._entries.values()),
+            measuring=states.count(ChoiceState.MEASURING),
+            chose_eager=states.count(ChoiceState.EAGER),
+            chose_graph=states.count(ChoiceState.GRAPH),
+            choices=choices,
         )
 
     @staticmethod
-    def _key(call: BoundCall) -> tuple[Any, ...] | None:
+    def _keys(call: BoundCall) -> tuple[tuple[Any, ...], tuple[Any, ...]] | None:
+        """*call*'s signature, and the signature "auto" chooses for: the same with each
+        resident buffer's dtype for its identity (``None``: it cannot be recorded)."""
         parts: list[Any] = [call.kernel, call.grid, call.block, call.shared_mem]
+        shapes = list(parts) if call.resident else parts
         for arg in call.args:
             signature = arg.signature()
             if signature is None:  # a foreign device array: not recorded
                 return None
             parts.append(signature)
-        return tuple(parts)
+            if call.resident:
+                buffer = arg.buffer
+                shapes.append(signature if buffer is None else (type(arg), buffer.dtype.str))
+        key = tuple(parts)
+        return key, (tuple(shapes) if call.resident else key)
 
-    def job_for(self, call: BoundCall, always: bool) -> Any:
-        """A replay job for *call*, or ``None`` to run it without a graph."""
-        if call.foreign:
+    def job_for(self, call: BoundCall, always: bool, started: float) -> Any:
+        """The job for *call* with ``graph="always"`` or ``"auto"``: a replay, an eager job,
+        or ``None`` to run it as a plain dispatch. *started* is when ``dispatch()`` was called
+        (``perf_counter()``), from which a measured dispatch's cost is counted."""
+        if call.foreign or (call.fresh is not None and not always):
+            return None  # new resident outputs each time: never the same signature twice
+        keys = self._keys(call)
+        if keys is None:
             return None
-        key = self._key(call)
-        if key is None:
+        key, shapes = keys
+        if always:
+            return self._replay(key, call, None, started)
+        choice = self._choices.get(shapes)
+        if choice is None:
+            choice = self._choose(shapes, call)
+            if choice is None:
+                return self._miss()
+        if choice.eager:
+            if choice.sampling:
+                job = self._backend.eager_job(call)
+                self._backend.sample(job, choice, started)
+                return job
+            self._backend.steer(call, choice)  # it missed the fast path: maybe no plan had it
+            return self._miss()
+        return self._replay(key, call, choice, started)
+
+    def _choose(self, shapes: tuple[Any, ...], call: BoundCall) -> Choice | None:
+        """Count a sighting of *call*'s signature; once it repeated, a new choice for it."""
+        seen = self._seen.get(shapes, 0) + 1
+        if seen < self.repeats:
+            if len(self._seen) >= _SEEN_LIMIT:
+                self._seen.clear()
+            self._seen[shapes] = seen
             return None
+        self._seen.pop(shapes, None)
+        if len(self._choices) >= _SEEN_LIMIT:
+            self._forget_choices()
+        choice = self._choices[shapes] = Choice(describe(call), self._settled)
+        if not self._backend.recordable(call):
+            choice.unrecordable("it moves too many bytes to be recorded (it streams)")
+        self._backend.steer(call, choice)
+        return choice
+
+    def _replay(
+        self, key: tuple[Any, ...], call: BoundCall, choice: Choice | None, started: float
+    ) -> Any:
+        """A replay of a graph of *key* (recorded now if none is free), or ``None``."""
         backend = self._backend
         entry = self._entries.get(key)
         if entry is None:
-            seen = self._seen.get(key, 0) + 1
-            if not always and seen < self.repeats:
-                if len(self._seen) >= _SEEN_LIMIT:
-                    self._seen.clear()
-                self._seen[key] = seen
-                return self._miss()
-            self._seen.pop(key, None)
-            entry = self._entries[key] = _Entry()
+            entry = self._entries[key] = _Entry(choice)
         self._entries.move_to_end(key)
         graph = next((g for g in entry.instances if not g.is_busy), None)
         if graph is not None:
@@ -144,7 +209,23 @@ class GraphCache:
         updates = backend.telemetry.graph_updates
         job = prepare_replay(graph, call)
         self._updates += backend.telemetry.graph_updates > updates
+        if choice is not None and choice.sampling:
+            backend.sample(job, choice, started)
         return job
+
+    def _settled(self, choice: Choice) -> None:
+        """*choice* settled: on eager, its graphs are freed (they will not be replayed)."""
+        if choice.state is not ChoiceState.EAGER:
+            return
+        for key in [k for k, entry in self._entries.items() if entry.choice is choice]:
+            for graph in self._entries.pop(key).instances:
+                self._bytes -= graph.nbytes
+                graph.close()  # a busy one is freed once its replay completed
+
+    def _forget_choices(self) -> None:
+        for choice in self._choices.values():
+            choice.forget()
+        self._choices.clear()
 
     def _miss(self) -> None:
         self._misses += 1
@@ -170,10 +251,12 @@ class GraphCache:
                 del self._entries[key]
 
     def clear(self) -> None:
-        """Free every cached graph."""
+        """Free every cached graph, and forget what ``"auto"`` chose: signatures are measured
+        again once they repeat."""
         for entry in self._entries.values():
             for graph in entry.instances:
                 graph.close()
         self._entries.clear()
         self._seen.clear()
+        self._forget_choices()
         self._bytes = 0

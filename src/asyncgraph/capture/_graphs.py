@@ -27,7 +27,7 @@ from .._exceptions import BackendClosedError, DispatchError, ShapeMismatchError
 from .._kernel import Kernel
 from .._resident import ResidentBuffer, hold, let_go
 from ..cuda._driver import check
-from ._host import GraphHost
+from ._host import GraphHost, KernelNode
 
 __all__ = (
     "CachedGraph",
@@ -88,7 +88,7 @@ class CachedGraph:
         self._resident: Any = None
         self._full_exec: Any = None  # their CUgraphExec handles
         self._resident_exec: Any = None
-        self._nodes: list[Any] = []  # the kernel node of each graph, as executable nodes
+        self._nodes: list[KernelNode] = []  # the kernel node of each graph
         self._scalars = [arg.value for arg in call.args if arg.by_value]
         self._buffers = [arg.buffer for arg in call.args if arg.buffer is not None]
         self._chosen: Any = None
@@ -129,8 +129,8 @@ class CachedGraph:
             + self._total
         )
 
-    def _capture(self, upload: bool) -> tuple[Any, Any]:
-        """Capture one variant; returns (graph, its kernel node as an executable node)."""
+    def _capture(self, upload: bool) -> tuple[Any, KernelNode]:
+        """Capture one variant; returns (graph, its kernel node)."""
         backend = self._backend
         call = self._call
         base = int(self._device.handle) if self._device is not None else 0
@@ -158,7 +158,7 @@ class CachedGraph:
             return node
 
         graph, nodes, node = backend.run_capture(body)
-        return graph, graph[nodes[node]]
+        return graph, KernelNode(drv.CUgraphExec(int(graph.handle)), node, graph[nodes[node]])
 
     def _record(self) -> None:
         """Allocate, then capture both variants (the first replay writes the inputs)."""
@@ -290,7 +290,7 @@ class CachedGraph:
         if all(a == b and a.dtype == b.dtype for a, b in zip(scalars, self._scalars, strict=True)):
             return
         base = int(self._device.handle) if self._device is not None else 0
-        values = launch_values(call, base)
+        values = list(launch_values(call, base))
         self._backend.update_nodes(self._nodes, call, values)
         self._scalars = scalars
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 import contextlib
 import enum
 import threading
+from collections.abc import Callable
 from types import TracebackType
 from typing import Any
 
@@ -54,6 +55,19 @@ _STATUS = {
     drv.CUstreamCaptureStatus.CU_STREAM_CAPTURE_STATUS_ACTIVE: CaptureStatus.ACTIVE,
     drv.CUstreamCaptureStatus.CU_STREAM_CAPTURE_STATUS_INVALIDATED: CaptureStatus.INVALIDATED,
 }
+
+
+_SUCCESS = drv.CUresult.CUDA_SUCCESS
+_ACTIVE = int(drv.CUstreamCaptureStatus.CU_STREAM_CAPTURE_STATUS_ACTIVE)
+
+
+def capture_tail(stream: Any) -> tuple[Any, int, int, int]:
+    """``cuStreamGetCaptureInfo(stream)`` as a capture asks it: (the driver's code, the capture
+    status, how many nodes the stream's next work would depend on, the first of them as an
+    int, 0 if none)."""
+    result = drv.cuStreamGetCaptureInfo(stream)
+    deps = result[4]
+    return result[0], int(result[1]), len(deps), int(deps[0]) if deps else 0
 
 
 def capture_status(handle: Any) -> CaptureStatus:
@@ -122,15 +136,30 @@ class CaptureGuard:
         stream: the ``cuda.core`` stream to capture on.
         handle: its ``CUstream``.
         mode: the :class:`CaptureMode`.
+        reuse: called with the graph builder once the capture ended cleanly; it may update an
+            executable graph it has in place with what was captured and return it (then
+            ``reused`` is set, and nothing is instantiated), or return ``None``.
+        tail: asks the driver about the capture's tail (:func:`capture_tail`'s answer; the
+            dispatch core's is faster).
     """
 
-    def __init__(self, stream: Any, handle: Any, mode: CaptureMode) -> None:
+    def __init__(
+        self,
+        stream: Any,
+        handle: Any,
+        mode: CaptureMode,
+        reuse: Callable[[Any], Any] | None = None,
+        tail: Callable[[Any], tuple[Any, int, int, int]] | None = None,
+    ) -> None:
         self._stream = stream
         self._handle = handle
         self._mode = mode
+        self._reuse = reuse
+        self._tail = tail or capture_tail
         self._builder: Any = None
         self.graph: Any = None  # the executable graph (cuda.core Graph)
         self.nodes: dict[int, Any] = {}  # node handle -> cuda.core GraphNode, after the exit
+        self.reused = False  # the executable graph is reuse()'s, updated in place
 
     @property
     def stream(self) -> Any:
@@ -149,15 +178,14 @@ class CaptureGuard:
 
     def last_node(self) -> int:
         """The handle of the node the last capture call added (e.g. a kernel launch)."""
-        result = drv.cuStreamGetCaptureInfo(self._handle)
-        if result[0] != drv.CUresult.CUDA_SUCCESS:
-            raise CaptureError(f"cuStreamGetCaptureInfo failed: {result[0].name}")
-        if result[1] != drv.CUstreamCaptureStatus.CU_STREAM_CAPTURE_STATUS_ACTIVE:
+        code, status, count, node = self._tail(self._handle)
+        if code != _SUCCESS:
+            raise CaptureError(f"cuStreamGetCaptureInfo failed: {drv.CUresult(code).name}")
+        if status != _ACTIVE:
             raise CaptureError(self._invalidated())
-        deps = result[4]
-        if len(deps) != 1:
-            raise CaptureError(f"expected one node at the capture's tail, found {len(deps)}")
-        return int(deps[0])
+        if count != 1:
+            raise CaptureError(f"expected one node at the capture's tail, found {count}")
+        return node
 
     def _invalidated(self) -> str:
         return (
@@ -189,8 +217,13 @@ class CaptureGuard:
         if exc_type is None and capture_status(self._handle) is CaptureStatus.ACTIVE:
             try:
                 builder.end_building()
-                self.graph = builder.complete()
-                self.nodes = {int(node.handle): node for node in builder.graph_definition.nodes()}
+                reused = self._reuse(builder) if self._reuse is not None else None
+                if reused is not None:
+                    self.graph, self.reused = reused, True
+                else:
+                    self.graph = builder.complete()
+                    definition = builder.graph_definition
+                    self.nodes = {int(node.handle): node for node in definition.nodes()}
             except Exception as error:
                 self._abort(builder)
                 raise CaptureError(f"could not complete the captured graph: {error}") from error

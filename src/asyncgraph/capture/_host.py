@@ -6,16 +6,25 @@ The CUDA engine implements :class:`GraphHost`; the graphs use nothing else of it
 from __future__ import annotations
 
 from collections.abc import Awaitable, Callable
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import TYPE_CHECKING, Any, NamedTuple, Protocol
 
 if TYPE_CHECKING:
     from .._bound import BoundCall
     from .._kernel import Kernel
     from .._telemetry import Telemetry
     from ..pool import HostPool
+    from ._choice import Choice
     from ._guard import CaptureGuard
 
-__all__ = ("GraphHost",)
+__all__ = ("GraphHost", "KernelNode")
+
+
+class KernelNode(NamedTuple):
+    """A kernel node of an executable graph, as updating its arguments needs it."""
+
+    graph_exec: Any  # the executable graph's CUgraphExec
+    handle: int  # the node's handle in the graph the executable graph was made from
+    node: Any  # the same node as a ``cuda.core`` executable node
 
 
 class GraphHost(Protocol):
@@ -44,8 +53,9 @@ class GraphHost(Protocol):
         address *base*); the handle of its kernel node."""
         ...
 
-    def update_nodes(self, nodes: list[Any], call: BoundCall, values: tuple[Any, ...]) -> None:
-        """Set the arguments of executable kernel *nodes* to *values* (for *call*'s kernel)."""
+    def update_nodes(self, nodes: list[KernelNode], call: BoundCall, values: list[Any]) -> None:
+        """Set the arguments of the kernel *nodes* to *values* (launch values: scalars, and
+        pointers as ints) for *call*'s kernel and launch shape, in place."""
         ...
 
     def bind_like(self, kernel: Kernel, args: tuple[object, ...], like: BoundCall) -> BoundCall:
@@ -66,4 +76,22 @@ class GraphHost(Protocol):
 
     def record_now(self, call: BoundCall) -> Any:
         """A :class:`CachedGraph` of *call* recorded now, or ``None`` if it cannot be now."""
+        ...
+
+    def recordable(self, call: BoundCall) -> bool:
+        """Whether *call* can be recorded at all (a dispatch big enough to stream cannot)."""
+        ...
+
+    def eager_job(self, call: BoundCall) -> Any:
+        """The plain job of *call*, as ``dispatch(graph="never")`` makes it."""
+        ...
+
+    def sample(self, job: Any, choice: Choice, started: float) -> None:
+        """When *job* completes, report to *choice* how long it took from *started*
+        (``perf_counter()`` at its ``dispatch()`` call): ``choice.took(eager, seconds)``."""
+        ...
+
+    def steer(self, call: BoundCall, choice: Choice) -> None:
+        """Let the fast path take ``graph="auto"`` dispatches with *call*'s signature eagerly
+        while ``choice.eager`` holds (and report their costs while ``choice.sampling``)."""
         ...

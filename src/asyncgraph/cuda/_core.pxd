@@ -90,6 +90,7 @@ cdef class FastJob(WatchItem):
     cdef public double t_dispatch
     cdef public long long ring_start
     cdef public long long ring_end
+    cdef public object choice  # graph="auto"'s choice, told its cost when it completes
     cdef CPlan cplan
     cdef int lane_index
 
@@ -147,6 +148,7 @@ cdef class CPlan:
     cdef uint64_t total
     cdef uint64_t staged
     cdef double expected  # seconds from dispatch to completion, learned (_watches.learned)
+    cdef object auto  # what graph="auto" chose for it (FastPath.steer), or None
 
     cdef PyObject* _hold(self, value)
 
@@ -154,6 +156,7 @@ cdef class CPlan:
 cdef class KnownKernel:
     cdef public Launcher launcher
     cdef public list plans
+    cdef public bint steered  # graph="auto" steered one of its plans
 
 
 cdef struct LaneC:

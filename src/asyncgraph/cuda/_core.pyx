@@ -181,6 +181,35 @@ cdef class Launcher:
         self._pack_values(values)
         return self._go(grid, block, shared_mem, stream)
 
+    def set_node(
+        self, graph_exec, node, values, tuple grid, tuple block, unsigned int shared_mem,
+        size_t context,
+    ):
+        """:meth:`pack_values` into the kernel *node* (its handle in the graph) of the
+        executable graph *graph_exec*, in one ``cuGraphExecKernelNodeSetParams``, with the
+        context at address *context* current (0: whichever is); the driver's code."""
+        cdef cydriver.CUDA_KERNEL_NODE_PARAMS params
+        cdef cydriver.CUcontext own = <cydriver.CUcontext>context, current = NULL
+        cdef cydriver.CUgraphExec exec_handle = <cydriver.CUgraphExec>_address(graph_exec)
+        cdef cydriver.CUgraphNode node_handle = <cydriver.CUgraphNode>_address(node)
+        cdef cydriver.CUresult code
+        cdef bint pushed = False
+        self._pack_values(values)
+        memset(&params, 0, sizeof(params))
+        params.func = self._function
+        params.gridDimX, params.gridDimY, params.gridDimZ = grid[0], grid[1], grid[2]
+        params.blockDimX, params.blockDimY, params.blockDimZ = block[0], block[1], block[2]
+        params.sharedMemBytes = shared_mem
+        params.kernelParams = self._params
+        params.ctx = own
+        if own != NULL:
+            cydriver.cuCtxGetCurrent(&current)
+            pushed = current != own and cydriver.cuCtxPushCurrent(own) == cydriver.CUDA_SUCCESS
+        code = cydriver.cuGraphExecKernelNodeSetParams(exec_handle, node_handle, &params)
+        if pushed:
+            cydriver.cuCtxPopCurrent(&current)
+        return <int>code
+
     cdef int _go(self, tuple grid, tuple block, unsigned int shared_mem, stream) except? -1:
         cdef unsigned int gx = grid[0], gy = grid[1], gz = grid[2]
         cdef unsigned int bx = block[0], by = block[1], bz = block[2]
@@ -198,6 +227,21 @@ def record(event, stream):
     return (<int>cydriver.cuEventRecord(
         <cydriver.CUevent>_address(event), <cydriver.CUstream>_address(stream)
     ),)
+
+
+def capture_tail(stream):
+    """``cuStreamGetCaptureInfo(stream)`` as a capture asks it: (the driver's code, the capture
+    status, how many nodes the stream's next work would depend on, the first of them as an
+    int, 0 if none)."""
+    cdef cydriver.CUstreamCaptureStatus status = cydriver.CU_STREAM_CAPTURE_STATUS_NONE
+    cdef const cydriver.CUgraphNode* deps = NULL
+    cdef size_t count = 0
+    cdef cydriver.CUresult code = cydriver.cuStreamGetCaptureInfo(
+        <cydriver.CUstream>_address(stream), &status, NULL, NULL, &deps, NULL, &count
+    )
+    return (
+        <int>code, <int>status, count, <uintptr_t>deps[0] if code == 0 and count else 0
+    )
 
 
 def query(event):

@@ -77,6 +77,12 @@ cdef class FastPath:
         known.plans.insert(0, cplan)
         del known.plans[_MAX_PLANS:]
 
+    def steer(self, call, choice):
+        """Let ``graph="auto"`` dispatches like *call* follow *choice*; see ``_fast_py``."""
+        found = self._kernels.get(call.kernel)
+        if found is not None:
+            (<KnownKernel>found).steer(call, choice)
+
     def add_kernel(self, kernel, launcher):
         """*kernel* is loaded with *launcher* (only the compiled launchers are used here)."""
         cdef KnownKernel known
@@ -106,9 +112,9 @@ cdef class FastPath:
         cdef ArgC* a
         cdef LaneC* lc
         cdef uint64_t start_at = 0, at = 0, staged
-        cdef bint placed
+        cdef bint placed, auto
         cdef FastJob job
-        cdef object life, loop, value, buffer, dep, dep_lane, lane = None, slot, pending
+        cdef object life, loop, value, buffer, dep, dep_lane, lane = None, slot, pending, choice
         cdef PyObject* seen[8]
         cdef Py_ssize_t n_seen = 0, tracked = 0
         cdef int taken = 0
@@ -120,8 +126,9 @@ cdef class FastPath:
         known = <KnownKernel>found
         if known.launcher is None or timing is not False:
             return None
-        if graph is not _NEVER and graph != _NEVER:
-            return None
+        auto = graph is not _NEVER and graph != _NEVER
+        if auto and (graph != _AUTO or not known.steered):
+            return None  # graphs are asked for: the general path has them
         life = self._life
         if life.state != _OPEN:
             return None
@@ -143,6 +150,9 @@ cdef class FastPath:
                 break
         if plan is None:
             return None
+        choice = plan.auto if auto else None
+        if auto and (choice is None or not choice.eager):
+            return None  # "auto" replays graphs here, or has not chosen yet
         # Resident buffers: live, and every unfinished use of them on one lane (or none).
         if plan.n_residents:
             if plan.n_residents > 8:
@@ -223,6 +233,8 @@ cdef class FastPath:
         job.lane_index = lane_index
         job.t_dispatch = t0
         job.state = _LAUNCHED
+        if choice is not None and choice.sampling:
+            job.choice = choice  # "auto" measures it
         job.id = next(self._ids)
         pending = _new_pending(loop, job.id, plan.name, self._spin)
         job.pending = pending
@@ -409,6 +421,8 @@ cdef class FastPath:
         job.gpu_done = True
         if job.failure is not None:
             error = job.failure
+        if job.choice is not None and error is None:
+            job.choice.took(True, _now() - job.t_dispatch)  # "auto" measures it
         if error is not None:
             outcome = error
         elif job.cplan.n_returned:

@@ -24,6 +24,7 @@ from ._fast_plan import K_IN, K_IN_OUT, K_INTO, K_OUT, K_RESIDENT, K_SCALAR
 from ._fast_plan import MAX_PLANS as _MAX_PLANS
 from ._fast_plan import RING_BYTES
 from ._fast_plan import FastPlan as _FastPlan
+from ._fast_plan import describes as _describes
 from ._fast_plan import eligible as _eligible
 
 cdef enum:
@@ -42,6 +43,7 @@ cdef object _LAUNCHED = _JobState.LAUNCHED
 cdef object _DONE = _JobState.DONE
 cdef object _running_loop = _asyncio._get_running_loop
 cdef object _NEVER = "never"
+cdef object _AUTO = "auto"
 cdef object _ndarray = _np.ndarray
 cdef object _EMPTY = ()
 cdef uint64_t _RING = RING_BYTES
@@ -233,11 +235,26 @@ cdef class CPlan:
 
 
 cdef class KnownKernel:
-    """What the fast path knows of one kernel: its launcher once loaded, and its plans."""
+    """What the fast path knows of one kernel: its launcher once loaded, its plans, and
+    whether ``graph="auto"`` steered one of them; see ``_fast_job.KnownKernel``."""
 
     def __init__(self):
         self.launcher = None
         self.plans = []
+        self.steered = False
+
+    def steer(self, call, choice):
+        """Set *choice* as ``auto`` of the plans that launch *call*'s signature (at once done
+        if one has it already)."""
+        cdef CPlan plan
+        for candidate in self.plans:
+            if (<CPlan>candidate).auto is choice:
+                return
+        for candidate in self.plans:
+            plan = <CPlan>candidate
+            if _describes(plan.plan, call):
+                plan.auto = choice
+                self.steered = True
 
 
 cdef bint _fits(CPlan plan, tuple args, object grid, object block, object shared_mem) except -1:

@@ -35,6 +35,7 @@ __all__ = (
     "Watch",
     "WatchLane",
     "Watches",
+    "capture_tail",
     "query",
     "record",
 )
@@ -44,9 +45,21 @@ NativeWaiter: Any = None
 
 _POINTER = np.dtype(np.uint64)
 _launch = drv.cuLaunchKernel
+_set_node = drv.cuGraphExecKernelNodeSetParams
+_current, _push, _pop = drv.cuCtxGetCurrent, drv.cuCtxPushCurrent, drv.cuCtxPopCurrent
+_SUCCESS = drv.CUresult.CUDA_SUCCESS
 # cuEventRecord(event, stream) and cuEventQuery(event): (code,), NOT_READY while it runs.
 record = drv.cuEventRecord
 query = drv.cuEventQuery
+
+
+def capture_tail(stream: Any) -> tuple[Any, int, int, int]:
+    """``cuStreamGetCaptureInfo(stream)`` as a capture asks it: (the driver's code, the capture
+    status, how many nodes the stream's next work would depend on, the first of them as an
+    int, 0 if none)."""
+    result = drv.cuStreamGetCaptureInfo(stream)
+    deps = result[4]
+    return result[0], int(result[1]), len(deps), int(deps[0]) if deps else 0
 
 
 class Launcher:
@@ -64,7 +77,7 @@ class Launcher:
             bytes (``supports``).
     """
 
-    __slots__ = ("_keep", "function", "kernel_params", "slot_views", "slots")
+    __slots__ = ("_keep", "_node_params", "function", "kernel_params", "slot_views", "slots")
 
     def __init__(self, function: Any, params: tuple[Param, ...]) -> None:
         self.function = function
@@ -80,6 +93,7 @@ class Launcher:
             dtype = param.dtype if not param.pointer and param.dtype is not None else _POINTER
             views.append(raw[16 * i : 16 * i + dtype.itemsize].view(dtype))
         self.slot_views: list[np.ndarray[Any, Any]] = views
+        self._node_params: Any = None  # a CUDA_KERNEL_NODE_PARAMS for set_node, made once
 
     @staticmethod
     def supports(params: tuple[Param, ...]) -> bool:
@@ -133,6 +147,40 @@ class Launcher:
             self.function, grid[0], grid[1], grid[2], block[0], block[1], block[2], shared_mem,
             stream, self.kernel_params, 0,
         )[0]  # fmt: skip
+
+    def set_node(
+        self,
+        graph_exec: Any,
+        node: Any,
+        values: list[Any],
+        grid: tuple[int, int, int],
+        block: tuple[int, int, int],
+        shared_mem: int,
+        context: int,
+    ) -> Any:
+        """:meth:`pack_values` into the kernel *node* (its handle in the graph) of the
+        executable graph *graph_exec*, in one ``cuGraphExecKernelNodeSetParams``, with the
+        context at address *context* current (0: whichever is); the driver's code."""
+        for view, value in zip(self.slot_views, values, strict=True):
+            view[0] = value
+        params = self._node_params
+        if params is None:
+            params = self._node_params = drv.CUDA_KERNEL_NODE_PARAMS()
+            params.func = self.function
+            params.kernelParams = self.kernel_params
+            if context:
+                params.ctx = drv.CUcontext(context)
+        params.gridDimX, params.gridDimY, params.gridDimZ = grid
+        params.blockDimX, params.blockDimY, params.blockDimZ = block
+        params.sharedMemBytes = shared_mem
+        pushed = False
+        if context and int(_current()[1]) != context:
+            pushed = _push(params.ctx)[0] == _SUCCESS
+        try:
+            return _set_node(graph_exec, node, params)[0]
+        finally:
+            if pushed:
+                _pop()
 
 
 # The hot half of the completion reactor and the fast path, in Python (their modules say more).

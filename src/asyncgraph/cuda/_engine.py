@@ -172,9 +172,9 @@ class CudaEngine:
         return plan(call, timing, self.device.pinned, self.graphs.stream_above)
 
     @in_context
-    def graph_job(self, call: BoundCall, always: bool) -> Job | None:
-        """A replay from the graph cache, or ``None``."""
-        job: Job | None = self.graphs.cache.job_for(call, always)
+    def graph_job(self, call: BoundCall, always: bool, started: float) -> Job | None:
+        """A replay from the graph cache, an eager job ``graph="auto"`` measures, or ``None``."""
+        job: Job | None = self.graphs.cache.job_for(call, always, started)
         return job
 
     @in_context
@@ -354,9 +354,9 @@ class CudaEngine:
         """Record one dispatch as graphs."""
         return await self.graphs.record(kernel, args, grid, block, shared_mem)
 
-    def capture(self, mode: object) -> AbstractAsyncContextManager[Any]:
-        """Capture dispatches into a graph."""
-        return self.device.ctx.manager(self.graphs.capture(mode))
+    def capture(self, mode: object, into: object) -> AbstractAsyncContextManager[Any]:
+        """Capture dispatches into a graph (a new one, or *into*)."""
+        return self.device.ctx.manager(self.graphs.capture(mode, into))
 
     def pool_counters(self) -> PoolCounters:
         """The pinned pool's counters."""

@@ -9,9 +9,10 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any, Protocol
 
 from .._scheduler import JobState
-from ._fast_plan import K_INTO, RING_BYTES
+from ._fast_plan import K_INTO, MAX_PLANS, RING_BYTES, describes
 
 if TYPE_CHECKING:
+    from .._bound import BoundCall
     from .._pending import PendingDispatch
     from .._resident import ResidentBuffer
     from ..pool import PinnedBlock, StreamLane
@@ -48,6 +49,7 @@ class FastJob:
         "args",
         "buffers",
         "call",
+        "choice",
         "device_time",
         "event",
         "expect",
@@ -100,6 +102,7 @@ class FastJob:
         self.ring_end = 0
         self.id = 0
         self.pending: PendingDispatch = None  # type: ignore[assignment]  # set at once
+        self.choice: Any = None  # graph="auto"'s choice, told its cost when it completes
 
     def __repr__(self) -> str:
         return f"<FastJob #{self.id} {self.call.kernel.name!r} {self.state.value}>"
@@ -139,10 +142,35 @@ class Ring:
 
 
 class KnownKernel:
-    """What the fast path knows of one kernel: its launcher once loaded, and its plans."""
+    """What the fast path knows of one kernel: its launcher once loaded, its plans (most
+    recently learned first), and whether ``graph="auto"`` steered one of them."""
 
-    __slots__ = ("launcher", "plans")
+    __slots__ = ("launcher", "plans", "steered")
 
     def __init__(self) -> None:
         self.launcher: Any = None
         self.plans: list[FastPlan] = []
+        self.steered = False
+
+    @staticmethod
+    def of(kernels: dict[Any, KnownKernel], kernel: Any) -> KnownKernel:
+        """What *kernels* knows of *kernel*, made empty if nothing yet."""
+        known = kernels.get(kernel)
+        if known is None:
+            known = kernels[kernel] = KnownKernel()
+        return known
+
+    def learn(self, plan: FastPlan) -> None:
+        """Launch calls of *plan* too (a few plans are kept)."""
+        self.plans.insert(0, plan)
+        del self.plans[MAX_PLANS:]
+
+    def steer(self, call: BoundCall, choice: Any) -> None:
+        """Set *choice* as ``auto`` of the plans that launch *call*'s signature (at once done
+        if one has it already)."""
+        if any(plan.auto is choice for plan in self.plans):
+            return
+        for plan in self.plans:
+            if describes(plan, call):
+                plan.auto = choice
+                self.steered = True

@@ -32,6 +32,7 @@ __all__ = (
     "MAX_STAGED",
     "RING_BYTES",
     "FastPlan",
+    "describes",
     "eligible",
 )
 
@@ -85,10 +86,13 @@ class FastPlan:
         residents: per resident buffer ``(index, written, is an Out(into=))``.
         writes: per resident buffer, whether it is written (``track_uses``' argument).
         returned: per result ``(kind, index, offset, nbytes, dtype, shape)``.
+        auto: what ``graph="auto"`` chose for this signature (a ``capture._choice.Choice``,
+            set by ``FastPath.steer``), or ``None``: such dispatches go the general way.
     """
 
     __slots__ = (
         "args",
+        "auto",
         "block",
         "block_dims",
         "expected",
@@ -111,6 +115,7 @@ class FastPlan:
 
     def __init__(self, plan: Plan, call: BoundCall) -> None:
         self.expected = 0.0  # seconds from dispatch to completion, learned (_watches.learned)
+        self.auto: Any = None
         template = plan.template
         self.template = template
         self.name = template.kernel.name
@@ -124,18 +129,12 @@ class FastPlan:
         uploads: list[tuple[int, int, int, bool]] = []
         residents: list[tuple[int, bool, bool]] = []
         for arg, kind in zip(call.args, plan.types, strict=True):
-            code = _KIND_OF[type(arg)]
-            value = arg.value
+            code, shape, dtype, strides, offset = _guard(arg)
+            args.append((code, kind, shape, dtype, strides, offset))
             if code in (K_IN, K_IN_OUT):
-                args.append((code, kind, value.shape, value.dtype, value.strides, arg.offset))
                 uploads.append((arg.index, arg.offset, arg.nbytes, code == K_IN_OUT))
-            elif code == K_OUT:
-                args.append((code, kind, value.shape, value.dtype, None, arg.offset))
             elif code in (K_RESIDENT, K_INTO):
-                args.append((code, kind, None, value.dtype, None, 0))
                 residents.append((arg.index, arg.writes, code == K_INTO))
-            else:
-                args.append((code, kind, None, None, None, 0))
         self.args = tuple(args)
         self.uploads = tuple(uploads)
         self.residents = tuple(residents)
@@ -148,3 +147,36 @@ class FastPlan:
 
     def __repr__(self) -> str:
         return f"<FastPlan {self.name!r} {self.n_args} arguments, {self.staged} bytes staged>"
+
+
+def _guard(arg: Any) -> tuple[int, Any, Any, Any, int]:
+    """What a plan's guard compares of a bound argument: (kind, shape, dtype, strides, offset),
+    ``None`` where the kind has no such guard."""
+    code = _KIND_OF[type(arg)]
+    value = arg.value
+    if code in (K_IN, K_IN_OUT):
+        return code, value.shape, value.dtype, value.strides, arg.offset
+    if code == K_OUT:
+        return code, value.shape, value.dtype, None, arg.offset
+    if code in (K_RESIDENT, K_INTO):
+        return code, None, value.dtype, None, 0
+    return code, None, None, None, 0
+
+
+def describes(plan: FastPlan, call: BoundCall) -> bool:
+    """Whether *plan* launches calls of *call*'s signature (its kinds, shapes and dtypes, and
+    launch shape; resident buffers by dtype): the dispatches ``FastPath.steer`` means."""
+    if (
+        plan.grid_dims != call.grid
+        or plan.block_dims != call.block
+        or plan.shared_mem != call.shared_mem
+        or plan.n_args != len(call.args)
+        or any(type(arg) not in _KIND_OF for arg in call.args)
+    ):
+        return False
+    return all(
+        (code, shape, dtype, strides, offset) == _guard(arg)
+        for (code, _kind, shape, dtype, strides, offset), arg in zip(
+            plan.args, call.args, strict=True
+        )
+    )

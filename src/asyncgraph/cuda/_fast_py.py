@@ -33,17 +33,7 @@ from .._resident import Download, storage_of, track_uses, untrack, uses_of, writ
 from .._scheduler import JobState
 from ._driver import SUCCESS, error_for
 from ._fast_job import FastJob, FastLane, KnownKernel, Ring
-from ._fast_plan import (
-    K_IN,
-    K_IN_OUT,
-    K_OUT,
-    K_RESIDENT,
-    K_SCALAR,
-    MAX_PLANS,
-    RING_BYTES,
-    FastPlan,
-    eligible,
-)
+from ._fast_plan import K_IN, K_IN_OUT, K_OUT, K_RESIDENT, K_SCALAR, RING_BYTES, FastPlan, eligible
 from ._watches import EXPECT_RISE
 
 if TYPE_CHECKING:
@@ -59,6 +49,7 @@ if TYPE_CHECKING:
 __all__ = ("RING_BYTES", "FastJob", "FastPath")
 
 _NEVER = "never"
+_AUTO = "auto"
 _LAUNCHED = JobState.LAUNCHED
 _DONE = JobState.DONE
 _OOM = drv.CUresult.CUDA_ERROR_OUT_OF_MEMORY
@@ -121,22 +112,21 @@ class FastPath:
 
     def learn(self, plan: Plan, call: BoundCall) -> None:
         """A plan was made from *call*: launch later calls that fit it here, if it can."""
-        if not eligible(plan, call):
-            return
+        if eligible(plan, call):
+            KnownKernel.of(self._kernels, call.kernel).learn(FastPlan(plan, call))
+
+    def steer(self, call: BoundCall, choice: Any) -> None:
+        """Let ``graph="auto"`` dispatches that fit *call*'s plans follow *choice* (a
+        ``capture._choice.Choice``): taken here while ``choice.eager``, their costs reported
+        with ``choice.took`` while ``choice.sampling``; else left to the general path."""
         known = self._kernels.get(call.kernel)
-        if known is None:
-            known = self._kernels[call.kernel] = KnownKernel()
-        known.plans.insert(0, FastPlan(plan, call))
-        del known.plans[MAX_PLANS:]
+        if known is not None:
+            known.steer(call, choice)
 
     def add_kernel(self, kernel: Kernel, launcher: Any) -> None:
         """*kernel* is loaded with *launcher* (only the core's own launchers are used here)."""
-        if type(launcher) is not self._launcher_type:
-            return
-        known = self._kernels.get(kernel)
-        if known is None:
-            known = self._kernels[kernel] = KnownKernel()
-        known.launcher = launcher
+        if type(launcher) is self._launcher_type:
+            KnownKernel.of(self._kernels, kernel).launcher = launcher
 
     def close(self) -> list[PinnedBlock]:
         """Forget every kernel; the ring blocks to give back to the pinned pool."""
@@ -160,13 +150,11 @@ class FastPath:
         """Launch the call if it is the steady state; ``None`` (having changed nothing) if not."""
         t0 = perf_counter()
         known = self._kernels.get(kernel)
-        if (
-            known is None
-            or known.launcher is None
-            or timing is not False
-            or (graph is not _NEVER and graph != _NEVER)
-        ):
+        if known is None or known.launcher is None or timing is not False:
             return None
+        auto = graph is not _NEVER and graph != _NEVER
+        if auto and (graph != _AUTO or not known.steered):
+            return None  # graphs are asked for: the general path has them
         life = self._life
         watches = self._watches
         loop = life.loop
@@ -231,6 +219,11 @@ class FastPath:
                 break
         else:
             return None
+        choice: Any = None
+        if auto:
+            choice = plan.auto
+            if choice is None or not choice.eager:
+                return None  # "auto" replays graphs here, or has not chosen yet
         # Resident buffers: live, and every unfinished use of them on one lane (or none).
         lane: Any = None
         if plan.residents:
@@ -289,6 +282,8 @@ class FastPath:
                 return None  # the ring is full: the general path stages in the pinned pool
         # -- from here on, the dispatch happens: all of it, or nothing if a step raises ------
         job = FastJob(plan, args, lane, t0)
+        if choice is not None and choice.sampling:
+            job.choice = choice  # "auto" measures it
         job.id = dispatch_id = next(self._ids)
         job.pending = pending = PendingDispatch(loop, dispatch_id, plan.name, watches.spin)
         in_flight, slot, pool = self._in_flight, lane.slot, self._pool
@@ -437,6 +432,8 @@ class FastPath:
         job.gpu_done = True
         plan = job.plan
         failure = job.failure
+        if job.choice is not None and error is None and failure is None:
+            job.choice.took(True, perf_counter() - job.t_dispatch)  # "auto" measures it
         if failure is not None:
             error = failure
         outcome: Any

@@ -17,22 +17,32 @@ from cuda.bindings import driver as drv
 
 from .. import _loop
 from .._bound import NOT_STAGED, BoundCall
-from .._exceptions import CaptureError, DispatchError
+from .._exceptions import ArgumentTypeError, BackendClosedError, CaptureError, DispatchError
 from .._kernel import Kernel
 from .._resident import ResidentBuffer
 from ..capture._cache import GraphCache
-from ..capture._captured import RecordedDispatch, captured_graph
+from ..capture._captured import (
+    CapturedGraph,
+    RecordedDispatch,
+    captured_graph,
+    recaptured,
+    recorded_again,
+    repeated,
+    reuse_for,
+)
 from ..capture._graphs import CachedGraph, kernel_config, record_graph
 from ..capture._guard import CaptureGuard, CaptureLock, CaptureMode
-from ._driver import translate
+from ..capture._host import KernelNode
+from ._cores import core
+from ._driver import SUCCESS, error_for, translate
 from ._launch import Launches
-from ._plan import STREAM_MIN, CudaJob
+from ._plan import STREAM_MIN, CudaJob, plan
 from ._storage import Storage
 
 if TYPE_CHECKING:
     from .._engine import Sink
     from .._telemetry import Telemetry
-    from ..capture._captured import CapturedGraph
+    from ..capture._choice import Choice
     from ..pool import HostPool
     from ._device import Device
     from ._kernels import Kernels
@@ -102,8 +112,8 @@ class Graphs:
         device = self._device
         if not self._launches.is_loaded(call.kernel) or device.failure is not None:
             return None
-        if call.bytes_in + call.bytes_out > self.stream_above:
-            return None  # streamed dispatches are not recorded
+        if not self.recordable(call):
+            return None
         if not self.lock.try_acquire():
             return None
         try:
@@ -114,6 +124,25 @@ class Graphs:
         finally:
             self.lock.release()
 
+    def recordable(self, call: BoundCall) -> bool:
+        """Whether *call* can be recorded at all: dispatches big enough to stream cannot."""
+        return call.bytes_in + call.bytes_out <= self.stream_above
+
+    def eager_job(self, call: BoundCall) -> CudaJob:
+        """The plain job of *call* (``graph="never"``)."""
+        return plan(call, False, self.pinned, self.stream_above)
+
+    def sample(self, job: Any, choice: Choice, started: float) -> None:
+        """Report *job*'s cost from *started* to *choice* when it completes (``SmallPath``)."""
+        job.choice = choice
+        job.started = started
+
+    def steer(self, call: BoundCall, choice: Choice) -> None:
+        """Let the fast path take ``graph="auto"`` dispatches like *call* as *choice* says."""
+        fast = self._launches.fast
+        if fast is not None:
+            fast.steer(call, choice)
+
     def _record_locked(self, call: BoundCall) -> CachedGraph:
         self._device.check_healthy()
         graph = record_graph(self, call)
@@ -122,12 +151,37 @@ class Graphs:
 
     # -- capturing ---------------------------------------------------------------------------------
 
-    def capture(self, mode: object) -> AbstractAsyncContextManager[Capture]:
-        """``async with backend.capture() as cap``; see the CUDA backend."""
-        return self._capture(CaptureMode.parse(mode))
+    def capture(self, mode: object, into: object) -> AbstractAsyncContextManager[Capture]:
+        """``async with backend.capture() as cap``; see the CUDA backend.
+
+        Raises:
+            CaptureError: *mode* is not a capture mode.
+            ArgumentTypeError: *into* is not a ``CapturedGraph``.
+            BackendClosedError: *into* is closed.
+            DispatchError: *into* is another backend's.
+        """
+        parsed = CaptureMode.parse(mode)
+        if into is not None:
+            if not isinstance(into, CapturedGraph):
+                raise ArgumentTypeError(
+                    f"capture(into=...) takes a CapturedGraph (cap.graph of an earlier capture), "
+                    f"got {type(into).__name__}"
+                )
+            if into.is_closed:
+                raise BackendClosedError(
+                    "capture(into=graph): the graph is closed; capture without into= for a new one"
+                )
+            if into not in self._open:
+                raise DispatchError(
+                    "capture(into=graph): the graph is another backend's; capture into a graph of "
+                    "this backend, or without into= for a new one"
+                )
+        return self._capture(parsed, into)
 
     @contextlib.asynccontextmanager
-    async def _capture(self, mode: CaptureMode) -> AsyncIterator[Capture]:
+    async def _capture(
+        self, mode: CaptureMode, into: CapturedGraph | None
+    ) -> AsyncIterator[Capture]:
         device = self._device
         device.check_healthy()
         async with self.lock:
@@ -140,7 +194,7 @@ class Graphs:
                     if mode is CaptureMode.GLOBAL:
                         await reactor.waiters_idle()
                 lane = device.lanes[slot.index]
-                cap = Capture(self, lane.stream, lane.handle, mode)
+                cap = Capture(self, lane.stream, lane.handle, mode, into)
                 with cap.guard:
                     yield cap
                     cap.closed = True
@@ -164,8 +218,9 @@ class Graphs:
     def run_capture(self, body: Callable[[CaptureGuard], int]) -> tuple[Any, dict[int, Any], int]:
         """Capture what *body* enqueues on the capture stream."""
         with CaptureGuard(
-            self.capture_stream, self.capture_handle, CaptureMode.THREAD_LOCAL
-        ) as guard:
+            self.capture_stream, self.capture_handle, CaptureMode.THREAD_LOCAL,
+            tail=core.capture_tail,
+        ) as guard:  # fmt: skip
             result = body(guard)
         return guard.graph, guard.nodes, result
 
@@ -176,16 +231,47 @@ class Graphs:
         self._launches.enqueue(job, base, guard.handle, guard.stream)
         return guard.last_node()
 
-    def update_nodes(self, nodes: list[Any], call: BoundCall, values: tuple[Any, ...]) -> None:
-        """Set the arguments of executable kernel *nodes*."""
-        config = kernel_config(call)
-        kernel = self._launches.loaded[call.kernel]
+    def capture_values(self, call: BoundCall, values: list[Any], guard: CaptureGuard) -> Any:
+        """Enqueue *call*'s kernel with launch *values* (scalars, pointers as ints) on the
+        capturing stream; the handle of its kernel node, or ``None`` (nothing enqueued) when
+        the kernel has no launcher of its own."""
+        launcher = self._launches.launchers.get(call.kernel)
+        if launcher is None:
+            return None
+        code = launcher.launch_values(values, call.grid, call.block, call.shared_mem, guard.handle)
+        if code != SUCCESS:
+            raise error_for(code, "cuLaunchKernel")
+        return guard.last_node()
+
+    def update_nodes(self, nodes: list[KernelNode], call: BoundCall, values: list[Any]) -> None:
+        """Set the arguments of the kernel *nodes*: packed by the kernel's launcher, one
+        ``cuGraphExecKernelNodeSetParams`` each (through ``cuda.core`` for a kernel without
+        one)."""
+        launcher = self._launches.launchers.get(call.kernel)
         for node in nodes:
+            if launcher is not None:
+                code = launcher.set_node(
+                    node.graph_exec, node.handle, values, call.grid, call.block,
+                    call.shared_mem, self.ctx.address,
+                )  # fmt: skip
+                if code != SUCCESS:
+                    raise error_for(code, "cuGraphExecKernelNodeSetParams")
+            else:
+                self._update_node(node, call, values)
+            self.telemetry.graph_updates += 1
+
+    def _update_node(self, node: KernelNode, call: BoundCall, values: list[Any]) -> None:
+        """:meth:`update_nodes` through ``cuda.core`` (it packs any argument)."""
+        args = [
+            value if arg.by_value else np.uint64(value)
+            for arg, value in zip(call.args, values, strict=True)
+        ]
+        kernel = self._launches.loaded[call.kernel]
+        with self.ctx:
             try:
-                node.update(config=config, kernel=kernel, args=values)
+                node.node.update(config=kernel_config(call), kernel=kernel, args=args)
             except Exception as exc:
                 raise translate(exc, "cuGraphExecKernelNodeSetParams") from exc
-            self.telemetry.graph_updates += 1
 
     def bind_like(self, kernel: Kernel, args: tuple[object, ...], like: BoundCall) -> BoundCall:
         """Validate *args* with the launch shape of *like*."""
@@ -246,9 +332,23 @@ class _CaptureStream:
 class Capture:
     """What ``async with backend.capture() as cap`` gives: record dispatches, then ``graph``."""
 
-    def __init__(self, graphs: Graphs, stream: Any, handle: Any, mode: CaptureMode) -> None:
+    def __init__(
+        self,
+        graphs: Graphs,
+        stream: Any,
+        handle: Any,
+        mode: CaptureMode,
+        into: CapturedGraph | None = None,
+    ) -> None:
         self._graphs = graphs
-        self.guard = CaptureGuard(stream, handle, mode)
+        self._into = into
+
+        def reuse(builder: Any) -> Any:
+            return reuse_for(into, builder, self._dispatches) if into is not None else None
+
+        self.guard = CaptureGuard(
+            stream, handle, mode, reuse if into is not None else None, core.capture_tail
+        )
         self.mode = mode
         self.stream = _CaptureStream(int(handle))
         self._dispatches: list[RecordedDispatch] = []
@@ -290,43 +390,82 @@ class Capture:
             DispatchError: an argument is not a resident buffer, ``Out(into=)`` or a scalar.
             CaptureError: the capture ended, or the kernel was not compiled before it.
         """
-        graphs = self._graphs
         if self.closed:
             raise CaptureError("the capture ended; start another with backend.capture()")
-        call = graphs.bind(kernel, args, grid, block, shared_mem)
-        for arg in call.args:
-            if arg.region != NOT_STAGED or arg.foreign:
-                raise DispatchError(
-                    f"args[{arg.index}] of {kernel.name!r}: a capture records dispatches on "
-                    "resident buffers, Out(into=buffer) and scalars only; upload arrays with "
-                    "backend.upload() first"
+        recorded = None
+        if self._into is not None:
+            recorded = self._again(self._into, kernel, args, (grid, block, shared_mem))
+        if recorded is None:
+            graphs = self._graphs
+            call = graphs.bind(kernel, args, grid, block, shared_mem)
+            for arg in call.args:
+                if arg.region != NOT_STAGED or arg.foreign:
+                    raise DispatchError(
+                        f"args[{arg.index}] of {kernel.name!r}: a capture records dispatches on "
+                        "resident buffers, Out(into=buffer) and scalars only; upload arrays with "
+                        "backend.upload() first"
+                    )
+            if not graphs.is_loaded(kernel):
+                raise CaptureError(
+                    f"{kernel.name!r} is not compiled; await backend.compile(kernel) before the "
+                    "capture (code cannot be loaded while a stream captures)"
                 )
-        if not graphs.is_loaded(kernel):
-            raise CaptureError(
-                f"{kernel.name!r} is not compiled; await backend.compile(kernel) before the "
-                "capture (code cannot be loaded while a stream captures)"
-            )
-        with graphs.ctx:
-            node = graphs.capture_launch(call, 0, self.guard)
-        recorded = RecordedDispatch(len(self._dispatches), call, node)
-        self._dispatches.append(recorded)
-        for arg in call.args:
-            buffer = arg.buffer
-            if buffer is not None and all(buffer is not b for b in self._buffers):
-                self._buffers.append(buffer)
+            with graphs.ctx:
+                node = graphs.capture_launch(call, 0, self.guard)
+            launch = (grid, block, shared_mem)
+            recorded = RecordedDispatch(len(self._dispatches), call, node, launch)
+            self._add(recorded, call)
         await _loop.sleep(0)
         return recorded
 
+    def _again(
+        self,
+        into: CapturedGraph,
+        kernel: Kernel,
+        args: tuple[object, ...],
+        launch: tuple[object, object, object],
+    ) -> RecordedDispatch | None:
+        """Capturing *into* a graph: record a dispatch that repeats the one it recorded at its
+        place but for scalars again from that one, not bound anew; ``None`` if it does not."""
+        index = len(self._dispatches)
+        again = repeated(into, index, kernel, args, launch)
+        if again is None:
+            return None
+        before, call, values = again
+        graphs = self._graphs
+        with graphs.ctx:
+            node = graphs.capture_values(call, values, self.guard)
+        if node is None:
+            return None
+        recorded = recorded_again(index, before, node, values)
+        self._add(recorded, call)
+        return recorded
+
+    def _add(self, recorded: RecordedDispatch, call: BoundCall) -> None:
+        """*recorded*, of *call*, is the capture's next dispatch."""
+        self._dispatches.append(recorded)
+        buffers = self._buffers
+        for arg in call.args:
+            buffer = arg.buffer
+            if buffer is not None and all(buffer is not b for b in buffers):
+                buffers.append(buffer)
+
     def finish(self) -> None:
-        """The block ended: make the :class:`CapturedGraph`."""
+        """The block ended: make the :class:`CapturedGraph`, or give ``into`` what it captured."""
         guard = self.guard
-        graph = captured_graph(
-            self._graphs, guard.graph, guard.nodes, self._dispatches, self._buffers
-        )
+        if self._into is not None:
+            graph = recaptured(
+                self._into, guard.graph, guard.nodes, guard.reused, self._dispatches,
+                self._buffers,
+            )  # fmt: skip
+        else:
+            graph = captured_graph(
+                self._graphs, guard.graph, guard.nodes, self._dispatches, self._buffers
+            )
+            self._graphs.keep(graph)
         # Only the graph refers to the captured objects from now on: they are destroyed when
         # it closes, not whenever this object goes (which may be during another capture, where
         # destroying a graph on the capturing thread would invalidate it).
         guard.graph = None
         guard.nodes = {}
-        self._graphs.keep(graph)
         self._graph = graph

@@ -63,6 +63,7 @@ class CudaJob(Job):
 
     __slots__ = (
         "block",
+        "choice",
         "device_buffer",
         "direct",
         "end_event",
@@ -77,6 +78,7 @@ class CudaJob(Job):
         "stage_lo",
         "staged",
         "start_event",
+        "started",
         "streamed",
         "total",
         "up_end",
@@ -107,6 +109,10 @@ class CudaJob(Job):
         self.replay: Any = None  # the graph it replays (CachedGraph / CapturedGraph), if any
         # What its stream waits for before it runs (``dispatch(after=)``): (event, ours) pairs.
         self.fences: list[tuple[Any, bool]] | None = None
+        # A dispatch graph="auto" measures: the choice told its cost when it completes, counted
+        # from ``started`` (``perf_counter()`` at its ``dispatch()`` call).
+        self.choice: Any = None
+        self.started = 0.0
 
 
 def dep_event(dep: Any) -> Any:

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import math
 from concurrent.futures import Future
+from time import perf_counter
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -250,12 +251,17 @@ class SmallPath:
         # The reactor recycled the event: nothing may wait on it any more.
         job.gpu_done = True
         job.event = None
+        choice = job.choice
+        if choice is not None:  # graph="auto" measures it: from its dispatch() to now
+            took, eager = perf_counter() - job.started, job.replay is None
         try:
             self._finish(job, error)
         except Exception as exc:
             # Whatever went wrong while collecting results fails this dispatch, visibly.
             self.release(job)
             self._sink.done(job, exc, None)
+        if choice is not None and error is None:
+            choice.took(eager, took)
 
     def _finish(self, job: CudaJob, error: CudaError | None) -> None:
         outcome: Any
