@@ -68,9 +68,25 @@ def is_actor_failure(exc: BaseException) -> bool:
     return isinstance(exc, ag.DeviceFaultError | RayActorError)
 
 
-async def memory_of(pool: Any, slots: int) -> list[dict[str, Any]]:
-    """Each slot's actor's memory (:func:`benchmarks.ray_pipelines.memory`)."""
-    return list(await asyncio.gather(*(pool.run_on(i, memory) for i in range(slots))))
+async def memory_of(pool: Any, slots: int, tries: int = 3) -> list[dict[str, Any]]:
+    """Each slot's actor's memory (:func:`benchmarks.ray_pipelines.memory`). A sample that
+    finds its actor out of service (a fault another sender planted meanwhile, or an actor that
+    died on its own) is taken again once the pool healed, up to *tries* times."""
+
+    async def one(slot: int) -> dict[str, Any]:
+        for _ in range(tries - 1):
+            try:
+                sample: dict[str, Any] = await pool.run_on(slot, memory)
+            except Exception as exc:
+                if not (is_actor_failure(exc) or isinstance(exc, ag.BackendClosedError)):
+                    raise
+                await pool.wait_healed()
+            else:
+                return sample
+        last: dict[str, Any] = await pool.run_on(slot, memory)
+        return last
+
+    return list(await asyncio.gather(*(one(i) for i in range(slots))))
 
 
 async def plant(pool: Any, slot: int, device: str) -> dict[str, Any]:
