@@ -441,3 +441,23 @@ def plain(backend: ag.Backend, kernel: ag.Kernel, i: int) -> ag.PendingDispatch:
         kernel, row(i)[None], ag.Out((1, F), np.float32), BIAS, A, np.int32(F), np.int32(1),
         grid=1, block=256,
     )  # fmt: skip
+
+
+def test_a_lone_callers_batch_is_padded_to_the_smallest_bucket(loop: Any) -> None:
+    async def body() -> None:
+        host = Affine()
+        async with ag.open_backend("host") as backend:
+            batch = adaptive(backend, host, max_size=4, buckets=[2, 4], graph="auto")
+            with anyio.fail_after(10):
+                for i in range(3):  # the first at the end of its turn, then alone
+                    (y,) = await batch(row(i))
+                    np.testing.assert_allclose(y, want(i))
+            assert [n for n, _ in host.batches] == [2, 2, 2]
+            for _, x in host.batches:
+                np.testing.assert_array_equal(x[1], np.zeros(F, np.float32))
+            stats = batch.statistics()
+            assert (stats.batches, stats.items, stats.padded_rows) == (3, 3, 3)
+            assert stats.mean_fill == 1 / 2
+            assert stats.launched.idle == 3
+
+    run(loop, body)
