@@ -514,6 +514,18 @@ def test_an_expected_time_falls_at_once_and_rises_slowly() -> None:
 
 
 @pytest.mark.stand_in
+@pytest.mark.parametrize("core", CORES)
+def test_a_lone_dispatch_expected_to_end_well_past_the_spin_window_is_queried_once(
+    core: str,
+) -> None:
+    seen = run_scenario("tests.fake_driver.core_scenario", core, "spin_skip")
+    assert seen["compiled"] == (core == "compiled")
+    assert seen["far_done"] == {"spun": 1, "done_inline": 1, "done": 1}  # one query found it
+    assert seen["far"] == {"spun": 0, "done_inline": 0, "done": 1}  # left to the loop's poll
+    assert seen["unknown"] == {"spun": 1, "done_inline": 1, "done": 1}  # spun until it ended
+
+
+@pytest.mark.stand_in
 @pytest.mark.nvrtc
 async def test_work_expected_to_end_well_past_the_window_is_handed_off_at_once(
     monkeypatch: pytest.MonkeyPatch,

@@ -384,6 +384,40 @@ async def stale_expectation() -> dict[str, Any]:
         }
 
 
+async def spin_skip() -> dict[str, Any]:
+    """A lone watched event whose work is expected to end a second from now gets one query from
+    ``spin()``, not a spin of its window: completed, it resolves inline; still running (the
+    stand-in answers two queries NOT_READY), it is left to the poll. Expected to end at an
+    unknown time, the same event is spun for until it completes (a window of 10 ms: time for
+    three queries on any machine)."""
+    gpu: Any
+    async with ag.open_backend("cuda", spin_window=0.01) as gpu:
+        device = gpu._cuda.device  # the reactor and a lane, driven by a test on purpose
+        reactor, lane = device.reactor, device.lanes[0]
+        seen: dict[str, Any] = {}
+        cases = (
+            ("far_done", "instant", 1.0),
+            ("far", "queries:2", 1.0),
+            ("unknown", "queries:2", 0),
+        )
+        for label, mode, away in cases:
+            _mode(mode)
+            done: list[object] = []
+            reactor.watch(
+                lane.index, lane.record(), done.append, time.perf_counter() + away if away else 0.0
+            )
+            spins = reactor.spins
+            reactor.spin()
+            seen[label] = {"spun": reactor.spins - spins, "done_inline": len(done)}
+            for _ in range(1000):  # the loop's poll completes it
+                if done:
+                    break
+                await asyncio.sleep(0)
+            seen[label]["done"] = len(done)
+        _mode("instant")
+        return seen
+
+
 SCENARIOS: dict[str, Callable[..., Any]] = {
     "commit_fails": commit_fails,
     "readers_not_a_list": readers_not_a_list,
@@ -395,6 +429,7 @@ SCENARIOS: dict[str, Callable[..., Any]] = {
     "catch_up": catch_up,
     "expected_end": expected_end,
     "stale_expectation": stale_expectation,
+    "spin_skip": spin_skip,
 }
 
 

@@ -10,13 +10,14 @@ import queue as _queue
 from .._telemetry import logger as _logger
 from ._watches import (
     BUSY, CATCH_UP_AFTER, CATCH_UP_BUDGET, EXPECT_RISE, FAILED, HOLD_LIMIT, IDLE,
-    MIN_COMPLETIONS, SPIN_CAP, SPIN_SLACK, STOPPED
+    MIN_COMPLETIONS, SPIN_CAP, SPIN_SKIP, SPIN_SLACK, STOPPED
 )
 
 cdef int _NOT_READY = <int>cydriver.CUDA_ERROR_NOT_READY
 cdef double _EXPECT_RISE = EXPECT_RISE
 cdef double _SPIN_SLACK = SPIN_SLACK
 cdef double _SPIN_CAP = SPIN_CAP
+cdef double _SPIN_SKIP = SPIN_SKIP
 
 
 cdef inline double _learned(double expected, double sample) noexcept:
@@ -288,6 +289,8 @@ cdef class Watches:
         if watch.held:
             return 0
         deadline = now + self.spin_window
+        if until <= 0.0 and watch.expect - now > _SPIN_SKIP * self.spin_window:
+            deadline = now  # expected to end well past the window: one query
         if until > 0.0:
             deadline = max(deadline, min(until + _SPIN_SLACK, now + _SPIN_CAP))
         while True:

@@ -47,6 +47,7 @@ __all__ = (
     "POKE_MARGIN_LIMITS",
     "POKE_TAIL",
     "SPIN_BEFORE_POKE",
+    "SPIN_SKIP",
     "STOPPED",
     "Callback",
     "Watch",
@@ -76,6 +77,10 @@ CATCH_UP_AFTER = 100e-6
 # long after its expected end, and never longer than SPIN_CAP.
 SPIN_SLACK = 20e-6
 SPIN_CAP = 200e-6
+# A lone dispatch expected to end later than this many spin windows away is queried once, not
+# spun for: work already complete still resolves inline (the learned time of a short kernel may
+# include the host's delays), and a long kernel leaves the loop's thread to its waiter.
+SPIN_SKIP = 2.0
 # What such a catch-up may take of the awaiting task's time (once MIN_COMPLETIONS are done).
 CATCH_UP_BUDGET = 100e-6
 # A waiter thread follows its event (``_waiters``): it queries it after each sleep, and a sleep
@@ -405,6 +410,8 @@ class Watches:
                 return
             event = watch.event
             deadline = now + self.spin_window
+            if not until and watch.expect - now > SPIN_SKIP * self.spin_window:
+                deadline = now  # expected to end well past the window: one query
             if until:
                 deadline = max(deadline, min(until + SPIN_SLACK, now + SPIN_CAP))
             while True:
