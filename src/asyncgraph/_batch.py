@@ -141,50 +141,48 @@ class Batcher:
         queue = self._queue
         waiter = queue.join(loop, rows) if fits else None
         if waiter is None:
-            if not (fits and queue.takes(loop)):
+            if not (fits and queue.alone(loop)):
+                if not (fits and queue.takes(loop)):
+                    try:
+                        self._check(rows)
+                        self._check_backend()
+                        loop = queue.loop_for_use()
+                    except Exception:
+                        await _loop.sleep(0)  # a checkpoint, also for a refusal
+                        raise
+                if not queue.alone(loop):
+                    waiter = queue.add(loop, rows)
+            if waiter is None:  # alone: its batch of one, dispatched here and awaited here
+                launcher = self._launcher
+                t_call = perf_counter()
                 try:
-                    self._check(rows)
-                    self._check_backend()
-                    loop = queue.loop_for_use()
-                except Exception:
+                    pending, staging = launcher.launch_alone(rows)
+                except QueueFullError:  # no room in the backend's queue: in line, as any batch
+                    waiter = queue.add(loop, rows)
+                except Exception as exc:
+                    queue.launched_alone(t_call, self._one_size, None)
+                    queue.ended_alone(exc)
                     await _loop.sleep(0)  # a checkpoint, also for a refusal
                     raise
-            if queue.alone(loop):
-                return await self._alone(rows)
-            waiter = queue.add(loop, rows)
+                else:
+                    queue.launched_alone(t_call, self._one_size, pending.dispatch_id)
+                    try:
+                        results = await pending
+                    except BaseException:
+                        if pending.done():
+                            self._end_alone(pending, staging)
+                        else:  # the caller stopped waiting: the batch ends when its dispatch does
+                            pending.add_done_callback(lambda done: self._end_alone(done, staging))
+                        raise
+                    if staging is not None:
+                        launcher.give_back(staging)
+                    queue.ended_alone()
+                    return launcher.first(results)
         try:
             return await waiter  # type: ignore[no-any-return]  # a tuple, set by the queue
         except BaseException:
             queue.leave(waiter)
             raise
-
-    async def _alone(self, rows: tuple[object, ...]) -> tuple[Array, ...]:
-        """Dispatch a caller's batch of one itself and await it (``BatchQueue.alone``)."""
-        queue, launcher = self._queue, self._launcher
-        t_call = perf_counter()
-        try:
-            pending, staging = launcher.launch_alone(rows)
-        except QueueFullError:  # no room in the backend's queue: in line, as any batch
-            waiter = queue.add(queue.loop_for_use(), rows)
-            try:
-                return await waiter  # type: ignore[no-any-return]  # a tuple, set by the queue
-            except BaseException:
-                queue.leave(waiter)
-                raise
-        except Exception as exc:
-            queue.launched_alone(t_call, self._one_size, None)
-            queue.ended_alone(exc)
-            await _loop.sleep(0)  # a checkpoint, also for a refusal
-            raise
-        queue.launched_alone(t_call, self._one_size, pending.dispatch_id)
-        try:
-            results = await pending
-        finally:
-            if pending.done():
-                self._end_alone(pending, staging)
-            else:  # the caller stopped waiting: the batch ends when its dispatch does
-                pending.add_done_callback(lambda done: self._end_alone(done, staging))
-        return launcher.first(results)
 
     def _fit(self, rows: tuple[object, ...]) -> bool:
         """Whether *rows* are exactly an ndarray of each input row's dtype and shape."""
