@@ -23,7 +23,6 @@ from __future__ import annotations
 import weakref
 from asyncio import _get_running_loop
 from collections.abc import Callable, Sequence
-from time import perf_counter
 from types import TracebackType
 from typing import Any
 
@@ -80,10 +79,11 @@ class Batcher:
         # One event per batch, only where the backend logs one per dispatch: unconfigured,
         # structlog prints every debug event to stdout, from the loop's thread.
         log = logger.bind(device=backend.name, kernel=kernel.name)
+        self._log = log if backend.options.dispatch_events_enabled else None
         self._queue = BatchQueue(
             launcher, name=f"batcher {kernel.name!r}", remake="asyncgraph.batcher()",
             max_size=max_size, max_delay=max_delay, policy=policy, gate=self._gate,
-            log=log if backend.options.dispatch_events_enabled else None, lone=True,
+            log=self._log, lone=True,
         )  # fmt: skip
         ref = weakref.ref(self)
 
@@ -141,7 +141,7 @@ class Batcher:
         queue = self._queue
         waiter = queue.join(loop, rows) if fits else None
         if waiter is None:
-            if not (fits and queue.alone(loop)):
+            if not (fits and queue.launch_alone(loop)):
                 if not (fits and queue.takes(loop)):
                     try:
                         self._check(rows)
@@ -150,22 +150,25 @@ class Batcher:
                     except Exception:
                         await _loop.sleep(0)  # a checkpoint, also for a refusal
                         raise
-                if not queue.alone(loop):
+                if not queue.launch_alone(loop):
                     waiter = queue.add(loop, rows)
-            if waiter is None:  # alone: its batch of one, dispatched here and awaited here
+            if waiter is None:  # alone: its batch of one (counted), dispatched and awaited here
                 launcher = self._launcher
-                t_call = perf_counter()
                 try:
                     pending, staging = launcher.launch_alone(rows)
                 except QueueFullError:  # no room in the backend's queue: in line, as any batch
+                    queue.unlaunch_alone()
                     waiter = queue.add(loop, rows)
                 except Exception as exc:
-                    queue.launched_alone(t_call, self._one_size, None)
                     queue.ended_alone(exc)
                     await _loop.sleep(0)  # a checkpoint, also for a refusal
                     raise
                 else:
-                    queue.launched_alone(t_call, self._one_size, pending.dispatch_id)
+                    if self._log is not None:
+                        self._log.debug(
+                            "batch.launched", dispatch_id=pending.dispatch_id, items=1,
+                            size=self._one_size, waited_max=0.0,
+                        )  # fmt: skip
                     try:
                         results = await pending
                     except BaseException:
