@@ -109,8 +109,6 @@ class BatchQueue:
         gate: what a due batch passes before it launches (the backend's ``call_in_turn``).
         log: where one ``batch.launched`` debug event per batch goes (``None``: none).
         lone: whether its callers take the lone path (:meth:`alone`) where they may.
-        depth: under ``"adaptive"``, how many batches in flight still count as idle (1: a
-            batch launches at once only while none is in flight).
     """
 
     def __init__(
@@ -125,7 +123,6 @@ class BatchQueue:
         gate: Gate | None = None,
         log: Any = None,
         lone: bool = False,
-        depth: int = 1,
     ) -> None:
         self._runner = runner
         self._name = name
@@ -135,7 +132,6 @@ class BatchQueue:
         self._adaptive = policy == "adaptive"
         self._gate = gate
         self._log = log
-        self._depth = depth
         self._lone = False  # whether the last batch launched held one item
         self._takes_lone = lone
         size, capacity = runner.sizes(1)
@@ -248,7 +244,7 @@ class BatchQueue:
         batch = self._open
         if batch is None:
             batch = self._open = _Batch()
-            if self._adaptive and self._in_flight + len(self._line) < self._depth:
+            if self._adaptive and not self._in_flight and not self._line:
                 loop.call_soon(self._launch_due, batch, IDLE)  # at the end of this turn
             else:
                 batch.timer = _deadline.call_at_deadline(
@@ -449,13 +445,14 @@ class BatchQueue:
 
     def _launch_next(self) -> None:
         """A batch ended: under ``"adaptive"``, the batch collecting launches at the end of
-        this turn, if the queue counts as idle now."""
+        this turn, if nothing of the queue is in flight or due now."""
         batch = self._open
         if (
             self._adaptive
             and batch is not None
             and batch.leave_line is None
-            and self._in_flight + len(self._line) < self._depth
+            and not self._in_flight
+            and not self._line
         ):
             self._loop.call_soon(self._launch_due, batch, COMPLETION)
 
