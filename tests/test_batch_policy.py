@@ -14,6 +14,7 @@ import anyio
 import anyio.lowlevel
 import numpy as np
 import pytest
+from structlog.testing import capture_logs
 
 import asyncgraph as ag
 
@@ -459,5 +460,24 @@ def test_a_lone_callers_batch_is_padded_to_the_smallest_bucket(loop: Any) -> Non
             assert (stats.batches, stats.items, stats.padded_rows) == (3, 3, 3)
             assert stats.mean_fill == 1 / 2
             assert stats.launched.idle == 3
+
+    run(loop, body)
+
+
+def test_a_lone_callers_batch_logs_its_launch_as_any_batch(loop: Any) -> None:
+    async def body() -> None:
+        host = Affine()
+        async with ag.open_backend("host", dispatch_events_enabled=True) as backend:
+            batch = adaptive(backend, host)
+            with capture_logs() as logs:
+                for i in range(3):  # the first at the end of its turn, then alone
+                    await batch(row(i))
+            launched = [e for e in logs if e["event"] == "batch.launched"]
+            assert [(e["items"], e["size"], e["kernel"]) for e in launched] == [
+                (1, 1, "affine_rows")
+            ] * 3
+            assert all(isinstance(e["dispatch_id"], int) for e in launched)
+            assert launched[1]["waited_max"] == 0.0  # alone: it waited for nobody
+            assert batch.statistics().waiting.count == 3
 
     run(loop, body)

@@ -23,7 +23,6 @@ from __future__ import annotations
 import weakref
 from asyncio import _get_running_loop
 from collections.abc import Callable, Sequence
-from time import perf_counter
 from types import TracebackType
 from typing import Any
 
@@ -80,10 +79,11 @@ class Batcher:
         # One event per batch, only where the backend logs one per dispatch: unconfigured,
         # structlog prints every debug event to stdout, from the loop's thread.
         log = logger.bind(device=backend.name, kernel=kernel.name)
+        self._log = log if backend.options.dispatch_events_enabled else None
         self._queue = BatchQueue(
             launcher, name=f"batcher {kernel.name!r}", remake="asyncgraph.batcher()",
             max_size=max_size, max_delay=max_delay, policy=policy, gate=self._gate,
-            log=log if backend.options.dispatch_events_enabled else None, lone=True,
+            log=self._log, lone=True,
         )  # fmt: skip
         ref = weakref.ref(self)
 
@@ -141,50 +141,51 @@ class Batcher:
         queue = self._queue
         waiter = queue.join(loop, rows) if fits else None
         if waiter is None:
-            if not (fits and queue.takes(loop)):
+            if not (fits and queue.launch_alone(loop)):
+                if not (fits and queue.takes(loop)):
+                    try:
+                        self._check(rows)
+                        self._check_backend()
+                        loop = queue.loop_for_use()
+                    except Exception:
+                        await _loop.sleep(0)  # a checkpoint, also for a refusal
+                        raise
+                if not queue.launch_alone(loop):
+                    waiter = queue.add(loop, rows)
+            if waiter is None:  # alone: its batch of one (counted), dispatched and awaited here
+                launcher = self._launcher
                 try:
-                    self._check(rows)
-                    self._check_backend()
-                    loop = queue.loop_for_use()
-                except Exception:
+                    pending, staging = launcher.launch_alone(rows)
+                except QueueFullError:  # no room in the backend's queue: in line, as any batch
+                    queue.unlaunch_alone()
+                    waiter = queue.add(loop, rows)
+                except Exception as exc:
+                    queue.ended_alone(exc)
                     await _loop.sleep(0)  # a checkpoint, also for a refusal
                     raise
-            if queue.alone(loop):
-                return await self._alone(rows)
-            waiter = queue.add(loop, rows)
+                else:
+                    if self._log is not None:
+                        self._log.debug(
+                            "batch.launched", dispatch_id=pending.dispatch_id, items=1,
+                            size=self._one_size, waited_max=0.0,
+                        )  # fmt: skip
+                    try:
+                        results = await pending
+                    except BaseException:
+                        if pending.done():
+                            self._end_alone(pending, staging)
+                        else:  # the caller stopped waiting: the batch ends when its dispatch does
+                            pending.add_done_callback(lambda done: self._end_alone(done, staging))
+                        raise
+                    if staging is not None:
+                        launcher.give_back(staging)
+                    queue.ended_alone()
+                    return launcher.first(results)
         try:
             return await waiter  # type: ignore[no-any-return]  # a tuple, set by the queue
         except BaseException:
             queue.leave(waiter)
             raise
-
-    async def _alone(self, rows: tuple[object, ...]) -> tuple[Array, ...]:
-        """Dispatch a caller's batch of one itself and await it (``BatchQueue.alone``)."""
-        queue, launcher = self._queue, self._launcher
-        t_call = perf_counter()
-        try:
-            pending, staging = launcher.launch_alone(rows)
-        except QueueFullError:  # no room in the backend's queue: in line, as any batch
-            waiter = queue.add(queue.loop_for_use(), rows)
-            try:
-                return await waiter  # type: ignore[no-any-return]  # a tuple, set by the queue
-            except BaseException:
-                queue.leave(waiter)
-                raise
-        except Exception as exc:
-            queue.launched_alone(t_call, self._one_size, None)
-            queue.ended_alone(exc)
-            await _loop.sleep(0)  # a checkpoint, also for a refusal
-            raise
-        queue.launched_alone(t_call, self._one_size, pending.dispatch_id)
-        try:
-            results = await pending
-        finally:
-            if pending.done():
-                self._end_alone(pending, staging)
-            else:  # the caller stopped waiting: the batch ends when its dispatch does
-                pending.add_done_callback(lambda done: self._end_alone(done, staging))
-        return launcher.first(results)
 
     def _fit(self, rows: tuple[object, ...]) -> bool:
         """Whether *rows* are exactly an ndarray of each input row's dtype and shape."""

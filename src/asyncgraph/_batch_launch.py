@@ -170,6 +170,8 @@ class BatchLauncher:
     def first(self, results: tuple[Array, ...]) -> tuple[Array, ...]:
         """The first caller's rows of a batch's *results* (views)."""
         if self._by_row:
+            if len(results) == 1:
+                return (results[0][0],)
             return tuple([result[0] for result in results])
         return tuple([result[0, ...] for result in results])
 

@@ -16,7 +16,7 @@ The launch policies (``policy=``, ``docs/batching.md``):
   come one at a time (the last batch held one item), a caller that finds the queue idle
   (:meth:`BatchQueue.alone`) may launch its batch of one itself, at once, and await it in its
   own task (``Batcher``'s lone path: one caller then costs what one dispatch does); it tells
-  the queue with :meth:`BatchQueue.launched_alone` and :meth:`BatchQueue.ended_alone`.
+  the queue with :meth:`BatchQueue.launch_alone` and :meth:`BatchQueue.ended_alone`.
 - ``"fixed_delay"`` launches a batch once full (*full*), or at ``max_delay`` after its first
   caller (*deadline*), as Ray Serve's ``@serve.batch`` and Triton's dynamic batcher do.
 
@@ -109,8 +109,6 @@ class BatchQueue:
         gate: what a due batch passes before it launches (the backend's ``call_in_turn``).
         log: where one ``batch.launched`` debug event per batch goes (``None``: none).
         lone: whether its callers take the lone path (:meth:`alone`) where they may.
-        depth: under ``"adaptive"``, how many batches in flight still count as idle (1: a
-            batch launches at once only while none is in flight).
     """
 
     def __init__(
@@ -125,7 +123,6 @@ class BatchQueue:
         gate: Gate | None = None,
         log: Any = None,
         lone: bool = False,
-        depth: int = 1,
     ) -> None:
         self._runner = runner
         self._name = name
@@ -135,10 +132,11 @@ class BatchQueue:
         self._adaptive = policy == "adaptive"
         self._gate = gate
         self._log = log
-        self._depth = depth
         self._lone = False  # whether the last batch launched held one item
         self._takes_lone = lone
-        self._lone_fill = 1 / runner.sizes(1)[1]  # a batch of one's fill
+        size, capacity = runner.sizes(1)
+        self._lone_fill = 1 / capacity  # a batch of one's fill
+        self._lone_padding = size - 1  # and its padding rows
         self._loop: Any = None  # the event loop of the first call
         self._open: _Batch | None = None  # the batch collecting now, if any
         self._line: list[_Batch] = []  # due batches waiting at the gate
@@ -228,7 +226,14 @@ class BatchQueue:
         alone (:meth:`alone`); else ``None`` (the caller checks more, or goes alone)."""
         if loop is not self._loop or loop is None or self._closed:
             return None
-        if self._lone and self._takes_lone and self._open is None and self.alone(loop):
+        if (  # alone(), in line: the loop and the queue are checked above
+            self._lone
+            and self._takes_lone
+            and self._adaptive
+            and self._open is None
+            and not self._in_flight
+            and not self._line
+        ):
             return None
         return self.add(loop, item)
 
@@ -239,7 +244,7 @@ class BatchQueue:
         batch = self._open
         if batch is None:
             batch = self._open = _Batch()
-            if self._adaptive and self._in_flight + len(self._line) < self._depth:
+            if self._adaptive and not self._in_flight and not self._line:
                 loop.call_soon(self._launch_due, batch, IDLE)  # at the end of this turn
             else:
                 batch.timer = _deadline.call_at_deadline(
@@ -271,25 +276,34 @@ class BatchQueue:
             and not self._closed
         )
 
-    def launched_alone(self, t_call: float, size: int, launch_id: object) -> None:
-        """A caller launched its batch of one item itself (called at *t_call*, run as *size*
-        rows), after :meth:`alone`: count it, in flight until :meth:`ended_alone`."""
-        now = perf_counter()
-        self._waiting.record(now - t_call)
+    def launch_alone(self, loop: object) -> bool:
+        """If a call on *loop* may launch a batch of its one item itself (:meth:`alone`),
+        count that batch launched (``idle``, in flight until :meth:`ended_alone`; undone by
+        :meth:`unlaunch_alone`) and return ``True``; else ``False``."""
+        if not self.alone(loop):
+            return False
         self._batches += 1
         self._items += 1
-        self._padded += size - 1
+        self._padded += self._lone_padding
         self._fill += self._lone_fill
         self._reasons[IDLE] += 1
         self._in_flight += 1
-        if self._log is not None:
-            self._log.debug(
-                "batch.launched", dispatch_id=launch_id, items=1, size=size,
-                waited_max=now - t_call,
-            )  # fmt: skip
+        return True
+
+    def unlaunch_alone(self) -> None:
+        """The batch of :meth:`launch_alone` did not launch after all (no room in the
+        backend's queue): its counts are taken back, and its item goes to :meth:`add`."""
+        self._batches -= 1
+        self._items -= 1
+        self._padded -= self._lone_padding
+        self._fill -= self._lone_fill
+        self._reasons[IDLE] -= 1
+        self._in_flight -= 1
 
     def ended_alone(self, exc: BaseException | None = None) -> None:
-        """The batch of :meth:`launched_alone` ended (failed with *exc*)."""
+        """The batch of :meth:`launch_alone` ended (failed with *exc*). Its item waited for
+        nobody: it counts as waiting 0 s."""
+        self._waiting.record(0.0)
         self._in_flight -= 1
         if exc is not None:
             self._failed += 1
@@ -431,13 +445,14 @@ class BatchQueue:
 
     def _launch_next(self) -> None:
         """A batch ended: under ``"adaptive"``, the batch collecting launches at the end of
-        this turn, if the queue counts as idle now."""
+        this turn, if nothing of the queue is in flight or due now."""
         batch = self._open
         if (
             self._adaptive
             and batch is not None
             and batch.leave_line is None
-            and self._in_flight + len(self._line) < self._depth
+            and not self._in_flight
+            and not self._line
         ):
             self._loop.call_soon(self._launch_due, batch, COMPLETION)
 
