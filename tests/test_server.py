@@ -119,6 +119,11 @@ async def test_500_concurrent_requests(server: str, request: pytest.FixtureReque
     assert report["transport_errors"] == 0
     # The backend's own latency, in the unit its key names (as /health names it).
     assert set(report["dispatch_latency_ms"]) == {"p50", "p99"}
+    # The loop's turn while the requests were in flight, sampled every 2 ms: some samples,
+    # each a wait of zero or more.
+    turns = report["loop_turn_ms"]
+    assert turns["count"] >= 1, turns
+    assert 0.0 <= turns["p50"] <= turns["p99"], turns
     assert report["health_failures"] == []
     # The health endpoint kept answering while the 500 requests were in flight: a loop blocked
     # behind GPU or host work would answer only once they were done. (Counted, not timed; the
@@ -143,6 +148,18 @@ async def test_bad_requests_get_a_clear_answer_and_the_service_goes_on(server: s
         assert bad.json() == {"error": "x and y must have the same length, got 1 and 2"}
         good = await client.post("/v1/saxpy", json={"a": 2.0, "x": [1.0, 2.0], "y": [0.5, 0.5]})
         assert good.json() == {"z": [2.5, 4.5]}
+
+
+async def test_health_keeps_the_loop_turns_of_a_window_and_refuses_a_bad_one(server: str) -> None:
+    async with httpx.AsyncClient(base_url=server) as client:
+        everything = (await client.get("/health")).json()["loop_turn_ms"]
+        ahead = {"since": time.time() + 3600}
+        future = (await client.get("/health", params=ahead)).json()["loop_turn_ms"]
+        bad = await client.get("/health", params={"since": "yesterday"})
+    assert everything["count"] >= 1  # sampled every 2 ms since the service started
+    assert future["count"] == 0
+    assert bad.status_code == 400
+    assert bad.json() == {"error": "since and until are times in seconds, as time.time() gives"}
 
 
 async def test_metrics_endpoint(server: str) -> None:

@@ -27,15 +27,22 @@ Endpoints:
     POST /v1/dense   ``{"x": [[256 floats], ...]}`` (1 to 64 rows) -> ``{"y": relu(x @ W + b)}``
     POST /v1/saxpy   ``{"a": 2.0, "x": [...], "y": [...]}`` -> ``{"z": a * x + y}``
     GET  /v1/model   the weights ``W`` and ``b``, for clients that check answers
-    GET  /health     ``{"status": "ok", ...}`` with the backend's in-flight count
+    GET  /health     ``{"status": "ok", ...}`` with the backend's in-flight count, and the
+                     loop's turn (``loop_turn_ms``: how long a callback made ready waited to
+                     run, sampled every 2 ms; ``?since=&until=`` in ``time.time()`` seconds keeps
+                     the samples of that window): the floor under any completion's delivery
     GET  /metrics    Prometheus metrics of the backend (needs ``asyncgraph[prometheus]``)
 """
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import json
 import math
 import os
+import time
+from collections import deque
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from typing import Any
@@ -96,6 +103,35 @@ def _saxpy(x: Array, y: Array, z: Array, a: np.float32, n: np.int32) -> None:
 
 
 SAXPY = ag.Kernel(SAXPY_SRC, "saxpy", host=_saxpy)
+
+
+class LoopTurns:
+    """How long a callback made ready waits before the loop runs it: the loop's own turn, which
+    any completion the backend delivers waits for too. Every *every* seconds it schedules a
+    callback with ``call_soon`` and keeps, with the wall-clock time, how long it waited; the
+    latest *keep* samples."""
+
+    def __init__(self, every: float = 0.002, keep: int = 50_000) -> None:
+        self.every = every
+        self.samples: deque[tuple[float, float]] = deque(maxlen=keep)
+
+    async def run(self) -> None:
+        loop = asyncio.get_running_loop()
+        while True:
+            await asyncio.sleep(self.every)
+            loop.call_soon(self._ran, time.perf_counter())
+
+    def _ran(self, asked: float) -> None:
+        self.samples.append((time.time(), time.perf_counter() - asked))
+
+    def percentiles(self, since: float = 0.0, until: float = math.inf) -> dict[str, float | None]:
+        """p50 and p99 (ms; ``None`` without samples) and the count of the samples taken
+        between *since* and *until*."""
+        waits = [wait for at, wait in self.samples if since <= at <= until]
+        if not waits:
+            return {"count": 0, "p50": None, "p99": None}
+        p50, p99 = np.percentile(np.array(waits) * 1e3, [50, 99])
+        return {"count": len(waits), "p50": float(p50), "p99": float(p99)}
 
 
 def make_weights(seed: int = 7) -> tuple[Array, Array]:
@@ -273,6 +309,11 @@ async def model(request: Request) -> Response:
 async def health(request: Request) -> Response:
     """Answers at once, whatever the GPU is doing."""
     backend: ag.Backend = request.state.backend
+    turns: LoopTurns = request.state.loop_turns
+    try:
+        window = {k: float(v) for k, v in request.query_params.items() if k in ("since", "until")}
+    except ValueError:
+        raise BadRequest("since and until are times in seconds, as time.time() gives") from None
     snapshot = backend.telemetry.snapshot()
     latency = snapshot.completion_latency
     dense_rows: ag.Batcher | None = request.state.dense_rows
@@ -293,6 +334,7 @@ async def health(request: Request) -> Response:
                 "p50": 1e3 * latency.quantile(0.5),
                 "p99": 1e3 * latency.quantile(0.99),
             },
+            "loop_turn_ms": turns.percentiles(**window),
         }
     )
 
@@ -354,14 +396,22 @@ async def lifespan(app: Starlette) -> AsyncIterator[dict[str, Any]]:
                 launch=lambda n: ((n * FEATURES + BLOCK - 1) // BLOCK, BLOCK),
                 max_size=MAX_ROWS, max_delay=batch_delay(),
             )  # fmt: skip
-        yield {
-            "dense_rows": dense_rows,
-            "backend": backend,
-            "weights": weights,
-            "bias": bias,
-            "host_weights": (w, b),
-            "active": active,
-        }
+        turns = LoopTurns()
+        probe = asyncio.get_running_loop().create_task(turns.run())
+        try:
+            yield {
+                "dense_rows": dense_rows,
+                "backend": backend,
+                "weights": weights,
+                "bias": bias,
+                "host_weights": (w, b),
+                "active": active,
+                "loop_turns": turns,
+            }
+        finally:
+            probe.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await probe
 
 
 app = Starlette(

@@ -196,7 +196,9 @@ async def run_load(
         ``transport_errors`` (requests that got no answer), ``seconds``, ``requests_per_s``,
         ``latency`` and ``health`` (count, p50, p99, max in ms), ``health_during_load`` (the
         health answers that came while the requests were in flight), the backend's name and its own
-        ``dispatch_latency_ms`` (p50, p99, from ``dispatch()`` to completion), the dispatches
+        ``dispatch_latency_ms`` (p50, p99, from ``dispatch()`` to completion), the loop's turn
+        while the requests were in flight (``loop_turn_ms``: count, p50, p99; how long a
+        callback made ready waited to run, the floor under any completion), the dispatches
         the backend made meanwhile, and ``dense_rows_per_batch`` (rows per dispatch of the
         dense endpoint's batcher; ``None`` when the service runs with ``EXAMPLE_BATCH=0``).
     """
@@ -210,8 +212,8 @@ async def run_load(
                 parts = await _send_from_processes(url, requests, clients, seed)
         finally:
             health, failures, answered = await asyncio.to_thread(probe.stop)
-        after = (await client.get("/health")).json()
-    start, end = min(p["t_start"] for p in parts), max(p["t_end"] for p in parts)
+        start, end = min(p["t_start"] for p in parts), max(p["t_end"] for p in parts)
+        after = (await client.get("/health", params={"since": start, "until": end})).json()
     seconds = end - start
     ok = sum(p["ok"] for p in parts)
     return {
@@ -229,6 +231,7 @@ async def run_load(
         "health_failures": failures,
         "health_during_load": sum(1 for t in answered if start <= t <= end),
         "dispatch_latency_ms": after["dispatch_latency_ms"],
+        "loop_turn_ms": after["loop_turn_ms"],
         "dispatches": after["dispatches"] - info["dispatches"],
         "dense_rows_per_batch": _per_batch(info, after),
     }
