@@ -18,9 +18,9 @@ Rows, on asyncio and on uvloop in one run:
 - the example service (examples/server) under uvicorn on 127.0.0.1, loaded by
   ``load.py --clients 4``: requests/s, request p50/p99, health p99, the backend's own
   dispatch latency p50/p99 as its /health reports it (from telemetry buckets, within 12 %),
-  and beside it the loop's turn in the same traffic (how long a callback made ready waited to
-  run, sampled every 2 ms while the requests were in flight): a completion found by the
-  reactor is delivered by a callback too, so the turn is the floor under the dispatch latency,
+  and beside it the loop's turn in the same traffic (how long a callback another thread
+  schedules every 2 ms waited to run while the requests were in flight): a completion is news
+  from outside the loop too, so the turn is the floor under the dispatch latency,
   and what lies above it is asyncgraph's. Issue 37's targets: dispatch p50 at most 0.2 ms and
   p99 at most 2 ms, on both loops.
 

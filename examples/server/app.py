@@ -28,19 +28,20 @@ Endpoints:
     POST /v1/saxpy   ``{"a": 2.0, "x": [...], "y": [...]}`` -> ``{"z": a * x + y}``
     GET  /v1/model   the weights ``W`` and ``b``, for clients that check answers
     GET  /health     ``{"status": "ok", ...}`` with the backend's in-flight count, and the
-                     loop's turn (``loop_turn_ms``: how long a callback made ready waited to
-                     run, sampled every 2 ms; ``?since=&until=`` in ``time.time()`` seconds keeps
-                     the samples of that window): the floor under any completion's delivery
+                     loop's turn (``loop_turn_ms``: how long a callback another thread
+                     schedules every 2 ms waits to run; ``?since=&until=`` in ``time.time()``
+                     seconds keeps the samples of that window): the floor under any
+                     completion's delivery
     GET  /metrics    Prometheus metrics of the backend (needs ``asyncgraph[prometheus]``)
 """
 
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import json
 import math
 import os
+import threading
 import time
 from collections import deque
 from collections.abc import AsyncIterator
@@ -106,20 +107,34 @@ SAXPY = ag.Kernel(SAXPY_SRC, "saxpy", host=_saxpy)
 
 
 class LoopTurns:
-    """How long a callback made ready waits before the loop runs it: the loop's own turn, which
-    any completion the backend delivers waits for too. Every *every* seconds it schedules a
-    callback with ``call_soon`` and keeps, with the wall-clock time, how long it waited; the
-    latest *keep* samples."""
+    """How long something from outside the loop waits for it: every *every* seconds a thread
+    schedules a callback with ``call_soon_threadsafe`` and keeps, with the wall-clock time, how
+    long it waited to run; the latest *keep* samples. A completed dispatch is news from outside
+    too (the GPU), so this is the floor under its delivery: the loop's own turn, whatever the
+    backend does. (A callback scheduled from the loop itself, after a timer, would sample only
+    the moments the loop is free enough to run its timers on time.)"""
 
     def __init__(self, every: float = 0.002, keep: int = 50_000) -> None:
         self.every = every
         self.samples: deque[tuple[float, float]] = deque(maxlen=keep)
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
 
-    async def run(self) -> None:
-        loop = asyncio.get_running_loop()
-        while True:
-            await asyncio.sleep(self.every)
-            loop.call_soon(self._ran, time.perf_counter())
+    def start(self, loop: asyncio.AbstractEventLoop) -> None:
+        self._thread = threading.Thread(target=self._run, args=(loop,), daemon=True)
+        self._thread.start()
+
+    def stop(self) -> None:
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join()
+
+    def _run(self, loop: asyncio.AbstractEventLoop) -> None:
+        while not self._stop.wait(self.every):
+            try:
+                loop.call_soon_threadsafe(self._ran, time.perf_counter())
+            except RuntimeError:  # the loop closed
+                return
 
     def _ran(self, asked: float) -> None:
         self.samples.append((time.time(), time.perf_counter() - asked))
@@ -397,7 +412,7 @@ async def lifespan(app: Starlette) -> AsyncIterator[dict[str, Any]]:
                 max_size=MAX_ROWS, max_delay=batch_delay(),
             )  # fmt: skip
         turns = LoopTurns()
-        probe = asyncio.get_running_loop().create_task(turns.run())
+        turns.start(asyncio.get_running_loop())
         try:
             yield {
                 "dense_rows": dense_rows,
@@ -409,9 +424,7 @@ async def lifespan(app: Starlette) -> AsyncIterator[dict[str, Any]]:
                 "loop_turns": turns,
             }
         finally:
-            probe.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await probe
+            turns.stop()
 
 
 app = Starlette(
