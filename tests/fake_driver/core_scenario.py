@@ -409,10 +409,10 @@ async def spin_skip() -> dict[str, Any]:
             spins = reactor.spins
             reactor.spin()
             seen[label] = {"spun": reactor.spins - spins, "done_inline": len(done)}
-            for _ in range(1000):  # the loop's poll completes it
-                if done:
-                    break
-                await asyncio.sleep(0)
+            # The loop's poll, or the waiter thread it hands the event to, completes it.
+            deadline = time.monotonic() + 30.0
+            while not done and time.monotonic() < deadline:
+                await asyncio.sleep(0.001)
             seen[label]["done"] = len(done)
         _mode("instant")
         return seen
