@@ -7,6 +7,7 @@ line; ``tests/test_core_failures.py`` runs them on each dispatch core.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import ctypes
 import gc
 import json
@@ -403,16 +404,20 @@ async def spin_skip() -> dict[str, Any]:
         for label, mode, away in cases:
             _mode(mode)
             done: list[object] = []
-            reactor.watch(
-                lane.index, lane.record(), done.append, time.perf_counter() + away if away else 0.0
-            )
+            ended = asyncio.Event()
+
+            def finished(error: object, done: list[object] = done, ended: Any = ended) -> None:
+                done.append(error)
+                ended.set()
+
+            expect = time.perf_counter() + away if away else 0.0
+            reactor.watch(lane.index, lane.record(), finished, expect)
             spins = reactor.spins
             reactor.spin()
             seen[label] = {"spun": reactor.spins - spins, "done_inline": len(done)}
             # The loop's poll, or the waiter thread it hands the event to, completes it.
-            deadline = time.monotonic() + 30.0
-            while not done and time.monotonic() < deadline:
-                await asyncio.sleep(0.001)
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(ended.wait(), 30.0)
             seen[label]["done"] = len(done)
         _mode("instant")
         return seen
