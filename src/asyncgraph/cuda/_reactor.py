@@ -148,10 +148,8 @@ class Reactor:
         return int(self._w.spins)
 
     def watch(self, lane: int, event: Any, callback: Callback, expect: float = 0.0) -> Any:
-        """Call ``callback(None)`` once *event* (recorded on lane *lane*) completed, or
-        ``callback(error)`` if the device failed. The event returns to the pool afterwards.
-        *expect*: when the work is expected to end (``perf_counter()``), if known. Returns
-        the watch (its ``seen`` says when a waiter thread saw the event complete)."""
+        """See ``Watches.watch`` (of the core that runs); the watch's ``seen`` says when a
+        waiter thread saw the event complete."""
         return self._w.watch(lane, event, callback, expect)
 
     def _schedule(self) -> None:
