@@ -180,9 +180,7 @@ class Reactor:
     def _poll_paused(self) -> None:
         if self._pause_waiters:
             return
-        for lane in self._lanes:
-            if lane.pending and lane.handed is None:
-                self._hand_off(lane)
+        self._hand_off_all()
 
     # -- loop thread -----------------------------------------------------------------------
 
@@ -276,6 +274,12 @@ class Reactor:
         self._woke = 0
         self.budget.forget()
 
+    def _hand_off_all(self) -> None:
+        """Hand every lane with watches, and none handed yet, to its waiter thread."""
+        for lane in self._lanes:
+            if lane.pending and lane.handed is None:
+                self._hand_off(lane)
+
     def _hand_off(self, lane: WatchLane) -> None:
         watch = lane.pending[0]
         watch.held = True
@@ -356,9 +360,7 @@ class Reactor:
             self._waiters.collect()
             self._settle_off_loop()
             return
-        for lane in self._lanes:
-            if lane.pending and lane.handed is None:
-                self._hand_off(lane)
+        self._hand_off_all()
 
     def _settle_off_loop(self) -> None:
         # Marked scheduled meanwhile, so a watch() of a job launched by a completion here (a
