@@ -17,7 +17,6 @@ import sys
 import warnings
 from collections.abc import Callable, Generator
 from time import perf_counter
-from types import TracebackType
 from typing import Any, Final, NoReturn, cast
 
 import numpy as np
@@ -36,6 +35,7 @@ from ._options import BackendOptions
 from ._pending import PendingDispatch
 from ._plans import Plans
 from ._resident import ResidentBuffer, ResidentStore
+from ._resource import AsyncResource
 from ._scheduler import Job, track_buffers
 from ._streams_api import StreamsAndGraphs
 from ._telemetry import Telemetry, logger
@@ -47,7 +47,7 @@ _NEVER: Final = "never"
 _GRAPH_CHOICES: Final = (_NEVER, "auto", "always")
 
 
-class Backend(StreamsAndGraphs):
+class Backend(StreamsAndGraphs, AsyncResource):
     """A place to run kernels: a CUDA device, or the host in worker threads.
 
     Open one with :func:`asyncgraph.open_backend`. A backend is an async resource: use
@@ -474,17 +474,6 @@ class Backend(StreamsAndGraphs):
             "open_backend() is not awaitable; use 'async with asyncgraph.open_backend(...) as "
             "backend:'"
         )
-
-    async def __aenter__(self) -> Backend:
-        return self
-
-    async def __aexit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
-        await self.aclose()
 
     def __del__(self) -> None:
         life = getattr(self, "_life", None)

@@ -23,7 +23,6 @@ from __future__ import annotations
 import weakref
 from asyncio import _get_running_loop
 from collections.abc import Callable, Sequence
-from types import TracebackType
 from typing import Any
 
 import numpy as np
@@ -42,6 +41,7 @@ from ._batch_spec import (
 from ._exceptions import ArgumentTypeError, BackendClosedError, QueueFullError
 from ._kernel import Kernel
 from ._pending import PendingDispatch
+from ._resource import AsyncResource
 from ._telemetry import logger
 
 __all__ = ("Batcher", "batcher")
@@ -49,7 +49,7 @@ __all__ = ("Batcher", "batcher")
 Array = np.ndarray[Any, Any]
 
 
-class Batcher:
+class Batcher(AsyncResource):
     """Collects concurrent callers' rows into batches and runs one dispatch per batch.
 
     Made by :func:`asyncgraph.batcher`. ``await batcher(*rows)`` returns a tuple with the
@@ -246,17 +246,6 @@ class Batcher:
         """
         self._close_now()
         await self._queue.aclose()
-
-    async def __aenter__(self) -> Batcher:
-        return self
-
-    async def __aexit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
-        await self.aclose()
 
 
 def batcher(

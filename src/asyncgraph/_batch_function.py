@@ -15,7 +15,6 @@ import inspect
 import weakref
 from asyncio import _get_running_loop
 from collections.abc import Awaitable, Callable, Iterable
-from types import TracebackType
 from typing import Any, Generic, TypeVar, overload
 
 import numpy as np
@@ -25,6 +24,7 @@ from ._batch_queue import BatchQueue, Done
 from ._batch_spec import BatcherStatistics, ItemChecker, Row, check_launch_options
 from ._checks import describe_value
 from ._exceptions import ArgumentTypeError, BatchFunctionError
+from ._resource import AsyncResource
 
 __all__ = ("BatchedFunction", "batch")
 
@@ -107,7 +107,7 @@ class _FunctionRuns:
         done(outputs, None)
 
 
-class BatchedFunction(Generic[T, R]):
+class BatchedFunction(AsyncResource, Generic[T, R]):
     """Concurrent awaits of an async function of a batch, batched: ``await batched(item)``
     returns the function's output for *item*.
 
@@ -220,17 +220,6 @@ class BatchedFunction(Generic[T, R]):
         Idempotent; a cancelled ``aclose()`` only stops waiting.
         """
         await self._queue.aclose()
-
-    async def __aenter__(self) -> BatchedFunction[T, R]:
-        return self
-
-    async def __aexit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
-        await self.aclose()
 
 
 @overload

@@ -184,7 +184,7 @@ class Awaited:
     source: str = "asyncgraph"
 
     async def run(self, target: Target) -> Row:
-        """Measure the row on *target*."""
+        """See :meth:`Spec.run`."""
         samples = await self.measure(target)
         return LatencyRow(
             scenario=self.scenario, label=self.label, source=self.source, samples_us=tuple(samples)
@@ -201,7 +201,7 @@ class Throughput:
     source: str = "asyncgraph"
 
     async def run(self, target: Target) -> Row:
-        """Measure the row on *target*."""
+        """See :meth:`Spec.run`."""
         dispatches, seconds = await self.measure(target)
         return RateRow(
             scenario=self.scenario,

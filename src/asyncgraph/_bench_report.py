@@ -181,8 +181,7 @@ class RateRow(Row):
         """Dispatches per second, dispatches and seconds."""
         return (f"{self.per_second:,.0f}", f"{self.dispatches:,}", f"{self.seconds:.3f}")
 
-    def to_json(self) -> dict[str, Any]:
-        """The row as JSON data."""
+    def to_json(self) -> dict[str, Any]:  # Row's, with the rate's figures
         return {
             **super().to_json(),
             "kind": "rate",

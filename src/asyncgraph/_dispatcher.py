@@ -87,7 +87,7 @@ class Dispatcher:
 
     @property
     def loop(self) -> asyncio.AbstractEventLoop:
-        """The event loop the backend belongs to (bound before any work starts)."""
+        """See :attr:`Sink.loop`; bound before any work starts."""
         return self._loop  # type: ignore[return-value]  # bound before any job exists
 
     def bind(self, loop: asyncio.AbstractEventLoop | None) -> None:
@@ -115,31 +115,31 @@ class Dispatcher:
         self._run(effects)
 
     def drop_queued(self, error: Callable[[Job], BaseException]) -> None:
-        """Fail every job still queued (closing)."""
+        """Perform :meth:`Scheduler.drop_queued` (closing)."""
         self._run(self.scheduler.drop_queued(error))
 
     def abandon_waiting(self, error: Callable[[Job], BaseException]) -> None:
-        """Fail every admitted job that has not launched (its loop ended)."""
+        """Perform :meth:`Scheduler.abandon_waiting`."""
         self._run(self.scheduler.abandon_waiting(error))
 
     # -- events from the engine (the Sink protocol) ------------------------------------------
 
     def compiled(self, kernel: Kernel, error: Callable[[Job], BaseException] | None) -> None:
-        """*kernel* is loaded, or failed."""
+        """See :meth:`Sink.compiled`."""
         self._run(self.scheduler.compiled(kernel, error))
 
     def staged(self, job: Job, error: BaseException | None) -> None:
-        """*job*'s inputs are staged, or staging failed."""
+        """See :meth:`Sink.staged`."""
         self._run(self.scheduler.staged(job, error))
 
     def collecting(self, job: Job) -> None:
-        """The device finished *job*; its results are being copied out."""
+        """See :meth:`Sink.collecting`."""
         self.scheduler.collecting(job)
 
     def done(
         self, job: Job, outcome: tuple[Any, ...] | BaseException, device_time: float | None
     ) -> None:
-        """*job* finished."""
+        """See :meth:`Sink.done`."""
         effects = self.scheduler.done(job, outcome, device_time)
         if (
             len(effects) == 1
@@ -154,7 +154,7 @@ class Dispatcher:
         self._run(effects)
 
     def poke(self) -> None:
-        """A use parked jobs may depend on reached the device."""
+        """See :meth:`Sink.poke`."""
         if self.scheduler.has_parked():
             self._run(self.scheduler.poke())
 

@@ -34,15 +34,15 @@ class EngineExporter:
         self._loop = loop
 
     def export_device(self) -> tuple[int, int]:
-        """DLPack device of resident buffers: (device type, ordinal)."""
+        """See :meth:`Exporter.export_device`; the engine answers."""
         return self._engine.export_device()
 
     def export_pointer(self, storage: Any) -> int:
-        """The address of a resident buffer's memory."""
+        """See :meth:`Exporter.export_pointer`; the engine answers."""
         return self._engine.storage_pointer(storage)
 
     def export_wait(self, buffer: ResidentBuffer, stream: int | None) -> None:
-        """DLPack: order the consumer after the uses in flight.
+        """See :meth:`Exporter.export_wait`; the engine orders.
 
         Raises:
             BufferError: there is nothing to order after yet, or no stream to order on.
@@ -50,11 +50,11 @@ class EngineExporter:
         self._engine.export_wait(buffer, stream)
 
     def export_stream(self, buffer: ResidentBuffer) -> int | None:
-        """``__cuda_array_interface__``: the stream of the write in flight, or ``None``."""
+        """See :meth:`Exporter.export_stream`; the engine answers."""
         return self._engine.export_stream(buffer)
 
     def call_threadsafe(self, fn: Callable[[], None]) -> None:
-        """Run *fn* on the loop's thread soon; at once if the loop is gone."""
+        """See :meth:`Exporter.call_threadsafe`; at once if the loop is gone."""
         loop = self._loop()
         if loop is None or loop.is_closed():
             fn()

@@ -17,7 +17,6 @@ go on. The group refuses work only when no member is left.
 from __future__ import annotations
 
 from collections.abc import Iterator, Sequence
-from types import TracebackType
 from typing import Any
 
 import anyio
@@ -35,6 +34,7 @@ from ._pending import PendingDispatch
 from ._poison import process_fault
 from ._replicated import GroupSnapshot, Replicated, check_group_buffer, each_member
 from ._resident import ResidentBuffer
+from ._resource import AsyncResource
 from .pool import PinnedPool
 
 __all__ = ("DeviceGroup", "GroupSnapshot", "Replicated", "open_group")
@@ -84,7 +84,7 @@ def open_group(
     return DeviceGroup(group_devices(devices), opts)
 
 
-class DeviceGroup:
+class DeviceGroup(AsyncResource):
     """Backends on one event loop, one per device, with dispatches placed among them.
 
     Made by :func:`open_group`; open it with ``async with`` (or :meth:`open`). Indexing and
@@ -164,14 +164,6 @@ class DeviceGroup:
 
     async def __aenter__(self) -> DeviceGroup:
         return await self.open()
-
-    async def __aexit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
-        await self.aclose()
 
     # -- members ---------------------------------------------------------------------------
 

@@ -356,12 +356,9 @@ class HostEngine:
         """No stream: host memory."""
         return None
 
-    def stream(self) -> AbstractAsyncContextManager[StreamLease]:
-        """No streams here.
+    # The host has no CUDA streams and no graphs: each of these raises UnsupportedError.
 
-        Raises:
-            UnsupportedError: always.
-        """
+    def stream(self) -> AbstractAsyncContextManager[StreamLease]:
         raise UnsupportedError("backend host has no CUDA streams; stream() needs the CUDA backend")
 
     async def record(
@@ -372,43 +369,18 @@ class HostEngine:
         block: object,
         shared_mem: object,
     ) -> Any:
-        """No graphs here.
-
-        Raises:
-            UnsupportedError: always.
-        """
         raise UnsupportedError("record(): the host backend has no CUDA graphs")
 
     def capture(self, mode: object, into: object) -> AbstractAsyncContextManager[Any]:
-        """No graphs here.
-
-        Raises:
-            UnsupportedError: always.
-        """
         raise UnsupportedError("capture(): the host backend has no CUDA graphs")
 
     def wait_foreign(self, work: object) -> Awaitable[None]:
-        """No CUDA streams here.
-
-        Raises:
-            UnsupportedError: always.
-        """
         raise UnsupportedError(_NO_STREAMS.format(what="wait()"))
 
     def fence(self, job: Job, after: object) -> None:
-        """No CUDA streams here.
-
-        Raises:
-            UnsupportedError: always.
-        """
         raise UnsupportedError(_NO_STREAMS.format(what="dispatch(after=...)"))
 
     def order_foreign(self, stream: object, job: Job | None) -> bool:
-        """No CUDA streams here.
-
-        Raises:
-            UnsupportedError: always.
-        """
         raise UnsupportedError(_NO_STREAMS.format(what="order()"))
 
     def pool_counters(self) -> PoolCounters:

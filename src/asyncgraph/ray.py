@@ -38,7 +38,6 @@ import asyncio
 import functools
 import inspect
 import time
-from types import TracebackType
 from typing import Any
 
 from ._exceptions import ArgumentTypeError, BackendClosedError, GroupError, NotPicklableError
@@ -51,6 +50,7 @@ from ._ray_snapshot import PoolSnapshot as PoolSnapshot
 from ._ray_snapshot import Replacement as Replacement
 from ._ray_snapshot import SlotSnapshot as SlotSnapshot
 from ._ray_start import Starter, retrieve
+from ._resource import AsyncResource
 from ._telemetry import logger
 
 __all__ = (
@@ -160,7 +160,7 @@ def _not_picklable(exc: BaseException) -> NotPicklableError | None:
     return cause if isinstance(cause, NotPicklableError) else None
 
 
-class ActorPool:
+class ActorPool(AsyncResource):
     """Ray actors with a backend each; :meth:`run` sends a pipeline to the least busy one.
 
     Made by :func:`open_actor_pool`; open it with ``async with`` (or :meth:`open`).
@@ -429,14 +429,6 @@ class ActorPool:
 
     async def __aenter__(self) -> ActorPool:
         return await self.open()
-
-    async def __aexit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
-        await self.aclose()
 
     def __repr__(self) -> str:
         if self._table is None:

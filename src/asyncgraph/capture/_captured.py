@@ -254,7 +254,7 @@ class CapturedGraph:
     # -- the backend's replay hooks -----------------------------------------------------------
 
     def launch_on(self, handle: Any) -> None:
-        """Launch the graph chosen for this replay on the stream *handle* (used by the backend)."""
+        """Launch the executable graph on the stream *handle* (used by the backend)."""
         check(drv.cuGraphLaunch(self._exec, handle), "cuGraphLaunch")
         self.replays += 1
         self._backend.telemetry.graph_replays += 1

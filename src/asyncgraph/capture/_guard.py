@@ -14,7 +14,14 @@ from cuda.bindings import driver as drv
 from .. import _loop
 from .._exceptions import CaptureError
 
-__all__ = ("CaptureGuard", "CaptureLock", "CaptureMode", "CaptureStatus", "capture_status")
+__all__ = (
+    "CaptureGuard",
+    "CaptureLock",
+    "CaptureMode",
+    "CaptureStatus",
+    "capture_status",
+    "capture_tail",
+)
 
 
 class CaptureMode(enum.Enum):

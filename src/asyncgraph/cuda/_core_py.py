@@ -1,6 +1,6 @@
 """The dispatch core in Python: the twin of the compiled ``_core`` extension.
 
-Both modules offer the same three things, and the rest of the CUDA backend calls them without
+Both modules offer the same things, and the rest of the CUDA backend calls them without
 knowing which one runs (``_cores`` chooses):
 
 - :class:`Launcher`: a kernel's parameter block, packed from a call's arguments, and its
@@ -8,6 +8,8 @@ knowing which one runs (``_cores`` chooses):
 - ``record`` and ``query``: ``cuEventRecord`` and ``cuEventQuery``, returning the driver's
   result tuple as ``cuda.bindings`` does (the code first). Here they *are* the bindings, so
   the Python core adds no call of its own to an event record or query;
+- ``capture_tail``: what a capture asks ``cuStreamGetCaptureInfo``; here it is the capture's
+  own function (``capture._guard``), which the compiled core writes in C;
 - ``NativeWaiter``: threads outside Python that sleep in ``cuEventSynchronize`` and wake the
   event loop through an eventfd. It exists only compiled; here it is ``None``, and the
   reactor's waiter threads are Python threads instead (``_waiters``).
@@ -24,6 +26,7 @@ import numpy as np
 from cuda.bindings import driver as drv
 
 from .._kernel import Param
+from ..capture._guard import capture_tail as capture_tail
 
 __all__ = (
     "COMPILED",
@@ -51,15 +54,6 @@ _SUCCESS = drv.CUresult.CUDA_SUCCESS
 # cuEventRecord(event, stream) and cuEventQuery(event): (code,), NOT_READY while it runs.
 record = drv.cuEventRecord
 query = drv.cuEventQuery
-
-
-def capture_tail(stream: Any) -> tuple[Any, int, int, int]:
-    """``cuStreamGetCaptureInfo(stream)`` as a capture asks it: (the driver's code, the capture
-    status, how many nodes the stream's next work would depend on, the first of them as an
-    int, 0 if none)."""
-    result = drv.cuStreamGetCaptureInfo(stream)
-    deps = result[4]
-    return result[0], int(result[1]), len(deps), int(deps[0]) if deps else 0
 
 
 class Launcher:

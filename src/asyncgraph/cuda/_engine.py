@@ -49,7 +49,11 @@ LEFT_BEHIND = 1.0
 
 
 class CudaEngine:
-    """Runs dispatches on one CUDA device (``open_backend("cuda:N")``)."""
+    """Runs dispatches on one CUDA device (``open_backend("cuda:N")``).
+
+    It implements :class:`~asyncgraph._engine.Engine`: a method that says "see" the protocol's
+    does what the protocol says, with resident storage in device memory.
+    """
 
     kind = "cuda"
     takes_device_arrays = True
@@ -80,11 +84,11 @@ class CudaEngine:
 
     @property
     def failure(self) -> DeviceFaultError | None:
-        """The device fault that failed the engine, or ``None``."""
+        """See :attr:`Engine.failure`."""
         return self.device.failure
 
     def attach(self, sink: Any, telemetry: Telemetry, log: Any) -> None:
-        """Report to *sink* and count into *telemetry* from now on."""
+        """See :meth:`Engine.attach`; the paths, storage and graphs report to *sink* too."""
         self._sink = sink
         device = self.device
         device.sink = sink
@@ -143,7 +147,7 @@ class CudaEngine:
         return cuda_job.replay is None and job.call.kernel not in self._loaded
 
     def needs_staging(self, job: Job) -> bool:
-        """Whether *job*'s inputs are copied into pinned memory in threads first."""
+        """See :meth:`Runs.needs_staging`: inputs of ``BIG_COPY`` bytes or more."""
         cuda_job: CudaJob = job  # type: ignore[assignment]  # every job here is a CudaJob
         # Inputs of BIG_COPY bytes or more are copied in threads (SmallPath.stage).
         return (
@@ -226,19 +230,19 @@ class CudaEngine:
 
     @in_context
     def release(self, job: Job) -> None:
-        """Give back what *job* holds (it failed before it ran)."""
+        """See :meth:`Runs.release`."""
         self.small.release(job)  # type: ignore[arg-type]  # every job here is a CudaJob
 
     # -- resident storage --------------------------------------------------------------------------
 
     @in_context
     async def upload_storage(self, array: np.ndarray[Any, Any]) -> Any:
-        """Device storage holding a copy of *array*."""
+        """See :meth:`Stores.upload_storage`."""
         return await self.storage.upload(array)
 
     @in_context
     def alloc_storage(self, shape: tuple[int, ...], dtype: np.dtype[Any]) -> Any:
-        """Uninitialised device storage."""
+        """See :meth:`Engine.alloc_storage`."""
         return self.storage.alloc(shape, dtype)
 
     @in_context
@@ -249,7 +253,7 @@ class CudaEngine:
         deps: list[Use],
         out: np.ndarray[Any, Any] | None,
     ) -> np.ndarray[Any, Any]:
-        """Copy *buffer* out after the writers in *deps*."""
+        """See :meth:`Stores.download_storage`."""
         return await self.storage.download(buffer, use, deps, out)
 
     def copies_from(self, other: Any) -> bool:
@@ -272,11 +276,11 @@ class CudaEngine:
 
     @in_context
     def free_storage(self, storage: Any) -> None:
-        """Free device storage."""
+        """See :meth:`Stores.free_storage`."""
         self.storage.free(storage)
 
     def storage_pointer(self, storage: Any) -> int:
-        """The device address of resident storage."""
+        """See :meth:`Exports.storage_pointer`."""
         return int(storage.handle)
 
     @in_context
@@ -287,20 +291,20 @@ class CudaEngine:
     # -- interop, streams, graphs ------------------------------------------------------------------
 
     def export_device(self) -> tuple[int, int]:
-        """DLPack device of resident buffers."""
+        """See :meth:`Exports.export_device`."""
         return self.storage.export_device()
 
     @in_context
     def export_wait(self, buffer: ResidentBuffer, stream: int | None) -> None:
-        """DLPack: order the consumer's stream after the uses in flight."""
+        """See :meth:`Exports.export_wait`."""
         self.storage.export_wait(buffer, stream)
 
     def export_stream(self, buffer: ResidentBuffer) -> int | None:
-        """``__cuda_array_interface__``: the stream of the write in flight."""
+        """See :meth:`Exports.export_stream`."""
         return self.storage.export_stream(buffer)
 
     def stream(self) -> AbstractAsyncContextManager[StreamLease]:
-        """Lease a stream for foreign work."""
+        """See :meth:`Streams.stream`."""
         return self.device.ctx.manager(self._lease())
 
     @contextlib.asynccontextmanager
@@ -351,7 +355,7 @@ class CudaEngine:
         block: object,
         shared_mem: object,
     ) -> Any:
-        """Record one dispatch as graphs."""
+        """See :meth:`Streams.record`."""
         return await self.graphs.record(kernel, args, grid, block, shared_mem)
 
     def capture(self, mode: object, into: object) -> AbstractAsyncContextManager[Any]:
@@ -359,7 +363,7 @@ class CudaEngine:
         return self.device.ctx.manager(self.graphs.capture(mode, into))
 
     def pool_counters(self) -> PoolCounters:
-        """The pinned pool's counters."""
+        """See :meth:`Engine.pool_counters`."""
         return self.device.pool_counters()
 
     # -- closing -----------------------------------------------------------------------------------
@@ -403,7 +407,7 @@ class CudaEngine:
 
     @in_context
     async def shutdown(self) -> None:
-        """Release everything; nothing is in flight. Each step is safe to repeat."""
+        """See :meth:`Closes.shutdown`."""
         device = self.device
         self.graphs.close_all()
         await device.wait_leases()  # foreign work may still be enqueued on leased streams
@@ -425,7 +429,7 @@ class CudaEngine:
 
     @in_context
     def shutdown_now(self) -> None:
-        """Release everything without a loop; nothing was ever used."""
+        """See :meth:`Closes.shutdown_now`."""
         device = self.device
         self.graphs.close_all()
         join(device.close_reactor())
@@ -447,6 +451,6 @@ class CudaEngine:
 
     @in_context
     def release_unclosed(self) -> None:
-        """Best-effort release of a backend dropped without closing."""
+        """See :meth:`Closes.release_unclosed`."""
         self.device.close_reactor()
         self.device.pinned.close()

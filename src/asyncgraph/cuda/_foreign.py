@@ -124,7 +124,7 @@ class Owner(Protocol):
     watches: Any  # the reactor's hot half (``core.Watches``)
 
     def check_healthy(self) -> None:
-        """Raise the device fault, if the device failed."""
+        """See ``Device.check_healthy``."""
         ...
 
     def lease_started(self) -> None:

@@ -125,11 +125,11 @@ class Graphs:
             self.lock.release()
 
     def recordable(self, call: BoundCall) -> bool:
-        """Whether *call* can be recorded at all: dispatches big enough to stream cannot."""
+        """See :meth:`GraphHost.recordable`."""
         return call.bytes_in + call.bytes_out <= self.stream_above
 
     def eager_job(self, call: BoundCall) -> CudaJob:
-        """The plain job of *call* (``graph="never"``)."""
+        """See :meth:`GraphHost.eager_job`."""
         return plan(call, False, self.pinned, self.stream_above)
 
     def sample(self, job: Any, choice: Choice, started: float) -> None:
@@ -208,15 +208,15 @@ class Graphs:
     # -- the GraphHost protocol ------------------------------------------------------------------
 
     def alloc_bytes(self, nbytes: int) -> Any:
-        """Device storage of *nbytes* bytes (through the engine's resident storage)."""
+        """See :meth:`GraphHost.alloc_bytes`; through the engine's resident storage."""
         return self._storage.alloc((nbytes,), np.dtype(np.uint8))
 
     def free_storage(self, storage: Any) -> None:
-        """Free storage from :meth:`alloc_bytes`."""
+        """See :meth:`GraphHost.free_storage`."""
         self._storage.free(storage)
 
     def run_capture(self, body: Callable[[CaptureGuard], int]) -> tuple[Any, dict[int, Any], int]:
-        """Capture what *body* enqueues on the capture stream."""
+        """See :meth:`GraphHost.run_capture`."""
         with CaptureGuard(
             self.capture_stream, self.capture_handle, CaptureMode.THREAD_LOCAL,
             tail=core.capture_tail,
@@ -225,8 +225,7 @@ class Graphs:
         return guard.graph, guard.nodes, result
 
     def capture_launch(self, call: BoundCall, base: int, guard: CaptureGuard) -> int:
-        """Enqueue *call*'s kernel on the capturing stream (its staged arguments at device
-        address *base*); the handle of its kernel node."""
+        """See :meth:`GraphHost.capture_launch`."""
         job = CudaJob(call, False)
         self._launches.enqueue(job, base, guard.handle, guard.stream)
         return guard.last_node()
@@ -274,7 +273,7 @@ class Graphs:
                 raise translate(exc, "cuGraphExecKernelNodeSetParams") from exc
 
     def bind_like(self, kernel: Kernel, args: tuple[object, ...], like: BoundCall) -> BoundCall:
-        """Validate *args* with the launch shape of *like*."""
+        """See :meth:`GraphHost.bind_like`."""
         return self._sink.bind_call(kernel, args, like.grid, like.block, like.shared_mem)
 
     def bind(
@@ -288,17 +287,17 @@ class Graphs:
         return self._launches.is_loaded(kernel)
 
     def replay_job(self, call: BoundCall, graph: Any) -> CudaJob:
-        """A job that replays *graph*."""
+        """See :meth:`GraphHost.replay_job`."""
         job = CudaJob(call, False)
         job.replay = graph
         return job
 
     def run_replay(self, job: Any) -> Awaitable[Any]:
-        """Schedule a replay job like a dispatch."""
+        """See :meth:`GraphHost.run_replay`."""
         return self._sink.run_prepared(job)
 
     def forget(self, graph: Any) -> None:
-        """*graph* closed."""
+        """See :meth:`GraphHost.forget`."""
         self._open.discard(graph)
 
     def keep(self, graph: Any) -> None:

@@ -51,7 +51,7 @@ class Owner(Protocol):
 
     @property
     def loop(self) -> asyncio.AbstractEventLoop:
-        """The loop the backend belongs to now."""
+        """See ``Device.loop``."""
         ...
 
     @property

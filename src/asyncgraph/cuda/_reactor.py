@@ -148,10 +148,8 @@ class Reactor:
         return int(self._w.spins)
 
     def watch(self, lane: int, event: Any, callback: Callback, expect: float = 0.0) -> Any:
-        """Call ``callback(None)`` once *event* (recorded on lane *lane*) completed, or
-        ``callback(error)`` if the device failed. The event returns to the pool afterwards.
-        *expect*: when the work is expected to end (``perf_counter()``), if known. Returns
-        the watch (its ``seen`` says when a waiter thread saw the event complete)."""
+        """See ``Watches.watch`` (of the core that runs); the watch's ``seen`` says when a
+        waiter thread saw the event complete."""
         return self._w.watch(lane, event, callback, expect)
 
     def _schedule(self) -> None:
@@ -182,9 +180,7 @@ class Reactor:
     def _poll_paused(self) -> None:
         if self._pause_waiters:
             return
-        for lane in self._lanes:
-            if lane.pending and lane.handed is None:
-                self._hand_off(lane)
+        self._hand_off_all()
 
     # -- loop thread -----------------------------------------------------------------------
 
@@ -278,6 +274,12 @@ class Reactor:
         self._woke = 0
         self.budget.forget()
 
+    def _hand_off_all(self) -> None:
+        """Hand every lane with watches, and none handed yet, to its waiter thread."""
+        for lane in self._lanes:
+            if lane.pending and lane.handed is None:
+                self._hand_off(lane)
+
     def _hand_off(self, lane: WatchLane) -> None:
         watch = lane.pending[0]
         watch.held = True
@@ -358,9 +360,7 @@ class Reactor:
             self._waiters.collect()
             self._settle_off_loop()
             return
-        for lane in self._lanes:
-            if lane.pending and lane.handed is None:
-                self._hand_off(lane)
+        self._hand_off_all()
 
     def _settle_off_loop(self) -> None:
         # Marked scheduled meanwhile, so a watch() of a job launched by a completion here (a

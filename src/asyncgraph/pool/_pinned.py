@@ -352,7 +352,7 @@ class PinnedPool:
         )
 
     def close(self) -> None:
-        """Free every idle block; blocks still in use are freed when released."""
+        """See :meth:`HostPool.close`."""
         self._closed = True
         self.trim(0)
 
