@@ -23,10 +23,8 @@ import numpy as np
 from . import _loop
 from ._dlpack import make_capsule
 from ._exceptions import ArgumentTypeError, NotPicklableError, StaleBufferError
-from ._finished import Finished
 
 __all__ = (
-    "Download",
     "Exporter",
     "ResidentBuffer",
     "ResidentStore",
@@ -486,13 +484,3 @@ def check_buffer(value: object, where: str) -> None:
             f"{where} takes a resident buffer, got {type(value).__name__}; pass one that "
             "upload(), empty() or a dispatch's Out(..., resident=True) returned"
         )
-
-
-class Download:
-    """A download in progress, a read use of its buffer (``finished`` once the copy is done)."""
-
-    __slots__ = ("event", "finished")
-
-    def __init__(self) -> None:
-        self.finished = Finished()
-        self.event: object = None  # the CUDA backend's copy event, once enqueued

@@ -14,7 +14,7 @@ from .._lifecycle import OPEN as _OPEN
 from .._pending import PendingDispatch as _PendingDispatch
 from .._pending import set_outcome as _set_outcome
 from .._plans import same_dims as _same_dims
-from .._resident import Download as _Download
+from .._finished import Download as _Download
 from .._resident import ResidentBuffer as _ResidentBuffer
 from .._resident import untrack as _untrack
 from .._scheduler import JobState as _JobState

@@ -26,10 +26,11 @@ import numpy as np
 from cuda.bindings import driver as drv
 
 from .._exceptions import AllocationError
+from .._finished import Download
 from .._lifecycle import OPEN
 from .._pending import PendingDispatch, set_outcome
 from .._plans import same_dims
-from .._resident import Download, storage_of, track_uses, untrack, uses_of, writer_of
+from .._resident import storage_of, track_uses, untrack, uses_of, writer_of
 from .._scheduler import JobState
 from ._driver import SUCCESS, error_for
 from ._fast_job import FastJob, FastLane, KnownKernel, Ring
