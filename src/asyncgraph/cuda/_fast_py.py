@@ -402,8 +402,8 @@ class FastPath:
             call = "cuLaunchKernel"
             for view, value in zip(launcher.slot_views, values, strict=True):
                 view[0] = value
-            shape = (*plan.grid_dims, *plan.block_dims, plan.shared_mem)
-            code = _launch(launcher.function, *shape, handle, launcher.kernel_params, 0)[0]
+            f, p, g, b = launcher.function, launcher.kernel_params, plan.grid_dims, plan.block_dims
+            code = _launch(f, g[0], g[1], g[2], b[0], b[1], b[2], plan.shared_mem, handle, p, 0)[0]
         in_end = plan.in_end
         if code == SUCCESS and total > in_end:
             call = "cuMemcpyDtoHAsync"
