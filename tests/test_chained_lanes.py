@@ -10,7 +10,7 @@ from cuda.bindings import driver as drv
 
 import asyncgraph as ag
 from asyncgraph._bound import BoundCall
-from asyncgraph._resident import Download
+from asyncgraph._finished import Download
 from asyncgraph._scheduler import JobState
 from asyncgraph.cuda import _launch
 from asyncgraph.cuda._driver import SUCCESS

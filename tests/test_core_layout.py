@@ -1,11 +1,12 @@
 """The compiled core reads and writes some slots of the front's classes in place, at offsets it
-takes from their member descriptors at import (``_core_plan.pxi`` and the ``_core_mirror.pxi``
-it includes: ``_slot`` and ``_offset``).
+takes from their member descriptors at import (``_core_doors.pxi``, included by
+``_core_plan.pxi``: ``_slot``): the private slots their owners lend it for its copies of their
+doors (``_resident.BUFFER_FIELDS``, ``_pending.PENDING_FIELDS``), and public slots it names.
 
-These tests read those mirrors from the source, so they fail when a mirrored name is no slot of
-its Python class any more, whether the compiled core is built or not; and they check that such
-a change makes ``import asyncgraph.cuda`` fall back to the Python core with a warning, instead
-of failing.
+These tests fail when a lent or named name is no slot of its Python class any more, whether the
+compiled core is built or not, and when the core names a private slot itself; and they check
+that such a change makes ``import asyncgraph.cuda`` fall back to the Python core with a warning,
+instead of failing.
 """
 
 from __future__ import annotations
@@ -20,35 +21,36 @@ from pathlib import Path
 
 import pytest
 
-from asyncgraph._resident import ResidentBuffer
+from asyncgraph._pending import PENDING_FIELDS, PendingDispatch
+from asyncgraph._resident import BUFFER_FIELDS, ResidentBuffer
 from tests.needs import CORES
 
 ROOT = Path(__file__).resolve().parent.parent
 CUDA = ROOT / "src" / "asyncgraph" / "cuda"
-SOURCES = (CUDA / "_core_plan.pxi", CUDA / "_core_mirror.pxi")  # the second included by the first
+SOURCES = (CUDA / "_core_plan.pxi", CUDA / "_core_doors.pxi")  # the second included by the first
 _IMPORTED = re.compile(r"^from \.\.(\w+) import (\w+) as (\w+)$", re.MULTILINE)
-_SLOT = re.compile(r"_slot\((\w+), \"(\w+)\"\)")
-_OFFSET = re.compile(r"_offset\(\"(\w+)\"\)")
-_OFFSET_OF = re.compile(r"return _slot\((\w+), name\)")  # the class _offset() reads
+_NAMED = re.compile(r"_slot\((\w+), \"(\w+)\"\)")  # a slot the core names itself
+_LENT = re.compile(r"_slot\((\w+), (\w+)\[\"(\w+)\"\]\)")  # one an owner lends, by role
 
 
 def mirrored() -> list[tuple[type, str]]:
-    """Each (class, slot name) the compiled core mirrors, read from its source."""
+    """Each (class, slot name) the compiled core uses at an offset: the slots it names, and
+    those the owners lend (each role it asks for must be lent)."""
     source = "\n".join(path.read_text(encoding="utf-8") for path in SOURCES)
-    classes: dict[str, type] = {}
+    imported: dict[str, object] = {}
     for module, name, alias in _IMPORTED.findall(source):
-        value = getattr(importlib.import_module(f"asyncgraph.{module}"), name)
-        if isinstance(value, type):
-            classes[alias] = value
-    pairs = [(classes[alias], name) for alias, name in _SLOT.findall(source)]
-    (offset_class,) = _OFFSET_OF.findall(source)
-    pairs += [(classes[offset_class], name) for name in _OFFSET.findall(source)]
-    return pairs
+        imported[alias] = getattr(importlib.import_module(f"asyncgraph.{module}"), name)
+    pairs = [(imported[alias], name) for alias, name in _NAMED.findall(source)]
+    for alias, lender, role in _LENT.findall(source):
+        fields = imported[lender]
+        assert isinstance(fields, dict), lender
+        pairs.append((imported[alias], fields[role]))
+    return [(cls, name) for cls, name in pairs if isinstance(cls, type)]
 
 
 def disagreements(pairs: list[tuple[type, str]]) -> list[str]:
-    """The mirrored names that are no slot of their class (a slot is a member descriptor in
-    the class's own ``__dict__``, which is what the compiled core reads the offset of)."""
+    """The names that are no slot of their class (a slot is a member descriptor in the class's
+    own ``__dict__``, which is what the compiled core reads the offset of)."""
     problems = []
     for cls, name in pairs:
         descriptor = cls.__dict__.get(name)
@@ -58,12 +60,22 @@ def disagreements(pairs: list[tuple[type, str]]) -> list[str]:
     return problems
 
 
-def test_every_slot_the_compiled_core_mirrors_is_a_slot_of_its_class() -> None:
+def test_every_slot_the_compiled_core_uses_is_a_slot_of_its_class() -> None:
     pairs = mirrored()
     names = {f"{cls.__name__}.{name}" for cls, name in pairs}
-    assert {"ResidentBuffer._writer", "Out.into", "PendingDispatch._outcome"} <= names
-    assert len(pairs) >= 18
+    lent = {f"ResidentBuffer.{name}" for name in BUFFER_FIELDS.values()}
+    lent |= {f"PendingDispatch.{name}" for name in PENDING_FIELDS.values()}
+    assert lent | {"Out.into", "PendingDispatch.dispatch_id"} <= names
+    assert len(pairs) >= 19
     assert disagreements(pairs) == []
+
+
+def test_the_compiled_core_names_no_private_slot_itself() -> None:
+    source = "\n".join(path.read_text(encoding="utf-8") for path in SOURCES)
+    named = _NAMED.findall(source)
+    assert named, "no slot named: the check would pass vacuously"
+    assert [name for _, name in named if name.startswith("_")] == []
+    assert {PendingDispatch, ResidentBuffer} <= {cls for cls, _ in mirrored()}
 
 
 def test_a_slot_made_a_property_is_found(monkeypatch: pytest.MonkeyPatch) -> None:

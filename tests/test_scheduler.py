@@ -377,3 +377,42 @@ def test_finished_compiling_job_is_not_routed_by_its_compile(runner: FakeRunner,
     runner.uncompiled.clear()
     assert s.compiled(K, None) == [(Step.LAUNCH, j2)]  # j1 is not launched after it finished
     assert j1.state is JobState.DONE
+
+
+# -- the fast path's door --------------------------------------------------------------------------
+
+
+def test_the_fast_door_admits_straight_to_launched_and_completes(
+    runner: FakeRunner, new: Jobs
+) -> None:
+    s = Scheduler(runner, max_in_flight=2)
+    door = s.fast_door
+    j1 = new()
+    door.admit_launched(j1)
+    assert j1.state is JobState.LAUNCHED
+    assert (s.in_flight, s.queued, s.admitted(j1.id)) == (1, 0, j1)
+    assert runner.asked == []  # nothing to compile, stage or wait for: no question asked
+    assert door.complete_launched(j1, (1,)) is True
+    assert (j1.state, j1.outcome, s.is_idle()) == (JobState.DONE, (1,), True)
+
+
+def test_the_fast_door_declines_to_complete_while_a_job_waits(
+    runner: FakeRunner, new: Jobs
+) -> None:
+    s = Scheduler(runner, max_in_flight=1)
+    door = s.fast_door
+    j1, j2 = new(), new()
+    door.admit_launched(j1)
+    assert s.add(j2) == []  # queued behind the fast path's job
+    assert door.complete_launched(j1, ()) is False  # changed nothing: the general way instead
+    assert (j1.state, s.in_flight, s.queued) == (JobState.LAUNCHED, 1, 1)
+    assert s.done(j1, (), None) == [(Step.RESOLVE, j1), (Step.LAUNCH, j2)]
+
+
+def test_the_fast_door_takes_an_admission_back(runner: FakeRunner, new: Jobs) -> None:
+    s = Scheduler(runner, max_in_flight=1)
+    j1 = new()
+    s.fast_door.admit_launched(j1)
+    s.fast_door.withdraw(j1)
+    assert s.is_idle()
+    assert (s.fast_door.in_flight, s.fast_door.limit) == ({}, 1)  # the scheduler's own, read

@@ -1,4 +1,5 @@
-"""Structural rules of asyncgraph's source, read with ``ast``: nothing here imports the package.
+"""Structural rules of asyncgraph's source, read with ``ast`` (and the compiled core's Cython
+sources with ``tokenize``): nothing here imports the package.
 
 Each checker takes a source root (the folder that holds the package) and the package's name and
 returns one line per violation. The tests run them on ``src/``, and on small synthetic trees to
@@ -8,9 +9,12 @@ prove that each can fail.
 from __future__ import annotations
 
 import ast
+import io
+import re
+import tokenize
 from collections import defaultdict, deque
 from collections.abc import Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import pytest
@@ -252,7 +256,8 @@ def defined_private_names(module: Module) -> set[str]:
 
 
 def check_private_access(root: Path, package: str) -> list[str]:
-    """Heuristic: uses of private names (``_x``) that another module of the package defines.
+    """Heuristic: uses of private names (``_x``) that another module of the package defines,
+    in the Python modules and (:func:`check_cython_private_access`) the Cython sources.
 
     Flags ``from X import _name`` and ``X._name`` for X a module of the package (unless
     ``_name`` is a submodule of X), and ``expr._name`` (``self``/``cls`` included) where the
@@ -298,6 +303,211 @@ def check_private_access(root: Path, package: str) -> list[str]:
             expr = expr if len(expr) <= 40 else expr[:37] + "..."
             where = f"{module.name}:{access.lineno}"
             problems.append(f"{where}: {expr}.{access.attr} (defined in: {owners(access.attr)})")
+    problems.extend(check_cython_private_access(root, package))
+    return sorted(problems, key=lambda p: (p.split(":")[0], int(p.split(":")[1])))
+
+
+# -- the compiled core's Cython sources ----------------------------------------------------------
+
+_INCLUDE = re.compile(r'^\s*include\s+"([^"]+)"', re.MULTILINE)
+_DECLARING = frozenset(("cdef", "cpdef", "ctypedef"))
+_BLOCKS = frozenset(("struct", "union", "enum", "extern"))  # their members are declarations
+_IDENTIFIER = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+
+
+@dataclass
+class CythonModule:
+    """One extension module: its ``.pyx``, the ``.pxd`` of the same name and every ``.pxi`` it
+    includes, read as one (they share one namespace)."""
+
+    name: str  # dotted, as the .pyx would import: asyncgraph.cuda._core
+    files: list[Path] = field(default_factory=list)
+    defined: set[str] = field(default_factory=set)  # private names declared or bound in it
+
+
+def _tokens(path: Path) -> list[tokenize.TokenInfo]:
+    source = path.read_text(encoding="utf-8")
+    return list(tokenize.generate_tokens(io.StringIO(source).readline))
+
+
+def _logical_lines(tokens: list[tokenize.TokenInfo]) -> Iterator[list[tokenize.TokenInfo]]:
+    """The tokens of each logical line, comments and layout left out."""
+    line: list[tokenize.TokenInfo] = []
+    skip = (tokenize.COMMENT, tokenize.NL, tokenize.INDENT, tokenize.DEDENT)
+    for token in tokens:
+        if token.type in (tokenize.NEWLINE, tokenize.ENDMARKER):
+            if line:
+                yield line
+            line = []
+        elif token.type not in skip:
+            line.append(token)
+
+
+def _declared(tokens: list[tokenize.TokenInfo]) -> set[str]:
+    """The names a Cython source declares or binds (not those it only reads): every name on a
+    ``cdef``/``cpdef``/``ctypedef`` line and in a struct, enum or extern block, names after
+    ``def``/``class``/``as``/``for``/``global`` (imports aside), assignment targets, and
+    ``self.x = ...`` stores. A heuristic, like :func:`defined_private_names`."""
+    names: set[str] = set()
+    block_indent = -1  # the indentation of an open struct/enum/extern block's header
+    for line in _logical_lines(tokens):
+        indent = line[0].start[1]
+        if block_indent >= 0 and indent <= block_indent:
+            block_indent = -1
+        words = [t.string for t in line if t.type == tokenize.NAME]
+        bare = [
+            t
+            for k, t in enumerate(line)
+            if t.type == tokenize.NAME and (k == 0 or line[k - 1].string != ".")
+        ]
+        declaring = bool(words) and words[0] in _DECLARING
+        if block_indent >= 0 or declaring:
+            names.update(t.string for t in bare)
+            if declaring and _BLOCKS & set(words) and line[-1].string == ":":
+                block_indent = indent
+            continue
+        if words and words[0] in ("import", "cimport", "from"):
+            continue  # what it imports is another module's
+        for k, token in enumerate(line[:-1]):
+            after = line[k + 1]
+            if token.string in ("def", "class", "as", "global") and after.type == tokenize.NAME:
+                names.add(after.string)
+        if words and words[0] == "for" and "in" in words:
+            names.update(words[1 : words.index("in")])
+        strings = [t.string for t in line]
+        if "=" in strings:
+            target = line[: strings.index("=")]
+            for k, token in enumerate(target):
+                if token.type != tokenize.NAME:
+                    continue
+                before = target[k - 1].string if k else ","
+                if before == "," or (before == "." and k >= 2 and target[k - 2].string == "self"):
+                    names.add(token.string)
+    return names
+
+
+def load_cython(root: Path, package: str) -> dict[str, CythonModule]:
+    """The package's extension modules, each ``.pyx`` with its ``.pxd`` and included ``.pxi``
+    (a ``.pxi`` or ``.pxd`` that no ``.pyx`` takes in is a module of its own name)."""
+    modules: dict[str, CythonModule] = {}
+    taken: set[Path] = set()
+    for pyx in sorted((root / package).rglob("*.pyx")):
+        module = CythonModule(".".join(pyx.relative_to(root).with_suffix("").parts))
+        pending = [pyx, *([pyx.with_suffix(".pxd")] if pyx.with_suffix(".pxd").exists() else [])]
+        while pending:
+            path = pending.pop(0)
+            if path in module.files:
+                continue
+            module.files.append(path)
+            taken.add(path)
+            text = path.read_text(encoding="utf-8")
+            pending.extend(path.parent / name for name in _INCLUDE.findall(text))
+        modules[module.name] = module
+    for path in sorted((root / package).rglob("*.px[id]")):
+        if path not in taken:
+            name = ".".join(path.relative_to(root).with_suffix("").parts)
+            modules.setdefault(name, CythonModule(name)).files.append(path)
+    for module in modules.values():
+        for path in module.files:
+            module.defined |= {n for n in _declared(_tokens(path)) if is_private(n)}
+    return modules
+
+
+def _cython_imports(
+    line: list[tokenize.TokenInfo], module: CythonModule, modules: dict[str, Module]
+) -> tuple[dict[str, str], set[str], list[str]]:
+    """Of an import line: local names bound to the package's modules, local names bound to
+    anything outside the package, and the private names it takes from a module of the
+    package."""
+    words = [t.string for t in line]
+    aliases: dict[str, str] = {}
+    foreign: set[str] = set()
+    taken: list[str] = []
+    cut = next((k for k, w in enumerate(words) if w in ("import", "cimport")), -1)
+    if cut == 0:  # import x.y as z, w: never the package (it imports itself relatively)
+        for entry in " ".join(words[1:]).replace(" . ", ".").split(" , "):
+            target, _, local = entry.partition(" as ")
+            foreign.add(local or target.partition(".")[0])
+        return aliases, foreign, taken
+    if words[0] != "from" or cut < 0:
+        return aliases, foreign, taken
+    source = "".join(words[1:cut])
+    base = source.lstrip(".")
+    if level := len(source) - len(base):
+        parts = module.name.split(".")[:-level]
+        base = ".".join([*parts, base] if base else parts)
+    for entry in " ".join(w for w in words[cut + 1 :] if w not in "()").split(" , "):
+        name, _, local = entry.partition(" as ")
+        if f"{base}.{name}" in modules:
+            aliases[local or name] = f"{base}.{name}"
+        elif base in modules and is_private(name):
+            taken.append(f"from {base} import {name}")
+        elif base not in modules:
+            foreign.add(local or name)
+    return aliases, foreign, taken
+
+
+def check_cython_private_access(root: Path, package: str) -> list[str]:
+    """Heuristic, as :func:`check_private_access` for Python: in the Cython sources, ``x._name``
+    where the extension module (its ``.pyx``, ``.pxd`` and ``.pxi`` together) declares no
+    ``_name``, ``from X import _name`` from a module of the package, and a string that is a
+    private name another module defines, whether this one does too (a slot reached by name,
+    ``getattr(x, "_name")``): an owner lends such names itself."""
+    python = load_modules(root, package)
+    cython = load_cython(root, package)
+    defined = {name: defined_private_names(module) for name, module in python.items()}
+    defined.update({name: module.defined for name, module in cython.items()})
+
+    def owners(attr: str) -> str:
+        return ", ".join(sorted(m for m, names in defined.items() if attr in names)) or "none"
+
+    problems: list[str] = []
+    for module in cython.values():
+        for path in module.files:
+            where = path.relative_to(root).as_posix()
+            aliases: dict[str, str] = {}
+            foreign: set[str] = set()
+            tokens = _tokens(path)
+            imports: set[int] = set()  # the rows of import lines (their dots are no attributes)
+            for line in _logical_lines(tokens):
+                if line[0].string in ("import", "cimport", "from"):
+                    imports.update(range(line[0].start[0], line[-1].end[0] + 1))
+                    found, outside, taken = _cython_imports(line, module, python)
+                    aliases.update(found)
+                    foreign |= outside
+                    problems.extend(
+                        f"{where}:{line[0].start[0]}: {t} (defined in: {owners(t.split()[-1])})"
+                        for t in taken
+                    )
+            for k, token in enumerate(tokens):
+                if token.type == tokenize.STRING:
+                    text = token.string.strip("\"'")
+                    others = {m for m, names in defined.items() if text in names} - {module.name}
+                    if _IDENTIFIER.match(text) and is_private(text) and others:
+                        problems.append(
+                            f"{where}:{token.start[0]}: {token.string} names a private member"
+                            f" (defined in: {owners(text)})"
+                        )
+                    continue
+                if token.type != tokenize.NAME or not is_private(token.string) or k < 2:
+                    continue
+                if token.start[0] in imports:
+                    continue
+                if tokens[k - 1].string != ".":
+                    continue
+                value = tokens[k - 2]
+                if value.type == tokenize.NAME and value.string in foreign:
+                    continue
+                if value.type == tokenize.NAME and value.string in aliases:
+                    target = aliases[value.string]
+                    if f"{target}.{token.string}" in python:
+                        continue
+                elif token.string in module.defined:
+                    continue
+                problems.append(
+                    f"{where}:{token.start[0]}: {value.string}.{token.string}"
+                    f" (defined in: {owners(token.string)})"
+                )
     return sorted(problems, key=lambda p: (p.split(":")[0], int(p.split(":")[1])))
 
 
@@ -364,6 +574,19 @@ SYNTHETIC = {
     ),
     "_d.py": "_y = 1\n_z = 2\n",
     "_big.py": "x = 1\n" * MAX_LINES,
+    # The compiled core: a .pyx, its .pxd and a .pxi it includes, read as one module.
+    "_core.pyx": (
+        'include "_core_part.pxi"\n\n\ncdef class C:\n    def f(self, a):\n'
+        "        return self._own + a._x\n"
+    ),
+    "_core.pxd": "cdef class C:\n    cdef object _own\n",
+    "_core_part.pxi": (
+        "# a._x in a comment is not a use\nimport asyncio as _asyncio\n"
+        "from ._d import _y\nfrom . import _d\n\n"
+        "cdef object _running = _asyncio._get_running_loop  # another library's\n"
+        'cdef Py_ssize_t X = _slot(C, "_x")  # a slot of another module, reached by name\n\n\n'
+        'def g(b):\n    """b._x in a docstring is not a use."""\n    return _d._z + b._own\n'
+    ),
 }
 
 
@@ -397,4 +620,10 @@ def test_structure_checks_catch_what_they_claim(tmp_path: Path) -> None:
         "pkg._c:4: from pkg._d import _y (defined in: pkg._d)",
         "pkg._c:9: _d._z (defined in: pkg._d)",
         "pkg._c:9: a._x (defined in: pkg._a)",
+        "pkg/_core.pyx:6: a._x (defined in: pkg._a)",
+        "pkg/_core_part.pxi:12: _d._z (defined in: pkg._d)",
+        "pkg/_core_part.pxi:3: from pkg._d import _y (defined in: pkg._d)",
+        'pkg/_core_part.pxi:7: "_x" names a private member (defined in: pkg._a)',
     ], private
+    core = load_cython(tmp_path, "pkg")["pkg._core"]
+    assert [path.name for path in core.files] == ["_core.pyx", "_core.pxd", "_core_part.pxi"]

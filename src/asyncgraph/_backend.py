@@ -108,7 +108,7 @@ class Backend(StreamsAndGraphs, AsyncResource):
             name, engine, self._store, self._life, self._dispatcher, self.telemetry
         )
         engine.attach(self._dispatcher, self.telemetry, self._log)
-        front = FastFront(scheduler=self._scheduler, lifecycle=self._life, ids=self._ids,
+        front = FastFront(door=self._scheduler.fast_door, lifecycle=self._life, ids=self._ids,
                           dispatcher=self._dispatcher, store=self._store)  # fmt: skip
         fast = engine.fast_path(front)
         # The steady state of dispatch() in one call, where the engine has one (CUDA).

@@ -1,8 +1,15 @@
 """An engine's fast path (the steady state of a dispatch in one call), and what it may use of
 the front.
 
-Kept apart from ``_engine``: what the fast path is handed (the scheduler, the lifecycle, the
-dispatcher) itself uses the engine's protocols, so this module sits above them.
+The fast path enters the front through named doors, each its owner's operation with its
+invariant stated there: the scheduler's :class:`~asyncgraph._scheduler.FastDoor`
+(``admit_launched``, ``complete_launched``), the resident store's ``is_live``, ``track_uses``,
+``untrack`` and what they read, and the pending result's constructor and ``set_outcome``. It
+reads the lifecycle, and hands a job the general way to the dispatcher's ``done``; it changes
+nothing else of the front. The compiled core copies those doors in C, under the same names.
+
+Kept apart from ``_engine``: what the fast path is handed (the lifecycle, the dispatcher)
+itself uses the engine's protocols, so this module sits above them.
 """
 
 from __future__ import annotations
@@ -22,7 +29,7 @@ if TYPE_CHECKING:
     from ._pending import PendingDispatch
     from ._plans import Plan
     from ._resident import ResidentStore
-    from ._scheduler import Scheduler
+    from ._scheduler import FastDoor
 
 __all__ = ("FastDispatch", "FastEngine", "FastFront", "FrontEngine")
 
@@ -32,15 +39,15 @@ class FastFront:
     """What an engine's fast path may use of the front (``Engine.fast_path``).
 
     Attributes:
-        scheduler: the scheduler, whose two common transitions the fast path takes itself
-            (``Scheduler.fast_state``).
+        door: the scheduler's door: a job admitted straight to launched, and its completion
+            while nothing waits (``FastDoor``); nothing else of the scheduler.
         lifecycle: the backend's state, loop and the queue's waiting room (read only).
         dispatcher: completes a job the general way (``Dispatcher.done``) when anything waits.
-        store: the resident store (``is_live``).
+        store: the resident store (``is_live``, and the lists it reads: ``live_slots``).
         ids: the dispatch numbers (shared with the general path).
     """
 
-    scheduler: Scheduler
+    door: FastDoor
     lifecycle: Lifecycle
     dispatcher: Dispatcher
     store: ResidentStore

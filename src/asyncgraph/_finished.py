@@ -12,7 +12,7 @@ from __future__ import annotations
 import threading
 from typing import ClassVar
 
-__all__ = ("Finished",)
+__all__ = ("Download", "Finished")
 
 
 class Finished:
@@ -48,3 +48,13 @@ class Finished:
         if self.is_set():  # set() ran before the event was there to set
             event.set()
         return event.wait(timeout)
+
+
+class Download:
+    """A download in progress, a read use of its buffer (``finished`` once the copy is done)."""
+
+    __slots__ = ("event", "finished")
+
+    def __init__(self) -> None:
+        self.finished = Finished()
+        self.event: object = None  # the CUDA backend's copy event, once enqueued

@@ -12,11 +12,19 @@ from typing import Any
 from . import _inbox, _loop
 from ._exceptions import UnsupportedError
 
-__all__ = ("PendingDispatch",)
+__all__ = ("PENDING_FIELDS", "PENDING_STATES", "PendingDispatch", "set_outcome", "set_spin")
 
 _PENDING = 0
 _DONE = 1
 _FAILED = 2
+
+# The fast path's doors here, PendingDispatch.__init__ and set_outcome, have C copies in the
+# compiled core (cuda/_core_doors.pxi: new_pending, set_outcome), which use only the slots lent
+# them here (by role, found by name at its import: a name that is no slot any more makes it fall
+# back to the Python core) and the states' values.
+_LENT = ("loop", "state", "outcome", "waiters", "callbacks", "event", "device_time", "spin")
+PENDING_FIELDS = {role: f"_{role}" for role in (*_LENT, "traceback")}
+PENDING_STATES = (_PENDING, _DONE, _FAILED)  # pending, done, failed
 
 # Guards the lazy creation of a threading.Event for result()/exception() from other threads.
 _event_lock = threading.Lock()
@@ -219,8 +227,10 @@ def set_outcome(
     """Resolve *pending* with results (and the device time) or an error: wake its awaiters,
     a thread blocked in ``result()``, and schedule its done callbacks.
 
-    The dispatcher calls it, and the CUDA fast path; on the loop's thread, or any thread once
-    the loop is closed.
+    Once per pending result, after its job is ``DONE``; on the loop's thread, or any thread once
+    the loop is closed. The dispatcher calls it for every job but the fast path's, which
+    resolves its own (a door: the compiled core has a C copy of the same name, which calls this
+    one whenever anything waits on the result).
     """
     # The outcome before the state: a thread that sees the state changed reads the outcome.
     pending._outcome = outcome

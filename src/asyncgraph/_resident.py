@@ -23,10 +23,9 @@ import numpy as np
 from . import _loop
 from ._dlpack import make_capsule
 from ._exceptions import ArgumentTypeError, NotPicklableError, StaleBufferError
-from ._finished import Finished
 
 __all__ = (
-    "Download",
+    "BUFFER_FIELDS",
     "Exporter",
     "ResidentBuffer",
     "ResidentStore",
@@ -35,6 +34,7 @@ __all__ = (
     "identity",
     "in_use",
     "let_go",
+    "readers_of",
     "storage_of",
     "track",
     "track_uses",
@@ -247,19 +247,6 @@ class ResidentBuffer:
 
     # -- in-flight uses (front of the backend, event loop thread) ------------------------------
 
-    def _track(self, use: Use, write: bool) -> list[Use]:
-        """Record *use* and return the earlier uses it must wait for (if it raises: nothing)."""
-        in_use = self._in_use + 1
-        if write:
-            deps = list(self._readers)
-            if self._writer is not None:
-                deps.append(self._writer)
-            self._in_use, self._writer, self._readers = in_use, use, []
-            return deps
-        self._readers.append(use)
-        self._in_use = in_use
-        return [self._writer] if self._writer is not None else []
-
     def _untrack(self, use: Use) -> None:
         """Forget a completed *use*; free the memory if the buffer is closed and now idle."""
         self._in_use -= 1
@@ -366,6 +353,10 @@ class ResidentStore:
             and self._buffers[slot] is buffer
         )
 
+    def live_slots(self) -> tuple[list[int], list[ResidentBuffer | None]]:
+        """What :meth:`is_live` reads (for its C copy): each slot's generation and buffer."""
+        return self._generations, self._buffers
+
     def discard(self, buffer: ResidentBuffer) -> None:
         """Close *buffer*, made for a dispatch that was refused or failed (nobody has it)."""
         self._close(buffer)
@@ -404,17 +395,32 @@ class ResidentStore:
 
 
 # -- what backends ask of a buffer (they never touch its private fields) ------------------------
+# The fast path's doors (is_live, track_uses, untrack, writer_of, readers_of, storage_of) have
+# C copies of the same name and effect (cuda/_core_doors.pxi), using only the slots lent here.
+_LENT = ("store", "slot", "generation", "in_use", "writer", "readers", "storage")
+BUFFER_FIELDS = {role: f"_{role}" for role in _LENT}  # each role's slot, by name
 
 
 def track(buffer: ResidentBuffer, use: Use, write: bool) -> list[Use]:
-    """Record *use* of *buffer*; return the earlier uses it must be ordered after."""
-    return buffer._track(use, write)
+    """Record *use* of *buffer* (in flight until :func:`untrack`): a write becomes its writer,
+    after the writer and the readers before it, a read joins the readers. Returns the earlier
+    uses *use* must be ordered after; if it raises, nothing changed."""
+    in_use = buffer._in_use + 1
+    if write:
+        deps = list(buffer._readers)
+        if buffer._writer is not None:
+            deps.append(buffer._writer)
+        buffer._in_use, buffer._writer, buffer._readers = in_use, use, []
+        return deps
+    buffer._readers.append(use)
+    buffer._in_use = in_use
+    return [buffer._writer] if buffer._writer is not None else []
 
 
 def track_uses(buffers: list[ResidentBuffer], writes: tuple[bool, ...], use: Use) -> None:
-    """Record *use* of each of *buffers* (written where *writes* says): on all, or on none."""
+    """:func:`track` *use* on each of *buffers* (written where *writes* says): all or none."""
     if len(buffers) == 1:
-        buffers[0]._track(use, writes[0])  # all or nothing by itself
+        track(buffers[0], use, writes[0])  # all or nothing by itself
         return
     replaced: list[tuple[Use | None, list[Use]] | None] = []  # what each write replaced
     done = 0
@@ -422,7 +428,7 @@ def track_uses(buffers: list[ResidentBuffer], writes: tuple[bool, ...], use: Use
         for buffer in buffers:
             write = writes[done]
             replaced.append((buffer._writer, buffer._readers) if write else None)
-            buffer._track(use, write)  # all or nothing by itself
+            track(buffer, use, write)  # all or nothing by itself
             done += 1
     except BaseException:
         for buffer, prior in zip(buffers[:done], replaced, strict=False):
@@ -435,7 +441,7 @@ def track_uses(buffers: list[ResidentBuffer], writes: tuple[bool, ...], use: Use
 
 
 def untrack(buffer: ResidentBuffer, use: Use) -> None:
-    """Forget a finished *use*; frees the memory of a closed buffer left idle."""
+    """Forget a finished *use*, once per track; frees the memory of a closed buffer left idle."""
     buffer._untrack(use)
 
 
@@ -457,6 +463,11 @@ def in_use(buffer: ResidentBuffer) -> bool:
 def writer_of(buffer: ResidentBuffer) -> Use | None:
     """The use in flight that writes *buffer*, if any."""
     return buffer._writer
+
+
+def readers_of(buffer: ResidentBuffer) -> list[Use]:
+    """The uses in flight that read *buffer*: its own list, to read only."""
+    return buffer._readers
 
 
 def uses_of(buffer: ResidentBuffer) -> list[Use]:
@@ -486,13 +497,3 @@ def check_buffer(value: object, where: str) -> None:
             f"{where} takes a resident buffer, got {type(value).__name__}; pass one that "
             "upload(), empty() or a dispatch's Out(..., resident=True) returned"
         )
-
-
-class Download:
-    """A download in progress, a read use of its buffer (``finished`` once the copy is done)."""
-
-    __slots__ = ("event", "finished")
-
-    def __init__(self) -> None:
-        self.finished = Finished()
-        self.event: object = None  # the CUDA backend's copy event, once enqueued

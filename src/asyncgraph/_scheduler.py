@@ -13,7 +13,8 @@ and the others) only record what happened; each then runs :meth:`Scheduler._adva
 transition function, which decides every move and returns the effects to perform, in order
 (the way httpcore's connection pool assigns requests in one place). The caller performs them:
 the engine compiles, stages, launches and releases; the front resolves. Engines never complete
-or unpark jobs themselves; they report events back.
+or unpark jobs themselves; they report events back. The one exception is an engine's fast path,
+which takes the two common transitions itself through :class:`FastDoor`, and nothing else.
 
 Whether a job needs compiling or staging, and whether its dependencies are far enough along to
 be ordered after on the device, are questions for the engine (:class:`Runner`); the scheduler
@@ -39,6 +40,7 @@ if TYPE_CHECKING:
 
 __all__ = (
     "Effect",
+    "FastDoor",
     "Job",
     "JobState",
     "Runner",
@@ -149,7 +151,16 @@ class Scheduler:
         max_in_flight: jobs admitted (compiling to collecting) at most; more wait queued.
     """
 
-    __slots__ = ("_compiling", "_in_flight", "_max", "_out", "_parked", "_queue", "_runner")
+    __slots__ = (
+        "_compiling",
+        "_in_flight",
+        "_max",
+        "_out",
+        "_parked",
+        "_queue",
+        "_runner",
+        "fast_door",
+    )
 
     def __init__(self, runner: Runner, max_in_flight: int) -> None:
         self._runner = runner
@@ -159,6 +170,8 @@ class Scheduler:
         self._parked: list[Job] = []
         self._compiling: dict[Kernel, list[Job]] = {}
         self._out: list[Effect] = []  # effects decided since the last _advance() returned
+        # The one way an engine's fast path changes what this scheduler holds (FastDoor).
+        self.fast_door = FastDoor(self._in_flight, self._queue, self._parked, max_in_flight)
 
     def __repr__(self) -> str:
         return (
@@ -193,20 +206,6 @@ class Scheduler:
     def admitted(self, dispatch_id: int) -> Job | None:
         """The admitted job numbered *dispatch_id*, or ``None`` (queued, or finished)."""
         return self._in_flight.get(dispatch_id)
-
-    def fast_state(self) -> tuple[dict[int, Job], deque[Job], list[Job], int]:
-        """The containers the engine's fast path changes: in flight, queued, parked; and the
-        in-flight bound.
-
-        The fast path (the dispatch core's ``FastPath``) takes the two common transitions of
-        :meth:`add` and :meth:`done` without the general pass: a job admitted at once and
-        launched (the queue empty, a slot free, nothing to compile, stage or wait for), and
-        that job's completion while nothing is queued or parked. It makes exactly the changes
-        those branches make (``_in_flight[job.id] = job``, the state ``LAUNCHED``; on
-        completion the pop, ``DONE`` and the outcome) and nothing else; every other case it
-        leaves to these methods.
-        """
-        return self._in_flight, self._queue, self._parked, self._max
 
     # -- events --------------------------------------------------------------------------------
 
@@ -352,6 +351,78 @@ class Scheduler:
         if release:
             self._out.append((_RELEASE_STEP, job))
         self._out.append((_RESOLVE_STEP, job))
+
+
+class FastJob(Protocol):
+    """A job as :class:`FastDoor` takes it: a fast path's own record, with a job's fields."""
+
+    id: int
+    state: JobState
+    outcome: tuple[Any, ...] | BaseException | None
+
+
+class FastDoor:
+    """The scheduler's door for an engine's fast path: its two transitions, and what they read.
+
+    The fast path (the dispatch core's ``FastPath``) takes the two common transitions of
+    :meth:`Scheduler.add` and :meth:`Scheduler.done` without the general pass: a job admitted
+    at once and launched, and that job's completion while nothing waits. :meth:`admit_launched`
+    and :meth:`complete_launched` are those transitions, exactly as the scheduler's own branches
+    make them, and with :meth:`withdraw` (an admission taken back) the only changes anything
+    outside :class:`Scheduler` makes to its jobs' states and containers. The compiled core has a
+    C copy of each, of the same name and doing the same (``cuda/_core_doors.pxi``).
+
+    Attributes (the scheduler's own containers, never rebound; read only outside the
+    scheduler and these methods):
+        in_flight: the admitted jobs by number, oldest first.
+        queue: the jobs waiting for an in-flight slot.
+        parked: the jobs waiting for a use they depend on.
+        limit: the in-flight bound.
+    """
+
+    __slots__ = ("in_flight", "limit", "parked", "queue")
+
+    def __init__(
+        self, in_flight: dict[int, Job], queue: deque[Job], parked: list[Job], limit: int
+    ) -> None:
+        self.in_flight = in_flight
+        self.queue = queue
+        self.parked = parked
+        self.limit = limit
+
+    def admit_launched(self, job: FastJob) -> None:
+        """Admit *job* (numbered) straight to ``LAUNCHED``: the caller launches it itself.
+
+        Only while the queue is empty and a slot is free (``not queue and len(in_flight) <
+        limit``), which the caller checked before it changed anything, as :meth:`Scheduler.add`
+        checks before it admits. Nothing to compile, stage or wait for: the job is counted in
+        flight with no effect to perform. Its end is reported through :meth:`complete_launched`
+        or, as any job's, ``Scheduler.done``.
+        """
+        self.in_flight[job.id] = job  # type: ignore[assignment]  # read as any Job is
+        job.state = _LAUNCHED
+
+    def withdraw(self, job: FastJob) -> None:
+        """Take back :meth:`admit_launched` of *job*, which was not launched after all (a later
+        step of the caller's commit raised): out of flight again, and never reported."""
+        self.in_flight.pop(job.id, None)
+
+    def complete_launched(self, job: FastJob, outcome: tuple[Any, ...] | BaseException) -> bool:
+        """*job*, admitted by :meth:`admit_launched`, finished with *outcome*: ``DONE``, out
+        of flight, if nothing waits for its slot; whether it was.
+
+        When a job is queued or parked it changes nothing and returns ``False``: the caller
+        reports the job through ``Scheduler.done`` (the dispatcher's ``done``), which admits
+        the next in order. Returning ``True``, it leaves the resolving to the caller, as
+        ``Scheduler.done`` leaves it to the dispatcher (the job's buffers untracked, then its
+        pending result set).
+        """
+        if self.queue or self.parked:
+            return False
+        self.in_flight.pop(job.id, None)
+        job.state = _DONE
+        job.outcome = outcome
+        return True
 
 
 _WAITING = frozenset((_COMPILING, _STAGING, _PARKED))

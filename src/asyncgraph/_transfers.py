@@ -9,8 +9,9 @@ import numpy as np
 
 from ._checks import check_upload
 from ._exceptions import ArgumentTypeError, BackendClosedError, ShapeMismatchError
+from ._finished import Download
 from ._lifecycle import OPEN
-from ._resident import Download, ResidentBuffer, check_buffer, track, untrack
+from ._resident import ResidentBuffer, check_buffer, track, untrack
 
 if TYPE_CHECKING:
     from ._dispatcher import Dispatcher

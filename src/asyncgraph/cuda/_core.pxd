@@ -141,6 +141,7 @@ cdef class CPlan:
     cdef ResultC* returned
     cdef Py_ssize_t n_residents
     cdef Py_ssize_t* residents  # the argument index of each resident buffer
+    cdef tuple writes  # whether the kernel writes each resident buffer (track_uses)
     cdef bint has_uploads
     cdef uint64_t in_end
     cdef uint64_t up_end
@@ -189,14 +190,14 @@ cdef class FastPath:
     cdef list _idle_events
     cdef object _take_event
     cdef object _pool
-    cdef dict _in_flight
-    cdef object _queue
+    cdef dict _in_flight  # the scheduler's FastDoor: its containers and bound (read; changed
+    cdef object _queue  # through the doors' C copies only, _core_doors.pxi)
     cdef list _parked
     cdef Py_ssize_t _max
     cdef object _life
     cdef object _dispatcher
     cdef object _store
-    cdef list _generations
+    cdef list _generations  # the store's live_slots(), for is_live
     cdef list _buffers
     cdef object _ids
     cdef dict _kernels

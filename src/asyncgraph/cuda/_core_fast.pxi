@@ -39,16 +39,15 @@ cdef class FastPath:
         self._idle_events = events.idle
         self._take_event = events.take
         self._pool = stream_pool
-        in_flight, queue, parked, limit = front.scheduler.fast_state()
-        self._in_flight = in_flight
-        self._queue = queue
-        self._parked = parked
-        self._max = limit
+        door = front.door  # the scheduler's FastDoor: its containers, never rebound
+        self._in_flight = door.in_flight
+        self._queue = door.queue
+        self._parked = door.parked
+        self._max = door.limit
         self._life = front.lifecycle
         self._dispatcher = front.dispatcher
         self._store = front.store
-        self._generations = front.store._generations  # never rebound: read in place
-        self._buffers = front.store._buffers
+        self._generations, self._buffers = front.store.live_slots()  # never rebound
         self._ids = front.ids
         self._kernels = {}
         _clear(&self._queue_wait)
@@ -116,9 +115,8 @@ cdef class FastPath:
         cdef FastJob job
         cdef object life, loop, value, buffer, dep, dep_lane, lane = None, slot, pending, choice
         cdef PyObject* seen[8]
-        cdef Py_ssize_t n_seen = 0, tracked = 0
+        cdef Py_ssize_t n_seen = 0
         cdef int taken = 0
-        cdef Saved saved[8]  # the buffers' fields before the commit, to undo it
         cdef list readers
         found = self._kernels.get(kernel)
         if found is None:
@@ -169,9 +167,9 @@ cdef class FastPath:
                         return None  # twice in one call: the general path orders it
                 seen[n_seen] = <PyObject*>buffer
                 n_seen += 1
-                if not _is_live(self._store, self._generations, self._buffers, buffer):
+                if not is_live(self._store, self._generations, self._buffers, buffer):
                     return None  # stale: the general path says why
-                dep_lane = _lane_of(_get(buffer, B_WRITER))
+                dep_lane = _lane_of(writer_of(buffer))
                 if dep_lane is not None:
                     if dep_lane is _ELSEWHERE:
                         return None
@@ -179,7 +177,7 @@ cdef class FastPath:
                         lane = dep_lane
                     elif dep_lane is not lane:
                         return None
-                readers = <list?>_get(buffer, B_READERS)  # TypeError, before anything changed
+                readers = readers_of(buffer)  # TypeError, before anything changed
                 if a.write:
                     for dep in readers:
                         dep_lane = _lane_of(dep)
@@ -232,41 +230,34 @@ cdef class FastPath:
         job.lane = self._lanes[lane_index]
         job.lane_index = lane_index
         job.t_dispatch = t0
-        job.state = _LAUNCHED
         if choice is not None and choice.sampling:
             job.choice = choice  # "auto" measures it
         job.id = next(self._ids)
-        pending = _new_pending(loop, job.id, plan.name, self._spin)
+        pending = new_pending(loop, job.id, plan.name, self._spin)
         job.pending = pending
         job.buffers = [] if plan.n_residents else _EMPTY
         slot = self._slots[lane_index]
         pool = self._pool
         try:
-            self._in_flight[job.id] = job
+            admit_launched(self._in_flight, job)
             slot.outstanding += 1
             taken = 1
             if placed:
                 pool.placements += 1
                 taken = 2
-            for r in range(plan.n_residents):
-                i = plan.residents[r]
-                value = args[i]
-                buffer = _into(value) if plan.args[i].kind == A_INTO else value
-                job.buffers.append(buffer)
-                _save(buffer, &saved[r])
-                tracked = r + 1
-                _track_use(buffer, job, plan.args[i].write)  # ordered by the lane (checked above)
+            if plan.n_residents:
+                for r in range(plan.n_residents):
+                    i = plan.residents[r]
+                    value = args[i]
+                    job.buffers.append(_into(value) if plan.args[i].kind == A_INTO else value)
+                track_uses(job.buffers, plan.writes, job)  # ordered by the lane (checked above)
         except BaseException:
-            for r in range(tracked - 1, -1, -1):
-                _put_back(job.buffers[r], &saved[r], job)
-            self._in_flight.pop(job.id, None)
+            withdraw(self._in_flight, job)
             if taken:
                 slot.outstanding -= 1
             if taken > 1:
                 pool.placements -= 1
             raise
-        for r in range(tracked):
-            _forget(&saved[r])
         if placed:
             self._cursor = (start + 1) % count
         if staged:
@@ -359,10 +350,10 @@ cdef class FastPath:
                 elif a.kind <= A_OUT:
                     (<uint64_t*>slot)[0] = base + <uint64_t>a.offset
                 elif a.kind == A_RESIDENT:
-                    (<uint64_t*>slot)[0] = <uint64_t>int(_get(args[i], B_STORAGE).handle)
+                    (<uint64_t*>slot)[0] = <uint64_t>int(storage_of(args[i]).handle)
                 else:  # A_INTO: zeroed first
                     value = args[i]
-                    pointer = <uint64_t>int(_get(_into(value), B_STORAGE).handle)
+                    pointer = <uint64_t>int(storage_of(_into(value)).handle)
                     if code == cydriver.CUDA_SUCCESS:
                         code = cydriver.cuMemsetD8Async(
                             <cydriver.CUdeviceptr>pointer, 0, <size_t>value.nbytes, handle
@@ -439,15 +430,14 @@ cdef class FastPath:
         slot = self._slots[job.lane_index]
         slot.outstanding -= 1
         life = self._life
-        if len(self._queue) or len(self._parked) or life.state != _OPEN or len(life.room.parked):
-            # Something waits for this slot, or for the backend to drain: the general way.
+        # Unless something waits for this slot, or for the backend to drain: the general way.
+        if life.state != _OPEN or len(life.room.parked) or not complete_launched(
+            self._in_flight, self._queue, self._parked, job, outcome
+        ):
             self._dispatcher.done(job, outcome, None)
             return 0
-        self._in_flight.pop(job.id, None)
-        job.state = _DONE
-        job.outcome = outcome
         for buffer in job.buffers:
-            _untrack_use(self._store, self._generations, self._buffers, buffer, job)
+            untrack(self._store, self._generations, self._buffers, buffer, job)
         now = _now()
         _record_value(&self._latency, now - job.t_dispatch)
         if isinstance(outcome, BaseException):
@@ -458,7 +448,7 @@ cdef class FastPath:
             job.cplan.expected = _learned(
                 job.cplan.expected, (job.seen if job.seen > 0.0 else now) - job.t_dispatch
             )
-        _resolve(job.pending, outcome)
+        set_outcome(job.pending, outcome)
         return 0
 
     cdef object _results(self, FastJob job):

@@ -1,7 +1,7 @@
 # What the compiled fast path works from (included by _core.pyx before _core_fast.pxi): its
 # plans as C arrays (CPlan) and their guards (_fits), the fast job, the histograms it keeps in
-# C, the mirrors of the front's buffer bookkeeping, and the pending result's slots written at
-# their offsets. The twin of _fast_plan.py and _fast_job.py.
+# C, and (in _core_doors.pxi) the front's doors it enters by. The twin of _fast_plan.py and
+# _fast_job.py.
 
 import asyncio as _asyncio
 import os as _os
@@ -10,13 +10,9 @@ import numpy as _np
 
 from .._args import Out as _Out
 from .._exceptions import AllocationError as _AllocationError
+from .._finished import Download as _Download
 from .._lifecycle import OPEN as _OPEN
-from .._pending import PendingDispatch as _PendingDispatch
-from .._pending import set_outcome as _set_outcome
 from .._plans import same_dims as _same_dims
-from .._resident import Download as _Download
-from .._resident import ResidentBuffer as _ResidentBuffer
-from .._resident import untrack as _untrack
 from .._scheduler import JobState as _JobState
 from .._telemetry import BUCKET_BOUNDS as _BUCKET_BOUNDS
 from ._driver import error_for as _error_for
@@ -134,7 +130,41 @@ cdef _flush_histogram(HistogramC* h, histogram):
         _clear(h)
 
 
-include "_core_mirror.pxi"
+include "_core_doors.pxi"
+
+
+cdef Py_ssize_t O_INTO = _slot(_Out, "into")
+
+
+cdef inline object _into(object out):
+    """``out.into`` of an ``Out``."""
+    if type(out) is _Out:
+        return _get(out, O_INTO)
+    return out.into
+
+
+cdef object _ELSEWHERE = object()
+
+
+cdef inline object _lane_of(object use):
+    """The lane a buffer's unfinished *use* runs on; ``None`` if it finished (or there is
+    none); ``_ELSEWHERE`` if the fast path cannot order after it (a download, or a use not
+    launched yet)."""
+    if use is None:
+        return None
+    if type(use) is FastJob:
+        if (<FastJob>use).state is _DONE or (<FastJob>use).gpu_done:
+            return None
+        if (<FastJob>use)._event is None:
+            return _ELSEWHERE
+        return (<FastJob>use).lane
+    if type(use) is _Download:
+        return _ELSEWHERE
+    if use.state is _DONE or use.gpu_done:
+        return None
+    if use.event is None:
+        return _ELSEWHERE  # not launched yet
+    return use.lane
 
 
 cdef class FastJob(WatchItem):
@@ -183,6 +213,7 @@ cdef class CPlan:
         self.in_end, self.up_end, self.total = plan.in_end, plan.up_end, plan.total
         self.up_copy = plan.up_copy
         self.staged = plan.staged
+        self.writes = tuple(plan.writes)
         self.n_args = plan.n_args
         self.args = <ArgC*>calloc(self.n_args if self.n_args else 1, sizeof(ArgC))
         self.n_returned = len(plan.returned)

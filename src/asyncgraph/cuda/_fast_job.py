@@ -20,7 +20,7 @@ if TYPE_CHECKING:
 
 __all__ = ("FastJob", "FastLane", "KnownKernel", "Ring")
 
-_LAUNCHED = JobState.LAUNCHED
+_QUEUED = JobState.QUEUED
 
 
 class FastLane(Protocol):
@@ -86,7 +86,7 @@ class FastJob:
         self.args = args
         self.lane = lane
         self.t_dispatch = t
-        self.state = _LAUNCHED
+        self.state = _QUEUED  # until the scheduler's door admits it (FastDoor.admit_launched)
         self.buffers: list[ResidentBuffer] = []
         self.event: Any = None
         self.seq = 0

@@ -10,9 +10,12 @@ download and the event, the job counted in flight and handed to the reactor — 
 anything changed, and the general path runs. :meth:`FastPath.complete`, called by the reactor's
 :class:`Watches`, builds the results out of the ring, releases what the job held and resolves it.
 
-The scheduler stays the authority (``Scheduler.fast_state``): this is its ``LAUNCH`` transition
-taken without the general pass, and its completion when nothing is queued or parked (else it
-goes through ``Dispatcher.done`` as any job's). The compiled core (``_core``) has its twin.
+It enters the front through named doors only (``_fast_front``): the scheduler stays the
+authority, and its ``FastDoor`` takes the ``LAUNCH`` transition without the general pass
+(``admit_launched``) and the completion when nothing is queued or parked
+(``complete_launched``; else the job goes through ``Dispatcher.done`` as any job's); a buffer's
+uses are recorded and forgotten by ``_resident``'s ``track_uses`` and ``untrack``; the pending
+result is made and resolved by ``_pending``'s. The compiled core (``_core``) has its twin.
 """
 
 from __future__ import annotations
@@ -26,10 +29,11 @@ import numpy as np
 from cuda.bindings import driver as drv
 
 from .._exceptions import AllocationError
+from .._finished import Download
 from .._lifecycle import OPEN
 from .._pending import PendingDispatch, set_outcome
 from .._plans import same_dims
-from .._resident import Download, storage_of, track_uses, untrack, uses_of, writer_of
+from .._resident import storage_of, track_uses, untrack, uses_of, writer_of
 from .._scheduler import JobState
 from ._driver import SUCCESS, error_for
 from ._fast_job import FastJob, FastLane, KnownKernel, Ring
@@ -50,12 +54,11 @@ __all__ = ("RING_BYTES", "FastJob", "FastPath")
 
 _NEVER = "never"
 _AUTO = "auto"
-_LAUNCHED = JobState.LAUNCHED
 _DONE = JobState.DONE
 _OOM = drv.CUresult.CUDA_ERROR_OUT_OF_MEMORY
 
 _memset, _up, _down = drv.cuMemsetD8Async, drv.cuMemcpyHtoDAsync, drv.cuMemcpyDtoHAsync
-_record = drv.cuEventRecord
+_record, _launch = drv.cuEventRecord, drv.cuLaunchKernel
 _current, _push, _pop = drv.cuCtxGetCurrent, drv.cuCtxPushCurrent, drv.cuCtxPopCurrent
 _running_loop = asyncio._get_running_loop
 
@@ -69,7 +72,7 @@ class FastPath:
         watches: the reactor's hot half; the fast path adds its jobs to the lanes there.
         events: the pool of completion events (``idle`` and ``take``).
         stream_pool: the stream pool, whose ``placements`` count the fast path's too.
-        front: the front's collaborators (scheduler, lifecycle, dispatcher, store, ids).
+        front: the front's doors and collaborators (``FastFront``).
         launcher_type: the launchers this path packs (the core's own).
     """
 
@@ -93,7 +96,7 @@ class FastPath:
         self._idle_events: list[Any] = events.idle
         self._take_event: Callable[[], Any] = events.take
         self._pool = stream_pool
-        self._in_flight, self._queue, self._parked, self._max = front.scheduler.fast_state()
+        self._door = front.door
         self._life = front.lifecycle
         self._dispatcher = front.dispatcher
         self._store = front.store
@@ -157,6 +160,7 @@ class FastPath:
             return None  # graphs are asked for: the general path has them
         life = self._life
         watches = self._watches
+        door = self._door
         loop = life.loop
         if (
             life.state != OPEN
@@ -165,8 +169,8 @@ class FastPath:
             or watches.schedule is None
             or watches.fault is not None
             or watches.paused
-            or self._queue
-            or len(self._in_flight) >= self._max
+            or door.queue  # admit_launched: only with nothing queued and a slot free
+            or len(door.in_flight) >= door.limit
         ):
             return None
         # The plan's guards: the same checks a Plan makes, with no bound argument built.
@@ -286,10 +290,10 @@ class FastPath:
             job.choice = choice  # "auto" measures it
         job.id = dispatch_id = next(self._ids)
         job.pending = pending = PendingDispatch(loop, dispatch_id, plan.name, watches.spin)
-        in_flight, slot, pool = self._in_flight, lane.slot, self._pool
+        slot, pool = lane.slot, self._pool
         taken = 0  # the steps below taken so far, undone if a later one raises
         try:
-            in_flight[dispatch_id] = job  # type: ignore[assignment]  # a job of this path
+            door.admit_launched(job)
             slot.outstanding += 1
             taken = 1
             if placed:
@@ -302,7 +306,7 @@ class FastPath:
                     buffers.append(arg.into if into else arg)  # an Out's, or the buffer
                 track_uses(buffers, plan.writes, job)  # ordered by the lane (checked above)
         except BaseException:
-            in_flight.pop(dispatch_id, None)
+            door.withdraw(job)
             slot.outstanding -= taken > 0
             pool.placements -= taken > 1
             raise
@@ -394,11 +398,12 @@ class FastPath:
                     if code == SUCCESS:
                         code = _memset(pointer, 0, out.nbytes, handle)[0]
                     values[i] = pointer
-        if code == SUCCESS:
+        if code == SUCCESS:  # the launcher's parameter block written in place, as in C
             call = "cuLaunchKernel"
-            code = launcher.launch_values(
-                values, plan.grid_dims, plan.block_dims, plan.shared_mem, handle
-            )
+            for view, value in zip(launcher.slot_views, values, strict=True):
+                view[0] = value
+            f, p, g, b = launcher.function, launcher.kernel_params, plan.grid_dims, plan.block_dims
+            code = _launch(f, g[0], g[1], g[2], b[0], b[1], b[2], plan.shared_mem, handle, p, 0)[0]
         in_end = plan.in_end
         if code == SUCCESS and total > in_end:
             call = "cuMemcpyDtoHAsync"
@@ -452,13 +457,11 @@ class FastPath:
                 ring.tail = job.ring_end
         job.lane.slot.outstanding -= 1
         life = self._life
-        if self._queue or self._parked or life.state != OPEN or life.room.parked:
-            # Something waits for this slot, or for the backend to drain: the general way.
+        door = self._door
+        # Unless something waits for this slot, or for the backend to drain: the general way.
+        if life.state != OPEN or life.room.parked or not door.complete_launched(job, outcome):
             self._dispatcher.done(job, outcome, None)  # type: ignore[arg-type]  # a job of this path
             return
-        self._in_flight.pop(job.id, None)
-        job.state = _DONE
-        job.outcome = outcome
         for buffer in job.buffers:
             untrack(buffer, job)
         self._latency.append((now := perf_counter()) - job.t_dispatch)

@@ -22,7 +22,7 @@ from typing import Any
 import numpy as np
 
 from .._bound import BoundCall
-from .._resident import Download
+from .._finished import Download
 from .._scheduler import Job, JobState
 from ..pool import HostPool, PinnedBlock
 from ..pool._pinned import pinned_memory_of

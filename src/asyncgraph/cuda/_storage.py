@@ -22,7 +22,8 @@ from cuda.bindings import driver as drv
 from .._bound import as_bytes
 from .._dlpack import KDL_CUDA
 from .._exceptions import AllocationError, CudaError
-from .._resident import Download, ResidentBuffer, Use, storage_of, uses_of, writer_of
+from .._finished import Download
+from .._resident import ResidentBuffer, Use, storage_of, uses_of, writer_of
 from .._scheduler import wait_finished
 from ._driver import check, translate
 from ._launch import chained_lane, wait_deps

@@ -284,7 +284,7 @@ class Watches:
             else:
                 callback(error)
         except Exception as exc:
-            logger.error("reactor.callback_failed", error=repr(exc), exc_info=exc)
+            _callback_failed(exc)
 
     def drain(self, limit: int, now: float, deadline: float) -> tuple[int, int]:
         """Finish the watches whose events completed, oldest first across the lanes.
@@ -426,12 +426,18 @@ class Watches:
             self.spins += 1
             if not held:
                 self.held_since = now
-            if code == SUCCESS:
-                watch.finished = True  # finish(), inline
-                self.idle_events.append(watch.event)  # not held: checked above
-                self.call(watch, None)
-            else:
+            if code != SUCCESS:
                 self.failed(watch, code)
+                return
+            watch.finished = True  # finish(), inline
+            self.idle_events.append(watch.event)  # not held: checked above
+            if watch.callback is not None:
+                self.call(watch, None)
+                return
+            try:  # call() of the fast path's job, inline: the lone await's own path
+                self.complete(watch, None)  # type: ignore[misc]  # set with the fast path
+            except Exception as exc:
+                _callback_failed(exc)
         finally:
             if pushed:
                 drv.cuCtxPopCurrent()
@@ -445,6 +451,10 @@ class Watches:
             lane.ready = 0
         self.pending = 0
         return watches
+
+
+def _callback_failed(exc: Exception) -> None:
+    logger.error("reactor.callback_failed", error=repr(exc), exc_info=exc)
 
 
 def _no_failure_handler(watch: Any, code: Any) -> None:
