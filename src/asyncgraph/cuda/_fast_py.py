@@ -398,7 +398,7 @@ class FastPath:
                     if code == SUCCESS:
                         code = _memset(pointer, 0, out.nbytes, handle)[0]
                     values[i] = pointer
-        if code == SUCCESS:  # the launcher's parameter block written in place, as in C
+        if code == SUCCESS:  # Launcher.launch_values, inline (one call fewer), as in C
             call = "cuLaunchKernel"
             for view, value in zip(launcher.slot_views, values, strict=True):
                 view[0] = value
