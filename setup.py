@@ -1,4 +1,4 @@
-"""Builds the optional compiled dispatch core, ``asyncgraph.cuda._core``.
+"""Builds the optional compiled dispatch core, ``asyncgraph.cuda.core._core_compiled``.
 
 Everything else about the package is in ``pyproject.toml``. The extension is Cython against
 ``cuda.bindings.cydriver`` (whose ``.pxd`` files declare the driver API through ``cuda.h``) and
@@ -6,8 +6,8 @@ numpy's C API, so the build needs Cython, cuda-bindings, numpy, ``cuda.h`` and a
 ``cuda.h`` is looked for in ``$CUDA_HOME``/``$CUDA_PATH``, in NVIDIA's ``nvidia-cuda-runtime``
 wheel and in ``/usr/local/cuda``. The extension is optional: where any of this is missing, or on
 a platform other than Linux, the build says why and the package installs without it, running on
-the Python twin of the core (``asyncgraph.cuda._core_py``). ``ASYNCGRAPH_REQUIRE_COMPILED=1`` makes
-a failed build an error instead (CI sets it).
+the Python twin of the core (``asyncgraph.cuda.core._core_python``).
+``ASYNCGRAPH_REQUIRE_COMPILED=1`` makes a failed build an error instead (CI sets it).
 """
 
 from __future__ import annotations
@@ -21,7 +21,7 @@ from setuptools import Extension, setup
 from setuptools.command.build_ext import build_ext
 
 REQUIRED = os.environ.get("ASYNCGRAPH_REQUIRE_COMPILED", "").strip() not in ("", "0")
-SOURCE = "src/asyncgraph/cuda/_core.pyx"
+SOURCE = "src/asyncgraph/cuda/core/_core_compiled.pyx"
 
 
 def _say(message: str) -> None:
@@ -65,7 +65,7 @@ def _extensions() -> list[Extension]:
         _say("numpy is not installed; installing the Python core")
         return []
     extension = Extension(
-        "asyncgraph.cuda._core",
+        "asyncgraph.cuda.core._core_compiled",
         [SOURCE],
         include_dirs=[include, numpy.get_include()],
         # numpy's C API as of 1.26 (the oldest numpy asyncgraph supports), whatever builds it.

@@ -68,8 +68,8 @@ def _per_call_ns(fn: Any, reps: int) -> float:
 def _calls(cores: dict[str, Any], reps: int) -> list[tuple[str, str, float]]:
     from cuda.bindings import driver as drv
 
-    from asyncgraph._bound import InArg, ScalarArg
-    from asyncgraph._kernel import Param
+    from asyncgraph.args._bound_args import InArg, ScalarArg
+    from asyncgraph.args._kernel import Param
 
     f4, i4, i8 = np.dtype(np.float32), np.dtype(np.int32), np.dtype(np.int64)
     params = (
@@ -156,8 +156,8 @@ async def _wake_latencies(count: int) -> list[float]:
     """µs from each completion (outside Python) to the reactor's callback on the loop."""
     from cuda.bindings import driver as drv
 
-    from asyncgraph.cuda._events import EventPool
-    from asyncgraph.cuda._reactor import Reactor
+    from asyncgraph.cuda.completion._reactor import Reactor
+    from asyncgraph.cuda.driver._events import EventPool
 
     lib = ctypes.CDLL("libcuda.so.1")
     lib.fake_event_new.restype = ctypes.c_void_p
@@ -186,7 +186,7 @@ async def _wake_latencies(count: int) -> list[float]:
 
 
 def _wakes(cores: dict[str, Any], count: int) -> list[tuple[str, str, float, float]]:
-    from asyncgraph.cuda import _waiters
+    from asyncgraph.cuda.core import _waiters
 
     rows = []
     for contended in (False, True):
@@ -228,11 +228,11 @@ def main() -> None:
     options = parser.parse_args()
     if os.environ.get("ASYNCGRAPH_BENCH_STAND_IN") != "1":
         _restart_on_the_stand_in()
-    from asyncgraph.cuda import _core_py
+    from asyncgraph.cuda.core import _core_python as _core_py
 
     cores: dict[str, Any] = {"python": _core_py}
     try:
-        from asyncgraph.cuda import _core  # type: ignore[attr-defined]  # built in place
+        from asyncgraph.cuda.core import _core_compiled as _core  # type: ignore[attr-defined]  # built in place
     except ImportError as exc:
         print(f"the compiled core is not built ({exc}): its rows are left out")
     else:

@@ -40,7 +40,7 @@ from cuda.bindings import driver as drv
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import asyncgraph as ag
-from asyncgraph.cuda._cores import core
+from asyncgraph.cuda.core._choose import core
 from benchmarks import harness
 from benchmarks.bench_dispatch import N4K, SCALE, SCALE_SRC
 

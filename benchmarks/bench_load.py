@@ -47,8 +47,8 @@ import structlog
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import asyncgraph as ag
-from asyncgraph._inbox import Inbox
-from asyncgraph.cuda._reactor import Reactor
+from asyncgraph.cuda.completion._reactor import Reactor
+from asyncgraph.runtime._inbox import Inbox
 from benchmarks import bench_dispatch, harness
 from benchmarks.callback_timer import CallbackTimer, callback_summary
 from benchmarks.example_service import server_rows

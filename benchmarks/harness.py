@@ -31,13 +31,13 @@ from pathlib import Path
 from types import TracebackType
 from typing import Any, TypeVar
 
-from asyncgraph._harness import Clock as Clock  # the scripts' clock type
-from asyncgraph._harness import LoopFactory as LoopFactory  # the scripts' loop factory type
-from asyncgraph._harness import loop_factories as loop_factories  # asyncio, and uvloop if any
-from asyncgraph._harness import percentile as percentile  # the scripts' percentile
-from asyncgraph._harness import samples_async, samples_sync
-from asyncgraph._harness import slug as slug  # the results' file-name rule
 from asyncgraph._version import provenance
+from asyncgraph.bench._harness import Clock as Clock  # the scripts' clock type
+from asyncgraph.bench._harness import LoopFactory as LoopFactory  # the scripts' loop factory type
+from asyncgraph.bench._harness import loop_factories as loop_factories  # asyncio, and uvloop if any
+from asyncgraph.bench._harness import percentile as percentile  # the scripts' percentile
+from asyncgraph.bench._harness import samples_async, samples_sync
+from asyncgraph.bench._harness import slug as slug  # the results' file-name rule
 
 T = TypeVar("T")
 

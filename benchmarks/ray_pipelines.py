@@ -15,8 +15,8 @@ from typing import Any
 import numpy as np
 
 import asyncgraph as ag
-from asyncgraph._bench import SCALE
-from asyncgraph._poke import POKE
+from asyncgraph.bench._bench_run import SCALE
+from asyncgraph.demo._fault_kernel import POKE
 
 
 async def echo(worker: Any, x: Any) -> Any:

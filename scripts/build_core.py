@@ -1,9 +1,9 @@
 """Build the compiled dispatch core in place, without installing the package.
 
 ``pip install -e .`` builds it as part of the install; this builds only the extension, next to
-its sources (``src/asyncgraph/cuda/_core.*.so``), for a machine where installing is not possible
-(no setuptools-scm, no package index). It needs what ``setup.py`` needs: Cython, cuda-bindings,
-numpy, ``cuda.h`` and a C++ compiler. Run from the project's root::
+its sources (``src/asyncgraph/cuda/core/_core_compiled.*.so``), for a machine where installing is
+not possible (no setuptools-scm, no package index). It needs what ``setup.py`` needs: Cython,
+cuda-bindings, numpy, ``cuda.h`` and a C++ compiler. Run from the project's root::
 
     python scripts/build_core.py
 """
@@ -39,8 +39,8 @@ def main() -> None:
 
     os.chdir(ROOT)
     extension = Extension(
-        "asyncgraph.cuda._core",
-        ["src/asyncgraph/cuda/_core.pyx"],
+        "asyncgraph.cuda.core._core_compiled",
+        ["src/asyncgraph/cuda/core/_core_compiled.pyx"],
         include_dirs=[cuda_include(), numpy.get_include()],
         define_macros=[("NPY_TARGET_VERSION", "NPY_1_26_API_VERSION")],
         language="c++",
@@ -51,7 +51,9 @@ def main() -> None:
     command.inplace = True
     command.ensure_finalized()
     command.run()
-    built = sorted(str(p.relative_to(ROOT)) for p in ROOT.glob("src/asyncgraph/cuda/_core*.so"))
+    built = sorted(
+        str(p.relative_to(ROOT)) for p in ROOT.glob("src/asyncgraph/cuda/core/_core_compiled*.so")
+    )
     print("built:", *built)
 
 

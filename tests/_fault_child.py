@@ -15,8 +15,8 @@ from typing import Any
 import numpy as np
 
 import asyncgraph as ag
-from asyncgraph._poke import POKE
-from asyncgraph._spin import SPIN
+from asyncgraph.demo._fault_kernel import POKE
+from asyncgraph.demo._spin_kernel import SPIN
 
 SCALE = ag.Kernel(
     r"""

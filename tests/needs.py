@@ -2,7 +2,8 @@
 
 - the stand-in driver (``tests/fake_driver``), which needs a C compiler to build;
 - NVRTC, which compiles kernels (the extra ``nvrtc``): the stand-in's scenarios compile theirs;
-- the compiled dispatch core (``asyncgraph.cuda._core``), built where Cython and a C compiler
+- the compiled dispatch core (``asyncgraph.cuda.core._core_compiled``), built where Cython and a C
+compiler
   were present at install.
 
 Where one is missing its tests are skipped with the reason and what to install; where its switch
@@ -89,7 +90,7 @@ def _nvrtc() -> str | None:
 @functools.cache
 def _compiled() -> ModuleType | str:
     try:
-        return importlib.import_module("asyncgraph.cuda._core")
+        return importlib.import_module("asyncgraph.cuda.core._core_compiled")
     except ImportError as exc:
         return (
             f"the compiled dispatch core is not built here ({exc}); reinstall with Cython and a "

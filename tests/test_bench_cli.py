@@ -19,9 +19,8 @@ import pytest
 
 import asyncgraph as ag
 from asyncgraph.__main__ import main
-from asyncgraph._bench import ASYNCGRAPH_ROWS, Target
-from asyncgraph._bench_peers import PEER_ROWS, Peer
-from asyncgraph._bench_report import (
+from asyncgraph.bench._bench_peers import PEER_ROWS, Peer
+from asyncgraph.bench._bench_report import (
     BenchSettings,
     LatencyRow,
     Progress,
@@ -33,7 +32,8 @@ from asyncgraph._bench_report import (
     render_bar,
     slug,
 )
-from asyncgraph._detect import DeviceInfo, probe_cuda
+from asyncgraph.bench._bench_run import ASYNCGRAPH_ROWS, Target
+from asyncgraph.front._detect import DeviceInfo, probe_cuda
 
 PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
 PLOT_HINT = "pip install 'asyncgraph[plot]'"

@@ -8,8 +8,8 @@ import numpy as np
 import pytest
 
 import asyncgraph as ag
-from asyncgraph._args import LaunchLimits, bind
-from asyncgraph._bound import (
+from asyncgraph.args._arguments import LaunchLimits, bind
+from asyncgraph.args._bound_args import (
     ALIGN,
     BoundCall,
     DeviceArg,
@@ -19,7 +19,7 @@ from asyncgraph._bound import (
     ResidentOutArg,
     ScalarArg,
 )
-from asyncgraph._resident import ResidentBuffer
+from asyncgraph.buffers._resident import ResidentBuffer
 
 from .kernels import SCALE
 

@@ -9,13 +9,13 @@ import pytest
 from cuda.bindings import driver as drv
 
 import asyncgraph as ag
-from asyncgraph._bound import BoundCall
-from asyncgraph._finished import Download
-from asyncgraph._scheduler import JobState
-from asyncgraph.cuda import _launch
-from asyncgraph.cuda._driver import SUCCESS
-from asyncgraph.cuda._plan import CudaJob
+from asyncgraph.args._bound_args import BoundCall
+from asyncgraph.cuda.driver._driver import SUCCESS
+from asyncgraph.cuda.launch import _kernel_launch as _launch
+from asyncgraph.cuda.launch._staging_plan import CudaJob
+from asyncgraph.jobs._scheduler import JobState
 from asyncgraph.pool import StreamLane
+from asyncgraph.runtime._finished import Download
 
 KERNEL = ag.Kernel('extern "C" __global__ void k(float* x) {}', "k")
 

@@ -1,6 +1,6 @@
 """The compiled core reads and writes some slots of the front's classes in place, at offsets it
-takes from their member descriptors at import (``_core_doors.pxi``, included by
-``_core_plan.pxi``: ``_slot``): the private slots their owners lend it for its copies of their
+takes from their member descriptors at import (``_doors.pxi``, included by
+``_fast_plan.pxi``: ``_slot``): the private slots their owners lend it for its copies of their
 doors (``_resident.BUFFER_FIELDS``, ``_pending.PENDING_FIELDS``), and public slots it names.
 
 These tests fail when a lent or named name is no slot of its Python class any more, whether the
@@ -21,14 +21,14 @@ from pathlib import Path
 
 import pytest
 
-from asyncgraph._pending import PENDING_FIELDS, PendingDispatch
-from asyncgraph._resident import BUFFER_FIELDS, ResidentBuffer
+from asyncgraph.buffers._resident import BUFFER_FIELDS, ResidentBuffer
+from asyncgraph.jobs._pending import PENDING_FIELDS, PendingDispatch
 from tests.needs import CORES
 
 ROOT = Path(__file__).resolve().parent.parent
-CUDA = ROOT / "src" / "asyncgraph" / "cuda"
-SOURCES = (CUDA / "_core_plan.pxi", CUDA / "_core_doors.pxi")  # the second included by the first
-_IMPORTED = re.compile(r"^from \.\.(\w+) import (\w+) as (\w+)$", re.MULTILINE)
+CUDA = ROOT / "src" / "asyncgraph" / "cuda" / "core"
+SOURCES = (CUDA / "_fast_plan.pxi", CUDA / "_doors.pxi")  # the second included by the first
+_IMPORTED = re.compile(r"^from asyncgraph\.([\w.]+) import (\w+) as (\w+)$", re.MULTILINE)
 _NAMED = re.compile(r"_slot\((\w+), \"(\w+)\"\)")  # a slot the core names itself
 _LENT = re.compile(r"_slot\((\w+), (\w+)\[\"(\w+)\"\]\)")  # one an owner lends, by role
 
@@ -85,12 +85,12 @@ def test_a_slot_made_a_property_is_found(monkeypatch: pytest.MonkeyPatch) -> Non
 
 CHILD = """
 import json, warnings
-import asyncgraph._resident as resident
+import asyncgraph.buffers._resident as resident
 resident.ResidentBuffer._writer = property(lambda self: None)  # the layout changed
 with warnings.catch_warnings(record=True) as caught:
     warnings.simplefilter("always")
     import asyncgraph.cuda
-    from asyncgraph.cuda._cores import core, describe
+    from asyncgraph.cuda.core._choose import core, describe
 print(json.dumps({"compiled": bool(core.COMPILED), "describe": describe(),
                   "warnings": [str(w.message) for w in caught]}))
 """

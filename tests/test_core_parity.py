@@ -19,7 +19,7 @@ from typing import Any
 import numpy as np
 import pytest
 
-from asyncgraph.cuda import _core_py
+from asyncgraph.cuda.core import _core_python as _core_py
 from tests.fake_driver import run_scenario
 
 from .needs import compiled_core

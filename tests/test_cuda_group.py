@@ -20,8 +20,8 @@ import numpy as np
 import pytest
 
 import asyncgraph as ag
-from asyncgraph._bench import SCALE
-from asyncgraph._spin import SPIN
+from asyncgraph.bench._bench_run import SCALE
+from asyncgraph.demo._spin_kernel import SPIN
 
 from .kernels import INC
 

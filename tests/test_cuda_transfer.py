@@ -10,8 +10,9 @@ import numpy as np
 import pytest
 
 import asyncgraph as ag
-from asyncgraph.cuda import _graphs, _streamed
-from asyncgraph.cuda._transfer import CHUNKED_ABOVE
+from asyncgraph.cuda import _cuda_graphs as _graphs
+from asyncgraph.cuda.launch import _streamed
+from asyncgraph.cuda.memory._chunked_transfer import CHUNKED_ABOVE
 
 from .kernels import INC, SCALE
 

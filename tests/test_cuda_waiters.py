@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 
 import asyncgraph as ag
-from asyncgraph.cuda._cores import core
+from asyncgraph.cuda.core._choose import core
 
 from .kernels import SCALE, SPIN
 from .loops import run

@@ -1,4 +1,4 @@
-"""What every benchmark shares (``asyncgraph._harness``): timing, percentiles, event loops and
+"""What every benchmark shares (``asyncgraph.bench._harness``): timing, percentiles, event loops and
 file names, the same for the bench CLI and the scripts."""
 
 from __future__ import annotations
@@ -9,7 +9,8 @@ import numpy as np
 import pytest
 from benchmarks import harness
 
-from asyncgraph import _bench, _bench_report, _harness
+from asyncgraph.bench import _bench_report, _harness
+from asyncgraph.bench import _bench_run as _bench
 
 
 def test_a_sync_harness_warms_up_then_times_each_call() -> None:

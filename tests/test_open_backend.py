@@ -10,7 +10,7 @@ import structlog
 
 import asyncgraph as ag
 from asyncgraph.__main__ import main
-from asyncgraph._detect import probe_cuda
+from asyncgraph.front._detect import probe_cuda
 
 Array = np.ndarray[Any, Any]
 
@@ -108,7 +108,7 @@ def test_cli_durations_are_in_ms_past_10000_us(seconds: float, shown: str) -> No
 def test_cli_demo_fails_on_a_mismatch(
     capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from asyncgraph import _demo
+    from asyncgraph.demo import _demo
 
     # A wrong host implementation must make the demo exit non-zero.
     def wrong(x: Array, y: Array, out: Array, a: np.float32, n: np.int32) -> None:

@@ -11,9 +11,11 @@ import pytest
 from cuda.bindings import driver as drv
 
 from asyncgraph._exceptions import CudaError
-from asyncgraph.cuda import _expect, _reactor, _watches
-from asyncgraph.cuda._driver import NOT_READY, SUCCESS
-from asyncgraph.cuda._events import EventPool
+from asyncgraph.cuda.completion import _expected_ends as _expect
+from asyncgraph.cuda.completion import _reactor
+from asyncgraph.cuda.core import _watches
+from asyncgraph.cuda.driver._driver import NOT_READY, SUCCESS
+from asyncgraph.cuda.driver._events import EventPool
 from tests.fake_driver import run_scenario
 from tests.needs import CORES
 

@@ -12,9 +12,9 @@ import itertools
 import pytest
 
 import asyncgraph as ag
-from asyncgraph._bound import BoundCall
 from asyncgraph._exceptions import BackendClosedError, CompileError, DeviceFaultError
-from asyncgraph._scheduler import Job, JobState, Scheduler, Step
+from asyncgraph.args._bound_args import BoundCall
+from asyncgraph.jobs._scheduler import Job, JobState, Scheduler, Step
 
 SOURCE = r'extern "C" __global__ void {name}(float* x) {{ }}'
 

@@ -34,7 +34,7 @@ _SCOPES = (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef, ast.Lambda)
 
 @dataclass(frozen=True)
 class Module:
-    name: str  # dotted: asyncgraph._loop, asyncgraph.pool (for pool/__init__.py)
+    name: str  # dotted: asyncgraph.runtime._loop, asyncgraph.pool (for pool/__init__.py)
     is_package: bool
     lines: int
     tree: ast.Module
@@ -320,7 +320,7 @@ class CythonModule:
     """One extension module: its ``.pyx``, the ``.pxd`` of the same name and every ``.pxi`` it
     includes, read as one (they share one namespace)."""
 
-    name: str  # dotted, as the .pyx would import: asyncgraph.cuda._core
+    name: str  # dotted, as the .pyx would import: asyncgraph.cuda.core._core_compiled
     files: list[Path] = field(default_factory=list)
     defined: set[str] = field(default_factory=set)  # private names declared or bound in it
 
@@ -546,6 +546,31 @@ def test_cython_sources_stay_under_500_lines() -> None:
 
 def test_modules_stay_under_500_lines() -> None:
     _report("modules of 500 lines or more", check_module_lengths(SRC, PACKAGE))
+
+
+def check_module_names(root: Path, package: str) -> list[str]:
+    """Modules of the package that share a file name (``__init__`` aside): a reader should
+    guess a module from its name, wherever it stands."""
+    where: dict[str, list[str]] = defaultdict(list)
+    for name, module in load_modules(root, package).items():
+        if not module.is_package:
+            where[name.rpartition(".")[2]].append(name)
+    return [
+        f"{stem}: {', '.join(sorted(names))}"
+        for stem, names in sorted(where.items())
+        if len(names) > 1
+    ]
+
+
+def test_no_two_modules_share_a_name() -> None:
+    _report("modules that share a name", check_module_names(SRC, PACKAGE))
+
+
+def test_the_name_check_finds_a_shared_name(tmp_path: Path) -> None:
+    for relative in ("__init__.py", "_a.py", "sub/__init__.py", "sub/_a.py", "sub/_b.py"):
+        (tmp_path / "pkg" / relative).parent.mkdir(parents=True, exist_ok=True)
+        (tmp_path / "pkg" / relative).write_text("", encoding="utf-8")
+    assert check_module_names(tmp_path, "pkg") == ["_a: pkg._a, pkg.sub._a"]
 
 
 def test_no_private_member_used_outside_its_module() -> None:

@@ -14,9 +14,9 @@ from typing import Any
 import numpy as np
 import pytest
 
-from asyncgraph.cuda import _transfer
-from asyncgraph.cuda._driver import SUCCESS
-from asyncgraph.cuda._transfer import ChunkedTransfer
+from asyncgraph.cuda.driver._driver import SUCCESS
+from asyncgraph.cuda.memory import _chunked_transfer as _transfer
+from asyncgraph.cuda.memory._chunked_transfer import ChunkedTransfer
 
 from .polling import until
 

@@ -4,17 +4,34 @@
 host implementation in worker threads) while the event loop keeps serving.
 """
 
-from ._args import InOut as InOut
-from ._args import LaunchLimits as LaunchLimits
-from ._args import Out as Out
-from ._backend import Backend as Backend
-from ._batch import Batcher as Batcher
-from ._batch import batcher as batcher
-from ._batch_function import BatchedFunction as BatchedFunction
-from ._batch_function import batch as batch
-from ._batch_spec import BatcherStatistics as BatcherStatistics
-from ._batch_spec import BatchLaunches as BatchLaunches
-from ._batch_spec import Row as Row
+from asyncgraph.args._arguments import InOut as InOut
+from asyncgraph.args._arguments import LaunchLimits as LaunchLimits
+from asyncgraph.args._arguments import Out as Out
+from asyncgraph.args._kernel import Kernel as Kernel
+from asyncgraph.args._kernel import Param as Param
+from asyncgraph.batching._batch_options import BatcherStatistics as BatcherStatistics
+from asyncgraph.batching._batch_options import BatchLaunches as BatchLaunches
+from asyncgraph.batching._batch_options import Row as Row
+from asyncgraph.batching._batched_function import BatchedFunction as BatchedFunction
+from asyncgraph.batching._batched_function import batch as batch
+from asyncgraph.batching._batcher import Batcher as Batcher
+from asyncgraph.batching._batcher import batcher as batcher
+from asyncgraph.buffers._resident import ResidentBuffer as ResidentBuffer
+from asyncgraph.front._backend import Backend as Backend
+from asyncgraph.front._lease import StreamLease as StreamLease
+from asyncgraph.front._open import open_backend as open_backend
+from asyncgraph.front._options import BackendOptions as BackendOptions
+from asyncgraph.jobs._pending import PendingDispatch as PendingDispatch
+from asyncgraph.runtime._poison import ProcessFault as ProcessFault
+from asyncgraph.runtime._poison import process_fault as process_fault
+from asyncgraph.runtime._recover import reset_device as reset_device
+from asyncgraph.runtime._telemetry import HistogramSnapshot as HistogramSnapshot
+from asyncgraph.runtime._telemetry import TelemetrySnapshot as TelemetrySnapshot
+from asyncgraph.scale._device_group import DeviceGroup as DeviceGroup
+from asyncgraph.scale._device_group import GroupSnapshot as GroupSnapshot
+from asyncgraph.scale._device_group import Replicated as Replicated
+from asyncgraph.scale._device_group import open_group as open_group
+
 from ._exceptions import AllocationError as AllocationError
 from ._exceptions import ArgumentTypeError as ArgumentTypeError
 from ._exceptions import AsyncGraphError as AsyncGraphError
@@ -34,22 +51,6 @@ from ._exceptions import ShapeMismatchError as ShapeMismatchError
 from ._exceptions import StaleBufferError as StaleBufferError
 from ._exceptions import StartTimeoutError as StartTimeoutError
 from ._exceptions import UnsupportedError as UnsupportedError
-from ._group import DeviceGroup as DeviceGroup
-from ._group import GroupSnapshot as GroupSnapshot
-from ._group import Replicated as Replicated
-from ._group import open_group as open_group
-from ._kernel import Kernel as Kernel
-from ._kernel import Param as Param
-from ._lease import StreamLease as StreamLease
-from ._open import open_backend as open_backend
-from ._options import BackendOptions as BackendOptions
-from ._pending import PendingDispatch as PendingDispatch
-from ._poison import ProcessFault as ProcessFault
-from ._poison import process_fault as process_fault
-from ._recover import reset_device as reset_device
-from ._resident import ResidentBuffer as ResidentBuffer
-from ._telemetry import HistogramSnapshot as HistogramSnapshot
-from ._telemetry import TelemetrySnapshot as TelemetrySnapshot
 from ._version import package_version as _package_version
 
 __version__: str = _package_version()

@@ -13,8 +13,9 @@ from pathlib import Path
 
 import structlog
 
-from ._bench_report import version_of
-from ._detect import probe_cuda
+from asyncgraph.bench._bench_report import version_of
+from asyncgraph.front._detect import probe_cuda
+
 from ._exceptions import DeviceUnavailableError, UnsupportedError
 
 BENCH_REPS = 3000  # timed repetitions of each latency row: seconds on a GPU, imports aside
@@ -36,7 +37,7 @@ def _nvrtc_version() -> str:
 
 def _core_description() -> str:
     try:
-        from .cuda._cores import describe
+        from asyncgraph.cuda.core._choose import describe
     except Exception as exc:  # cuda-bindings cannot even be imported
         return f"unavailable ({type(exc).__name__}: {exc})"
     return describe()
@@ -94,7 +95,7 @@ def _warnings_only() -> Iterator[None]:
 
 def demo(device: str, dispatches: int) -> int:
     """Run the demo; exit status 1 on any mismatch."""
-    from ._demo import TOLERANCE, demo_main
+    from asyncgraph.demo._demo import TOLERANCE, demo_main
 
     with _warnings_only():
         report = asyncio.run(demo_main(device, dispatches))
@@ -116,9 +117,8 @@ def demo(device: str, dispatches: int) -> int:
 
 def bench(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
     """Run the bench: progress on stderr, the table on stdout, then the JSON and the plot."""
-    from ._bench import loop_factory, run
-    from ._bench_peers import PEER_ROWS
-    from ._bench_report import (
+    from asyncgraph.bench._bench_peers import PEER_ROWS
+    from asyncgraph.bench._bench_report import (
         PLOT_HINT,
         BenchSettings,
         default_path,
@@ -126,6 +126,7 @@ def bench(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
         write_json,
         write_plot,
     )
+    from asyncgraph.bench._bench_run import loop_factory, run
 
     if args.reps < 1:
         parser.error("--reps must be at least 1")

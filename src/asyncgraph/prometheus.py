@@ -16,17 +16,14 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 
-from prometheus_client.core import (
-    CounterMetricFamily,
-    GaugeMetricFamily,
-    HistogramMetricFamily,
-)
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily
 from prometheus_client.metrics_core import Metric
 from prometheus_client.registry import Collector
 
-from ._backend import Backend
+from asyncgraph.front._backend import Backend
+from asyncgraph.runtime._telemetry import HistogramSnapshot, TelemetrySnapshot
+
 from ._exceptions import ArgumentTypeError
-from ._telemetry import HistogramSnapshot, TelemetrySnapshot
 
 __all__ = ("BackendCollector",)
 

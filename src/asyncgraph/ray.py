@@ -40,18 +40,28 @@ import inspect
 import time
 from typing import Any
 
+from asyncgraph.front._options import BackendOptions
+from asyncgraph.runtime._resource import AsyncResource
+from asyncgraph.runtime._telemetry import logger
+from asyncgraph.scale._ray_actor import ActorInfo as ActorInfo
+from asyncgraph.scale._ray_actor import Pipeline, describe, failure_of
+from asyncgraph.scale._ray_actor import Worker as Worker
+from asyncgraph.scale._ray_slots import (
+    Closing,
+    Effects,
+    Failed,
+    PoolActor,
+    SlotTable,
+    Start,
+    Started,
+    StartFailed,
+)
+from asyncgraph.scale._ray_snapshot import PoolSnapshot as PoolSnapshot
+from asyncgraph.scale._ray_snapshot import Replacement as Replacement
+from asyncgraph.scale._ray_snapshot import SlotSnapshot as SlotSnapshot
+from asyncgraph.scale._ray_start import Starter, retrieve
+
 from ._exceptions import ArgumentTypeError, BackendClosedError, GroupError, NotPicklableError
-from ._options import BackendOptions
-from ._ray_actor import ActorInfo as ActorInfo
-from ._ray_actor import Pipeline, describe, failure_of
-from ._ray_actor import Worker as Worker
-from ._ray_slots import Closing, Effects, Failed, PoolActor, SlotTable, Start, Started, StartFailed
-from ._ray_snapshot import PoolSnapshot as PoolSnapshot
-from ._ray_snapshot import Replacement as Replacement
-from ._ray_snapshot import SlotSnapshot as SlotSnapshot
-from ._ray_start import Starter, retrieve
-from ._resource import AsyncResource
-from ._telemetry import logger
 
 __all__ = (
     "ActorInfo",

@@ -27,13 +27,14 @@ from typing import Any
 import numpy as np
 import pytest
 
-from ._args import InOut, Out
-from ._backend import Backend
+from asyncgraph.args._arguments import InOut, Out
+from asyncgraph.args._kernel import Kernel
+from asyncgraph.buffers._resident import ResidentBuffer
+from asyncgraph.front._backend import Backend
+from asyncgraph.front._open import open_backend
+from asyncgraph.host._host_backend import host_return_error
+
 from ._exceptions import ArgumentTypeError, UnsupportedError
-from ._host import host_return_error
-from ._kernel import Kernel
-from ._open import open_backend
-from ._resident import ResidentBuffer
 
 __all__ = ("assert_matches_host", "reference")
 
@@ -205,7 +206,7 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     marked = [item for item in items if item.get_closest_marker("cuda") is not None]
     if not marked:
         return
-    from ._detect import probe_cuda
+    from asyncgraph.front._detect import probe_cuda
 
     probe = probe_cuda()
     if probe.available:

@@ -21,9 +21,9 @@ from typing import Any
 import numpy as np
 
 import asyncgraph as ag
-from asyncgraph._bench import EMPTY, SCALE
-from asyncgraph._pending import PendingDispatch
-from asyncgraph.cuda._cores import core
+from asyncgraph.bench._bench_run import EMPTY, SCALE
+from asyncgraph.cuda.core._choose import core
+from asyncgraph.jobs._pending import PendingDispatch
 from tests.fake_driver import reset
 from tests.kernels import FILL, INC
 

@@ -21,8 +21,8 @@ import numpy as np
 import structlog
 
 import asyncgraph as ag
-from asyncgraph._bench import SCALE
-from asyncgraph.cuda._cores import core
+from asyncgraph.bench._bench_run import SCALE
+from asyncgraph.cuda.core._choose import core
 from tests.fake_driver import reset
 from tests.kernels import INC
 
@@ -348,7 +348,7 @@ async def expected_end() -> dict[str, Any]:
     """Awaits of a 20 ms spin kernel, one at a time (deferred streams: it takes 20 ms of wall
     time): from the second on, its plan's time is known, and the waiter pokes the loop before
     the kernel ends."""
-    from asyncgraph._spin import SPIN
+    from asyncgraph.demo._spin_kernel import SPIN
 
     gpu: Any
     async with ag.open_backend("cuda") as gpu:
@@ -366,7 +366,7 @@ async def stale_expectation() -> dict[str, Any]:
     """A spin kernel's plan learns 200 ms from its first await, then runs 5 ms (deferred
     streams: wall time). The second await's waiter, handed a wake time near 200 ms, follows the
     event meanwhile: it reports the end when it comes, and pokes nobody."""
-    from asyncgraph._spin import SPIN
+    from asyncgraph.demo._spin_kernel import SPIN
 
     gpu: Any
     async with ag.open_backend("cuda") as gpu:

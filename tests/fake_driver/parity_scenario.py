@@ -21,9 +21,9 @@ import attrs
 import numpy as np
 
 import asyncgraph as ag
-from asyncgraph._bench import SCALE
-from asyncgraph._telemetry import TelemetrySnapshot
-from asyncgraph.cuda._cores import core
+from asyncgraph.bench._bench_run import SCALE
+from asyncgraph.cuda.core._choose import core
+from asyncgraph.runtime._telemetry import TelemetrySnapshot
 from tests.fake_driver import reset
 from tests.kernels import INC
 

@@ -7,10 +7,11 @@ from typing import Any
 
 import attrs
 
-from .._bound import BoundCall
+from asyncgraph.args._bound_args import BoundCall
+
 from ._choice import Choice, ChoiceState, GraphChoiceStatistics, describe
+from ._graph_host import GraphHost
 from ._graphs import CachedGraph, prepare_replay
-from ._host import GraphHost
 
 __all__ = ("GraphCache", "GraphCacheStatistics")
 

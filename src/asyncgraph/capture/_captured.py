@@ -10,14 +10,15 @@ from typing import Any
 
 from cuda.bindings import driver as drv
 
-from .._bound import BoundCall, ResidentArg
-from .._exceptions import BackendClosedError, DispatchError
-from .._kernel import Kernel
-from .._plans import same_dims
-from .._resident import ResidentBuffer, storage_of
-from ..cuda._driver import check
+from asyncgraph._exceptions import BackendClosedError, DispatchError
+from asyncgraph.args._bound_args import BoundCall, ResidentArg
+from asyncgraph.args._kernel import Kernel
+from asyncgraph.args._plan_cache import same_dims
+from asyncgraph.buffers._resident import ResidentBuffer, storage_of
+from asyncgraph.cuda.driver._driver import check
+
+from ._graph_host import GraphHost, KernelNode
 from ._graphs import keep_alive, launch_values, let_go_of
-from ._host import GraphHost, KernelNode
 
 __all__ = (
     "CapturedGraph",

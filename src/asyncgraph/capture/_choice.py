@@ -32,10 +32,10 @@ from typing import TYPE_CHECKING, Any
 
 import attrs
 
-from .._bound import InOutArg, OutArg, ResidentArg, ResidentOutArg
+from asyncgraph.args._bound_args import InOutArg, OutArg, ResidentArg, ResidentOutArg
 
 if TYPE_CHECKING:
-    from .._bound import BoundCall
+    from asyncgraph.args._bound_args import BoundCall
 
 __all__ = ("GRAPH_GAIN", "SAMPLES", "Choice", "ChoiceState", "GraphChoiceStatistics", "describe")
 

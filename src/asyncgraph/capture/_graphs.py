@@ -21,13 +21,14 @@ import numpy as np
 from cuda.bindings import driver as drv
 from cuda.core import LaunchConfig
 
-from .. import _loop
-from .._bound import IN_OUTS, INPUTS, NOT_STAGED, BoundCall, as_bytes
-from .._exceptions import BackendClosedError, DispatchError, ShapeMismatchError
-from .._kernel import Kernel
-from .._resident import ResidentBuffer, hold, let_go
-from ..cuda._driver import check
-from ._host import GraphHost, KernelNode
+from asyncgraph._exceptions import BackendClosedError, DispatchError, ShapeMismatchError
+from asyncgraph.args._bound_args import IN_OUTS, INPUTS, NOT_STAGED, BoundCall, as_bytes
+from asyncgraph.args._kernel import Kernel
+from asyncgraph.buffers._resident import ResidentBuffer, hold, let_go
+from asyncgraph.cuda.driver._driver import check
+from asyncgraph.runtime import _loop
+
+from ._graph_host import GraphHost, KernelNode
 
 __all__ = (
     "CachedGraph",

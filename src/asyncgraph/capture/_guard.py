@@ -11,8 +11,8 @@ from typing import Any
 
 from cuda.bindings import driver as drv
 
-from .. import _loop
-from .._exceptions import CaptureError
+from asyncgraph._exceptions import CaptureError
+from asyncgraph.runtime import _loop
 
 __all__ = (
     "CaptureGuard",

@@ -1,15 +1,15 @@
 """The CUDA engine behind ``open_backend("cuda")``: private modules, composed, no public names.
 
-- ``_device``: the device's context, streams (as lanes), memory, pinned pool, events, reactor.
-- ``_lanes``: a lane owns a stream, its handle, its scratch buffer; records and watches events.
-- ``_kernels``: compiling and loading kernels; ``_launch``: packing and ``cuLaunchKernel``.
-- ``_plan``: a dispatch's staging layout; ``_small``: dispatches staged in one pinned block;
-  ``_streamed``: dispatches whose arrays stream in chunks; ``_storage``: resident storage.
-- ``_graphs``: the capture package's host (recording, capturing, replaying).
-- ``_engine``: the engine the front composes; ``_backend``: :class:`CudaBackend`, the front
-  with the CUDA engine and its public extras.
-- ``_reactor``, ``_events``, ``_driver``, ``_compile``, ``_transfer``: completion polling,
-  event pools, the driver boundary, NVRTC, chunked transfers.
+- ``_cuda_backend``: :class:`CudaBackend`, the front with the CUDA engine and its public extras;
+  ``_cuda_engine``: the engine the front composes; ``_cuda_device``: one device's context,
+  lanes, memory, pinned pool, events and reactor; ``_cuda_graphs``: the capture package's host.
+- ``driver/``: the driver boundary, the backend's own context, recycled events.
+- ``launch/``: compiling and loading kernels, lanes, staging plans, staged and streamed
+  dispatches.
+- ``memory/``: resident storage, spare storage, chunked and peer copies.
+- ``completion/``: the reactor, expected ends, poll budgets, other libraries' work.
+- ``core/``: the dispatch core, compiled (``_core_compiled.pyx`` and its ``.pxi`` files) and in
+  Python (``_core_python`` and the modules of the same names as those files).
 """
 
 __all__ = ()

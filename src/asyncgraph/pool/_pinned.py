@@ -28,8 +28,9 @@ from typing import Any, Protocol, runtime_checkable
 import attrs
 import numpy as np
 
-from .._exceptions import AllocationError
-from .._poison import fault_from, process_fault
+from asyncgraph._exceptions import AllocationError
+from asyncgraph.runtime._poison import fault_from, process_fault
+
 from ._abandon import abandon
 from ._reaper import Reaper
 

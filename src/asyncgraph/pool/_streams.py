@@ -19,7 +19,7 @@ from typing import Any, Final, Generic, Protocol, TypeVar, runtime_checkable
 
 import attrs
 
-from .. import _loop
+from asyncgraph.runtime import _loop
 
 __all__ = ("StreamLane", "StreamPool", "StreamPoolProtocol", "StreamPoolStatistics")
 

@@ -1,0 +1,2 @@
+"""A dispatch's arguments: kernels and their parameters, argument kinds, binding, and cached
+plans."""

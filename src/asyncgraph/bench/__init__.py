@@ -1,0 +1,1 @@
+"""``python -m asyncgraph bench`` and the harness the scripts under ``benchmarks/`` share."""

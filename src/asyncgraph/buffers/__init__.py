@@ -1,0 +1,1 @@
+"""Resident buffers: device memory kept between dispatches, its transfers and its exports."""

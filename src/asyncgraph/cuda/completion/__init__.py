@@ -1,0 +1,1 @@
+"""Completion without blocking the loop: the reactor, expected ends, poll budgets, foreign work."""

@@ -1,0 +1,488 @@
+# The fast path, compiled (included by _core_compiled.pyx after _fast_plan.pxi): the twin of
+# _fast_py.py.
+#
+# The same guards, commit, enqueue and completion as there, in the same order (read that
+# module's docstrings for the contract); here the plan is a C array per argument, an array's
+# guard and staging read numpy's C API, the parameter block is written in place, every driver
+# call is made from C, and the counters and histograms are C fields added into the backend's
+# telemetry on each sync.
+
+
+cdef class FastPath:
+    """The steady state of a CUDA backend's dispatches, in one call; see
+    ``_fast.FastPath`` (the same arguments, methods and behaviour)."""
+
+    def __cinit__(self, lanes, rings, watches, events, stream_pool, front, launcher_type):
+        cdef Py_ssize_t n = len(lanes)
+        self._here_forks = -1  # nothing kept yet (_runs_here)
+        self._lane = <LaneC*>calloc(n if n else 1, sizeof(LaneC))
+        if self._lane == NULL:
+            raise MemoryError("no memory for the fast path's lanes")
+
+    def __init__(self, lanes, rings, Watches watches, events, stream_pool, front, launcher_type):
+        cdef Py_ssize_t i
+        if launcher_type is not Launcher:
+            raise TypeError("the compiled fast path packs the compiled core's launchers only")
+        self._lanes = list(lanes)
+        self._slots = [lane.slot for lane in lanes]
+        self._rings = list(rings)
+        self._n_lanes = len(self._lanes)
+        for i in range(self._n_lanes):
+            lane = self._lanes[i]
+            self._lane[i].handle = <cydriver.CUstream>_address(lane.handle)
+            self._lane[i].scratch = lane.scratch_ptr
+            self._lane[i].ring = <uint8_t*><uintptr_t>self._rings[i].ptr
+            self._lane[i].head = 0
+            self._lane[i].tail = 0
+        self._watches = watches
+        self._spin = watches.spin
+        self._idle_events = events.idle
+        self._take_event = events.take
+        self._pool = stream_pool
+        door = front.door  # the scheduler's FastDoor: its containers, never rebound
+        self._in_flight = door.in_flight
+        self._queue = door.queue
+        self._parked = door.parked
+        self._max = door.limit
+        self._life = front.lifecycle
+        self._dispatcher = front.dispatcher
+        self._store = front.store
+        self._generations, self._buffers = front.store.live_slots()  # never rebound
+        self._ids = front.ids
+        self._kernels = {}
+        _clear(&self._queue_wait)
+        _clear(&self._submit_time)
+        _clear(&self._latency)
+        watches.fast = self
+        watches.complete = self.complete
+
+    def __dealloc__(self):
+        free(self._lane)
+
+    # -- what it knows ---------------------------------------------------------------------
+
+    def learn(self, plan, call):
+        """A plan was made from *call*: launch later calls that fit it here, if it can."""
+        cdef KnownKernel known
+        if not _eligible(plan, call):
+            return
+        try:
+            cplan = CPlan(_FastPlan(plan, call))
+        except ValueError:
+            return  # more dimensions than a plan here keeps: the general path runs it
+        known = self._kernels.get(call.kernel)
+        if known is None:
+            known = self._kernels[call.kernel] = KnownKernel()
+        known.plans.insert(0, cplan)
+        del known.plans[_MAX_PLANS:]
+
+    def steer(self, call, choice):
+        """Let ``graph="auto"`` dispatches like *call* follow *choice*; see ``_fast``."""
+        found = self._kernels.get(call.kernel)
+        if found is not None:
+            (<KnownKernel>found).steer(call, choice)
+
+    def add_kernel(self, kernel, launcher):
+        """*kernel* is loaded with *launcher* (only the compiled launchers are used here)."""
+        cdef KnownKernel known
+        if type(launcher) is not Launcher:
+            return
+        known = self._kernels.get(kernel)
+        if known is None:
+            known = self._kernels[kernel] = KnownKernel()
+        known.launcher = launcher
+
+    def close(self):
+        """Forget every kernel; the ring blocks to give back to the pinned pool."""
+        self._kernels.clear()
+        blocks, self._rings = self._rings, []
+        self._n_lanes = 0
+        return blocks
+
+    # -- the dispatch --------------------------------------------------------------------------
+
+    def dispatch(self, kernel, tuple args, grid, block, shared_mem, timing, graph):
+        """Launch the call if it is the steady state; ``None`` (having changed nothing) if not."""
+        cdef double t0 = _now()
+        cdef KnownKernel known
+        cdef CPlan plan = None
+        cdef Watches watches = self._watches
+        cdef Py_ssize_t i, k, r, count = self._n_lanes, start = 0, lane_index = -1, best_out = 0, out
+        cdef ArgC* a
+        cdef LaneC* lc
+        cdef uint64_t start_at = 0, at = 0, staged
+        cdef bint placed, auto
+        cdef FastJob job
+        cdef object life, loop, value, buffer, dep, dep_lane, lane = None, slot, pending, choice
+        cdef PyObject* seen[8]
+        cdef Py_ssize_t n_seen = 0
+        cdef int taken = 0
+        cdef list readers
+        found = self._kernels.get(kernel)
+        if found is None:
+            return None
+        known = <KnownKernel>found
+        if known.launcher is None or timing is not False:
+            return None
+        auto = graph is not _NEVER and graph != _NEVER
+        if auto and (graph != _AUTO or not known.steered):
+            return None  # graphs are asked for: the general path has them
+        life = self._life
+        if life.state != _OPEN:
+            return None
+        loop = life.loop
+        if loop is None or not _runs_here(self, loop):
+            return None
+        if (
+            watches.schedule is None
+            or watches.fault is not None
+            or watches.paused
+            or len(self._queue)
+            or len(self._in_flight) >= self._max
+        ):
+            return None
+        # The plan's guards: the same checks a Plan makes, with no bound argument built.
+        for candidate in known.plans:
+            if _fits(<CPlan>candidate, args, grid, block, shared_mem):
+                plan = <CPlan>candidate
+                break
+        if plan is None:
+            return None
+        choice = plan.auto if auto else None
+        if auto and (choice is None or not choice.eager):
+            return None  # "auto" replays graphs here, or has not chosen yet
+        # Resident buffers: live, and every unfinished use of them on one lane (or none).
+        if plan.n_residents:
+            if plan.n_residents > 8:
+                return None
+            for r in range(plan.n_residents):
+                i = plan.residents[r]
+                a = &plan.args[i]
+                value = args[i]
+                buffer = _into(value) if a.kind == A_INTO else value
+                if type(buffer) is not _ResidentBuffer:
+                    return None  # the general path checks what it is
+                for k in range(n_seen):
+                    if seen[k] == <PyObject*>buffer:
+                        return None  # twice in one call: the general path orders it
+                seen[n_seen] = <PyObject*>buffer
+                n_seen += 1
+                if not is_live(self._store, self._generations, self._buffers, buffer):
+                    return None  # stale: the general path says why
+                dep_lane = _lane_of(writer_of(buffer))
+                if dep_lane is not None:
+                    if dep_lane is _ELSEWHERE:
+                        return None
+                    if lane is None:
+                        lane = dep_lane
+                    elif dep_lane is not lane:
+                        return None
+                readers = readers_of(buffer)  # TypeError, before anything changed
+                if a.write:
+                    for dep in readers:
+                        dep_lane = _lane_of(dep)
+                        if dep_lane is None:
+                            continue
+                        if dep_lane is _ELSEWHERE:
+                            return None
+                        if lane is None:
+                            lane = dep_lane
+                        elif dep_lane is not lane:
+                            return None  # uses on two streams: wait by events, the general way
+            if lane is not None:
+                lane_index = lane.index
+                if self._slots[lane_index].leased:
+                    return None
+        placed = lane_index < 0
+        if placed:  # the least busy lane not leased, ties in turn (as StreamPool.pick)
+            count = self._n_lanes
+            start = self._cursor
+            for k in range(count):
+                i = (start + k) % count
+                slot = self._slots[i]
+                if slot.leased:
+                    continue
+                out = slot.outstanding
+                if out == 0:
+                    lane_index = i
+                    break
+                if lane_index < 0 or out < best_out:
+                    lane_index = i
+                    best_out = out
+            if lane_index < 0:
+                return None  # every lane leased
+        # Room in the lane's staging ring.
+        lc = &self._lane[lane_index]
+        staged = plan.staged
+        start_at = lc.head
+        if staged:
+            at = start_at % _RING
+            if at + staged > _RING:
+                start_at += _RING - at
+                at = 0
+            if start_at + staged - lc.tail > _RING:
+                return None  # the ring is full: the general path stages in the pinned pool
+        # -- from here on, the dispatch happens: all of it, or nothing if a step raises ------
+        job = FastJob.__new__(FastJob)
+        job.cplan = plan
+        job.call = plan.template
+        job.args = args
+        job.lane = self._lanes[lane_index]
+        job.lane_index = lane_index
+        job.t_dispatch = t0
+        if choice is not None and choice.sampling:
+            job.choice = choice  # "auto" measures it
+        job.id = next(self._ids)
+        pending = new_pending(loop, job.id, plan.name, self._spin)
+        job.pending = pending
+        job.buffers = [] if plan.n_residents else _EMPTY
+        slot = self._slots[lane_index]
+        pool = self._pool
+        try:
+            admit_launched(self._in_flight, job)
+            slot.outstanding += 1
+            taken = 1
+            if placed:
+                pool.placements += 1
+                taken = 2
+            if plan.n_residents:
+                for r in range(plan.n_residents):
+                    i = plan.residents[r]
+                    value = args[i]
+                    job.buffers.append(_into(value) if plan.args[i].kind == A_INTO else value)
+                track_uses(job.buffers, plan.writes, job)  # ordered by the lane (checked above)
+        except BaseException:
+            withdraw(self._in_flight, job)
+            if taken:
+                slot.outstanding -= 1
+            if taken > 1:
+                pool.placements -= 1
+            raise
+        if placed:
+            self._cursor = (start + 1) % count
+        if staged:
+            lc.head = start_at + staged
+            job.ring_start = start_at
+            job.ring_end = start_at + staged
+        self.dispatches += 1
+        # The backend's own context, current for the driver calls whatever the thread had.
+        cdef cydriver.CUcontext own = <cydriver.CUcontext>watches.context, current = NULL
+        cdef bint pushed = False
+        if own != NULL:
+            cydriver.cuCtxGetCurrent(&current)
+            pushed = current != own and cydriver.cuCtxPushCurrent(own) == 0
+        try:
+            self._enqueue(job, plan, known.launcher, args, lc, at)
+            idle = self._idle_events
+            event = idle.pop() if idle else self._take_event()
+            job._event = event
+            job.ev = <cydriver.CUevent>_address(event)
+            code = <int>cydriver.cuEventRecord(job.ev, lc.handle)
+            if code != 0:
+                idle.append(event)
+                job._event = None
+                raise _error_for(code, "cuEventRecord")
+        except BaseException as exc:
+            self._not_watched(job, exc)
+            if not isinstance(exc, Exception):
+                raise
+            return pending
+        finally:
+            if pushed:
+                cydriver.cuCtxPopCurrent(&current)
+        watches.seq += 1
+        job.seq = watches.seq
+        if plan.expected > 0.0:
+            job.expect = t0 + plan.expected
+        (<WatchLane>watches.lanes[lane_index]).pending.append(job)
+        watches.pending += 1
+        if not watches.poll_scheduled:
+            watches._request_poll()
+        # The whole call was its submission; it never waited in the queue.
+        _record_value(&self._queue_wait, 0.0)
+        _record_value(&self._submit_time, _now() - t0)
+        return pending
+
+    cdef int _enqueue(
+        self, FastJob job, CPlan plan, Launcher launcher, tuple args, LaneC* lc, uint64_t at
+    ) except -1:
+        """Stage *args* in the ring at *at* and enqueue the copies, the zeroing of the outputs,
+        the kernel and the download on the lane; a driver call that fails is kept as the
+        job's failure (its completion reports it)."""
+        cdef cydriver.CUstream handle = lc.handle
+        cdef uint64_t base = lc.scratch
+        cdef uint8_t* host = lc.ring + at
+        cdef cydriver.CUresult code = cydriver.CUDA_SUCCESS
+        cdef Py_ssize_t i
+        cdef ArgC* a
+        cdef cnp.ndarray arr
+        cdef uint8_t* slot
+        cdef uint64_t pointer
+        cdef object value
+        call = "cuMemcpyHtoDAsync"
+        if plan.has_uploads:
+            for i in range(plan.n_args):
+                a = &plan.args[i]
+                if a.nbytes:
+                    value = args[i]
+                    arr = <cnp.ndarray>(value.array if a.kind == A_IN_OUT else value)
+                    memcpy(host + a.offset, cnp.PyArray_DATA(arr), a.nbytes)
+        if plan.up_copy:
+            if plan.up_copy > plan.up_end:  # small outputs go up zeroed with the inputs
+                memset(host + plan.up_end, 0, plan.up_copy - plan.up_end)
+            code = cydriver.cuMemcpyHtoDAsync(
+                <cydriver.CUdeviceptr>base, host, plan.up_copy, handle
+            )
+            if code == cydriver.CUDA_SUCCESS:
+                self.bytes_up += plan.up_copy
+                self.copies_up += 1
+        if code == cydriver.CUDA_SUCCESS and plan.total > plan.up_copy:
+            call = "cuMemsetD8Async"
+            code = cydriver.cuMemsetD8Async(
+                <cydriver.CUdeviceptr>(base + plan.up_copy), 0, plan.total - plan.up_copy, handle
+            )
+        if code == cydriver.CUDA_SUCCESS:
+            for i in range(plan.n_args):
+                a = &plan.args[i]
+                slot = launcher._slots + 16 * i
+                if a.kind == A_SCALAR:
+                    cnp.PyArray_ScalarAsCtype(args[i], slot)
+                elif a.kind <= A_OUT:
+                    (<uint64_t*>slot)[0] = base + <uint64_t>a.offset
+                elif a.kind == A_RESIDENT:
+                    (<uint64_t*>slot)[0] = <uint64_t>int(storage_of(args[i]).handle)
+                else:  # A_INTO: zeroed first
+                    value = args[i]
+                    pointer = <uint64_t>int(storage_of(_into(value)).handle)
+                    if code == cydriver.CUDA_SUCCESS:
+                        code = cydriver.cuMemsetD8Async(
+                            <cydriver.CUdeviceptr>pointer, 0, <size_t>value.nbytes, handle
+                        )
+                    (<uint64_t*>slot)[0] = pointer
+        if code == cydriver.CUDA_SUCCESS:
+            call = "cuLaunchKernel"
+            code = cydriver.cuLaunchKernel(
+                launcher._function,
+                plan.grid[0], plan.grid[1], plan.grid[2],
+                plan.block[0], plan.block[1], plan.block[2],
+                plan.shared_mem, handle, launcher._params, NULL,
+            )
+        if code == cydriver.CUDA_SUCCESS and plan.total > plan.in_end:
+            call = "cuMemcpyDtoHAsync"
+            code = cydriver.cuMemcpyDtoHAsync(
+                host + plan.in_end,
+                <cydriver.CUdeviceptr>(base + plan.in_end),
+                plan.total - plan.in_end,
+                handle,
+            )
+            if code == cydriver.CUDA_SUCCESS:
+                self.bytes_down += plan.total - plan.in_end
+                self.copies_down += 1
+        if code != cydriver.CUDA_SUCCESS:
+            if <int>code == _OOM:
+                job.failure = _AllocationError(f"{call} failed: device out of memory")
+            else:
+                job.failure = _error_for(<int>code, call)
+        return 0
+
+    cdef int _not_watched(self, FastJob job, object error) except -1:
+        """The job's event could not be recorded: nothing will complete it, and what it
+        enqueued may still run. Wait for its lane (``Lane.settle``); then its ring region (the
+        newest) is free again, else (the device failed) it stays taken. Finish the job with
+        *error* the general way."""
+        if job.lane.settle() and job.ring_end:
+            self._lane[job.lane_index].head = job.ring_start
+        slot = self._slots[job.lane_index]
+        slot.outstanding -= 1
+        job.gpu_done = True
+        self._dispatcher.done(job, error, None)
+        return 0
+
+    # -- the completion ------------------------------------------------------------------------
+
+    def complete(self, FastJob job, error):
+        """*job*'s event completed (or the device failed with *error*); see
+        ``_fast.FastPath.complete``."""
+        self._complete(job, error)
+
+    cdef int _complete(self, FastJob job, object error) except -1:
+        cdef LaneC* lc
+        cdef object outcome, life
+        cdef double now
+        job.gpu_done = True
+        if job.failure is not None:
+            error = job.failure
+        if job.choice is not None and error is None:
+            job.choice.took(True, _now() - job.t_dispatch)  # "auto" measures it
+        if error is not None:
+            outcome = error
+        elif job.cplan.n_returned:
+            try:
+                outcome = self._results(job)
+            except Exception as exc:
+                outcome = exc  # whatever went wrong fails this dispatch, visibly
+        else:
+            outcome = _EMPTY
+        if job.ring_end and job.lane_index < self._n_lanes:
+            lc = &self._lane[job.lane_index]
+            if <uint64_t>job.ring_end > lc.tail:
+                lc.tail = job.ring_end
+        slot = self._slots[job.lane_index]
+        slot.outstanding -= 1
+        life = self._life
+        # Unless something waits for this slot, or for the backend to drain: the general way.
+        if life.state != _OPEN or len(life.room.parked) or not complete_launched(
+            self._in_flight, self._queue, self._parked, job, outcome
+        ):
+            self._dispatcher.done(job, outcome, None)
+            return 0
+        for buffer in job.buffers:
+            untrack(self._store, self._generations, self._buffers, buffer, job)
+        now = _now()
+        _record_value(&self._latency, now - job.t_dispatch)
+        if isinstance(outcome, BaseException):
+            self.failed += 1
+        else:
+            self.completed += 1
+            # The plan's time, learned, from when a waiter saw it end if one did.
+            job.cplan.expected = _learned(
+                job.cplan.expected, (job.seen if job.seen > 0.0 else now) - job.t_dispatch
+            )
+        set_outcome(job.pending, outcome)
+        return 0
+
+    cdef object _results(self, FastJob job):
+        """The results: new arrays copied out of the ring, and the ``Out(into=)`` buffers."""
+        cdef CPlan plan = job.cplan
+        cdef ResultC* r
+        cdef Py_ssize_t k
+        cdef uint8_t* host = self._lane[job.lane_index].ring + <uint64_t>job.ring_start % _RING
+        cdef cnp.ndarray arr
+        results = []
+        for k in range(plan.n_returned):
+            r = &plan.returned[k]
+            if r.kind == A_INTO:
+                results.append(_into(job.args[r.index]))
+            else:
+                arr = <cnp.ndarray>cnp.PyArray_EMPTY(r.ndim, <cnp.npy_intp*>r.dims, r.type_num, 0)
+                memcpy(cnp.PyArray_DATA(arr), host + r.offset, r.nbytes)
+                results.append(arr)
+        return tuple(results)
+
+    # -- telemetry -----------------------------------------------------------------------------
+
+    def flush(self, telemetry):
+        """Add what this path counted since the last flush into *telemetry*."""
+        telemetry.dispatches += self.dispatches
+        telemetry.fast_path_dispatches += self.dispatches
+        telemetry.dispatches_completed += self.completed
+        telemetry.dispatches_failed += self.failed
+        telemetry.bytes_up += self.bytes_up
+        telemetry.bytes_down += self.bytes_down
+        telemetry.copies_up += self.copies_up
+        telemetry.copies_down += self.copies_down
+        self.dispatches = self.completed = self.failed = 0
+        self.bytes_up = self.bytes_down = self.copies_up = self.copies_down = 0
+        _flush_histogram(&self._queue_wait, telemetry.queue_wait)
+        _flush_histogram(&self._submit_time, telemetry.submit_time)
+        _flush_histogram(&self._latency, telemetry.completion_latency)

@@ -1,0 +1,499 @@
+"""The fast path of a CUDA dispatch, in Python: the steady state in one call, and its completion
+in another.
+
+A dispatch whose argument plan is cached (``args._plan_cache``), whose kernel is loaded, with a
+free in-flight slot, nothing queued, and no graph, timing or NVTX range, does not need the layers
+of the general path: :meth:`FastPath.dispatch` checks the plan's guards and does the whole launch
+itself — staging in the lane's pinned ring, the upload, the outputs' memset, the kernel, the
+download and the event, the job counted in flight and handed to the reactor — and returns the
+:class:`~asyncgraph.PendingDispatch`. Anything it does not recognise returns ``None`` before
+anything changed, and the general path runs. :meth:`FastPath.complete`, called by the reactor's
+:class:`Watches`, builds the results out of the ring, releases what the job held and resolves it.
+
+It enters the front through named doors only (``front._fast_front``): the scheduler's
+``FastDoor`` takes the ``LAUNCH`` transition without the general pass (``admit_launched``) and
+the completion when nothing is queued or parked (``complete_launched``; else the job goes through
+``Dispatcher.done``); the resident store's ``track_uses`` and ``untrack`` record a buffer's uses;
+``jobs._pending``'s make and resolve the result. Its compiled twin is ``_fast.pxi``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Callable, Sequence
+from time import perf_counter
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+from cuda.bindings import driver as drv
+
+from asyncgraph._exceptions import AllocationError
+from asyncgraph.args._plan_cache import same_dims
+from asyncgraph.buffers._resident import storage_of, track_uses, untrack, uses_of, writer_of
+from asyncgraph.cuda.driver._driver import SUCCESS, error_for
+from asyncgraph.front._lifecycle import OPEN
+from asyncgraph.jobs._pending import PendingDispatch, set_outcome
+from asyncgraph.jobs._scheduler import JobState
+from asyncgraph.runtime._finished import Download
+
+from ._fast_job import FastJob, FastLane, KnownKernel, Ring
+from ._fast_plan import K_IN, K_IN_OUT, K_OUT, K_RESIDENT, K_SCALAR, RING_BYTES, FastPlan, eligible
+from ._watches import EXPECT_RISE
+
+if TYPE_CHECKING:
+    from asyncgraph.args._bound_args import BoundCall
+    from asyncgraph.args._kernel import Kernel
+    from asyncgraph.args._plan_cache import Plan
+    from asyncgraph.buffers._resident import ResidentBuffer
+    from asyncgraph.front._fast_front import FastFront
+    from asyncgraph.pool import PinnedBlock, StreamPool
+    from asyncgraph.runtime._telemetry import Telemetry
+
+    from ._watches import Watches
+
+__all__ = ("RING_BYTES", "FastJob", "FastPath")
+
+_NEVER = "never"
+_AUTO = "auto"
+_DONE = JobState.DONE
+_OOM = drv.CUresult.CUDA_ERROR_OUT_OF_MEMORY
+
+_memset, _up, _down = drv.cuMemsetD8Async, drv.cuMemcpyHtoDAsync, drv.cuMemcpyDtoHAsync
+_record, _launch = drv.cuEventRecord, drv.cuLaunchKernel
+_current, _push, _pop = drv.cuCtxGetCurrent, drv.cuCtxPushCurrent, drv.cuCtxPopCurrent
+_running_loop = asyncio._get_running_loop
+
+
+class FastPath:
+    """The steady state of a CUDA backend's dispatches, in one call (see the module).
+
+    Args:
+        lanes: the device's lanes (stream, scratch buffer, stream-pool slot).
+        rings: one pinned block of :data:`RING_BYTES` per lane, the lane's staging ring.
+        watches: the reactor's hot half; the fast path adds its jobs to the lanes there.
+        events: the pool of completion events (``idle`` and ``take``).
+        stream_pool: the stream pool, whose ``placements`` count the fast path's too.
+        front: the front's doors and collaborators (``FastFront``).
+        launcher_type: the launchers this path packs (the core's own).
+    """
+
+    def __init__(
+        self,
+        lanes: Sequence[FastLane],
+        rings: list[PinnedBlock],
+        watches: Watches,
+        events: Any,
+        stream_pool: StreamPool[Any],
+        front: FastFront,
+        launcher_type: type,
+    ) -> None:
+        self._lanes = lanes
+        self._n_lanes = len(lanes)
+        self._cursor = 0  # where placement starts looking (round robin among ties)
+        self._rings = [Ring(block) for block in rings]
+        self._watches = watches
+        # The backend's own context (``_context``): made current around the driver calls.
+        self._context = drv.CUcontext(watches.context) if watches.context else None
+        self._idle_events: list[Any] = events.idle
+        self._take_event: Callable[[], Any] = events.take
+        self._pool = stream_pool
+        self._door = front.door
+        self._life = front.lifecycle
+        self._dispatcher = front.dispatcher
+        self._store = front.store
+        self._ids = front.ids
+        self._launcher_type = launcher_type
+        self._kernels: dict[Kernel, KnownKernel] = {}
+        # Counted here, added into the backend's telemetry on each sync (flush()).
+        self.dispatches = self.completed = self.failed = 0
+        self.bytes_up = self.bytes_down = self.copies_up = self.copies_down = 0
+        self._submitted = 0  # dispatches launched since the last flush: none waited in a queue
+        self._submit_time: list[float] = []
+        self._latency: list[float] = []
+        watches.complete = self.complete
+
+    # -- what it knows ---------------------------------------------------------------------
+
+    def learn(self, plan: Plan, call: BoundCall) -> None:
+        """A plan was made from *call*: launch later calls that fit it here, if it can."""
+        if eligible(plan, call):
+            KnownKernel.of(self._kernels, call.kernel).learn(FastPlan(plan, call))
+
+    def steer(self, call: BoundCall, choice: Any) -> None:
+        """Let ``graph="auto"`` dispatches that fit *call*'s plans follow *choice* (a
+        ``capture._choice.Choice``): taken here while ``choice.eager``, their costs reported
+        with ``choice.took`` while ``choice.sampling``; else left to the general path."""
+        known = self._kernels.get(call.kernel)
+        if known is not None:
+            known.steer(call, choice)
+
+    def add_kernel(self, kernel: Kernel, launcher: Any) -> None:
+        """*kernel* is loaded with *launcher* (only the core's own launchers are used here)."""
+        if type(launcher) is self._launcher_type:
+            KnownKernel.of(self._kernels, kernel).launcher = launcher
+
+    def close(self) -> list[PinnedBlock]:
+        """Forget every kernel; the ring blocks to give back to the pinned pool."""
+        self._kernels.clear()
+        blocks = [ring.block for ring in self._rings]
+        self._rings.clear()
+        return blocks
+
+    # -- the dispatch --------------------------------------------------------------------------
+
+    def dispatch(
+        self,
+        kernel: Kernel,
+        args: tuple[object, ...],
+        grid: object,
+        block: object,
+        shared_mem: object,
+        timing: object,
+        graph: object,
+    ) -> PendingDispatch | None:
+        """Launch the call if it is the steady state; ``None`` (having changed nothing) if not."""
+        t0 = perf_counter()
+        known = self._kernels.get(kernel)
+        if known is None or known.launcher is None or timing is not False:
+            return None
+        auto = graph is not _NEVER and graph != _NEVER
+        if auto and (graph != _AUTO or not known.steered):
+            return None  # graphs are asked for: the general path has them
+        life = self._life
+        watches = self._watches
+        door = self._door
+        loop = life.loop
+        if (
+            life.state != OPEN
+            or loop is None
+            or _running_loop() is not loop
+            or watches.schedule is None
+            or watches.fault is not None
+            or watches.paused
+            or door.queue  # admit_launched: only with nothing queued and a slot free
+            or len(door.in_flight) >= door.limit
+        ):
+            return None
+        # The plan's guards: the same checks a Plan makes, with no bound argument built.
+        n = len(args)
+        for plan in known.plans:
+            if (
+                n != plan.n_args
+                or shared_mem != plan.shared_mem
+                or type(shared_mem) is not int
+                or ((grid != plan.grid or type(grid) is not int) and not same_dims(grid, plan.grid))
+                or (
+                    (block != plan.block or type(block) is not int)
+                    and not same_dims(block, plan.block)
+                )
+            ):
+                continue
+            i = 0
+            for value in args:
+                code, kind, shape, dtype, strides, _offset = plan.args[i]
+                i += 1
+                if type(value) is not kind:
+                    break
+                if code == K_SCALAR:
+                    continue
+                if code == K_IN:
+                    array: Any = value
+                elif code == K_IN_OUT:
+                    array = value.array  # type: ignore[attr-defined]  # an InOut
+                    if type(array) is not np.ndarray:
+                        break
+                elif code == K_OUT:
+                    out: Any = value
+                    if out.into is not None or out.resident or out.shape != shape:
+                        break
+                    if out.dtype is not dtype:
+                        break
+                    continue
+                elif code == K_RESIDENT:
+                    if value.dtype is not dtype:  # type: ignore[attr-defined]  # a buffer
+                        break
+                    continue
+                else:  # K_INTO
+                    out = value
+                    if out.into is None or out.dtype is not dtype:
+                        break
+                    continue
+                if array.shape != shape or array.dtype is not dtype or array.strides != strides:
+                    break
+            else:
+                break
+        else:
+            return None
+        choice: Any = None
+        if auto:
+            choice = plan.auto
+            if choice is None or not choice.eager:
+                return None  # "auto" replays graphs here, or has not chosen yet
+        # Resident buffers: live, and every unfinished use of them on one lane (or none).
+        lane: Any = None
+        if plan.residents:
+            store = self._store
+            seen: list[ResidentBuffer] = []
+            for index, write, into in plan.residents:
+                value = args[index]
+                buffer: Any = value.into if into else value  # type: ignore[attr-defined]  # an Out
+                if buffer in seen or not store.is_live(buffer):
+                    return None  # twice in one call, or stale: the general path says why
+                seen.append(buffer)
+                deps: Any = uses_of(buffer) if write else (writer_of(buffer),)
+                for dep in deps:
+                    if dep is None:
+                        continue
+                    if type(dep) is Download:
+                        return None
+                    if dep.state is _DONE or dep.gpu_done:
+                        continue
+                    if dep.event is None:
+                        return None  # not launched yet
+                    if lane is None:
+                        lane = dep.lane
+                    elif dep.lane is not lane:
+                        return None  # uses on two streams: wait by events, the general way
+            if lane is not None and lane.slot.leased:
+                return None
+        placed = lane is None
+        if placed:  # the least busy lane not leased, ties in turn (as StreamPool.pick)
+            lanes = self._lanes
+            count = self._n_lanes
+            start = self._cursor
+            for k in range(count):
+                candidate = lanes[(start + k) % count]
+                slot = candidate.slot
+                if slot.leased:
+                    continue
+                if not slot.outstanding:
+                    lane = candidate
+                    break
+                if lane is None or slot.outstanding < lane.slot.outstanding:
+                    lane = candidate
+            if lane is None:
+                return None  # every lane leased
+        # Room in the lane's staging ring.
+        staged = plan.staged
+        ring = self._rings[lane.index]
+        start_at = ring.head
+        at = 0
+        if staged:
+            at = start_at % RING_BYTES
+            if at + staged > RING_BYTES:
+                start_at += RING_BYTES - at
+                at = 0
+            if start_at + staged - ring.tail > RING_BYTES:
+                return None  # the ring is full: the general path stages in the pinned pool
+        # -- from here on, the dispatch happens: all of it, or nothing if a step raises ------
+        job = FastJob(plan, args, lane, t0)
+        if choice is not None and choice.sampling:
+            job.choice = choice  # "auto" measures it
+        job.id = dispatch_id = next(self._ids)
+        job.pending = pending = PendingDispatch(loop, dispatch_id, plan.name, watches.spin)
+        slot, pool = lane.slot, self._pool
+        taken = 0  # the steps below taken so far, undone if a later one raises
+        try:
+            door.admit_launched(job)
+            slot.outstanding += 1
+            taken = 1
+            if placed:
+                pool.placements += 1
+                taken = 2
+            if plan.residents:
+                buffers = job.buffers
+                for index, _write, into in plan.residents:
+                    arg: Any = args[index]
+                    buffers.append(arg.into if into else arg)  # an Out's, or the buffer
+                track_uses(buffers, plan.writes, job)  # ordered by the lane (checked above)
+        except BaseException:
+            door.withdraw(job)
+            slot.outstanding -= taken > 0
+            pool.placements -= taken > 1
+            raise
+        if placed:
+            self._cursor = (self._cursor + 1) % self._n_lanes
+        if staged:
+            ring.head = job.ring_end = start_at + staged
+            job.ring_start = start_at
+        self.dispatches += 1
+        own = self._context  # the backend's, current for the driver calls (``_context``)
+        pushed = own is not None and _current()[1] != own and _push(own)[0] == SUCCESS
+        try:
+            self._enqueue(job, plan, known.launcher, args, lane, ring.view, ring.ptr + at, at)
+            idle = self._idle_events
+            event = idle.pop() if idle else self._take_event()
+            code = _record(event, lane.handle)[0]
+            if code != SUCCESS:
+                idle.append(event)
+                raise error_for(code, "cuEventRecord")
+        except BaseException as exc:
+            self._not_watched(job, exc)
+            if not isinstance(exc, Exception):
+                raise
+            return pending
+        finally:
+            if pushed:
+                _pop()
+        job.event = event
+        watches.seq = job.seq = watches.seq + 1
+        if plan.expected:
+            job.expect = t0 + plan.expected
+        watches.lanes[lane.index].pending.append(job)
+        watches.pending += 1
+        if not watches.poll_scheduled:
+            watches.request_poll()
+        # The whole call was its submission; it never waited in the queue.
+        self._submitted += 1
+        self._submit_time.append(perf_counter() - t0)
+        return pending
+
+    def _enqueue(
+        self,
+        job: FastJob,
+        plan: FastPlan,
+        launcher: Any,
+        args: tuple[object, ...],
+        lane: FastLane,
+        view: np.ndarray[Any, Any],
+        host: int,
+        at: int,
+    ) -> None:
+        """Stage *args* at *host* (offset *at* of the ring's *view*) and enqueue the copies,
+        the zeroing of the outputs, the kernel and the download on *lane*. A driver call that
+        fails is kept as the job's failure: its completion reports it."""
+        handle = lane.handle
+        base = lane.scratch_ptr
+        code: Any = SUCCESS
+        call = "cuMemcpyHtoDAsync"
+        for index, offset, nbytes, in_out in plan.uploads:
+            value: Any = args[index]
+            array = value.array if in_out else value
+            view[at + offset : at + offset + nbytes] = array.reshape(-1).view(np.uint8)
+        up_copy = plan.up_copy
+        if up_copy:
+            if up_copy > plan.up_end:  # small outputs go up zeroed with the inputs
+                view[at + plan.up_end : at + up_copy] = 0
+            code = _up(base, host, up_copy, handle)[0]
+            if code == SUCCESS:
+                self.bytes_up += up_copy
+                self.copies_up += 1
+        total = plan.total
+        if code == SUCCESS and total > up_copy:
+            call = "cuMemsetD8Async"
+            code = _memset(base + up_copy, 0, total - up_copy, handle)[0]
+        values: list[Any] = [None] * plan.n_args
+        if code == SUCCESS:
+            kinds = plan.args
+            for i, value in enumerate(args):
+                kind_code = kinds[i][0]
+                if kind_code == K_SCALAR:
+                    values[i] = value
+                elif kind_code <= K_OUT:
+                    values[i] = base + kinds[i][5]
+                elif kind_code == K_RESIDENT:
+                    values[i] = int(storage_of(value).handle)
+                else:  # K_INTO: zeroed first
+                    out: Any = value
+                    pointer = int(storage_of(out.into).handle)
+                    if code == SUCCESS:
+                        code = _memset(pointer, 0, out.nbytes, handle)[0]
+                    values[i] = pointer
+        if code == SUCCESS:  # Launcher.launch_values, inline (one call fewer), as in C
+            call = "cuLaunchKernel"
+            for view, value in zip(launcher.slot_views, values, strict=True):
+                view[0] = value
+            f, p, g, b = launcher.function, launcher.kernel_params, plan.grid_dims, plan.block_dims
+            code = _launch(f, g[0], g[1], g[2], b[0], b[1], b[2], plan.shared_mem, handle, p, 0)[0]
+        in_end = plan.in_end
+        if code == SUCCESS and total > in_end:
+            call = "cuMemcpyDtoHAsync"
+            down = total - in_end
+            code = _down(host + in_end, base + in_end, down, handle)[0]
+            if code == SUCCESS:
+                self.bytes_down += down
+                self.copies_down += 1
+        if code != SUCCESS:
+            job.failure = (
+                AllocationError(f"{call} failed: device out of memory")
+                if code == _OOM
+                else error_for(code, call)
+            )
+
+    def _not_watched(self, job: FastJob, error: BaseException) -> None:
+        """The job's event could not be recorded, and what it enqueued may still run: wait for
+        its lane (``Lane.settle``), then free its ring region (the newest) unless the device
+        failed, and finish the job with *error* the general way."""
+        if job.lane.settle() and job.ring_end:
+            self._rings[job.lane.index].head = job.ring_start
+        job.lane.slot.outstanding -= 1
+        job.gpu_done = True
+        self._dispatcher.done(job, error, None)  # type: ignore[arg-type]  # a job of this path
+
+    def complete(self, job: FastJob, error: BaseException | None) -> None:
+        """*job*'s event completed (or the device failed with *error*): its results, and every
+        release; the reactor calls it (``Watches.call``)."""
+        # Later uses no longer wait on its event (dep_event reads gpu_done first), which the
+        # reactor recycled; the job keeps it as its watch's, for a waiter that still holds it.
+        job.gpu_done = True
+        plan = job.plan
+        failure = job.failure
+        if job.choice is not None and error is None and failure is None:
+            job.choice.took(True, perf_counter() - job.t_dispatch)  # "auto" measures it
+        if failure is not None:
+            error = failure
+        outcome: Any
+        if error is not None:
+            outcome = error
+        elif plan.returned:
+            try:
+                outcome = self._rings[job.lane.index].results(job)
+            except Exception as exc:
+                outcome = exc  # whatever went wrong fails this dispatch, visibly
+        else:
+            outcome = ()
+        if job.ring_end:
+            ring = self._rings[job.lane.index]
+            if job.ring_end > ring.tail:
+                ring.tail = job.ring_end
+        job.lane.slot.outstanding -= 1
+        life = self._life
+        door = self._door
+        # Unless something waits for this slot, or for the backend to drain: the general way.
+        if life.state != OPEN or life.room.parked or not door.complete_launched(job, outcome):
+            self._dispatcher.done(job, outcome, None)  # type: ignore[arg-type]  # a job of this path
+            return
+        for buffer in job.buffers:
+            untrack(buffer, job)
+        self._latency.append((now := perf_counter()) - job.t_dispatch)
+        if error is None:
+            self.completed += 1
+            # The plan's time: learned(), inline; from when a waiter saw it end, if one did.
+            took, known = (job.seen or now) - job.t_dispatch, plan.expected
+            plan.expected = known + EXPECT_RISE * (took - known) if 0 < known <= took else took
+        else:
+            self.failed += 1
+        set_outcome(job.pending, outcome, None)
+
+    def flush(self, telemetry: Telemetry) -> None:
+        """Add what this path counted since the last flush into *telemetry*."""
+        telemetry.dispatches += self.dispatches
+        telemetry.fast_path_dispatches += self.dispatches
+        telemetry.dispatches_completed += self.completed
+        telemetry.dispatches_failed += self.failed
+        telemetry.bytes_up += self.bytes_up
+        telemetry.bytes_down += self.bytes_down
+        telemetry.copies_up += self.copies_up
+        telemetry.copies_down += self.copies_down
+        self.dispatches = self.completed = self.failed = 0
+        self.bytes_up = self.bytes_down = self.copies_up = self.copies_down = 0
+        if self._submitted:
+            telemetry.queue_wait.record_all([0.0] * self._submitted)
+            self._submitted = 0
+        for values, histogram in (
+            (self._submit_time, telemetry.submit_time),
+            (self._latency, telemetry.completion_latency),
+        ):
+            if values:
+                histogram.record_all(values)
+                values.clear()

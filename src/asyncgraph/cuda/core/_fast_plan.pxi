@@ -1,0 +1,345 @@
+# What the compiled fast path works from (included by _core_compiled.pyx before _fast.pxi): its
+# plans as C arrays (CPlan) and their guards (_fits), the fast job, the histograms it keeps in
+# C, and (in _doors.pxi) the front's doors it enters by. The twin of _fast_plan.py and
+# _fast_job.py.
+
+import asyncio as _asyncio
+import os as _os
+
+import numpy as _np
+
+from asyncgraph.args._arguments import Out as _Out
+from asyncgraph._exceptions import AllocationError as _AllocationError
+from asyncgraph.runtime._finished import Download as _Download
+from asyncgraph.front._lifecycle import OPEN as _OPEN
+from asyncgraph.args._plan_cache import same_dims as _same_dims
+from asyncgraph.jobs._scheduler import JobState as _JobState
+from asyncgraph.runtime._telemetry import BUCKET_BOUNDS as _BUCKET_BOUNDS
+from asyncgraph.cuda.driver._driver import error_for as _error_for
+from asyncgraph.cuda.core._fast_plan import K_IN, K_IN_OUT, K_INTO, K_OUT, K_RESIDENT, K_SCALAR
+from asyncgraph.cuda.core._fast_plan import MAX_PLANS as _MAX_PLANS
+from asyncgraph.cuda.core._fast_plan import RING_BYTES
+from asyncgraph.cuda.core._fast_plan import FastPlan as _FastPlan
+from asyncgraph.cuda.core._fast_plan import describes as _describes
+from asyncgraph.cuda.core._fast_plan import eligible as _eligible
+
+cdef enum:
+    A_SCALAR = 0
+    A_IN = 1
+    A_IN_OUT = 2
+    A_OUT = 3
+    A_RESIDENT = 4
+    A_INTO = 5
+    MAX_DIMS = 8
+    N_BUCKETS = 201
+
+assert (K_SCALAR, K_IN, K_IN_OUT, K_OUT, K_RESIDENT, K_INTO) == (0, 1, 2, 3, 4, 5)
+
+cdef object _LAUNCHED = _JobState.LAUNCHED
+cdef object _DONE = _JobState.DONE
+cdef object _running_loop = _asyncio._get_running_loop
+cdef object _NEVER = "never"
+cdef object _AUTO = "auto"
+cdef object _ndarray = _np.ndarray
+cdef object _EMPTY = ()
+cdef uint64_t _RING = RING_BYTES
+cdef int _OOM = <int>cydriver.CUDA_ERROR_OUT_OF_MEMORY
+cdef double _BOUNDS[N_BUCKETS]
+for _i, _bound in enumerate(_BUCKET_BOUNDS):
+    _BOUNDS[_i] = _bound
+
+
+cdef extern from "Python.h":
+    PyObject* PyThreadState_GetDict()
+    PyObject* PyDict_GetItem(PyObject* mapping, PyObject* key)
+
+cdef object _RUNNING_KEY = "__asyncio_running_event_loop__"
+cdef long _forks = 0  # forks this process came out of (as the child)
+
+
+def _count_fork():
+    global _forks
+    _forks += 1
+
+
+_os.register_at_fork(after_in_child=_count_fork)
+
+
+cdef inline bint _runs_here(FastPath path, object loop) except -1:
+    """Whether *loop* is the event loop running on this thread, as ``asyncio`` says (the
+    question the Python core asks), asked once per running of the loop.
+
+    ``asyncio._get_running_loop()`` costs a ``getpid()`` on Python 3.11 (about 0.25 us on the
+    stand-in's machine). Its answer depends only on what ``asyncio`` keeps for the thread under
+    ``__asyncio_running_event_loop__`` in the thread's dictionary (Python 3.11: a holder of the
+    loop and the pid, made anew each time a loop starts or stops running; 3.12: the loop) and on
+    the process. So once it said *loop* runs here, the answer stands while that object is the
+    one kept (held here, so its identity is not reused) and the process has not forked. A loop's
+    ``_thread_id`` is no such answer: it matches inside a second loop run within it, as
+    nest_asyncio runs one, and in a child forked from its thread, where no loop runs. Where
+    nothing is kept there (Python 3.13, where the question costs nothing), ``asyncio`` is asked
+    each time."""
+    cdef PyObject* state = PyThreadState_GetDict()
+    cdef PyObject* kept = NULL
+    if state != NULL:
+        kept = PyDict_GetItem(state, <PyObject*>_RUNNING_KEY)
+    if (
+        kept != NULL
+        and kept != <PyObject*>None
+        and kept == <PyObject*>path._here
+        and path._here_forks == _forks
+    ):
+        return True
+    if _running_loop() is not loop:
+        return False
+    if kept != NULL and kept != <PyObject*>None:
+        path._here = <object>kept
+        path._here_forks = _forks
+    return True
+
+
+cdef inline void _record_value(HistogramC* h, double value) noexcept:
+    """Sort *value* into the telemetry's buckets (``Histogram``'s: the first bucket whose
+    upper bound is at least the value; NaN in the last)."""
+    cdef int lo = 0, hi = N_BUCKETS - 1, mid
+    while lo < hi:
+        mid = (lo + hi) >> 1
+        if _BOUNDS[mid] >= value:
+            hi = mid
+        else:
+            lo = mid + 1
+    h.counts[lo] += 1
+    h.count += 1
+    h.total += value
+    if value < h.low:
+        h.low = value
+    if value > h.high:
+        h.high = value
+
+
+cdef inline void _clear(HistogramC* h) noexcept:
+    memset(h, 0, sizeof(HistogramC))
+    h.low = float("inf")
+
+
+cdef _flush_histogram(HistogramC* h, histogram):
+    if h.count:
+        histogram.add_counts(
+            [h.counts[i] for i in range(N_BUCKETS)], h.count, h.total, h.low, h.high
+        )
+        _clear(h)
+
+
+include "_doors.pxi"
+
+
+cdef Py_ssize_t O_INTO = _slot(_Out, "into")
+
+
+cdef inline object _into(object out):
+    """``out.into`` of an ``Out``."""
+    if type(out) is _Out:
+        return _get(out, O_INTO)
+    return out.into
+
+
+cdef object _ELSEWHERE = object()
+
+
+cdef inline object _lane_of(object use):
+    """The lane a buffer's unfinished *use* runs on; ``None`` if it finished (or there is
+    none); ``_ELSEWHERE`` if the fast path cannot order after it (a download, or a use not
+    launched yet)."""
+    if use is None:
+        return None
+    if type(use) is FastJob:
+        if (<FastJob>use).state is _DONE or (<FastJob>use).gpu_done:
+            return None
+        if (<FastJob>use)._event is None:
+            return _ELSEWHERE
+        return (<FastJob>use).lane
+    if type(use) is _Download:
+        return _ELSEWHERE
+    if use.state is _DONE or use.gpu_done:
+        return None
+    if use.event is None:
+        return _ELSEWHERE  # not launched yet
+    return use.lane
+
+
+cdef class FastJob(WatchItem):
+    """A dispatch the fast path launched: its job in the scheduler, and its own watch in the
+    reactor; see ``_fast_job.FastJob``."""
+
+    deps = ()
+    nvtx_range = None
+    timing = False
+    streamed = False
+    replay = None
+    device_buffer = None
+    t_submit = 0.0
+
+    @property
+    def plan(self):
+        """The :class:`~asyncgraph.cuda.core._fast_plan.FastPlan` it was launched by."""
+        return self.cplan.plan if self.cplan is not None else None
+
+    def __repr__(self):
+        return f"<FastJob #{self.id} {self.call.kernel.name!r} {self.state.value}>"
+
+
+cdef class CPlan:
+    """A :class:`~asyncgraph.cuda.core._fast_plan.FastPlan` in C arrays."""
+
+    def __dealloc__(self):
+        free(self.args)
+        free(self.returned)
+        free(self.residents)
+
+    def __init__(self, plan):
+        cdef ArgC* a
+        cdef ResultC* r
+        cdef Py_ssize_t i, k
+        self.plan = plan
+        self.keep = []
+        self.template = plan.template
+        self.name = plan.name
+        self.grid_key = plan.grid
+        self.block_key = plan.block
+        for k in range(3):
+            self.grid[k] = plan.grid_dims[k]
+            self.block[k] = plan.block_dims[k]
+        self.shared_mem = plan.shared_mem
+        self.in_end, self.up_end, self.total = plan.in_end, plan.up_end, plan.total
+        self.up_copy = plan.up_copy
+        self.staged = plan.staged
+        self.writes = tuple(plan.writes)
+        self.n_args = plan.n_args
+        self.args = <ArgC*>calloc(self.n_args if self.n_args else 1, sizeof(ArgC))
+        self.n_returned = len(plan.returned)
+        self.returned = <ResultC*>calloc(self.n_returned if self.n_returned else 1, sizeof(ResultC))
+        self.n_residents = len(plan.residents)
+        self.residents = <Py_ssize_t*>calloc(
+            self.n_residents if self.n_residents else 1, sizeof(Py_ssize_t)
+        )
+        if self.args == NULL or self.returned == NULL or self.residents == NULL:
+            raise MemoryError("no memory for a fast plan")
+        for i, (code, kind, shape, dtype, strides, offset) in enumerate(plan.args):
+            a = &self.args[i]
+            a.kind = code
+            a.type = self._hold(kind)
+            a.offset = offset
+            if dtype is not None:
+                a.dtype = self._hold(dtype)
+            if code == A_OUT:
+                a.shape = self._hold(shape)
+            elif code == A_IN or code == A_IN_OUT:
+                if len(shape) > MAX_DIMS:
+                    raise ValueError(f"{len(shape)} dimensions: more than the fast path keeps")
+                a.ndim = len(shape)
+                for k in range(a.ndim):
+                    a.dims[k] = shape[k]
+                    a.strides[k] = strides[k]
+        for index, offset, nbytes, in_out in plan.uploads:
+            self.args[index].nbytes = nbytes
+            self.has_uploads = True
+        for k, (index, written, into) in enumerate(plan.residents):
+            self.residents[k] = index
+            self.args[index].write = written
+        for k, (code, index, offset, nbytes, dtype, shape) in enumerate(plan.returned):
+            r = &self.returned[k]
+            r.kind = code
+            r.index = index
+            r.offset = offset
+            r.nbytes = nbytes
+            r.dtype = self._hold(dtype)
+            r.type_num = dtype.num
+            if len(shape) > MAX_DIMS:
+                raise ValueError(f"{len(shape)} dimensions: more than the fast path keeps")
+            r.ndim = len(shape)
+            for i in range(r.ndim):
+                r.dims[i] = shape[i]
+
+    cdef PyObject* _hold(self, value):
+        self.keep.append(value)
+        return <PyObject*>value
+
+
+cdef class KnownKernel:
+    """What the fast path knows of one kernel: its launcher once loaded, its plans, and
+    whether ``graph="auto"`` steered one of them; see ``_fast_job.KnownKernel``."""
+
+    def __init__(self):
+        self.launcher = None
+        self.plans = []
+        self.steered = False
+
+    def steer(self, call, choice):
+        """Set *choice* as ``auto`` of the plans that launch *call*'s signature (at once done
+        if one has it already)."""
+        cdef CPlan plan
+        for candidate in self.plans:
+            if (<CPlan>candidate).auto is choice:
+                return
+        for candidate in self.plans:
+            plan = <CPlan>candidate
+            if _describes(plan.plan, call):
+                plan.auto = choice
+                self.steered = True
+
+
+cdef bint _fits(CPlan plan, tuple args, object grid, object block, object shared_mem) except -1:
+    """Whether *args* and the launch shape pass *plan*'s guards (a Plan's, exactly)."""
+    cdef Py_ssize_t i, n = plan.n_args
+    cdef ArgC* a
+    cdef object value, array, kind_of, dtype
+    cdef cnp.ndarray arr
+    cdef int kind
+    if len(args) != n or type(shared_mem) is not int or shared_mem != plan.shared_mem:
+        return False
+    if (grid != plan.grid_key or type(grid) is not int) and not _same_dims(grid, plan.grid_key):
+        return False
+    if (block != plan.block_key or type(block) is not int) and not _same_dims(
+        block, plan.block_key
+    ):
+        return False
+    for i in range(n):
+        a = &plan.args[i]
+        value = args[i]
+        kind_of = type(value)
+        if <PyObject*>kind_of != a.type:
+            return False
+        kind = a.kind
+        if kind == A_SCALAR:
+            continue
+        if kind == A_IN:
+            array = value
+        elif kind == A_IN_OUT:
+            array = value.array
+            if type(array) is not _ndarray:
+                return False
+        elif kind == A_OUT:
+            if value.into is not None or value.resident or value.shape != <object>a.shape:
+                return False
+            dtype = value.dtype
+            if <PyObject*>dtype != a.dtype:
+                return False
+            continue
+        elif kind == A_RESIDENT:
+            dtype = value.dtype
+            if <PyObject*>dtype != a.dtype:
+                return False
+            continue
+        else:  # A_INTO
+            dtype = value.dtype
+            if value.into is None or <PyObject*>dtype != a.dtype:
+                return False
+            continue
+        arr = <cnp.ndarray>array
+        if cnp.PyArray_NDIM(arr) != a.ndim or <PyObject*>cnp.PyArray_DESCR(arr) != a.dtype:
+            return False
+        if memcmp(cnp.PyArray_DIMS(arr), a.dims, a.ndim * sizeof(Py_ssize_t)) != 0:
+            return False
+        if memcmp(cnp.PyArray_STRIDES(arr), a.strides, a.ndim * sizeof(Py_ssize_t)) != 0:
+            return False
+    return True

@@ -1,0 +1,1 @@
+"""The CUDA driver as the engine meets it: errors, the backend's context, recycled events."""

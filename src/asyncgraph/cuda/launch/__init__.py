@@ -1,0 +1,2 @@
+"""Launching work: kernels compiled and loaded, lanes, staging plans, staged and streamed
+dispatches."""

@@ -1,0 +1,200 @@
+"""Launching a kernel: packed parameter blocks, ``cuLaunchKernel``, and ordering on a stream."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+from cuda.bindings import driver as drv
+from cuda.core import LaunchConfig, launch
+
+from asyncgraph.args._bound_args import BoundCall
+from asyncgraph.args._kernel import Kernel
+from asyncgraph.cuda.core import _core_python
+from asyncgraph.cuda.core._choose import core
+from asyncgraph.cuda.core._core_python import Launcher
+from asyncgraph.cuda.driver._driver import SUCCESS, check, error_for, translate
+
+from ._staging_plan import CudaJob, dep_event
+
+if TYPE_CHECKING:
+    from asyncgraph.cuda._cuda_device import Device
+
+    from ._lanes import Lane
+
+__all__ = ("Launches", "chained_lane", "launcher_for", "wait_deps")
+
+_DEFAULT_SHARED = 48 * 1024
+
+
+def launcher_for(kernel: Kernel, loaded: Any) -> Launcher | None:
+    """A launcher for *kernel* from the core that runs (``_choose``), or from the Python core
+    when only it can pack the parameters; ``None`` when a parameter's type is unknown (then
+    the dispatch goes through ``cuda.core.launch``, which packs any argument)."""
+    params = kernel.params
+    if params is None:
+        return None
+    maker: Any = None
+    for candidate in (core.Launcher, _core_python.Launcher):
+        if candidate.supports(params):
+            maker = candidate
+            break
+    if maker is None:
+        return None
+    function = check(
+        drv.cuKernelGetFunction(drv.CUkernel(int(loaded.handle))), "cuKernelGetFunction"
+    )
+    launcher: Launcher = maker(function, params)
+    return launcher
+
+
+def wait_deps(deps: list[Any], lane: Lane) -> None:
+    """Make *lane*'s stream wait for the launched uses in *deps*.
+
+    Uses on *lane* itself are ordered by the stream already, finished ones need no wait, and
+    unlaunched ones were waited for before; the others are waited for through their events.
+    """
+    for dep in deps:
+        event = dep_event(dep)
+        if event is not None and event is not False and getattr(dep, "lane", None) is not lane:
+            check(drv.cuStreamWaitEvent(lane.handle, event, 0), "cuStreamWaitEvent")
+
+
+def chained_lane(deps: list[Any]) -> Lane | None:
+    """The lane every unfinished use in *deps* runs on, if they all run on one that is not
+    leased; ``None`` otherwise.
+
+    A dispatch placed there is ordered after them by the stream alone: a chain of dispatches
+    on one resident buffer runs back to back, without an event wait between streams.
+    """
+    found: Lane | None = None
+    for dep in deps:
+        event = dep_event(dep)
+        if event is None:
+            continue  # finished
+        lane = getattr(dep, "lane", None)
+        if event is False or lane is None or (found is not None and lane is not found):
+            return None
+        found = lane
+    if found is not None and found.slot.leased:
+        return None
+    return found
+
+
+class Launches:
+    """Kernel launches of one device: loaded kernels, launchers, configs, shared memory."""
+
+    def __init__(self, device: Device) -> None:
+        self._device = device
+        self.loaded: dict[Kernel, Any] = {}
+        self.launchers: dict[Kernel, Launcher | None] = {}
+        self._configs: dict[tuple[Any, ...], Any] = {}
+        self._smem_set: dict[Any, int] = {}
+        self.fast: Any = None  # the engine's fast path, told of each kernel loaded
+
+    def add(self, kernel: Kernel, loaded: Any) -> None:
+        """*kernel* is loaded as *loaded* (a ``cuda.core`` Kernel)."""
+        self.loaded[kernel] = loaded
+        launcher = self.launchers[kernel] = launcher_for(kernel, loaded)
+        if self.fast is not None and launcher is not None:
+            self.fast.add_kernel(kernel, launcher)
+
+    def is_loaded(self, kernel: Kernel) -> bool:
+        """Whether *kernel* is loaded on this device."""
+        return kernel in self.loaded
+
+    def clear(self) -> None:
+        """Forget every kernel (closing)."""
+        self.loaded.clear()
+        self.launchers.clear()
+
+    def config(self, call: BoundCall) -> Any:
+        """The ``cuda.core`` LaunchConfig of *call*'s launch shape (cached)."""
+        key = (call.grid, call.block, call.shared_mem)
+        config = self._configs.get(key)
+        if config is None:
+            config = self._configs[key] = LaunchConfig(
+                grid=call.grid, block=call.block, shmem_size=call.shared_mem
+            )
+        return config
+
+    def _allow_shared(self, loaded: Any, nbytes: int) -> None:
+        if nbytes <= self._smem_set.get(loaded, _DEFAULT_SHARED):
+            return
+        attribute = drv.CUfunction_attribute.CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES
+        check(
+            drv.cuKernelSetAttribute(
+                attribute, nbytes, drv.CUkernel(int(loaded.handle)), self._device.device.device_id
+            ),
+            "cuKernelSetAttribute",
+        )
+        self._smem_set[loaded] = nbytes
+
+    def enqueue(self, job: CudaJob, base: int, handle: Any, stream: Any) -> None:
+        """Enqueue *job*'s kernel (between its timing events) on *handle*; its staged arrays
+        start at device address *base*."""
+        call = job.call
+        if call.shared_mem > _DEFAULT_SHARED:
+            self._allow_shared(self.loaded[call.kernel], call.shared_mem)
+        timing_events = self._device.timing_events
+        if job.timing:
+            job.start_event = timing_events.take()
+            check(drv.cuEventRecord(job.start_event, handle), "cuEventRecord")
+        launcher = self.launchers.get(call.kernel)
+        if launcher is not None:
+            if call.resident or call.foreign:
+                code = launcher.launch_values(
+                    self._values(job, base, handle), call.grid, call.block, call.shared_mem, handle
+                )
+            else:
+                # The common case (arrays staged by this dispatch, and scalars): packed from
+                # the arguments themselves.
+                code = launcher.launch(
+                    call.args, base, call.grid, call.block, call.shared_mem, handle
+                )
+            if code != SUCCESS:
+                raise error_for(code, "cuLaunchKernel")
+        else:
+            args = self._arguments(job, base, handle)
+            try:
+                launch(stream, self.config(call), self.loaded[call.kernel], *args)
+            except Exception as exc:
+                raise translate(exc, "cuLaunchKernel") from exc
+        if job.timing:
+            job.end_event = timing_events.take()
+            check(drv.cuEventRecord(job.end_event, handle), "cuEventRecord")
+
+    def _values(self, job: CudaJob, base: int, handle: Any) -> list[Any]:
+        """Each argument's launch value: the scalar, or the device pointer as an int.
+
+        Zeroes resident outputs and orders the stream after foreign producers on the way.
+        """
+        values: list[Any] = []
+        for arg in job.call.args:
+            value = arg.launch_value(base)
+            if arg.zeroed:
+                check(
+                    drv.cuMemsetD8Async(value, 0, arg.buffer_bytes, handle),  # type: ignore[attr-defined]  # a resident output
+                    "cuMemsetD8Async",
+                )
+            elif arg.foreign and arg.producer is not None:  # type: ignore[attr-defined]  # a DeviceArg
+                self._wait_foreign(arg.producer, handle)  # type: ignore[attr-defined]  # likewise
+            values.append(value)
+        return values
+
+    def _arguments(self, job: CudaJob, base: int, handle: Any) -> list[Any]:
+        """Launch arguments for ``cuda.core.launch`` (kernels without a launcher)."""
+        return [
+            value if arg.by_value else np.uint64(value)
+            for arg, value in zip(job.call.args, self._values(job, base, handle), strict=True)
+        ]
+
+    def _wait_foreign(self, producer: int, handle: Any) -> None:
+        """Order our stream after the work a foreign producer stream enqueued so far."""
+        events = self._device.events
+        event = events.take()
+        try:
+            check(drv.cuEventRecord(event, drv.CUstream(producer)), "cuEventRecord")
+            check(drv.cuStreamWaitEvent(handle, event, 0), "cuStreamWaitEvent")
+        finally:
+            events.give(event)

@@ -1,0 +1,2 @@
+"""The front: what a user touches (the backend, its life, its options), and the protocols engines
+meet."""

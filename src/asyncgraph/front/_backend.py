@@ -1,0 +1,494 @@
+"""The front of every backend: what a user touches, and nothing of how it runs.
+
+:class:`Backend` validates, numbers dispatches and hands them to its
+:class:`~asyncgraph.jobs._dispatcher.Dispatcher` (the scheduler and its effects); it owns the
+resident buffers, the bounded queue's waiting room, telemetry and closing. How work runs —
+compiling, staging, launching, collecting, resident storage — belongs to an
+:class:`~asyncgraph.front._engine_protocols.Engine` it is composed with (the CUDA engine in
+``asyncgraph.cuda``, the host engine in ``host._host_backend``). ``open_backend`` lives in ``_open``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import itertools
+import sys
+import warnings
+from collections.abc import Callable, Generator
+from time import perf_counter
+from typing import Any, Final, NoReturn, cast
+
+import numpy as np
+
+from asyncgraph._exceptions import (
+    ArgumentTypeError,
+    DeviceFaultError,
+    QueueFullError,
+    UnsupportedError,
+)
+from asyncgraph.args._bound_args import BoundCall
+from asyncgraph.args._checks import check_kernel, numeric_dtype, shape_tuple
+from asyncgraph.args._kernel import Kernel
+from asyncgraph.args._plan_cache import Plans
+from asyncgraph.buffers._buffer_transfers import Transfers
+from asyncgraph.buffers._exporter import EngineExporter
+from asyncgraph.buffers._resident import ResidentBuffer, ResidentStore
+from asyncgraph.jobs._dispatcher import Dispatcher
+from asyncgraph.jobs._pending import PendingDispatch
+from asyncgraph.jobs._scheduler import Job, track_buffers
+from asyncgraph.runtime import _loop
+from asyncgraph.runtime._nvtx import NvtxRanges
+from asyncgraph.runtime._resource import AsyncResource
+from asyncgraph.runtime._telemetry import Telemetry, logger
+
+from ._fast_front import FastFront, FrontEngine
+from ._lifecycle import CLOSED, OPEN, Lifecycle
+from ._options import BackendOptions
+from ._streams_graphs import StreamsAndGraphs
+
+__all__ = ("Backend",)
+
+_NEVER: Final = "never"
+_GRAPH_CHOICES: Final = (_NEVER, "auto", "always")
+
+
+class Backend(StreamsAndGraphs, AsyncResource):
+    """A place to run kernels: a CUDA device, or the host in worker threads.
+
+    Open one with :func:`asyncgraph.open_backend`. A backend is an async resource: use
+    ``async with`` or ``await backend.aclose()``. It belongs to the event loop it is first used
+    on.
+
+    Attributes:
+        name: ``"cuda:0"``, ``"host"``...
+        options: the :class:`BackendOptions` it was opened with.
+        telemetry: its counters; ``backend.telemetry.snapshot()`` reads them.
+        on_close: ``on_close(hook)`` calls ``hook()`` as the first ``aclose()`` begins, while
+            the backend still takes work; it returns a function that unregisters the hook.
+        call_in_turn: ``call_in_turn(fn)`` calls ``fn(None)`` once a dispatch finds room in
+            the queue, in line with ``submit()`` (``fn(error)`` if the backend closes first);
+            it returns a function that gives the place up. A batcher's batches wait so.
+    """
+
+    def __init__(
+        self, name: str, options: BackendOptions, make_engine: Callable[[], FrontEngine]
+    ) -> None:
+        # First: it may refuse (no nvtx package) before anything needs closing.
+        nvtx = NvtxRanges() if options.nvtx_enabled else None
+        self.name = name
+        self.options = options
+        self._life: Lifecycle | None = None  # until the engine exists: nothing to close
+        engine = self._engine = make_engine()
+        self.kind = engine.kind
+        self._store = ResidentStore(
+            name, engine.free_storage, EngineExporter(engine, lambda: self._lifecycle.loop)
+        )
+        self._plans = Plans(engine.limits, self._store, engine.takes_device_arrays)
+        self.telemetry = Telemetry(self._counts, engine.pool_counters)
+        self._log = logger.bind(device=name)
+        self._ids = itertools.count(1)
+        self._max_queued = options.max_queued or sys.maxsize
+        self._dispatcher = Dispatcher(
+            engine,
+            options.max_in_flight,
+            self.telemetry,
+            self._log,
+            nvtx,
+            options.dispatch_events_enabled,
+            lambda: None,  # replaced by the lifecycle's check below
+            self._bind_like,
+            self._run_prepared,
+            self._store.discard,
+        )
+        self._scheduler = self._dispatcher.scheduler
+        self._life = Lifecycle(
+            name, engine, self._dispatcher, self._store, self.telemetry, self._log,
+            _loop.running_loop(),
+        )  # fmt: skip
+        self._life.max_queued = self._max_queued
+        self.on_close = self._life.on_close  # hooks run as aclose() begins (a batcher's flush)
+        self.call_in_turn = self._life.call_in_turn  # submit()'s wait with no task (a batch's)
+        self._dispatcher.after = self._life.after_batch  # the front's own check, direct
+        self._transfers = Transfers(
+            name, engine, self._store, self._life, self._dispatcher, self.telemetry
+        )
+        engine.attach(self._dispatcher, self.telemetry, self._log)
+        front = FastFront(door=self._scheduler.fast_door, lifecycle=self._life, ids=self._ids,
+                          dispatcher=self._dispatcher, store=self._store)  # fmt: skip
+        fast = engine.fast_path(front)
+        # The steady state of dispatch() in one call, where the engine has one (CUDA).
+        self._fast = fast.dispatch if fast is not None else None
+        if fast is not None:
+            self._plans.learn = fast.learn
+
+    # -- state ---------------------------------------------------------------------------------
+
+    @property
+    def is_closed(self) -> bool:
+        """Whether ``aclose()`` was called (the backend may still be finishing work)."""
+        return self._lifecycle.state != OPEN
+
+    @property
+    def failure(self) -> DeviceFaultError | None:
+        """The device fault that failed this backend, or ``None`` while it is healthy."""
+        return self._engine.failure
+
+    @property
+    def outstanding(self) -> int:
+        """Dispatches in flight or queued (a device group places new ones by it)."""
+        return self._scheduler.in_flight + self._scheduler.queued
+
+    def holds(self, buffer: ResidentBuffer) -> bool:
+        """Whether *buffer* was made by this backend (it may be closed since); anything but a
+        resident buffer raises ArgumentTypeError."""
+        return self._store.holds(buffer)
+
+    def __repr__(self) -> str:
+        state = ("open", "closing", "closed")[self._lifecycle.state]
+        if self._engine.failure is not None:
+            state = "failed"
+        return (
+            f"<{type(self).__name__} {self.name} {state} "
+            f"in_flight={self._scheduler.in_flight} queued={self._scheduler.queued} "
+            f"buffers={len(self._store)}>"
+        )
+
+    @property
+    def _lifecycle(self) -> Lifecycle:
+        return cast(Lifecycle, self._life)  # made in __init__ once the engine exists
+
+    def _counts(self) -> tuple[int, int]:
+        return self._scheduler.in_flight, self._scheduler.queued
+
+    def _loop_for_use(self) -> asyncio.AbstractEventLoop:
+        # self._life directly (not the property): this runs on every call of the API.
+        return self._life.loop_for_use(self._engine.failure)  # type: ignore[union-attr]  # set in __init__
+
+    # -- dispatch ------------------------------------------------------------------------------
+
+    def dispatch(
+        self,
+        kernel: Kernel,
+        *args: object,
+        grid: int | tuple[int, ...],
+        block: int | tuple[int, ...],
+        shared_mem: int = 0,
+        timing: bool = False,
+        graph: str = "never",
+        after: object = None,
+    ) -> PendingDispatch:
+        """Launch *kernel* on *args* and return at once; ``await`` the result for the outputs.
+
+        Args:
+            kernel: the kernel to run.
+            *args: its arguments in kernel order: numpy arrays (inputs, read while the dispatch
+                runs: do not modify them until it completed), ``Out(shape, dtype)`` (with
+                ``resident=True`` the result stays on the backend), ``InOut(array)``, numpy
+                scalars, resident buffers, ``Out(into=buffer)``, and on CUDA device arrays of
+                CuPy or PyTorch.
+            grid: blocks in the grid, an int or a tuple of up to three.
+            block: threads per block, an int or a tuple of up to three.
+            shared_mem: bytes of dynamic shared memory per block.
+            timing: measure the kernel's device time into ``pending.device_time``.
+            graph: ``"never"`` (launch it), ``"auto"`` (once the signature repeated, measure
+                eager dispatches against replays of a recorded CUDA graph, then keep to the
+                cheaper) or ``"always"`` (record on first sight); see ``docs/graphs.md``.
+                The host backend has no graphs; ``timing=True`` dispatches run without one.
+            after: a CUDA stream or event of another library (see :meth:`wait`), or a list of
+                them: the dispatch runs after the work enqueued on them before this call,
+                ordered on the GPU, with no host round trip (CUDA backend).
+
+        Returns:
+            A :class:`PendingDispatch`; ``await`` it for one result per ``Out``/``InOut``.
+
+        Raises:
+            DispatchError: an argument or the launch shape is invalid; nothing was started.
+            StaleBufferError: a resident buffer is closed or from another backend.
+            QueueFullError: ``BackendOptions.max_queued`` dispatches are queued already; nothing
+                was started (:meth:`submit` waits for room instead).
+            UnsupportedError: the backend cannot run this (e.g. no ``host=`` on the host
+                backend, or ``after=`` there), or the call is not on the backend's event loop.
+            BackendClosedError: the backend is closed.
+            DeviceFaultError: the backend failed earlier with a device fault.
+        """
+        fast = self._fast
+        if fast is not None and after is None:
+            pending = fast(kernel, args, grid, block, shared_mem, timing, graph)
+            if pending is not None:
+                return pending
+        started = 0.0 if graph is _NEVER else perf_counter()  # where "auto" measures from
+        loop = self._loop_for_use()
+        if self._scheduler.queued >= self._max_queued:
+            raise QueueFullError(
+                f"backend {self.name} has {self._scheduler.queued} dispatches queued already "
+                f"(BackendOptions.max_queued={self._max_queued}); nothing was started — use "
+                "'await backend.submit(...)' to wait for room instead"
+            )
+        if not isinstance(timing, bool):
+            raise ArgumentTypeError(f"timing={timing!r}; pass True or False")
+        if graph not in _GRAPH_CHOICES:
+            raise ArgumentTypeError(f"graph={graph!r}; pass 'never', 'auto' or 'always'")
+        call = self._plans.bind(kernel, args, grid, block, shared_mem, True)
+        if call.fresh is not None:  # Out(..., resident=True): make the buffers now
+            call.make_buffers(self._new_resident, self._store.discard)
+        try:
+            job: Job | None = None
+            if graph != "never" and not timing:
+                job = self._engine.graph_job(call, graph == "always", started)
+            if job is None:
+                job = self._engine.prepare(call, timing)
+        except BaseException:
+            call.discard_buffers(self._store.discard)  # nothing started: give them back
+            raise
+        if after is not None:
+            try:
+                self._engine.fence(job, after)
+            except BaseException:
+                self._engine.release(job)
+                call.discard_buffers(self._store.discard)
+                raise
+        return self._enqueue_job(job, loop)
+
+    def _enqueue_job(self, job: Job, loop: asyncio.AbstractEventLoop) -> PendingDispatch:
+        """Number *job*, order it after the uses of its buffers, and schedule it."""
+        job.id = dispatch_id = next(self._ids)
+        pending = job.pending = PendingDispatch(loop, dispatch_id, job.call.kernel.name)
+        job.t_dispatch = perf_counter()
+        if job.call.resident:
+            track_buffers(job)
+        self.telemetry.dispatches += 1
+        self._dispatcher.add(job)
+        return pending
+
+    async def submit(
+        self,
+        kernel: Kernel,
+        *args: object,
+        grid: int | tuple[int, ...],
+        block: int | tuple[int, ...],
+        shared_mem: int = 0,
+        timing: bool = False,
+        graph: str = "never",
+        after: object = None,
+    ) -> PendingDispatch:
+        """Like :meth:`dispatch`, but first wait while ``max_queued`` dispatches are queued.
+
+        The backpressure of a server: callers wait their turn (first come, first served)
+        instead of piling up work. Cancelling the wait leaves the line and starts nothing.
+        With ``BackendOptions.max_queued=None`` (the default) it never waits.
+
+        Returns:
+            The :class:`PendingDispatch`; ``await`` it for the results.
+
+        Raises:
+            BackendClosedError: the backend was closed (also while waiting).
+            Exception: whatever :meth:`dispatch` raises for these arguments.
+        """
+        loop = self._loop_for_use()
+        await _loop.sleep(0)  # a checkpoint before anything starts
+        room = self._lifecycle.room
+        if room or self._scheduler.queued >= self._max_queued:
+            await room.wait(loop)
+            while self._scheduler.queued >= self._max_queued:  # a dispatch() took it first
+                await room.wait(loop, first=True)
+        try:
+            return self.dispatch(
+                kernel, *args, grid=grid, block=block, shared_mem=shared_mem, timing=timing,
+                graph=graph, after=after,
+            )  # fmt: skip
+        finally:
+            if room and self._scheduler.queued < self._max_queued:
+                room.wake()  # room for the next one too (or this one was refused)
+
+    async def compile(self, kernel: Kernel) -> None:
+        """Prepare *kernel* now, so its first dispatch does not wait (CUDA: NVRTC and loading).
+
+        Raises:
+            ArgumentTypeError: *kernel* is not an :class:`asyncgraph.Kernel`.
+            CompileError: the kernel does not compile (CUDA backend).
+            UnsupportedError: the host backend got a kernel without ``host=``.
+        """
+        self._loop_for_use()
+        check_kernel(kernel, "compile()")
+        self._engine.check_kernel(kernel)
+        await self._engine.compile(kernel)
+
+    # -- resident buffers ----------------------------------------------------------------------
+
+    async def upload(self, array: np.ndarray[Any, Any]) -> ResidentBuffer:
+        """Copy *array* into a new resident buffer on this backend.
+
+        Raises:
+            DispatchError: *array* is not a non-empty, C-contiguous numeric numpy array.
+            BackendClosedError: the backend is closed, or was closed while the array was copied
+                (the copy is freed).
+        """
+        self._loop_for_use()
+        return await self._transfers.upload(array)
+
+    def empty(self, shape: int | tuple[int, ...], dtype: object) -> ResidentBuffer:
+        """Allocate a resident buffer; its contents are undefined until written.
+
+        Raises:
+            ShapeMismatchError: the shape is not a tuple of positive ints.
+            ArgumentTypeError: the dtype is not numeric.
+            AllocationError: the device is out of memory even after the caches were trimmed.
+            BackendClosedError: the backend is closed.
+        """
+        self._loop_for_use()
+        shape_t = shape_tuple(shape, "empty()")
+        dt = numeric_dtype(dtype, "empty()")
+        return self._new_resident(shape_t, dt)
+
+    def _new_resident(self, shape: tuple[int, ...], dtype: np.dtype[Any]) -> ResidentBuffer:
+        return self._store.add(self._engine.alloc_storage(shape, dtype), shape, dtype)
+
+    def pinned_empty(self, shape: int | tuple[int, ...], dtype: object) -> np.ndarray[Any, Any]:
+        """A numpy array in page-locked host memory, for inputs that go up without a copy.
+
+        Dispatching a pinned array (or a view of one) uploads it straight from its memory,
+        skipping the copy into staging; results of 1 MiB or more come back in pinned memory
+        too, so a pipeline of dispatches copies nothing on the host. The memory comes from the
+        backend's pinned pool and returns there when the array is garbage-collected. Its
+        contents are undefined until written. The host backend returns an ordinary array.
+
+        Raises:
+            ShapeMismatchError: the shape is not a tuple of positive ints.
+            ArgumentTypeError: the dtype is not numeric.
+            AllocationError: pinned memory is exhausted.
+            BackendClosedError: the backend is closed.
+        """
+        self._loop_for_use()
+        shape_t = shape_tuple(shape, "pinned_empty()")
+        dt = numeric_dtype(dtype, "pinned_empty()")
+        return self._engine.host_array(shape_t, dt)
+
+    async def download(
+        self, buffer: ResidentBuffer, out: np.ndarray[Any, Any] | None = None
+    ) -> np.ndarray[Any, Any]:
+        """Copy a resident buffer back into a new numpy array, or into *out*.
+
+        Waits for dispatches in flight that write the buffer, so it reads what they wrote.
+        Reusing an *out* array whose pages were touched before saves the page faults of a new
+        array, which bound large downloads.
+
+        Raises:
+            StaleBufferError: the buffer is closed or from another backend.
+            ArgumentTypeError: *out* is not a writable, C-contiguous numpy array.
+            ShapeMismatchError: *out* has another shape or dtype than the buffer.
+            BackendClosedError: the backend is closed.
+        """
+        self._loop_for_use()
+        return await self._transfers.download(buffer, out)
+
+    async def copy(self, buffer: ResidentBuffer, to: Backend | None = None) -> ResidentBuffer:
+        """A new resident buffer holding a copy of *buffer* (which lives on this backend), on
+        *to* (another backend on this event loop), or on this one.
+
+        The copy reads what the dispatches in flight that write *buffer* wrote, and dispatches
+        that write *buffer* later wait for it. Between CUDA backends (or within one) the bytes
+        never leave the devices: a device-to-device copy, peer to peer between two GPUs where
+        they allow it (``cuMemcpyPeerAsync``); any other pair copies through host memory.
+
+        Raises:
+            StaleBufferError: the buffer is closed or lives on another backend.
+            ArgumentTypeError: *to* is not a backend.
+            BackendClosedError: this backend or *to* is closed (or was, during the copy).
+            DeviceFaultError: either device failed.
+        """
+        self._loop_for_use()
+        target = self if to is None else to
+        if not isinstance(target, Backend):
+            raise ArgumentTypeError(f"copy(..., to={to!r}): pass a backend, or nothing")
+        target._loop_for_use()
+        return await self._transfers.copy(buffer, target._transfers)
+
+    def copy_route(self, to: Backend) -> str:
+        """How :meth:`copy` moves a buffer of this backend to *to*: ``"device"`` (one context),
+        ``"peer"`` (two GPUs, directly over their link), ``"staged"`` (two GPUs that cannot
+        reach each other's memory: through host memory) or ``"host"`` (a host backend on
+        either side). Between GPUs the first call (or copy) gives *to*'s device the access the
+        devices allow to this one's memory, once per pair (``docs/scale-out.md``).
+
+        Raises:
+            ArgumentTypeError: *to* is not a backend.
+            BackendClosedError, DeviceFaultError: either backend is closed, or failed.
+        """
+        self._loop_for_use()
+        if not isinstance(to, Backend):
+            raise ArgumentTypeError(f"copy_route({to!r}): pass a backend")
+        to._loop_for_use()
+        return self._transfers.route(to._transfers)
+
+    def _bind_like(
+        self,
+        kernel: Kernel,
+        args: tuple[object, ...],
+        grid: object,
+        block: object,
+        shared_mem: object,
+    ) -> BoundCall:
+        """Validate *args* for the engine's graphs and captures (the backend must be open)."""
+        self._loop_for_use()
+        return self._plans.bind(kernel, args, grid, block, shared_mem, False)
+
+    async def _run_prepared(self, job: Job) -> Any:
+        """Run a job prepared outside ``dispatch()`` (a graph replay) and return its result."""
+        try:
+            pending = self._enqueue_job(job, self._loop_for_use())
+        except BaseException:
+            self._engine.release(job)
+            raise
+        return await pending
+
+    # -- closing -------------------------------------------------------------------------------
+
+    async def aclose(self, timeout: float | None = None) -> None:  # noqa: ASYNC109  # the timeout fails queued work; cancelling a shielded close cannot
+        """Finish the work in flight, then free everything the backend holds.
+
+        New work is refused from the first call on. Idempotent, and shielded from cancellation:
+        a cancelled ``aclose()`` still completes in the background, also when the event loop
+        ends meanwhile (``asyncio.run`` and ``trio.run`` wait for it).
+
+        Close a backend on its own event loop. Once that loop has ended (closed), any loop may
+        close it: the work the old loop left in flight is waited for first.
+
+        Args:
+            timeout: seconds to wait for dispatches still queued (not yet submitted). After
+                it, they fail with :class:`BackendClosedError`, and a ``backend.close_waits``
+                warning names the dispatches still running. Work already submitted always runs
+                to completion first, since its memory cannot be freed before.
+
+        Raises:
+            TypeError: *timeout* is not a number of seconds.
+            ValueError: *timeout* is negative.
+            UnsupportedError: the backend's event loop is another one, and still open.
+        """
+        await self._lifecycle.aclose(timeout)
+
+    def __await__(self) -> Generator[Any, None, NoReturn]:
+        """``await open_backend()`` is a mistake: it raises, and closes a backend not yet used.
+
+        Raises:
+            UnsupportedError: always.
+        """
+        life = self._lifecycle
+        if life.state == OPEN and not self.telemetry.snapshot().dispatches and not len(self._store):
+            life.close_unused()  # the caller cannot reach it: leave nothing open
+        raise UnsupportedError(
+            "open_backend() is not awaitable; use 'async with asyncgraph.open_backend(...) as "
+            "backend:'"
+        )
+
+    def __del__(self) -> None:
+        life = getattr(self, "_life", None)
+        if life is not None and life.state != CLOSED:
+            warnings.warn(
+                f"backend {self.name} was not closed; use 'async with' or 'await aclose()'",
+                ResourceWarning,
+                stacklevel=1,
+                source=self,
+            )
+            with contextlib.suppress(Exception):
+                life.release_unclosed()

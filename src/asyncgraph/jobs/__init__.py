@@ -1,0 +1,1 @@
+"""Jobs and their scheduling: the scheduler's state machine, the dispatcher, the pending result."""

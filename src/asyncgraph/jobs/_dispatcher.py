@@ -1,0 +1,257 @@
+"""The dispatcher: runs the scheduler's effects, and hands outcomes to awaiters.
+
+It sits between the front and the engine. The front numbers a job and calls :meth:`add`; the
+engine reports events through the :class:`~asyncgraph.front._engine_protocols.Sink` methods
+(``compiled``, ``staged``, ``done``...). Each event goes to the
+:class:`~asyncgraph.jobs._scheduler.Scheduler`, whose transition function returns the effects to
+perform; the dispatcher performs them in order: the engine compiles, stages, launches or releases,
+and a resolved job's buffers are untracked, its telemetry recorded and its :class:`PendingDispatch`
+resolved. Effects that an effect itself causes (a launch that fails at once, a compile that fails
+from the cache) are queued behind the batch in progress, so the order of events is the order of
+their effects.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections import deque
+from collections.abc import Awaitable, Callable
+from time import perf_counter
+from typing import TYPE_CHECKING, Any
+
+from asyncgraph.buffers._resident import untrack
+
+from ._pending import set_outcome
+from ._scheduler import Effect, Job, Scheduler, Step
+
+if TYPE_CHECKING:
+    from asyncgraph.args._bound_args import BoundCall
+    from asyncgraph.args._kernel import Kernel
+    from asyncgraph.buffers._resident import ResidentBuffer
+    from asyncgraph.front._engine_protocols import Runs
+    from asyncgraph.runtime._nvtx import NvtxRanges
+    from asyncgraph.runtime._telemetry import Telemetry
+
+__all__ = ("Dispatcher",)
+
+# Enum members as module constants: the effect loop runs for every dispatch.
+_LAUNCH = Step.LAUNCH
+_RESOLVE = Step.RESOLVE
+_COMPILE = Step.COMPILE
+_STAGE = Step.STAGE
+
+
+class Dispatcher:
+    """The scheduler of one backend, its effects, and the resolution of its jobs.
+
+    Args:
+        engine: what runs the jobs.
+        max_in_flight: the scheduler's in-flight bound.
+        telemetry: the backend's counters.
+        log: the backend's bound logger.
+        nvtx: NVTX ranges, when enabled.
+        dispatch_events: whether to log each completion at debug level.
+        after: called after each batch of effects (the front wakes waiters, checks drained).
+        bind_like: the front's validation, for the engine's graphs and captures.
+        run_prepared: the front's submission of a prepared job (a graph replay).
+        discard: closes a resident buffer a failed dispatch made for ``Out(resident=True)``
+            (nobody else can have it: it is returned only by a dispatch that succeeds).
+    """
+
+    def __init__(
+        self,
+        engine: Runs,
+        max_in_flight: int,
+        telemetry: Telemetry,
+        log: Any,
+        nvtx: NvtxRanges | None,
+        dispatch_events: bool,
+        after: Callable[[], None],
+        bind_like: Callable[..., BoundCall],
+        run_prepared: Callable[[Job], Awaitable[Any]],
+        discard: Callable[[ResidentBuffer], None],
+    ) -> None:
+        self.scheduler = Scheduler(engine, max_in_flight)
+        self._engine = engine
+        self._telemetry = telemetry
+        self._log = log
+        self._nvtx = nvtx
+        self._dispatch_events = dispatch_events
+        self.after = after  # the front may set a cheaper one once it exists
+        self.bind_call = bind_like
+        self.run_prepared = run_prepared
+        self._discard = discard
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._running = False
+        self._backlog: deque[Effect] = deque()
+
+    # -- the loop ------------------------------------------------------------------------------
+
+    @property
+    def loop(self) -> asyncio.AbstractEventLoop:
+        """See :attr:`Sink.loop`; bound before any work starts."""
+        return self._loop  # type: ignore[return-value]  # bound before any job exists
+
+    def bind(self, loop: asyncio.AbstractEventLoop | None) -> None:
+        """Belong to *loop* from now on."""
+        self._loop = loop
+
+    # -- events from the front -----------------------------------------------------------------
+
+    def add(self, job: Job) -> None:
+        """A numbered job with its pending result: schedule it."""
+        effects = self.scheduler.add(job)
+        if len(effects) == 1 and not self._running and effects[0][0] is _LAUNCH:
+            # The common case, without the general loop: launch it. What its launch caused
+            # (a failure's effects, parked jobs now ready) then runs the general way.
+            self._running = True
+            try:
+                self._launch(job)
+            finally:
+                self._running = False
+                if self._backlog or self.scheduler.has_parked():
+                    self._run(self.scheduler.poke())
+                else:
+                    self.after()
+            return
+        self._run(effects)
+
+    def drop_queued(self, error: Callable[[Job], BaseException]) -> None:
+        """Perform :meth:`Scheduler.drop_queued` (closing)."""
+        self._run(self.scheduler.drop_queued(error))
+
+    def abandon_waiting(self, error: Callable[[Job], BaseException]) -> None:
+        """Perform :meth:`Scheduler.abandon_waiting`."""
+        self._run(self.scheduler.abandon_waiting(error))
+
+    # -- events from the engine (the Sink protocol) ------------------------------------------
+
+    def compiled(self, kernel: Kernel, error: Callable[[Job], BaseException] | None) -> None:
+        """See :meth:`Sink.compiled`."""
+        self._run(self.scheduler.compiled(kernel, error))
+
+    def staged(self, job: Job, error: BaseException | None) -> None:
+        """See :meth:`Sink.staged`."""
+        self._run(self.scheduler.staged(job, error))
+
+    def collecting(self, job: Job) -> None:
+        """See :meth:`Sink.collecting`."""
+        self.scheduler.collecting(job)
+
+    def done(
+        self, job: Job, outcome: tuple[Any, ...] | BaseException, device_time: float | None
+    ) -> None:
+        """See :meth:`Sink.done`."""
+        effects = self.scheduler.done(job, outcome, device_time)
+        if (
+            len(effects) == 1
+            and effects[0][0] is _RESOLVE
+            and not self._running
+            and not self._backlog
+        ):
+            # The common case, without the general loop: hand the outcome over.
+            self._resolve(effects[0][1])
+            self.after()
+            return
+        self._run(effects)
+
+    def poke(self) -> None:
+        """See :meth:`Sink.poke`."""
+        if self.scheduler.has_parked():
+            self._run(self.scheduler.poke())
+
+    # -- effects -------------------------------------------------------------------------------
+
+    def _run(self, effects: list[Effect]) -> None:
+        todo = self._backlog
+        if not effects and not todo:
+            return
+        todo.extend(effects)
+        if self._running:  # an effect caused an event: its effects follow the batch in progress
+            return
+        self._running = True
+        launched = False
+        try:
+            while True:
+                while todo:
+                    step, job = todo.popleft()
+                    if step is _LAUNCH:
+                        launched = True
+                        self._launch(job)
+                    elif step is _RESOLVE:
+                        self._resolve(job)
+                    elif step is _COMPILE:
+                        self._engine.start_compile(job)
+                    elif step is _STAGE:
+                        self._engine.stage(job)
+                    else:
+                        self._engine.release(job)
+                if not (launched and self.scheduler.has_parked()):
+                    break
+                # Launches give later jobs events to be ordered after.
+                launched = False
+                todo.extend(self.scheduler.poke())
+        finally:
+            self._running = False
+            if todo:  # a BaseException interrupted the batch: what is decided still happens
+                rest = list(todo)
+                todo.clear()
+                self._run(rest)  # and calls after()
+            else:
+                self.after()
+
+    def _launch(self, job: Job) -> None:
+        t0 = perf_counter()
+        telemetry = self._telemetry
+        telemetry.queue_wait.record(job.t_submit - job.t_dispatch)
+        nvtx = self._nvtx
+        name = job.call.kernel.name
+        if nvtx is not None:
+            job.nvtx_range = nvtx.start_dispatch(name)
+            nvtx.push_submit(name)
+        try:
+            self._engine.launch(job)
+        except BaseException as exc:
+            self._backlog.extend(self.scheduler.launch_failed(job, exc))
+            if not isinstance(exc, Exception):
+                raise
+        finally:
+            if nvtx is not None:
+                nvtx.pop_submit()
+        telemetry.submit_time.record(perf_counter() - t0)
+
+    def _resolve(self, job: Job) -> None:
+        """Hand *job*'s outcome to its awaiters: untrack its buffers, count it."""
+        for buffer in job.buffers:
+            untrack(buffer, job)
+        if job.nvtx_range is not None and self._nvtx is not None:
+            self._nvtx.end_dispatch(job.nvtx_range)
+        telemetry = self._telemetry
+        latency = perf_counter() - job.t_dispatch
+        telemetry.completion_latency.record(latency)
+        outcome = job.outcome
+        device_time = job.device_time
+        if isinstance(outcome, BaseException):
+            telemetry.dispatches_failed += 1
+            job.call.discard_buffers(self._discard)
+            if self._dispatch_events:
+                self._log.debug(
+                    "dispatch.failed",
+                    kernel=job.call.kernel.name,
+                    dispatch_id=job.id,
+                    error=repr(outcome),
+                )
+            set_outcome(job.pending, outcome, None)
+        else:
+            telemetry.dispatches_completed += 1
+            if device_time is not None:
+                telemetry.device_time.record(device_time)
+            if self._dispatch_events:
+                self._log.debug(
+                    "dispatch.completed",
+                    kernel=job.call.kernel.name,
+                    dispatch_id=job.id,
+                    latency=latency,
+                    device_time=device_time,
+                )
+            set_outcome(job.pending, outcome or (), device_time)

@@ -1,0 +1,271 @@
+"""PendingDispatch: the awaitable handle ``dispatch()`` returns."""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+from collections.abc import Callable, Generator
+from time import monotonic
+from types import TracebackType
+from typing import Any
+
+from asyncgraph._exceptions import UnsupportedError
+from asyncgraph.runtime import _inbox, _loop
+
+__all__ = ("PENDING_FIELDS", "PENDING_STATES", "PendingDispatch", "set_outcome", "set_spin")
+
+_PENDING = 0
+_DONE = 1
+_FAILED = 2
+
+# The fast path's doors here, PendingDispatch.__init__ and set_outcome, have C copies in the
+# compiled core (cuda/_core_doors.pxi: new_pending, set_outcome), which use only the slots lent
+# them here (by role, found by name at its import: a name that is no slot any more makes it fall
+# back to the Python core) and the states' values.
+_LENT = ("loop", "state", "outcome", "waiters", "callbacks", "event", "device_time", "spin")
+PENDING_FIELDS = {role: f"_{role}" for role in (*_LENT, "traceback")}
+PENDING_STATES = (_PENDING, _DONE, _FAILED)  # pending, done, failed
+
+# Guards the lazy creation of a threading.Event for result()/exception() from other threads.
+_event_lock = threading.Lock()
+# How often a thread blocked in result() looks whether the dispatch's loop closed meanwhile.
+_CLOSED_CHECK = 0.1
+
+
+def _wait_for(event: threading.Event, timeout: float | None, loop: Any) -> bool:
+    """``event.wait(timeout)``; once *loop* is closed, first kick what completes its work (a
+    CUDA reactor whose loop closed while it polled would otherwise never settle it)."""
+    deadline = None if timeout is None else monotonic() + timeout
+    while True:
+        if loop.is_closed():
+            _inbox.kick(loop)
+            return event.wait(None if deadline is None else max(0.0, deadline - monotonic()))
+        step = _CLOSED_CHECK if deadline is None else min(_CLOSED_CHECK, deadline - monotonic())
+        if event.wait(max(0.0, step)):
+            return True
+        if deadline is not None and monotonic() >= deadline:
+            return False
+
+
+class PendingDispatch:
+    """A dispatch that was submitted and may not have completed yet.
+
+    ``await pending`` returns a tuple with one result per ``Out``/``InOut`` argument, in
+    argument order: a numpy array, or the resident buffer for ``Out(into=buffer)``.
+
+    Cancelling a task that awaits a dispatch does not cancel the GPU work: the dispatch runs to
+    completion and releases its buffers only after its work finished. Any number of tasks may
+    await one dispatch, and code on other threads may block on :meth:`result`.
+
+    Created by ``Backend.dispatch``; there is no public constructor.
+    """
+
+    __slots__ = (
+        "__weakref__",
+        "_callbacks",
+        "_device_time",
+        "_event",
+        "_loop",
+        "_outcome",
+        "_spin",
+        "_state",
+        "_traceback",
+        "_waiters",
+        "dispatch_id",
+        "kernel_name",
+    )
+
+    # The failure's traceback as it was when the dispatch failed, set by set_outcome (not in
+    # __init__: a dispatch that succeeds never pays for it). Each raise starts from it again.
+    _traceback: TracebackType | None
+
+    def __init__(
+        self,
+        loop: asyncio.AbstractEventLoop,
+        dispatch_id: int,
+        kernel_name: str,
+        spin: Callable[[], None] | None = None,
+    ) -> None:
+        self._loop = loop
+        self._state = _PENDING
+        self._outcome: Any = None
+        self._waiters: list[asyncio.Future[None]] | None = None
+        self._callbacks: list[Callable[[PendingDispatch], object]] | None = None
+        self._event: threading.Event | None = None
+        self._device_time: float | None = None
+        # Set by a backend that can poll the completion right away (CUDA: Watches.spin).
+        self._spin = spin
+        self.dispatch_id = dispatch_id
+        self.kernel_name = kernel_name
+
+    # -- reading -------------------------------------------------------------------------------
+
+    def done(self) -> bool:
+        """Whether the dispatch has completed, successfully or not."""
+        return self._state != _PENDING
+
+    @property
+    def device_time(self) -> float | None:
+        """Seconds the kernel ran on the device, for a dispatch made with ``timing=True``.
+
+        ``None`` until the dispatch completed, and always ``None`` without ``timing=True``.
+        The host backend reports the wall time of the host function.
+        """
+        return self._device_time
+
+    def result(self, timeout: float | None = None) -> tuple[Any, ...]:
+        """Block until the dispatch completes and return its results.
+
+        For code on other threads. On the event loop's own thread, only a completed dispatch
+        can be read this way: use ``await`` there.
+
+        Args:
+            timeout: seconds to wait at most; ``None`` waits as long as it takes.
+
+        Returns:
+            One result per ``Out``/``InOut`` argument, in argument order.
+
+        Raises:
+            TimeoutError: the dispatch did not complete within *timeout*.
+            UnsupportedError: called on the event loop's thread before the dispatch completed.
+            Exception: whatever the dispatch failed with.
+        """
+        self._wait(timeout)
+        if self._state == _FAILED:
+            raise self._outcome.with_traceback(self._traceback)
+        return self._outcome  # type: ignore[no-any-return]  # a tuple, set by set_outcome
+
+    def exception(self, timeout: float | None = None) -> BaseException | None:
+        """Block until the dispatch completes; return its exception, or ``None`` if it succeeded.
+
+        Args:
+            timeout: seconds to wait at most; ``None`` waits as long as it takes.
+
+        Raises:
+            TimeoutError: the dispatch did not complete within *timeout*.
+            UnsupportedError: called on the event loop's thread before the dispatch completed.
+        """
+        self._wait(timeout)
+        if self._state == _FAILED:
+            exc: BaseException = self._outcome
+            return exc
+        return None
+
+    def add_done_callback(self, fn: Callable[[PendingDispatch], object]) -> None:
+        """Call ``fn(pending)`` on the event loop's thread once the dispatch completes.
+
+        If it already completed, *fn* is scheduled at once (never called inline).
+        """
+        if self._state != _PENDING:
+            self._loop.call_soon(fn, self)
+        elif self._callbacks is None:
+            self._callbacks = [fn]
+        else:
+            self._callbacks.append(fn)
+
+    def __await__(self) -> Generator[Any, None, tuple[Any, ...]]:
+        if self._state == _PENDING and self._spin is not None:
+            self._spin()
+        if self._state == _PENDING:
+            # One waiter future per awaiting task: cancelling that task cancels its waiter only.
+            waiter: asyncio.Future[None] = self._loop.create_future()
+            if self._waiters is None:
+                self._waiters = [waiter]
+            else:
+                self._waiters.append(waiter)
+            try:
+                yield from waiter
+            except (RuntimeError, TypeError):
+                # asyncio (a future of another loop) and trio (a foreign yield) throw these in.
+                if _loop.running_loop() is not self._loop:
+                    raise UnsupportedError(
+                        f"dispatch #{self.dispatch_id} of {self.kernel_name!r} belongs to "
+                        "another event loop; await it on its backend's loop, or call "
+                        "pending.result() from another thread"
+                    ) from None
+                raise
+            finally:
+                if self._state == _PENDING and self._waiters is not None:
+                    self._waiters.remove(waiter)
+        if self._state == _FAILED:
+            raise self._outcome.with_traceback(self._traceback)
+        return self._outcome  # type: ignore[no-any-return]  # a tuple, set by set_outcome
+
+    def __repr__(self) -> str:
+        state = ("pending", "done", "failed")[self._state]
+        return f"<PendingDispatch #{self.dispatch_id} {self.kernel_name} {state}>"
+
+    # -- completion (event loop thread; any thread once the loop is closed) ---------------------
+
+    def _wait(self, timeout: float | None) -> None:
+        if self._state != _PENDING:
+            return
+        if _loop.running_loop() is self._loop:
+            raise UnsupportedError(
+                f"dispatch #{self.dispatch_id} of {self.kernel_name!r} has not completed and "
+                "result() would block the event loop that completes it; use "
+                "'await pending' on the loop's thread"
+            )
+        with _event_lock:
+            if self._event is None:
+                self._event = threading.Event()
+            event = self._event
+        # Published before the state is read again: set_outcome() sets the state first and
+        # reads the event after, so one of the two sees the other (no lock on that side).
+        if self._state != _PENDING:
+            return
+        if not _wait_for(event, timeout, self._loop):
+            raise TimeoutError(
+                f"dispatch #{self.dispatch_id} of {self.kernel_name!r} did not complete "
+                f"within {timeout} s"
+            )
+
+
+def set_outcome(
+    pending: PendingDispatch, outcome: tuple[Any, ...] | BaseException, device_time: float | None
+) -> None:
+    """Resolve *pending* with results (and the device time) or an error: wake its awaiters,
+    a thread blocked in ``result()``, and schedule its done callbacks.
+
+    Once per pending result, after its job is ``DONE``; on the loop's thread, or any thread once
+    the loop is closed. The dispatcher calls it for every job but the fast path's, which
+    resolves its own (a door: the compiled core has a C copy of the same name, which calls this
+    one whenever anything waits on the result).
+    """
+    # The outcome before the state: a thread that sees the state changed reads the outcome.
+    pending._outcome = outcome
+    pending._spin = None
+    if isinstance(outcome, BaseException):
+        pending._traceback = outcome.__traceback__
+        pending._state = _FAILED
+    else:
+        pending._device_time = device_time
+        pending._state = _DONE
+    event = pending._event  # read after the state: see _wait
+    if event is not None:
+        event.set()
+    # After the loop closed (a completion handled on a worker thread, see Inbox) waking its
+    # tasks or scheduling callbacks raises RuntimeError: none of them can run any more.
+    waiters = pending._waiters
+    if waiters is not None:
+        pending._waiters = None
+        try:
+            for waiter in waiters:
+                if not waiter.done():
+                    waiter.set_result(None)
+        except RuntimeError:
+            pass
+    callbacks = pending._callbacks
+    if callbacks is not None:
+        pending._callbacks = None
+        loop = pending._loop
+        try:
+            for fn in callbacks:
+                loop.call_soon(fn, pending)
+        except RuntimeError:
+            pass
+
+
+def set_spin(pending: PendingDispatch, spin: Callable[[], None] | None) -> None:
+    """Let a lone ``await`` of *pending* spin with *spin* before it sleeps (CUDA reactor)."""
+    pending._spin = spin

@@ -1,0 +1,1 @@
+"""Scale-out: a group of devices on one loop, replicated arrays, and pools of Ray actors."""
