@@ -1,8 +1,8 @@
 """Argument kinds of a dispatch and their validation.
 
 ``bind()`` turns the positional arguments of ``dispatch()`` into a ``BoundCall`` of bound
-arguments (``_bound_args``), which every backend reads the same way. It checks everything that can be
-checked before any work starts — kinds, dtypes against the kernel's parameters, contiguity,
+arguments (``_bound_args``), which every backend reads the same way. It checks everything that can
+be checked before any work starts — kinds, dtypes against the kernel's parameters, contiguity,
 sizes, launch shape — and raises a :class:`DispatchError` whose message names the argument and
 says what to pass instead.
 """

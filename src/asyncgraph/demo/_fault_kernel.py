@@ -1,7 +1,7 @@
 """A kernel that writes to an illegal address: the device fault of the tests and benchmarks.
 
-Not part of the public API. It lives in the package, as ``_spin_kernel`` does, so that the tests, the
-benchmarks and the standalone scripts they start (each in a process of its own, since the fault
+Not part of the public API. It lives in the package, as ``_spin_kernel`` does, so that the tests,
+the benchmarks and the standalone scripts they start (each in a process of its own, since the fault
 fails every CUDA context of its process) share one source.
 """
 

@@ -1,7 +1,7 @@
 """The boundary between the front (:class:`~asyncgraph.Backend`) and an implementation.
 
-An engine (the CUDA engine in ``asyncgraph.cuda``, the host engine in ``host._host_backend``) does the work:
-it compiles, stages, launches and collects dispatches, and makes, reads and frees resident
+An engine (the CUDA engine in ``asyncgraph.cuda``, the host engine in ``host._host_backend``) does
+the work: it compiles, stages, launches and collects dispatches, and makes, reads and frees resident
 storage. The front does everything a user touches: validation, the scheduler, pending results,
 telemetry, resident buffers, closing. They meet here:
 

@@ -1,7 +1,7 @@
 """The Python fast path's records: its job (which is also its watch) and the lanes' rings.
 
-The compiled core has the same in C (``_core_compiled``); :class:`FastJob` has the attributes the rest
-of the backend reads of any job, so general-path code treats the two paths' jobs alike.
+The compiled core has the same in C (``_core_compiled``); :class:`FastJob` has the attributes the
+rest of the backend reads of any job, so general-path code treats the two paths' jobs alike.
 """
 
 from __future__ import annotations

@@ -10,8 +10,8 @@ watch's callback, or the fast path's completion for one of its jobs. The reactor
 (``_reactor``) keeps the policy around it: when to poll, the time budgets, hand-offs to the
 waiter threads, pausing for captures, faults, closing.
 
-This is the Python core's :class:`Watches`; the compiled core (``_core_compiled``) has its twin, with
-the same attributes and methods, chosen by ``_choose``.
+This is the Python core's :class:`Watches`; the compiled core (``_core_compiled``) has its twin,
+with the same attributes and methods, chosen by ``_choose``.
 """
 
 from __future__ import annotations
