@@ -23,14 +23,12 @@ from __future__ import annotations
 import weakref
 from asyncio import _get_running_loop
 from collections.abc import Callable, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
 from asyncgraph._exceptions import ArgumentTypeError, BackendClosedError, QueueFullError
-from asyncgraph.args._kernel import Kernel
 from asyncgraph.front._backend import Backend
-from asyncgraph.jobs._pending import PendingDispatch
 from asyncgraph.runtime import _loop
 from asyncgraph.runtime._resource import AsyncResource
 from asyncgraph.runtime._telemetry import logger
@@ -38,6 +36,10 @@ from asyncgraph.runtime._telemetry import logger
 from ._batch_launch import BatchLauncher
 from ._batch_options import BatcherStatistics, LaunchShape, Row, check_options, kernel_item_checker
 from ._batch_queue import BatchQueue
+
+if TYPE_CHECKING:
+    from asyncgraph.args._kernel import Kernel
+    from asyncgraph.jobs._pending import PendingDispatch
 
 __all__ = ("Batcher", "batcher")
 

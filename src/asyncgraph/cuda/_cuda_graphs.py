@@ -22,8 +22,6 @@ from asyncgraph._exceptions import (
     DispatchError,
 )
 from asyncgraph.args._bound_args import NOT_STAGED, BoundCall
-from asyncgraph.args._kernel import Kernel
-from asyncgraph.buffers._resident import ResidentBuffer
 from asyncgraph.capture._cache import GraphCache
 from asyncgraph.capture._captured import (
     CapturedGraph,
@@ -34,19 +32,21 @@ from asyncgraph.capture._captured import (
     repeated,
     reuse_for,
 )
-from asyncgraph.capture._graph_host import KernelNode
 from asyncgraph.capture._graphs import CachedGraph, kernel_config, record_graph
 from asyncgraph.capture._guard import CaptureGuard, CaptureLock, CaptureMode
 from asyncgraph.cuda.core._choose import core
 from asyncgraph.cuda.driver._driver import SUCCESS, error_for, translate
-from asyncgraph.cuda.launch._kernel_launch import Launches
 from asyncgraph.cuda.launch._staging_plan import STREAM_MIN, CudaJob, plan
-from asyncgraph.cuda.memory._storage import Storage
 from asyncgraph.runtime import _loop
 
 if TYPE_CHECKING:
+    from asyncgraph.args._kernel import Kernel
+    from asyncgraph.buffers._resident import ResidentBuffer
     from asyncgraph.capture._choice import Choice
+    from asyncgraph.capture._graph_host import KernelNode
+    from asyncgraph.cuda.launch._kernel_launch import Launches
     from asyncgraph.cuda.launch._kernel_loading import Kernels
+    from asyncgraph.cuda.memory._storage import Storage
     from asyncgraph.front._engine_protocols import Sink
     from asyncgraph.pool import HostPool
     from asyncgraph.runtime._telemetry import Telemetry

@@ -16,14 +16,16 @@ import asyncio
 import enum
 import time
 from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import attrs
 
 from asyncgraph._exceptions import GroupError
 
-from ._ray_actor import ActorInfo
 from ._ray_snapshot import Outcome, PoolSnapshot, Replacement, SlotSnapshot
+
+if TYPE_CHECKING:
+    from ._ray_actor import ActorInfo
 
 __all__ = (
     "Closing",
