@@ -78,10 +78,16 @@ class Batcher(AsyncResource):
         log = logger.bind(device=backend.name, kernel=kernel.name)
         self._log = log if backend.options.dispatch_events_enabled else None
         self._queue = BatchQueue(
-            launcher, name=f"batcher {kernel.name!r}", remake="asyncgraph.batcher()",
-            max_size=max_size, max_delay=max_delay, policy=policy, gate=self._gate,
-            log=self._log, lone=True,
-        )  # fmt: skip
+            launcher,
+            name=f"batcher {kernel.name!r}",
+            remake="asyncgraph.batcher()",
+            max_size=max_size,
+            max_delay=max_delay,
+            policy=policy,
+            gate=self._gate,
+            log=self._log,
+            lone=True,
+        )
         ref = weakref.ref(self)
 
         def flush_on_close() -> None:
@@ -163,9 +169,12 @@ class Batcher(AsyncResource):
                 else:
                     if self._log is not None:
                         self._log.debug(
-                            "batch.launched", dispatch_id=pending.dispatch_id, items=1,
-                            size=self._one_size, waited_max=0.0,
-                        )  # fmt: skip
+                            "batch.launched",
+                            dispatch_id=pending.dispatch_id,
+                            items=1,
+                            size=self._one_size,
+                            waited_max=0.0,
+                        )
                     try:
                         results = await pending
                     except BaseException:

@@ -224,9 +224,11 @@ class Graphs:
     def run_capture(self, body: Callable[[CaptureGuard], int]) -> tuple[Any, dict[int, Any], int]:
         """See :meth:`GraphHost.run_capture`."""
         with CaptureGuard(
-            self.capture_stream, self.capture_handle, CaptureMode.THREAD_LOCAL,
+            self.capture_stream,
+            self.capture_handle,
+            CaptureMode.THREAD_LOCAL,
             tail=core.capture_tail,
-        ) as guard:  # fmt: skip
+        ) as guard:
             result = body(guard)
         return guard.graph, guard.nodes, result
 
@@ -256,9 +258,14 @@ class Graphs:
         for node in nodes:
             if launcher is not None:
                 code = launcher.set_node(
-                    node.graph_exec, node.handle, values, call.grid, call.block,
-                    call.shared_mem, self.ctx.address,
-                )  # fmt: skip
+                    node.graph_exec,
+                    node.handle,
+                    values,
+                    call.grid,
+                    call.block,
+                    call.shared_mem,
+                    self.ctx.address,
+                )
                 if code != SUCCESS:
                     raise error_for(code, "cuGraphExecKernelNodeSetParams")
             else:
@@ -460,9 +467,13 @@ class Capture:
         guard = self.guard
         if self._into is not None:
             graph = recaptured(
-                self._into, guard.graph, guard.nodes, guard.reused, self._dispatches,
+                self._into,
+                guard.graph,
+                guard.nodes,
+                guard.reused,
+                self._dispatches,
                 self._buffers,
-            )  # fmt: skip
+            )
         else:
             graph = captured_graph(
                 self._graphs, guard.graph, guard.nodes, self._dispatches, self._buffers

@@ -327,9 +327,14 @@ class DeviceGroup(AsyncResource):
         """
         member = self.place(*args)
         return member.dispatch(
-            kernel, *self._resolve(member, args), grid=grid, block=block,
-            shared_mem=shared_mem, timing=timing, graph=graph,
-        )  # fmt: skip
+            kernel,
+            *self._resolve(member, args),
+            grid=grid,
+            block=block,
+            shared_mem=shared_mem,
+            timing=timing,
+            graph=graph,
+        )
 
     async def submit(
         self,
@@ -345,9 +350,14 @@ class DeviceGroup(AsyncResource):
         :meth:`Backend.submit <asyncgraph.Backend.submit>` does."""
         member = self.place(*args)
         return await member.submit(
-            kernel, *self._resolve(member, args), grid=grid, block=block,
-            shared_mem=shared_mem, timing=timing, graph=graph,
-        )  # fmt: skip
+            kernel,
+            *self._resolve(member, args),
+            grid=grid,
+            block=block,
+            shared_mem=shared_mem,
+            timing=timing,
+            graph=graph,
+        )
 
     async def compile(self, kernel: Kernel) -> None:
         """Compile and load *kernel* at once on every member that neither failed nor was closed

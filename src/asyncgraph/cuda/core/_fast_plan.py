@@ -147,10 +147,16 @@ class FastPlan:
         self.residents = tuple(residents)
         self.writes = tuple(written for _index, written, _into in residents)
         self.returned = tuple(
-            (_KIND_OF[type(arg)], arg.index, arg.offset, arg.nbytes, arg.value.dtype,
-             arg.value.shape)
+            (
+                _KIND_OF[type(arg)],
+                arg.index,
+                arg.offset,
+                arg.nbytes,
+                arg.value.dtype,
+                arg.value.shape,
+            )
             for arg in call.returned
-        )  # fmt: skip
+        )
 
     def __repr__(self) -> str:
         return f"<FastPlan {self.name!r} {self.n_args} arguments, {self.staged} bytes staged>"
