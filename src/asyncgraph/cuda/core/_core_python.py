@@ -124,19 +124,8 @@ class Launcher:
         """:meth:`pack` *args* and launch on *stream*; the driver's code."""
         for view, arg in zip(self.slot_views, args, strict=True):
             view[0] = arg.value if arg.by_value else base + arg.offset
-        return _launch(  # inline: one Python call fewer per launch
-            self.function,
-            grid[0],
-            grid[1],
-            grid[2],
-            block[0],
-            block[1],
-            block[2],
-            shared_mem,
-            stream,
-            self.kernel_params,
-            0,
-        )[0]
+        # Inline: one Python call fewer per launch.
+        return _launch(self.function, *grid, *block, shared_mem, stream, self.kernel_params, 0)[0]
 
     def launch_values(
         self,
@@ -149,19 +138,8 @@ class Launcher:
         """:meth:`pack_values` and launch on *stream*; the driver's code."""
         for view, value in zip(self.slot_views, values, strict=True):
             view[0] = value
-        return _launch(  # inline: one Python call fewer per launch
-            self.function,
-            grid[0],
-            grid[1],
-            grid[2],
-            block[0],
-            block[1],
-            block[2],
-            shared_mem,
-            stream,
-            self.kernel_params,
-            0,
-        )[0]
+        # Inline: one Python call fewer per launch.
+        return _launch(self.function, *grid, *block, shared_mem, stream, self.kernel_params, 0)[0]
 
     def set_node(
         self,
