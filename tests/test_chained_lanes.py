@@ -11,7 +11,7 @@ from cuda.bindings import driver as drv
 import asyncgraph as ag
 from asyncgraph.args._bound_args import BoundCall
 from asyncgraph.cuda.driver._driver import SUCCESS
-from asyncgraph.cuda.launch import _kernel_launch as _launch
+from asyncgraph.cuda.launch import _stream_order as _launch
 from asyncgraph.cuda.launch._staging_plan import CudaJob
 from asyncgraph.jobs._scheduler import JobState
 from asyncgraph.pool import StreamLane

@@ -573,6 +573,70 @@ def test_the_name_check_finds_a_shared_name(tmp_path: Path) -> None:
     assert check_module_names(tmp_path, "pkg") == ["_a: pkg._a, pkg.sub._a"]
 
 
+MAX_DEPTH = 10
+
+
+def iter_load_imports(tree: ast.Module) -> Iterator[ast.Import | ast.ImportFrom]:
+    """The imports that run when the module is imported: at module level (under ``try``, ``if``
+    or a class body too), not inside a function, nor under ``if TYPE_CHECKING:``."""
+    stack: list[ast.AST] = [tree]
+    while stack:
+        node = stack.pop()
+        if isinstance(node, ast.Import | ast.ImportFrom):
+            yield node
+        elif isinstance(node, ast.If) and _is_type_checking(node.test):
+            stack.extend(node.orelse)
+        elif not isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef | ast.Lambda):
+            stack.extend(ast.iter_child_nodes(node))
+
+
+def check_import_depth(root: Path, package: str, limit: int = MAX_DEPTH) -> list[str]:
+    """Chains of modules, each importing the next as it loads, longer than *limit* modules:
+    the longest one, reported once per module that starts one."""
+    modules = load_modules(root, package)
+    graph: dict[str, set[str]] = defaultdict(set)
+    for module in modules.values():
+        for node in iter_load_imports(module.tree):
+            for target, _, _ in resolve(module, node, modules):
+                if target not in (module.name, package):
+                    graph[module.name].add(target)
+    chains: dict[str, list[str]] = {}
+
+    def chain(name: str) -> list[str]:  # the import graph has no cycle (tested above)
+        if name not in chains:
+            longest = max((chain(t) for t in sorted(graph[name])), key=len, default=[])
+            chains[name] = [name, *longest]
+        return chains[name]
+
+    return [
+        f"{len(chain(name))} modules deep: {' -> '.join(chain(name))}"
+        for name in sorted(modules)
+        if len(chain(name)) > limit
+    ]
+
+
+def test_the_import_graph_is_at_most_ten_modules_deep() -> None:
+    _report(f"import chains over {MAX_DEPTH} modules", check_import_depth(SRC, PACKAGE))
+
+
+def test_the_depth_check_finds_a_deep_chain(tmp_path: Path) -> None:
+    package = tmp_path / "pkg"
+    package.mkdir()
+    (package / "__init__.py").write_text("", encoding="utf-8")
+    (package / "_m0.py").write_text("", encoding="utf-8")
+    for k in range(1, 4):  # _m3 -> _m2 -> _m1 -> _m0 as they load
+        (package / f"_m{k}.py").write_text(f"from ._m{k - 1} import x\n", encoding="utf-8")
+    (package / "_lazy.py").write_text(
+        "from typing import TYPE_CHECKING\n\nif TYPE_CHECKING:\n    from ._m3 import x\n\n\n"
+        "def f():\n    from ._m3 import y\n",
+        encoding="utf-8",
+    )
+    assert check_import_depth(tmp_path, "pkg", limit=4) == []
+    assert check_import_depth(tmp_path, "pkg", limit=3) == [
+        "4 modules deep: pkg._m3 -> pkg._m2 -> pkg._m1 -> pkg._m0"
+    ]
+
+
 def test_no_private_member_used_outside_its_module() -> None:
     _report("private members used outside their module", check_private_access(SRC, PACKAGE))
 

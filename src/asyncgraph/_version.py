@@ -24,8 +24,11 @@ def _git(directory: Path, *args: str) -> str | None:
     try:
         done = subprocess.run(
             ["git", "-C", str(directory), *args],
-            capture_output=True, text=True, timeout=10, check=False,
-        )  # fmt: skip
+            capture_output=True,
+            text=True,
+            timeout=10,
+            check=False,
+        )
     except (OSError, subprocess.SubprocessError):  # no git, or it hung
         return None
     return done.stdout.strip() if done.returncode == 0 else None

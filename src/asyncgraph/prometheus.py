@@ -15,15 +15,18 @@ serves any number of backends; register one collector per registry. See
 from __future__ import annotations
 
 from collections.abc import Iterator
+from typing import TYPE_CHECKING
 
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily
 from prometheus_client.metrics_core import Metric
 from prometheus_client.registry import Collector
 
 from asyncgraph.front._backend import Backend
-from asyncgraph.runtime._telemetry import HistogramSnapshot, TelemetrySnapshot
 
 from ._exceptions import ArgumentTypeError
+
+if TYPE_CHECKING:
+    from asyncgraph.runtime._telemetry import HistogramSnapshot, TelemetrySnapshot
 
 __all__ = ("BackendCollector",)
 

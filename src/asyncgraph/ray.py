@@ -232,10 +232,19 @@ class ActorPool(AsyncResource):
         if self._table is None:
             left = self._max_replacements
             return PoolSnapshot(
-                size=self._size, live=0, replacing=0, gone=0, in_flight=0, waiting=0,
-                runs_ok=0, runs_failed=0, max_replacements=left, replacements_left=left,
-                slots=(), replacements=(),
-            )  # fmt: skip
+                size=self._size,
+                live=0,
+                replacing=0,
+                gone=0,
+                in_flight=0,
+                waiting=0,
+                runs_ok=0,
+                runs_failed=0,
+                max_replacements=left,
+                replacements_left=left,
+                slots=(),
+                replacements=(),
+            )
         return self._table.snapshot(self._waiting)
 
     async def run(self, pipeline: Pipeline, *args: Any, **kwargs: Any) -> Any:

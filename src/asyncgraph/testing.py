@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import os
 from collections.abc import AsyncIterator, Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import pytest
@@ -30,11 +30,13 @@ import pytest
 from asyncgraph.args._arguments import InOut, Out
 from asyncgraph.args._kernel import Kernel
 from asyncgraph.buffers._resident import ResidentBuffer
-from asyncgraph.front._backend import Backend
 from asyncgraph.front._open import open_backend
 from asyncgraph.host._host_backend import host_return_error
 
 from ._exceptions import ArgumentTypeError, UnsupportedError
+
+if TYPE_CHECKING:
+    from asyncgraph.front._backend import Backend
 
 __all__ = ("assert_matches_host", "reference")
 

@@ -40,6 +40,7 @@ if TYPE_CHECKING:
 
 __all__ = (
     "ALIGN",
+    "ZEROS_BY_COPY",
     "Arg",
     "BoundCall",
     "DeviceArg",
@@ -55,6 +56,7 @@ __all__ = (
     "foreign_array",
     "host_copy",
     "lay_out",
+    "upload_bytes",
 )
 
 
@@ -416,3 +418,17 @@ def foreign_array(value: Any, where: str, param: Param | None) -> tuple[int, int
     check_pointer_dtype(dtype, where, param)
     stream = cai.get("stream")
     return pointer, (int(stream) if stream else None)
+
+
+# Outputs of at most this many bytes are zeroed in pinned staging and uploaded with the inputs
+# (a memset is a driver call of about 2 µs on the loop, measured on an NVIDIA H100 80GB HBM3).
+ZEROS_BY_COPY = 16 << 10
+
+
+def upload_bytes(up_end: int, total: int) -> int:
+    """Bytes of the staging layout ``[0, up_end | outputs to total)`` the host-to-device copy
+    takes: the inputs, and the outputs too (zeroed on the host first) where they are small and
+    the copy happens anyway. The device zeroes ``[upload_bytes, total)`` with a memset."""
+    if up_end and total - up_end <= ZEROS_BY_COPY:
+        return total
+    return up_end

@@ -162,9 +162,13 @@ class BatchLauncher:
                 grid, block = check_launch_shape(self._kernel, 1, self._launch(1))
                 views.extend(self._tail(1))
                 pending = self._backend.dispatch(
-                    self._kernel, *views, grid=grid, block=block,  # type: ignore[arg-type]  # checked by dispatch
-                    shared_mem=self._shared_mem, graph=self._graph,
-                )  # fmt: skip
+                    self._kernel,
+                    *views,
+                    grid=grid,
+                    block=block,  # type: ignore[arg-type]  # checked by dispatch
+                    shared_mem=self._shared_mem,
+                    graph=self._graph,
+                )
                 return pending, None
         size = self._buckets[0] if self._buckets else 1
         return self.launch([rows], size)
@@ -203,9 +207,13 @@ class BatchLauncher:
         args = self._stack(staging, items, size)
         args.extend(self._tail(size))
         pending = self._backend.dispatch(
-            self._kernel, *args, grid=grid, block=block,  # type: ignore[arg-type]  # checked by dispatch
-            shared_mem=self._shared_mem, graph=self._graph,
-        )  # fmt: skip
+            self._kernel,
+            *args,
+            grid=grid,
+            block=block,  # type: ignore[arg-type]  # checked by dispatch
+            shared_mem=self._shared_mem,
+            graph=self._graph,
+        )
         return pending, staging
 
     def answers(self, results: tuple[Array, ...], n: int) -> Any:

@@ -13,7 +13,7 @@ import math
 import numbers
 import os
 from collections.abc import Callable, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import attrs
 import numpy as np
@@ -21,7 +21,9 @@ import numpy as np
 from asyncgraph._exceptions import ArgumentTypeError, DispatchError, ShapeMismatchError
 from asyncgraph.args._checks import describe_value, is_int, is_masked, numeric_dtype, shape_tuple
 from asyncgraph.args._kernel import Kernel, Param
-from asyncgraph.runtime._telemetry import HistogramSnapshot
+
+if TYPE_CHECKING:
+    from asyncgraph.runtime._telemetry import HistogramSnapshot
 
 __all__ = (
     "POLICIES",

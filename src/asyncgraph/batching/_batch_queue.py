@@ -413,9 +413,12 @@ class BatchQueue:
             raise
         if self._log is not None:
             self._log.debug(
-                "batch.launched", dispatch_id=launch_id, items=n, size=size,
+                "batch.launched",
+                dispatch_id=launch_id,
+                items=n,
+                size=size,
                 waited_max=now - batch.t_calls[0],
-            )  # fmt: skip
+            )
 
     def _fail(self, futures: list[Any], exc: BaseException) -> None:
         """Fail the callers of a batch with *exc*; a cancellation (the batch's task, as its

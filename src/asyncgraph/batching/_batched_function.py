@@ -46,8 +46,9 @@ class _FunctionRuns:
 
     __slots__ = ("_fn", "_max_size", "_name", "_row", "_tasks")
 
-    def __init__(self, fn: Callable[[Any], Awaitable[Any]], name: str, max_size: int,
-                 row: Row | None) -> None:  # fmt: skip
+    def __init__(
+        self, fn: Callable[[Any], Awaitable[Any]], name: str, max_size: int, row: Row | None
+    ) -> None:
         self._fn = fn
         self._name = name
         self._max_size = max_size
@@ -94,16 +95,22 @@ class _FunctionRuns:
         try:
             count = len(outputs)
         except TypeError:
-            done(None, BatchFunctionError(
-                f"{self._name} returned {describe_value(outputs)}, which has no len(); return "
-                "a list (or an array) of one output per input, in order"
-            ))  # fmt: skip
+            done(
+                None,
+                BatchFunctionError(
+                    f"{self._name} returned {describe_value(outputs)}, which has no len(); return "
+                    "a list (or an array) of one output per input, in order"
+                ),
+            )
             return
         if count != n:
-            done(None, BatchFunctionError(
-                f"{self._name} returned {count} outputs for a batch of {n} inputs; return one "
-                "output per input, in order"
-            ))  # fmt: skip
+            done(
+                None,
+                BatchFunctionError(
+                    f"{self._name} returned {count} outputs for a batch of {n} inputs; return one "
+                    "output per input, in order"
+                ),
+            )
             return
         done(outputs, None)
 
@@ -130,14 +137,21 @@ class BatchedFunction(AsyncResource, Generic[T, R]):
         self._fn = fn
         self._name = name = f"batched function {_name(fn)!r}"
         self._options: dict[str, Any] = {
-            "max_size": max_size, "max_delay": max_delay, "policy": policy, "row": row,
-        }  # fmt: skip
+            "max_size": max_size,
+            "max_delay": max_delay,
+            "policy": policy,
+            "row": row,
+        }
         self._row = (row.dtype, row.shape) if row is not None else None
         self._check = ItemChecker(name, (f"the item of {name}",), (row,)) if row else None
         self._queue = BatchQueue(
-            _FunctionRuns(fn, name, max_size, row), name=name, remake="asyncgraph.batch()",
-            max_size=max_size, max_delay=max_delay, policy=policy,
-        )  # fmt: skip
+            _FunctionRuns(fn, name, max_size, row),
+            name=name,
+            remake="asyncgraph.batch()",
+            max_size=max_size,
+            max_delay=max_delay,
+            policy=policy,
+        )
         self._bound: weakref.WeakKeyDictionary[Any, BatchedFunction[T, R]] | None = None
 
     @property

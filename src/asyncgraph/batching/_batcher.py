@@ -23,14 +23,12 @@ from __future__ import annotations
 import weakref
 from asyncio import _get_running_loop
 from collections.abc import Callable, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
 from asyncgraph._exceptions import ArgumentTypeError, BackendClosedError, QueueFullError
-from asyncgraph.args._kernel import Kernel
 from asyncgraph.front._backend import Backend
-from asyncgraph.jobs._pending import PendingDispatch
 from asyncgraph.runtime import _loop
 from asyncgraph.runtime._resource import AsyncResource
 from asyncgraph.runtime._telemetry import logger
@@ -38,6 +36,10 @@ from asyncgraph.runtime._telemetry import logger
 from ._batch_launch import BatchLauncher
 from ._batch_options import BatcherStatistics, LaunchShape, Row, check_options, kernel_item_checker
 from ._batch_queue import BatchQueue
+
+if TYPE_CHECKING:
+    from asyncgraph.args._kernel import Kernel
+    from asyncgraph.jobs._pending import PendingDispatch
 
 __all__ = ("Batcher", "batcher")
 
@@ -76,10 +78,16 @@ class Batcher(AsyncResource):
         log = logger.bind(device=backend.name, kernel=kernel.name)
         self._log = log if backend.options.dispatch_events_enabled else None
         self._queue = BatchQueue(
-            launcher, name=f"batcher {kernel.name!r}", remake="asyncgraph.batcher()",
-            max_size=max_size, max_delay=max_delay, policy=policy, gate=self._gate,
-            log=self._log, lone=True,
-        )  # fmt: skip
+            launcher,
+            name=f"batcher {kernel.name!r}",
+            remake="asyncgraph.batcher()",
+            max_size=max_size,
+            max_delay=max_delay,
+            policy=policy,
+            gate=self._gate,
+            log=self._log,
+            lone=True,
+        )
         ref = weakref.ref(self)
 
         def flush_on_close() -> None:
@@ -161,9 +169,12 @@ class Batcher(AsyncResource):
                 else:
                     if self._log is not None:
                         self._log.debug(
-                            "batch.launched", dispatch_id=pending.dispatch_id, items=1,
-                            size=self._one_size, waited_max=0.0,
-                        )  # fmt: skip
+                            "batch.launched",
+                            dispatch_id=pending.dispatch_id,
+                            items=1,
+                            size=self._one_size,
+                            waited_max=0.0,
+                        )
                     try:
                         results = await pending
                     except BaseException:

@@ -24,7 +24,7 @@ import platform
 import sys
 import time
 from collections.abc import Awaitable, Callable, Sequence
-from typing import Any, Protocol, TextIO
+from typing import TYPE_CHECKING, Any, Protocol, TextIO
 
 import attrs
 import numpy as np
@@ -33,7 +33,6 @@ from asyncgraph._exceptions import AsyncGraphError, UnsupportedError
 from asyncgraph._version import package_version, provenance
 from asyncgraph.args._arguments import Out
 from asyncgraph.args._kernel import Kernel
-from asyncgraph.front._backend import Backend
 from asyncgraph.front._detect import DeviceInfo, probe_cuda
 from asyncgraph.front._open import open_backend
 
@@ -47,6 +46,9 @@ from ._bench_report import (
     version_of,
 )
 from ._harness import loop_factories, samples_async
+
+if TYPE_CHECKING:
+    from asyncgraph.front._backend import Backend
 
 __all__ = (
     "ASYNCGRAPH_ROWS",

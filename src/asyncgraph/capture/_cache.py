@@ -3,15 +3,17 @@
 from __future__ import annotations
 
 from collections import OrderedDict
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import attrs
 
-from asyncgraph.args._bound_args import BoundCall
-
 from ._choice import Choice, ChoiceState, GraphChoiceStatistics, describe
-from ._graph_host import GraphHost
 from ._graphs import CachedGraph, prepare_replay
+
+if TYPE_CHECKING:
+    from asyncgraph.args._bound_args import BoundCall
+
+    from ._graph_host import GraphHost
 
 __all__ = ("GraphCache", "GraphCacheStatistics")
 

@@ -15,7 +15,7 @@ its resident buffers, counts against ``max_in_flight``, and completes through th
 from __future__ import annotations
 
 import asyncio
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 from cuda.bindings import driver as drv
@@ -23,12 +23,14 @@ from cuda.core import LaunchConfig
 
 from asyncgraph._exceptions import BackendClosedError, DispatchError, ShapeMismatchError
 from asyncgraph.args._bound_args import IN_OUTS, INPUTS, NOT_STAGED, BoundCall, as_bytes
-from asyncgraph.args._kernel import Kernel
 from asyncgraph.buffers._resident import ResidentBuffer, hold, let_go
 from asyncgraph.cuda.driver._driver import check
 from asyncgraph.runtime import _loop
 
 from ._graph_host import GraphHost, KernelNode
+
+if TYPE_CHECKING:
+    from asyncgraph.args._kernel import Kernel
 
 __all__ = (
     "CachedGraph",

@@ -2,16 +2,18 @@
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from asyncgraph.capture._cache import GraphCache
-from asyncgraph.capture._guard import CaptureLock
 from asyncgraph.cuda.driver._events import EventStatistics
 from asyncgraph.front._backend import Backend
-from asyncgraph.front._options import BackendOptions
-from asyncgraph.pool import HostPool, StreamOrderedDeviceMemory, StreamPool
 
 from ._cuda_engine import CudaEngine
+
+if TYPE_CHECKING:
+    from asyncgraph.capture._cache import GraphCache
+    from asyncgraph.capture._guard import CaptureLock
+    from asyncgraph.front._options import BackendOptions
+    from asyncgraph.pool import HostPool, StreamOrderedDeviceMemory, StreamPool
 
 __all__ = ("CudaBackend",)
 

@@ -18,13 +18,11 @@ from asyncgraph.args._arguments import LaunchLimits
 from asyncgraph.cuda.completion._foreign_work import WAIT_LANES, ForeignWork
 from asyncgraph.cuda.completion._reactor import Reactor
 from asyncgraph.cuda.core._choose import core
-from asyncgraph.cuda.core._waiters import Joinable
 from asyncgraph.cuda.driver._context import OwnContext
 from asyncgraph.cuda.driver._driver import check
 from asyncgraph.cuda.driver._events import EventPool
 from asyncgraph.cuda.launch._lanes import SCRATCH_BYTES, Lane
 from asyncgraph.cuda.memory._spares import Spares
-from asyncgraph.front._options import BackendOptions
 from asyncgraph.pool import HostPool, PinnedPool, StreamLane, StreamOrderedDeviceMemory, StreamPool
 from asyncgraph.pool._abandon import abandon
 from asyncgraph.runtime import _poison
@@ -32,7 +30,9 @@ from asyncgraph.runtime._poison import POISONING_CODES
 from asyncgraph.runtime._telemetry import PoolCounters, Telemetry
 
 if TYPE_CHECKING:
+    from asyncgraph.cuda.core._waiters import Joinable
     from asyncgraph.front._engine_protocols import Sink
+    from asyncgraph.front._options import BackendOptions
 
 __all__ = ("Device", "join")
 

@@ -11,36 +11,40 @@ import asyncio
 import contextlib
 from collections.abc import AsyncIterator, Awaitable
 from contextlib import AbstractAsyncContextManager
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 from cuda.bindings import driver as drv
 
 from asyncgraph._exceptions import BackendClosedError, DeviceFaultError
-from asyncgraph.args._bound_args import BoundCall
-from asyncgraph.args._kernel import Kernel
-from asyncgraph.buffers._resident import ResidentBuffer, Use
 from asyncgraph.cuda.core._choose import core
+from asyncgraph.cuda.core._fast_choice import RING_BYTES, FastPath
 from asyncgraph.cuda.driver._context import in_context
 from asyncgraph.cuda.driver._driver import check
-from asyncgraph.cuda.launch._kernel_launch import Launches, chained_lane
+from asyncgraph.cuda.launch._kernel_launch import Launches
 from asyncgraph.cuda.launch._kernel_loading import Kernels
 from asyncgraph.cuda.launch._staged import SmallPath
 from asyncgraph.cuda.launch._staging_plan import BIG_COPY, CudaJob, dep_event, plan
+from asyncgraph.cuda.launch._stream_order import chained_lane
 from asyncgraph.cuda.launch._streamed import StreamedPath
 from asyncgraph.cuda.memory._peer_copies import route
 from asyncgraph.cuda.memory._storage import Storage
-from asyncgraph.front._fast_front import FastFront
 from asyncgraph.front._lease import StreamLease, end_lease
-from asyncgraph.front._options import BackendOptions
 from asyncgraph.jobs._scheduler import Job, JobState
 from asyncgraph.pool import PinnedPool
 from asyncgraph.pool._pinned import abandon_block, allocate_staging, free_staging
 from asyncgraph.runtime import _loop
-from asyncgraph.runtime._telemetry import PoolCounters, Telemetry
 
 from ._cuda_device import Device, join
 from ._cuda_graphs import Graphs
+
+if TYPE_CHECKING:
+    from asyncgraph.args._bound_args import BoundCall
+    from asyncgraph.args._kernel import Kernel
+    from asyncgraph.buffers._resident import ResidentBuffer, Use
+    from asyncgraph.front._fast_front import FastFront
+    from asyncgraph.front._options import BackendOptions
+    from asyncgraph.runtime._telemetry import PoolCounters, Telemetry
 
 __all__ = ("LEFT_BEHIND", "CudaEngine")
 
@@ -121,13 +125,13 @@ class CudaEngine:
         rings: list[Any] = []
         try:
             for _ in device.lanes:
-                rings.append(allocate_staging(core.RING_BYTES))
+                rings.append(allocate_staging(RING_BYTES))
         except Exception as exc:  # out of pinned memory, or a driver that refuses
             for block in rings:
                 free_staging(block)
             device.log.warning("backend.no_fast_path", error=str(exc))
             return None
-        fast = self.fast = core.FastPath(
+        fast = self.fast = FastPath(
             device.lanes,
             rings,
             device.watches,

@@ -22,8 +22,6 @@ from asyncgraph._exceptions import (
     DispatchError,
 )
 from asyncgraph.args._bound_args import NOT_STAGED, BoundCall
-from asyncgraph.args._kernel import Kernel
-from asyncgraph.buffers._resident import ResidentBuffer
 from asyncgraph.capture._cache import GraphCache
 from asyncgraph.capture._captured import (
     CapturedGraph,
@@ -34,19 +32,21 @@ from asyncgraph.capture._captured import (
     repeated,
     reuse_for,
 )
-from asyncgraph.capture._graph_host import KernelNode
 from asyncgraph.capture._graphs import CachedGraph, kernel_config, record_graph
 from asyncgraph.capture._guard import CaptureGuard, CaptureLock, CaptureMode
 from asyncgraph.cuda.core._choose import core
 from asyncgraph.cuda.driver._driver import SUCCESS, error_for, translate
-from asyncgraph.cuda.launch._kernel_launch import Launches
 from asyncgraph.cuda.launch._staging_plan import STREAM_MIN, CudaJob, plan
-from asyncgraph.cuda.memory._storage import Storage
 from asyncgraph.runtime import _loop
 
 if TYPE_CHECKING:
+    from asyncgraph.args._kernel import Kernel
+    from asyncgraph.buffers._resident import ResidentBuffer
     from asyncgraph.capture._choice import Choice
+    from asyncgraph.capture._graph_host import KernelNode
+    from asyncgraph.cuda.launch._kernel_launch import Launches
     from asyncgraph.cuda.launch._kernel_loading import Kernels
+    from asyncgraph.cuda.memory._storage import Storage
     from asyncgraph.front._engine_protocols import Sink
     from asyncgraph.pool import HostPool
     from asyncgraph.runtime._telemetry import Telemetry
@@ -224,9 +224,11 @@ class Graphs:
     def run_capture(self, body: Callable[[CaptureGuard], int]) -> tuple[Any, dict[int, Any], int]:
         """See :meth:`GraphHost.run_capture`."""
         with CaptureGuard(
-            self.capture_stream, self.capture_handle, CaptureMode.THREAD_LOCAL,
+            self.capture_stream,
+            self.capture_handle,
+            CaptureMode.THREAD_LOCAL,
             tail=core.capture_tail,
-        ) as guard:  # fmt: skip
+        ) as guard:
             result = body(guard)
         return guard.graph, guard.nodes, result
 
@@ -256,9 +258,14 @@ class Graphs:
         for node in nodes:
             if launcher is not None:
                 code = launcher.set_node(
-                    node.graph_exec, node.handle, values, call.grid, call.block,
-                    call.shared_mem, self.ctx.address,
-                )  # fmt: skip
+                    node.graph_exec,
+                    node.handle,
+                    values,
+                    call.grid,
+                    call.block,
+                    call.shared_mem,
+                    self.ctx.address,
+                )
                 if code != SUCCESS:
                     raise error_for(code, "cuGraphExecKernelNodeSetParams")
             else:
@@ -460,9 +467,13 @@ class Capture:
         guard = self.guard
         if self._into is not None:
             graph = recaptured(
-                self._into, guard.graph, guard.nodes, guard.reused, self._dispatches,
+                self._into,
+                guard.graph,
+                guard.nodes,
+                guard.reused,
+                self._dispatches,
                 self._buffers,
-            )  # fmt: skip
+            )
         else:
             graph = captured_graph(
                 self._graphs, guard.graph, guard.nodes, self._dispatches, self._buffers

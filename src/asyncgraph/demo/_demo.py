@@ -10,15 +10,17 @@ from __future__ import annotations
 import asyncio
 import time
 from collections.abc import Coroutine
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import attrs
 import numpy as np
 
 from asyncgraph.args._arguments import Out
 from asyncgraph.args._kernel import Kernel
-from asyncgraph.front._backend import Backend
 from asyncgraph.front._open import open_backend
+
+if TYPE_CHECKING:
+    from asyncgraph.front._backend import Backend
 
 __all__ = ("BLOCK_SUM", "DEMO_KERNELS", "LAPLACE2D", "SAXPY", "DemoReport", "run_demo")
 

@@ -18,7 +18,7 @@ import sys
 import warnings
 from collections.abc import Callable, Generator
 from time import perf_counter
-from typing import Any, Final, NoReturn, cast
+from typing import TYPE_CHECKING, Any, Final, NoReturn, cast
 
 import numpy as np
 
@@ -28,9 +28,7 @@ from asyncgraph._exceptions import (
     QueueFullError,
     UnsupportedError,
 )
-from asyncgraph.args._bound_args import BoundCall
 from asyncgraph.args._checks import check_kernel, numeric_dtype, shape_tuple
-from asyncgraph.args._kernel import Kernel
 from asyncgraph.args._plan_cache import Plans
 from asyncgraph.buffers._buffer_transfers import Transfers
 from asyncgraph.buffers._exporter import EngineExporter
@@ -45,8 +43,13 @@ from asyncgraph.runtime._telemetry import Telemetry, logger
 
 from ._fast_front import FastFront, FrontEngine
 from ._lifecycle import CLOSED, OPEN, Lifecycle
-from ._options import BackendOptions
 from ._streams_graphs import StreamsAndGraphs
+
+if TYPE_CHECKING:
+    from asyncgraph.args._bound_args import BoundCall
+    from asyncgraph.args._kernel import Kernel
+
+    from ._options import BackendOptions
 
 __all__ = ("Backend",)
 

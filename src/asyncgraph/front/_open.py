@@ -6,14 +6,16 @@ The only module that knows every implementation: the front (``_backend``) knows 
 from __future__ import annotations
 
 from collections.abc import Iterable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from asyncgraph._exceptions import ArgumentTypeError, DeviceUnavailableError, GroupError
 from asyncgraph.runtime._telemetry import logger
 
-from ._backend import Backend
 from ._detect import probe_cuda
 from ._options import BackendOptions
+
+if TYPE_CHECKING:
+    from ._backend import Backend
 
 __all__ = ("group_devices", "open_backend")
 

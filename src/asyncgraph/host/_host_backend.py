@@ -19,7 +19,7 @@ from collections.abc import Awaitable, Callable
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import AbstractAsyncContextManager
 from time import perf_counter
-from typing import Any, cast
+from typing import TYPE_CHECKING, Any, cast
 
 import numpy as np
 
@@ -27,20 +27,22 @@ from asyncgraph._exceptions import AllocationError, HostFunctionError, Unsupport
 from asyncgraph.args._arguments import LaunchLimits
 from asyncgraph.args._bound_args import BoundCall, InOutArg, host_copy
 from asyncgraph.args._checks import describe, describe_value
-from asyncgraph.args._kernel import Kernel
 from asyncgraph.buffers._dlpack import KDL_CPU
 from asyncgraph.buffers._resident import ResidentBuffer, Use, in_use, storage_of
 from asyncgraph.front._backend import Backend
-from asyncgraph.front._engine_protocols import Sink, Stores
-from asyncgraph.front._fast_front import FastFront
-from asyncgraph.front._lease import StreamLease
-from asyncgraph.front._options import BackendOptions
-from asyncgraph.jobs._pending import PendingDispatch
 from asyncgraph.jobs._scheduler import Job, wait_finished
 from asyncgraph.runtime import _inbox, _loop
-from asyncgraph.runtime._finished import Finished
 from asyncgraph.runtime._inbox import Inbox
 from asyncgraph.runtime._telemetry import PoolCounters, Telemetry
+
+if TYPE_CHECKING:
+    from asyncgraph.args._kernel import Kernel
+    from asyncgraph.front._engine_protocols import Sink, Stores
+    from asyncgraph.front._fast_front import FastFront
+    from asyncgraph.front._lease import StreamLease
+    from asyncgraph.front._options import BackendOptions
+    from asyncgraph.jobs._pending import PendingDispatch
+    from asyncgraph.runtime._finished import Finished
 
 __all__ = ("HostBackend", "HostEngine")
 

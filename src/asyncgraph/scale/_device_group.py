@@ -17,7 +17,7 @@ go on. The group refuses work only when no member is left.
 from __future__ import annotations
 
 from collections.abc import Iterator, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import anyio
 import attrs
@@ -31,17 +31,19 @@ from asyncgraph._exceptions import (
 )
 from asyncgraph.args._arguments import Out
 from asyncgraph.args._checks import check_upload
-from asyncgraph.args._kernel import Kernel
 from asyncgraph.buffers._resident import ResidentBuffer
 from asyncgraph.front._backend import Backend
 from asyncgraph.front._open import group_devices, open_backend
 from asyncgraph.front._options import BackendOptions
-from asyncgraph.jobs._pending import PendingDispatch
 from asyncgraph.pool import PinnedPool
 from asyncgraph.runtime._poison import process_fault
 from asyncgraph.runtime._resource import AsyncResource
 
 from ._replicated import GroupSnapshot, Replicated, check_group_buffer, each_member
+
+if TYPE_CHECKING:
+    from asyncgraph.args._kernel import Kernel
+    from asyncgraph.jobs._pending import PendingDispatch
 
 __all__ = ("DeviceGroup", "GroupSnapshot", "Replicated", "open_group")
 
@@ -325,9 +327,14 @@ class DeviceGroup(AsyncResource):
         """
         member = self.place(*args)
         return member.dispatch(
-            kernel, *self._resolve(member, args), grid=grid, block=block,
-            shared_mem=shared_mem, timing=timing, graph=graph,
-        )  # fmt: skip
+            kernel,
+            *self._resolve(member, args),
+            grid=grid,
+            block=block,
+            shared_mem=shared_mem,
+            timing=timing,
+            graph=graph,
+        )
 
     async def submit(
         self,
@@ -343,9 +350,14 @@ class DeviceGroup(AsyncResource):
         :meth:`Backend.submit <asyncgraph.Backend.submit>` does."""
         member = self.place(*args)
         return await member.submit(
-            kernel, *self._resolve(member, args), grid=grid, block=block,
-            shared_mem=shared_mem, timing=timing, graph=graph,
-        )  # fmt: skip
+            kernel,
+            *self._resolve(member, args),
+            grid=grid,
+            block=block,
+            shared_mem=shared_mem,
+            timing=timing,
+            graph=graph,
+        )
 
     async def compile(self, kernel: Kernel) -> None:
         """Compile and load *kernel* at once on every member that neither failed nor was closed

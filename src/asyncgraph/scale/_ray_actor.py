@@ -11,14 +11,16 @@ from __future__ import annotations
 
 import os
 from collections.abc import Awaitable, Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import attrs
 
 from asyncgraph._exceptions import BackendClosedError, DeviceFaultError
-from asyncgraph.front._backend import Backend
 from asyncgraph.front._open import open_backend
-from asyncgraph.front._options import BackendOptions
+
+if TYPE_CHECKING:
+    from asyncgraph.front._backend import Backend
+    from asyncgraph.front._options import BackendOptions
 
 __all__ = ("ActorInfo", "BackendActor", "Pipeline", "Worker", "describe", "failure_of")
 

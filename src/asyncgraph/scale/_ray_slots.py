@@ -16,14 +16,16 @@ import asyncio
 import enum
 import time
 from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import attrs
 
 from asyncgraph._exceptions import GroupError
 
-from ._ray_actor import ActorInfo
 from ._ray_snapshot import Outcome, PoolSnapshot, Replacement, SlotSnapshot
+
+if TYPE_CHECKING:
+    from ._ray_actor import ActorInfo
 
 __all__ = (
     "Closing",
@@ -339,12 +341,20 @@ class SlotTable:
             attempt.outcome, attempt.seconds = "replaced", now - attempt.seen_at
             effects.wake = True
             effects.logs.append(
-                ("info", "pool.actor_replaced", {
-                    "slot": slot.index, "generation": actor.generation, "pid": actor.info.pid,
-                    "reason": attempt.reason, "detected_after": attempt.detected_after,
-                    "seconds": attempt.seconds, "replacements_left": self._left,
-                })
-            )  # fmt: skip
+                (
+                    "info",
+                    "pool.actor_replaced",
+                    {
+                        "slot": slot.index,
+                        "generation": actor.generation,
+                        "pid": actor.info.pid,
+                        "reason": attempt.reason,
+                        "detected_after": attempt.detected_after,
+                        "seconds": attempt.seconds,
+                        "replacements_left": self._left,
+                    },
+                )
+            )
         elif isinstance(event, StartFailed):
             slot = self._slots[event.slot]
             attempt = slot.attempt
@@ -352,11 +362,17 @@ class SlotTable:
                 return effects
             attempt.outcome, attempt.error = "start failed", event.error
             effects.logs.append(
-                ("warning", "pool.replacement_failed", {
-                    "slot": slot.index, "generation": attempt.generation, "error": event.error,
-                    "replacements_left": self._left,
-                })
-            )  # fmt: skip
+                (
+                    "warning",
+                    "pool.replacement_failed",
+                    {
+                        "slot": slot.index,
+                        "generation": attempt.generation,
+                        "error": event.error,
+                        "replacements_left": self._left,
+                    },
+                )
+            )
             reason = f"its replacement did not start: {event.error}"
             self._replace(slot, reason, attempt.seen_at, None, None, effects)
         else:
@@ -395,11 +411,18 @@ class SlotTable:
             effects.wake = True
             live = sum(s.state is _State.LIVE for s in self._slots)
             effects.logs.append(
-                ("warning", "pool.actor_lost", {
-                    "slot": slot.index, "reason": reason, "max_replacements": self._max,
-                    "live": live, "size": len(self._slots),
-                })
-            )  # fmt: skip
+                (
+                    "warning",
+                    "pool.actor_lost",
+                    {
+                        "slot": slot.index,
+                        "reason": reason,
+                        "max_replacements": self._max,
+                        "live": live,
+                        "size": len(self._slots),
+                    },
+                )
+            )
             return
         if self._left is not None:
             self._left -= 1

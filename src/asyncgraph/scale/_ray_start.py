@@ -11,12 +11,14 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from asyncgraph._exceptions import GroupError, StartTimeoutError
-from asyncgraph.front._options import BackendOptions
 
 from ._ray_actor import ActorInfo, BackendActor, Pipeline
+
+if TYPE_CHECKING:
+    from asyncgraph.front._options import BackendOptions
 
 __all__ = ("Resources", "Starter", "retrieve")
 

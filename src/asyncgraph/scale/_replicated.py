@@ -17,11 +17,11 @@ from asyncgraph._exceptions import (
     GroupError,
 )
 from asyncgraph.buffers._resident import ResidentBuffer, check_buffer
-from asyncgraph.runtime._poison import ProcessFault
-from asyncgraph.runtime._telemetry import TelemetrySnapshot
 
 if TYPE_CHECKING:
     from asyncgraph.front._backend import Backend
+    from asyncgraph.runtime._poison import ProcessFault
+    from asyncgraph.runtime._telemetry import TelemetrySnapshot
 
 __all__ = (
     "GroupSnapshot",

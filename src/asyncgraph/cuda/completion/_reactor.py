@@ -32,11 +32,10 @@ import asyncio
 import contextlib
 from collections.abc import Callable
 from time import perf_counter
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from cuda.bindings import driver as drv
 
-from asyncgraph._exceptions import CudaError
 from asyncgraph.cuda.core._choose import core
 from asyncgraph.cuda.core._waiters import Joinable, Waiters
 from asyncgraph.cuda.core._watches import (
@@ -50,13 +49,16 @@ from asyncgraph.cuda.core._watches import (
 )
 from asyncgraph.cuda.driver._context import OwnContext
 from asyncgraph.cuda.driver._driver import SUCCESS, check, error_for, is_sticky
-from asyncgraph.cuda.driver._events import EventPool
 from asyncgraph.runtime import _loop
 from asyncgraph.runtime._inbox import off_loop_lock
-from asyncgraph.runtime._telemetry import Telemetry
 
 from ._expected_ends import WITHIN_MARGIN, eased, ends_late, ends_soon, margin_after_poke
 from ._poll_budget import ITERATION_BUDGET, WakeBudget
+
+if TYPE_CHECKING:
+    from asyncgraph._exceptions import CudaError
+    from asyncgraph.cuda.driver._events import EventPool
+    from asyncgraph.runtime._telemetry import Telemetry
 
 __all__ = ("HOLD_LIMIT", "ITERATION_BUDGET", "MIN_COMPLETIONS", "Reactor", "WakeBudget")
 
@@ -116,6 +118,7 @@ class Reactor:
             self._woken_off_loop,
             self._closed_loop,
             self._poked,
+            native_waiter=core.NativeWaiter,
         )
         self._poll_end = 0.0  # when the last poll returned
         self._woke = 0  # dispatches the last poll completed, if it scheduled the next poll

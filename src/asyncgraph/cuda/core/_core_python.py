@@ -12,7 +12,11 @@ knowing which one runs (``_choose`` chooses):
   own function (``capture._guard``), which the compiled core writes in C;
 - ``NativeWaiter``: threads outside Python that sleep in ``cuEventSynchronize`` and wake the
   event loop through an eventfd. It exists only compiled; here it is ``None``, and the
-  reactor's waiter threads are Python threads instead (``_waiters``).
+  reactor's waiter threads are Python threads instead (``_waiters``);
+- ``Watch``, ``WatchLane``, ``Watches``: the completion reactor's hot half (``_watches``).
+
+The compiled extension also holds the fast path (``FastPath``, ``FastJob``, ``RING_BYTES``),
+whose Python twin is ``_fast``; ``_fast_choice`` takes them from the core that runs.
 
 A launch returns the driver's code (``0`` is success). Nothing raises for a failed driver call:
 each caller turns a code into its error exactly once, in one place.
@@ -20,19 +24,18 @@ each caller turns a code into its error exactly once, in one place.
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 from cuda.bindings import driver as drv
 
-from asyncgraph.args._kernel import Param
 from asyncgraph.capture._guard import capture_tail as capture_tail
+
+if TYPE_CHECKING:
+    from asyncgraph.args._kernel import Param
 
 __all__ = (
     "COMPILED",
-    "RING_BYTES",
-    "FastJob",
-    "FastPath",
     "Launcher",
     "NativeWaiter",
     "Watch",
@@ -121,10 +124,8 @@ class Launcher:
         """:meth:`pack` *args* and launch on *stream*; the driver's code."""
         for view, arg in zip(self.slot_views, args, strict=True):
             view[0] = arg.value if arg.by_value else base + arg.offset
-        return _launch(  # inline: one Python call fewer per launch
-            self.function, grid[0], grid[1], grid[2], block[0], block[1], block[2], shared_mem,
-            stream, self.kernel_params, 0,
-        )[0]  # fmt: skip
+        # Inline: one Python call fewer per launch.
+        return _launch(self.function, *grid, *block, shared_mem, stream, self.kernel_params, 0)[0]
 
     def launch_values(
         self,
@@ -137,10 +138,8 @@ class Launcher:
         """:meth:`pack_values` and launch on *stream*; the driver's code."""
         for view, value in zip(self.slot_views, values, strict=True):
             view[0] = value
-        return _launch(  # inline: one Python call fewer per launch
-            self.function, grid[0], grid[1], grid[2], block[0], block[1], block[2], shared_mem,
-            stream, self.kernel_params, 0,
-        )[0]  # fmt: skip
+        # Inline: one Python call fewer per launch.
+        return _launch(self.function, *grid, *block, shared_mem, stream, self.kernel_params, 0)[0]
 
     def set_node(
         self,
@@ -177,10 +176,8 @@ class Launcher:
                 _pop()
 
 
-# The hot half of the completion reactor and the fast path, in Python (their modules say more).
-from ._fast import FastPath as FastPath  # noqa: E402
-from ._fast_job import FastJob as FastJob  # noqa: E402  # after the names they do not use
-from ._fast_plan import RING_BYTES as RING_BYTES  # noqa: E402
-from ._watches import Watch as Watch  # noqa: E402
+# The hot half of the completion reactor, in Python (its module says more). The fast path is
+# chosen beside the core, in ``_fast_choice``.
+from ._watches import Watch as Watch  # noqa: E402  # after the names it does not use
 from ._watches import Watches as Watches  # noqa: E402
 from ._watches import WatchLane as WatchLane  # noqa: E402

@@ -20,8 +20,8 @@ from asyncgraph.args._bound_args import (
     ResidentArg,
     ResidentOutArg,
     ScalarArg,
+    upload_bytes,
 )
-from asyncgraph.cuda.launch._staging_plan import upload_bytes
 
 if TYPE_CHECKING:
     from asyncgraph.args._bound_args import BoundCall
@@ -83,7 +83,7 @@ class FastPlan:
             grid_dims, block_dims: as three ints.
         shared_mem: bytes of dynamic shared memory.
         in_end, up_end, total: the staging layout's bounds (``_bound_args.lay_out``).
-        up_copy: bytes the upload takes (``_plan.upload_bytes``): ``up_end``, or ``total``
+        up_copy: bytes the upload takes (``_bound_args.upload_bytes``): ``up_end``, or ``total``
             where the outputs are zeroed in the ring and go up with the inputs.
         staged: bytes of ring a dispatch takes (``total``, 256-byte aligned).
         n_args: how many arguments.
@@ -147,10 +147,16 @@ class FastPlan:
         self.residents = tuple(residents)
         self.writes = tuple(written for _index, written, _into in residents)
         self.returned = tuple(
-            (_KIND_OF[type(arg)], arg.index, arg.offset, arg.nbytes, arg.value.dtype,
-             arg.value.shape)
+            (
+                _KIND_OF[type(arg)],
+                arg.index,
+                arg.offset,
+                arg.nbytes,
+                arg.value.dtype,
+                arg.value.shape,
+            )
             for arg in call.returned
-        )  # fmt: skip
+        )
 
     def __repr__(self) -> str:
         return f"<FastPlan {self.name!r} {self.n_args} arguments, {self.staged} bytes staged>"

@@ -46,7 +46,6 @@ from asyncgraph.cuda.driver._driver import NOT_READY
 from asyncgraph.runtime._inbox import Inbox
 from asyncgraph.runtime._telemetry import logger as _log
 
-from ._choose import core
 from ._watches import FOLLOW_BLOCK_AFTER, WatchLane, early_step, follow_step
 
 __all__ = ("Joinable", "Poke", "Waiters", "follow")
@@ -115,6 +114,8 @@ class Waiters:
         closed_loop: what :func:`~asyncgraph.runtime._inbox.kick` calls once the loop is closed.
         poked: called on the loop's thread with each lane whose waiter woke the loop before
             its work's expected end.
+        native_waiter: the core's ``NativeWaiter`` class (``None`` on the Python core: Python
+            threads wait).
     """
 
     def __init__(
@@ -126,6 +127,8 @@ class Waiters:
         woken_off_loop: Callable[[WatchLane], None],
         closed_loop: Callable[[], None],
         poked: Callable[[WatchLane], None],
+        *,
+        native_waiter: Any,
     ) -> None:
         self._loop = loop
         self._context = context
@@ -137,7 +140,8 @@ class Waiters:
         self.inbox: Inbox[WatchLane | Poke] = self._inbox(loop)
         # Native threads when the compiled core has them; decided for good at the first
         # hand-off, when the loop says whether it can watch the eventfd.
-        self.native = core.NativeWaiter is not None
+        self._native_waiter = native_waiter
+        self.native = native_waiter is not None
         self._waiter: Any = None  # the NativeWaiter, once made
         self._watched: asyncio.AbstractEventLoop | None = None  # the loop watching its fd
 
@@ -178,7 +182,7 @@ class Waiters:
         for good) when the loop cannot watch a file descriptor."""
         try:
             if self._waiter is None:
-                self._waiter = core.NativeWaiter(self._context, len(self._lanes))
+                self._waiter = self._native_waiter(self._context, len(self._lanes))
             self._loop.add_reader(self._waiter.fd, self._ready)
         except (AttributeError, NotImplementedError, OSError) as exc:
             # No eventfd, or a loop that cannot watch one (asyncio's proactor loop on Windows):

@@ -8,21 +8,20 @@ import numpy as np
 from cuda.bindings import driver as drv
 from cuda.core import LaunchConfig, launch
 
-from asyncgraph.args._bound_args import BoundCall
-from asyncgraph.args._kernel import Kernel
 from asyncgraph.cuda.core import _core_python
 from asyncgraph.cuda.core._choose import core
-from asyncgraph.cuda.core._core_python import Launcher
 from asyncgraph.cuda.driver._driver import SUCCESS, check, error_for, translate
 
-from ._staging_plan import CudaJob, dep_event
+from ._staging_plan import CudaJob
 
 if TYPE_CHECKING:
+    from asyncgraph.args._bound_args import BoundCall
+    from asyncgraph.args._kernel import Kernel
     from asyncgraph.cuda._cuda_device import Device
+    from asyncgraph.cuda.core._core_python import Launcher
 
-    from ._lanes import Lane
 
-__all__ = ("Launches", "chained_lane", "launcher_for", "wait_deps")
+__all__ = ("Launches", "launcher_for")
 
 _DEFAULT_SHARED = 48 * 1024
 
@@ -46,39 +45,6 @@ def launcher_for(kernel: Kernel, loaded: Any) -> Launcher | None:
     )
     launcher: Launcher = maker(function, params)
     return launcher
-
-
-def wait_deps(deps: list[Any], lane: Lane) -> None:
-    """Make *lane*'s stream wait for the launched uses in *deps*.
-
-    Uses on *lane* itself are ordered by the stream already, finished ones need no wait, and
-    unlaunched ones were waited for before; the others are waited for through their events.
-    """
-    for dep in deps:
-        event = dep_event(dep)
-        if event is not None and event is not False and getattr(dep, "lane", None) is not lane:
-            check(drv.cuStreamWaitEvent(lane.handle, event, 0), "cuStreamWaitEvent")
-
-
-def chained_lane(deps: list[Any]) -> Lane | None:
-    """The lane every unfinished use in *deps* runs on, if they all run on one that is not
-    leased; ``None`` otherwise.
-
-    A dispatch placed there is ordered after them by the stream alone: a chain of dispatches
-    on one resident buffer runs back to back, without an event wait between streams.
-    """
-    found: Lane | None = None
-    for dep in deps:
-        event = dep_event(dep)
-        if event is None:
-            continue  # finished
-        lane = getattr(dep, "lane", None)
-        if event is False or lane is None or (found is not None and lane is not found):
-            return None
-        found = lane
-    if found is not None and found.slot.leased:
-        return None
-    return found
 
 
 class Launches:

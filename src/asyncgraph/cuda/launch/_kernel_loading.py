@@ -7,14 +7,15 @@ import functools
 from typing import TYPE_CHECKING
 
 from asyncgraph._exceptions import BackendClosedError, CompileError
-from asyncgraph.args._kernel import Kernel
 
-from ._kernel_launch import Launches
 from ._nvrtc import KernelCompiler, load_kernel
 
 if TYPE_CHECKING:
+    from asyncgraph.args._kernel import Kernel
     from asyncgraph.cuda._cuda_device import Device
     from asyncgraph.front._engine_protocols import Sink
+
+    from ._kernel_launch import Launches
 
 __all__ = ("Kernels",)
 

@@ -21,11 +21,13 @@ import io
 import os
 import threading
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from asyncgraph._exceptions import CompileError
-from asyncgraph.args._kernel import Kernel
 from asyncgraph.runtime._telemetry import logger
+
+if TYPE_CHECKING:
+    from asyncgraph.args._kernel import Kernel
 
 __all__ = ("KernelCompiler", "default_cache_dir")
 

@@ -23,17 +23,18 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 from cuda.bindings import driver as drv
 
-from asyncgraph._exceptions import CudaError
-from asyncgraph.args._bound_args import as_bytes
+from asyncgraph.args._bound_args import as_bytes, upload_bytes
 from asyncgraph.cuda.driver._driver import check
 from asyncgraph.jobs._pending import set_spin
 from asyncgraph.pool import PinnedBlock, PinnedMemory
 
-from ._kernel_launch import Launches, wait_deps
+from ._kernel_launch import Launches
 from ._lanes import SCRATCH_BYTES, Lane
-from ._staging_plan import BIG_COPY, CudaJob, copy_into, upload_bytes
+from ._staging_plan import BIG_COPY, CudaJob, copy_into
+from ._stream_order import wait_deps
 
 if TYPE_CHECKING:
+    from asyncgraph._exceptions import CudaError
     from asyncgraph.cuda._cuda_device import Device
     from asyncgraph.front._engine_protocols import Sink
 

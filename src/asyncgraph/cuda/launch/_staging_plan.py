@@ -7,7 +7,8 @@ outputs), a stream-ordered free and an event record — whatever the number of a
 dispatch with no transfers (resident buffers and scalars only) is the launch and the event.
 Where the outputs are small (at most ``ZEROS_BY_COPY`` bytes) and there are inputs to upload,
 the outputs are zeroed in the pinned staging instead and go up in the same copy as the inputs
-(:func:`upload_bytes`): one driver call less on the loop and one operation less on the stream.
+(``_bound_args.upload_bytes``): one driver call less on the loop and one operation less on the
+stream.
 
 The layout itself is the call's (``_bound_args.lay_out``, computed when it was bound).
 Dispatches whose arrays total more than the pinned cap (``pinned_pool_bytes``, at least
@@ -17,25 +18,25 @@ Dispatches whose arrays total more than the pinned cap (``pinned_pool_bytes``, a
 from __future__ import annotations
 
 from concurrent.futures import ThreadPoolExecutor
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from asyncgraph.args._bound_args import BoundCall
 from asyncgraph.jobs._scheduler import Job, JobState
-from asyncgraph.pool import HostPool, PinnedBlock
 from asyncgraph.pool._pinned import pinned_memory_of
 from asyncgraph.runtime._finished import Download
+
+if TYPE_CHECKING:
+    from asyncgraph.args._bound_args import BoundCall
+    from asyncgraph.pool import HostPool, PinnedBlock
 
 __all__ = (
     "BIG_COPY",
     "STREAM_MIN",
-    "ZEROS_BY_COPY",
     "CudaJob",
     "copy_into",
     "dep_event",
     "plan",
-    "upload_bytes",
 )
 
 # Staging copies of at least this many bytes run off the event loop, split over threads.
@@ -43,19 +44,7 @@ BIG_COPY = 4 << 20
 _CHUNK = 4 << 20
 # Dispatches moving more than max(pinned cap, this) bytes stream them in chunks.
 STREAM_MIN = 64 << 20
-# Outputs of at most this many bytes are zeroed in pinned staging and uploaded with the inputs
-# (a memset is a driver call of about 2 µs on the loop, measured on an NVIDIA H100 80GB HBM3).
-ZEROS_BY_COPY = 16 << 10
 _copiers = ThreadPoolExecutor(max_workers=8, thread_name_prefix="asyncgraph-copy")
-
-
-def upload_bytes(up_end: int, total: int) -> int:
-    """Bytes of the staging layout ``[0, up_end | outputs to total)`` the host-to-device copy
-    takes: the inputs, and the outputs too (zeroed on the host first) where they are small and
-    the copy happens anyway. The device zeroes ``[upload_bytes, total)`` with a memset."""
-    if up_end and total - up_end <= ZEROS_BY_COPY:
-        return total
-    return up_end
 
 
 class CudaJob(Job):

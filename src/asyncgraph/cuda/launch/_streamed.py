@@ -17,13 +17,13 @@ from cuda.bindings import driver as drv
 from asyncgraph._exceptions import BackendClosedError, CudaError
 from asyncgraph.args._bound_args import as_bytes
 from asyncgraph.cuda.driver._driver import check
-from asyncgraph.cuda.memory._chunked_transfer import TRANSFER_CHUNK, ChunkedTransfer
+from asyncgraph.cuda.memory._chunked_transfer import chunked
 from asyncgraph.jobs._scheduler import wait_finished
 from asyncgraph.runtime import _loop
 
-from ._kernel_launch import Launches, wait_deps
-from ._lanes import Lane
-from ._staging_plan import CudaJob, copy_into, dep_event
+from ._kernel_launch import Launches
+from ._staging_plan import CudaJob, dep_event
+from ._stream_order import wait_deps
 
 if TYPE_CHECKING:
     from asyncgraph.cuda._cuda_device import Device
@@ -31,19 +31,7 @@ if TYPE_CHECKING:
 
     from ._staged import SmallPath
 
-__all__ = ("StreamedPath", "chunked")
-
-
-def chunked(device: Device, lane: Lane) -> ChunkedTransfer:
-    """Chunked transfers on *lane* through the device's pinned pool."""
-    return ChunkedTransfer(
-        device.pinned,
-        device.events.take,
-        lane.future,
-        lane.handle,
-        copy_into,
-        TRANSFER_CHUNK,
-    )
+__all__ = ("StreamedPath",)
 
 
 class StreamedPath:

@@ -13,17 +13,22 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 from cuda.bindings import driver as drv
 
 from asyncgraph._exceptions import CudaError
 from asyncgraph.cuda.driver._driver import check
-from asyncgraph.pool import HostPool, PinnedBlock
+from asyncgraph.cuda.launch._staging_plan import copy_into
 from asyncgraph.runtime import _loop
 
-__all__ = ("CHUNKED_ABOVE", "TRANSFER_CHUNK", "ChunkedTransfer")
+if TYPE_CHECKING:
+    from asyncgraph.cuda._cuda_device import Device
+    from asyncgraph.cuda.launch._lanes import Lane
+    from asyncgraph.pool import HostPool, PinnedBlock
+
+__all__ = ("CHUNKED_ABOVE", "TRANSFER_CHUNK", "ChunkedTransfer", "chunked")
 
 # Transfers above this size go in chunks; smaller ones in one pinned block.
 CHUNKED_ABOVE = 1 << 20
@@ -159,3 +164,15 @@ class ChunkedTransfer:
             else:
                 slot.give_back = True
         self._slots = []
+
+
+def chunked(device: Device, lane: Lane) -> ChunkedTransfer:
+    """Chunked transfers on *lane* through the device's pinned pool."""
+    return ChunkedTransfer(
+        device.pinned,
+        device.events.take,
+        lane.future,
+        lane.handle,
+        copy_into,
+        TRANSFER_CHUNK,
+    )

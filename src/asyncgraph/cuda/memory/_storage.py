@@ -25,18 +25,17 @@ from asyncgraph.buffers._dlpack import KDL_CUDA
 from asyncgraph.buffers._resident import ResidentBuffer, Use, storage_of, uses_of, writer_of
 from asyncgraph.cuda.core._watches import learned
 from asyncgraph.cuda.driver._driver import check, translate
-from asyncgraph.cuda.launch._kernel_launch import chained_lane, wait_deps
 from asyncgraph.cuda.launch._staging_plan import dep_event
-from asyncgraph.cuda.launch._streamed import chunked
+from asyncgraph.cuda.launch._stream_order import chained_lane, wait_deps
 from asyncgraph.jobs._scheduler import wait_finished
-from asyncgraph.runtime._finished import Download
 
-from ._chunked_transfer import CHUNKED_ABOVE
+from ._chunked_transfer import CHUNKED_ABOVE, chunked
 from ._peer_copies import DEVICE, route
 
 if TYPE_CHECKING:
     from asyncgraph.cuda._cuda_device import Device
     from asyncgraph.front._engine_protocols import Sink
+    from asyncgraph.runtime._finished import Download
 
 __all__ = ("Storage",)
 
