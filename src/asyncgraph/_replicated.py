@@ -10,6 +10,8 @@ from typing import TYPE_CHECKING, Protocol
 import anyio
 import attrs
 
+from ._arg_kinds import REPLICATED
+from ._args import register_kind
 from ._exceptions import ArgumentTypeError, BackendClosedError, DeviceFaultError, GroupError
 from ._poison import ProcessFault
 from ._resident import ResidentBuffer, check_buffer
@@ -118,6 +120,9 @@ class Replicated:
 
     def __repr__(self) -> str:
         return f"<Replicated {self.dtype} {self.shape} on {len(self.buffers)} members>"
+
+
+register_kind(Replicated, REPLICATED)  # refused by a backend; a group passes each member its copy
 
 
 def first_failure(
