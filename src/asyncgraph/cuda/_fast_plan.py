@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from .._bound import InArg, InOutArg, OutArg, ResidentArg, ResidentOutArg, ScalarArg
+from .._args import FAST_CODES, fast_arg
 from ._plan import upload_bytes
 
 if TYPE_CHECKING:
@@ -42,16 +42,15 @@ MAX_SHARED = 48 * 1024  # dynamic shared memory a kernel has without asking for 
 MAX_PLANS = 4  # signatures kept per kernel, most recently used first
 _ALIGN = 256
 
-# Argument kinds of a plan (what each position takes, and so how it is checked and passed).
-K_SCALAR, K_IN, K_IN_OUT, K_OUT, K_RESIDENT, K_INTO = range(6)
-_KIND_OF: dict[type, int] = {
-    ScalarArg: K_SCALAR,
-    InArg: K_IN,
-    InOutArg: K_IN_OUT,
-    OutArg: K_OUT,
-    ResidentArg: K_RESIDENT,
-    ResidentOutArg: K_INTO,
-}
+# The codes of a plan's arguments (what each position takes, and so how it is checked and
+# passed): the argument kinds' (``_args.FAST_CODES``). The staged ones (K_IN, K_IN_OUT, K_OUT)
+# lie right above K_SCALAR: ``code <= K_OUT`` means staged.
+K_SCALAR = FAST_CODES["scalar"]
+K_IN = FAST_CODES["in"]
+K_IN_OUT = FAST_CODES["in_out"]
+K_OUT = FAST_CODES["out"]
+K_RESIDENT = FAST_CODES["resident"]
+K_INTO = FAST_CODES["into"]
 
 
 def eligible(plan: Plan, call: BoundCall) -> bool:
@@ -62,7 +61,7 @@ def eligible(plan: Plan, call: BoundCall) -> bool:
         plan.resident_results
         and call.total <= MAX_STAGED
         and call.shared_mem <= MAX_SHARED
-        and all(type(arg) in _KIND_OF for arg in call.args)
+        and all(fast_arg(arg) is not None for arg in call.args)
     )
 
 
@@ -128,8 +127,10 @@ class FastPlan:
         args: list[tuple[Any, ...]] = []
         uploads: list[tuple[int, int, int, bool]] = []
         residents: list[tuple[int, bool, bool]] = []
+        codes: dict[int, int] = {}  # by argument index
         for arg, kind in zip(call.args, plan.types, strict=True):
             code, shape, dtype, strides, offset = _guard(arg)
+            codes[arg.index] = code
             args.append((code, kind, shape, dtype, strides, offset))
             if code in (K_IN, K_IN_OUT):
                 uploads.append((arg.index, arg.offset, arg.nbytes, code == K_IN_OUT))
@@ -140,27 +141,21 @@ class FastPlan:
         self.residents = tuple(residents)
         self.writes = tuple(written for _index, written, _into in residents)
         self.returned = tuple(
-            (_KIND_OF[type(arg)], arg.index, arg.offset, arg.nbytes, arg.value.dtype,
-             arg.value.shape)
+            (codes[arg.index], arg.index, arg.offset, arg.nbytes, arg.value.dtype, arg.value.shape)
             for arg in call.returned
-        )  # fmt: skip
+        )
 
     def __repr__(self) -> str:
         return f"<FastPlan {self.name!r} {self.n_args} arguments, {self.staged} bytes staged>"
 
 
 def _guard(arg: Any) -> tuple[int, Any, Any, Any, int]:
-    """What a plan's guard compares of a bound argument: (kind, shape, dtype, strides, offset),
-    ``None`` where the kind has no such guard."""
-    code = _KIND_OF[type(arg)]
-    value = arg.value
-    if code in (K_IN, K_IN_OUT):
-        return code, value.shape, value.dtype, value.strides, arg.offset
-    if code == K_OUT:
-        return code, value.shape, value.dtype, None, arg.offset
-    if code in (K_RESIDENT, K_INTO):
-        return code, None, value.dtype, None, 0
-    return code, None, None, None, 0
+    """What a plan's guard compares of a bound argument: (code, shape, dtype, strides, offset),
+    ``None`` where the kind has no such guard (its kind's ``ArgKind.fast``)."""
+    found = fast_arg(arg)
+    if found is None:
+        raise ValueError(f"{arg!r} never takes the fast path")
+    return found
 
 
 def describes(plan: FastPlan, call: BoundCall) -> bool:
@@ -171,7 +166,7 @@ def describes(plan: FastPlan, call: BoundCall) -> bool:
         or plan.block_dims != call.block
         or plan.shared_mem != call.shared_mem
         or plan.n_args != len(call.args)
-        or any(type(arg) not in _KIND_OF for arg in call.args)
+        or any(fast_arg(arg) is None for arg in call.args)
     ):
         return False
     return all(
