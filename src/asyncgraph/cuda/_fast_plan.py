@@ -2,7 +2,8 @@
 
 When ``Plans`` makes a plan for ``dispatch()`` it tells the engine's fast path
 (``FastDispatch.learn``), which keeps a :class:`FastPlan` of it if :func:`eligible`: per
-argument its kind, exact type and what the plan's guard compares (shape, dtype and strides of
+argument its kind's code and descriptor (``_arg_kinds.ArgKind.fast``), its exact type and what
+the plan's guard compares (shape, dtype and strides of
 an array; shape and dtype of an ``Out``; the dtype of a resident buffer), its offset in the
 staging layout; the staged uploads; the resident buffers and whether the kernel writes them;
 and how each result is made. Both cores' fast paths read it (the compiled one copies it into C
