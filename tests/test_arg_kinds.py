@@ -74,6 +74,10 @@ def test_every_kind_of_the_table_states_its_codes_and_descriptor() -> None:
     assert len(_problems({Forgotten(), NoDescriptor()})) == 3
     with pytest.raises(TypeError, match="states no fast-path codes"):
         register_kind(type("Fresh", (), {}), Forgotten())
+    with pytest.raises(TypeError, match="has fast-path codes"):  # the cores read them at import
+        register_kind(type("Fresh", (), {}), NoDescriptor())
+    with pytest.raises(TypeError, match="already"):
+        register_kind(ag.Out, REPLICATED)
     assert "Fresh" not in {t.__name__ for t in KINDS}
 
 

@@ -162,9 +162,9 @@ class ArgKind:
         """
         raise NotImplementedError
 
-    def rebinder(self, arg: Any, value: Any, where: str, store: ResidentStore) -> Maker | None:
-        """What a plan runs for a later value at *arg*'s position (*value* is the one bound):
-        ``None`` where the kind is bound from scratch each time."""
+    def rebinder(self, arg: Any, value: Any, kernel: Kernel, store: ResidentStore) -> Maker | None:
+        """What a plan of a call of *kernel* runs for a later value at *arg*'s position (*value*
+        is the one bound): ``None`` where the kind is bound from scratch each time."""
         return None
 
     def fast(self, arg: Any) -> FastArg | None:
@@ -199,7 +199,7 @@ class ArrayKind(ArgKind):
         binding.bytes_in += value.nbytes
         return arg
 
-    def rebinder(self, arg: Any, value: Any, where: str, store: ResidentStore) -> Maker | None:
+    def rebinder(self, arg: Any, value: Any, kernel: Kernel, store: ResidentStore) -> Maker | None:
         """A later array of the same shape, dtype and strides, at the same offset."""
         if type(value) is not np.ndarray:
             return None
@@ -235,7 +235,7 @@ class ScalarKind(ArgKind):
             check_scalar(value, binding.where(index, param), param)
         return ScalarArg(index, value, param)
 
-    def rebinder(self, arg: Any, value: Any, where: str, store: ResidentStore) -> Maker:
+    def rebinder(self, arg: Any, value: Any, kernel: Kernel, store: ResidentStore) -> Maker:
         """Any later scalar of the same type: nothing else to check."""
         index, param = arg.index, arg.param
         return lambda v: ScalarArg(index, v, param)
@@ -262,9 +262,10 @@ class ResidentKind(ArgKind):
         binding.call.resident = True
         return ResidentArg(index, value, param)
 
-    def rebinder(self, arg: Any, value: Any, where: str, store: ResidentStore) -> Maker:
+    def rebinder(self, arg: Any, value: Any, kernel: Kernel, store: ResidentStore) -> Maker:
         """A later live buffer of the same dtype."""
         index, param, dtype = arg.index, arg.param, value.dtype
+        where = describe(index, kernel, param)
 
         def make_resident(v: Any) -> Arg | None:
             if v.dtype is not dtype:

@@ -19,11 +19,11 @@ from ._arg_kinds import (
     same_array,
 )
 from ._bound import Arg, InOutArg, OutArg, ResidentOutArg
-from ._checks import CONST, array_ok, article, describe_value, is_masked, refuse_array
+from ._checks import CONST, array_ok, article, describe, describe_value, is_masked, refuse_array
 from ._exceptions import ArgumentTypeError, DispatchError, UnsupportedError
 
 if TYPE_CHECKING:
-    from ._kernel import Param
+    from ._kernel import Kernel, Param
     from ._resident import ResidentStore
 
 __all__ = ("InOutKind", "OutKind")
@@ -98,7 +98,7 @@ class OutKind(ArgKind):
         call.returned.append(arg)
         return arg
 
-    def rebinder(self, arg: Any, value: Any, where: str, store: ResidentStore) -> Maker | None:
+    def rebinder(self, arg: Any, value: Any, kernel: Kernel, store: ResidentStore) -> Maker | None:
         """A later ``Out`` of the same shape and dtype at the same offset, or an ``Out(into=)``
         of a live buffer of the same dtype."""
         if type(value) is not self._type:
@@ -117,6 +117,7 @@ class OutKind(ArgKind):
             return make_out
         if value.into is None:
             return None  # a new resident buffer each time
+        where = describe(index, kernel, param)
 
         def make_into(v: Any) -> Arg | None:
             into = v.into
@@ -171,7 +172,7 @@ class InOutKind(ArgKind):
         binding.bytes_out += array.nbytes
         return arg
 
-    def rebinder(self, arg: Any, value: Any, where: str, store: ResidentStore) -> Maker | None:
+    def rebinder(self, arg: Any, value: Any, kernel: Kernel, store: ResidentStore) -> Maker | None:
         """A later ``InOut`` of an array of the same shape, dtype and strides."""
         if type(value) is not self._type or type(value.array) is not np.ndarray:
             return None

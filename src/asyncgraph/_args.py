@@ -277,23 +277,21 @@ def kind_of(value: object) -> ArgKind:
 
 
 def register_kind(value_type: type, kind: ArgKind) -> None:
-    """Add the values of exactly *value_type* to :data:`KINDS` as *kind*.
+    """Add the values of exactly *value_type* to :data:`KINDS` as *kind*: a kind of a module
+    above this one (``Replicated``), which binds no argument and so never takes the fast path
+    (whose codes both cores read at import).
 
     Raises:
-        TypeError: *kind* states no fast-path codes of its own (``ArgKind.codes``), or one
-            already taken, or *value_type* has a kind already.
+        TypeError: *kind* states no fast-path codes of its own (``ArgKind.codes``), or has
+            codes or bound arguments, or *value_type* has a kind already.
     """
     if "codes" not in type(kind).__dict__:
         raise TypeError(f"{kind!r} states no fast-path codes (ArgKind.codes, empty if none)")
+    if kind.codes or kind.bound:
+        raise TypeError(f"{kind!r} has fast-path codes or bound arguments: add it to KINDS here")
     if value_type in KINDS:
         raise TypeError(f"{value_type.__name__} is {KINDS[value_type]!r} already")
-    taken = set(FAST_CODES.values())
-    if any(code in taken for code in kind.codes.values()) and kind not in KINDS.values():
-        raise TypeError(f"{kind!r} takes a fast-path code another kind has")
     KINDS[value_type] = kind
-    FAST_CODES.update(kind.codes)
-    for bound_type in kind.bound:
-        BOUND_KINDS[bound_type] = kind
 
 
 # The fast path's code of each kind's variants, by name (both dispatch cores read them), and

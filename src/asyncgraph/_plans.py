@@ -27,7 +27,6 @@ from typing import TYPE_CHECKING, Any
 from ._arg_kinds import Maker
 from ._args import BOUND_KINDS, LaunchLimits, bind
 from ._bound import Arg, BoundCall
-from ._checks import describe
 from ._kernel import Kernel
 
 if TYPE_CHECKING:
@@ -233,8 +232,7 @@ def plan_of(
     makers = []
     for arg, value in zip(call.args, args, strict=True):
         # Each kind says what a later value of it needs (``ArgKind.rebinder``).
-        where = describe(arg.index, call.kernel, arg.param)
-        make = BOUND_KINDS[type(arg)].rebinder(arg, value, where, store)
+        make = BOUND_KINDS[type(arg)].rebinder(arg, value, call.kernel, store)
         if make is None:
             return None
         makers.append(make)
