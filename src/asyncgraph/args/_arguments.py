@@ -1,10 +1,15 @@
-"""Argument kinds of a dispatch and their validation.
+"""Argument kinds of a dispatch, the table of them, and their validation.
 
 ``bind()`` turns the positional arguments of ``dispatch()`` into a ``BoundCall`` of bound
-arguments (``_bound_args``), which every backend reads the same way. It checks everything that can
-be checked before any work starts — kinds, dtypes against the kernel's parameters, contiguity,
+arguments (``_bound``), which every backend reads the same way. It checks everything that can be
+checked before any work starts — kinds, dtypes against the kernel's parameters, contiguity,
 sizes, launch shape — and raises a :class:`DispatchError` whose message names the argument and
 says what to pass instead.
+
+Each argument is checked and bound by its kind (``_arg_kinds``), found in one table,
+:data:`KINDS`, by the value's exact type (:func:`kind_of` for the others). The same kinds say
+what a cached plan does for a later value (``_plans``) and what the fast path keeps of an
+argument (:func:`fast_arg`, with :data:`FAST_CODES`, the codes both dispatch cores use).
 """
 
 from __future__ import annotations
@@ -12,54 +17,54 @@ from __future__ import annotations
 import math
 import operator
 from collections.abc import Sequence
-from typing import TYPE_CHECKING, Any, NoReturn
+from typing import TYPE_CHECKING, Any
 
 import attrs
 import numpy as np
 
-from asyncgraph._exceptions import (
-    ArgumentTypeError,
-    DispatchError,
-    ShapeMismatchError,
-    UnsupportedError,
-)
+from asyncgraph._exceptions import ArgumentTypeError, DispatchError, ShapeMismatchError
 from asyncgraph.buffers._resident import ResidentBuffer
 
-from ._bound_args import (
-    Arg,
-    BoundCall,
-    DeviceArg,
-    InArg,
-    InOutArg,
-    OutArg,
-    ResidentArg,
-    ResidentOutArg,
-    ScalarArg,
-    StagedArg,
-    lay_out,
+from ._arg_kinds import (
+    ARRAY,
+    DEVICE_ARRAY,
+    PYTHON_NUMBER,
+    RESIDENT,
+    SCALAR,
+    UNKNOWN,
+    ArgKind,
+    Binding,
+    FastArg,
 )
+from ._arg_outputs import InOutKind, OutKind
+from ._bound_args import Arg, BoundCall, lay_out
 from ._checks import (
-    CONST,
     MAX_BYTES,
-    array_ok,
-    article,
-    check_pointer_dtype,
-    check_scalar,
-    describe,
     describe_value,
     is_int,
-    is_masked,
     launch_shape,
     numeric_dtype,
-    refuse_array,
     shape_tuple,
 )
-from ._kernel import Kernel, Param
+from ._kernel import Kernel
 
 if TYPE_CHECKING:
     from asyncgraph.buffers._resident import ResidentStore
 
-__all__ = ("InOut", "LaunchLimits", "Out")
+__all__ = (
+    "BOUND_KINDS",
+    "FAST_CODES",
+    "IN_OUT",
+    "KINDS",
+    "OUT",
+    "InOut",
+    "LaunchLimits",
+    "Out",
+    "bind",
+    "fast_arg",
+    "kind_of",
+    "register_kind",
+)
 
 
 class Out:
@@ -148,6 +153,10 @@ class InOut:
         return f"InOut(<{self.array.dtype} array {self.array.shape}>)"
 
 
+OUT = OutKind(Out)
+IN_OUT = InOutKind(InOut)
+
+
 @attrs.frozen(kw_only=True)
 class LaunchLimits:
     """The launch limits a backend checks grid, block and shared memory against."""
@@ -156,27 +165,6 @@ class LaunchLimits:
     max_block: tuple[int, int, int] = (1024, 1024, 64)
     max_grid: tuple[int, int, int] = (2**31 - 1, 65535, 65535)
     max_shared_mem: int = 48 * 1024
-
-
-def _refuse_out(out: Out, where: str, param: Param) -> NoReturn:
-    """Raise the error for an ``Out`` that *param* cannot take: a value, a dtype, a const."""
-    if not param.pointer:
-        raise ArgumentTypeError(
-            f"{where} is an Out; that parameter is a value — pass a numpy scalar, "
-            f"e.g. np.{param.dtype or 'int32'}(...)"
-        )
-    if param.dtype is not None and out.dtype != param.dtype:
-        want = f"np.{param.dtype}"
-        if out.into is not None:
-            what = f"an Out(into=) {article(out.dtype)} buffer"
-            fix = (
-                f"Out(into=) {article(param.dtype)} buffer, e.g. backend.empty({out.shape}, {want})"
-            )
-        else:
-            what = f"an Out of dtype {out.dtype}"
-            fix = f"Out({out.shape}, {want}{', resident=True' if out.resident else ''})"
-        raise ArgumentTypeError(f"{where} is {what}; the kernel takes {param.dtype} — pass {fix}")
-    raise DispatchError(CONST.format(where, "an Out", "drop const from the parameter"))
 
 
 def bind(
@@ -242,120 +230,90 @@ def bind(
         )
 
     call = BoundCall(kernel, [], g, b, smem)
+    binding = Binding(call, store, device_arrays, resident_results)
     bound = call.args
-    returned = call.returned
-    inputs: list[StagedArg] = []
-    in_outs: list[StagedArg] = []
-    outputs: list[StagedArg] = []
-    bytes_in = bytes_out = 0
+    kinds = KINDS
     for index, value in enumerate(args):
         param = params[index] if params is not None else None
-        kind = type(value)
-        arg: Arg
-        if kind is np.ndarray:
-            if not array_ok(value, param):  # type: ignore[arg-type]  # checked by type
-                refuse_array(value, describe(index, kernel, param), param)  # type: ignore[arg-type]  # likewise
-            arg = InArg(index, value, param)
-            inputs.append(arg)
-            bytes_in += value.nbytes  # type: ignore[attr-defined]  # an ndarray
-        elif isinstance(value, np.generic):
-            if param is None or value.dtype != param.dtype or param.pointer:
-                check_scalar(value, describe(index, kernel, param), param)
-            arg = ScalarArg(index, value, param)
-        elif kind is Out:
-            out: Out = value  # type: ignore[assignment]  # checked by type
-            if param is not None and (
-                param.const
-                or not param.pointer
-                or (param.dtype is not None and out.dtype != param.dtype)
-            ):
-                _refuse_out(out, describe(index, kernel, param), param)
-            if out.into is not None:
-                store.check(out.into, describe(index, kernel, param))
-                arg = ResidentOutArg(index, out, param)
-                call.resident = True
-            elif out.resident:
-                if not resident_results:
-                    raise UnsupportedError(
-                        f"{describe(index, kernel, param)} is an Out(..., resident=True); a "
-                        "graph cannot make new buffers — pass Out(into=buffer) with a buffer "
-                        "from backend.empty()"
-                    )
-                arg = ResidentOutArg(index, out, param)
-                if call.fresh is None:
-                    call.fresh = []
-                call.fresh.append(arg)
-                call.resident = True
-            else:
-                arg = OutArg(index, out, param)
-                outputs.append(arg)
-                bytes_out += out.nbytes
-            returned.append(arg)
-        elif isinstance(value, np.ndarray):  # an ndarray subclass
-            if not array_ok(value, param) or is_masked(value):
-                refuse_array(value, describe(index, kernel, param), param)
-            arg = InArg(index, value, param)
-            inputs.append(arg)
-            bytes_in += value.nbytes
-        elif isinstance(value, InOut):
-            array = value.array
-            if not isinstance(array, np.ndarray):
-                raise ArgumentTypeError(
-                    f"{describe(index, kernel, param)} is an InOut of "
-                    f"{describe_value(array)}; InOut takes a numpy array"
-                )
-            if not array_ok(array, param) or is_masked(array):
-                refuse_array(array, describe(index, kernel, param), param)
-            if param is not None and param.const:
-                raise DispatchError(
-                    CONST.format(
-                        describe(index, kernel, param),
-                        "an InOut",
-                        "pass the array itself, or drop const from the parameter",
-                    )
-                )
-            arg = InOutArg(index, array, param)
-            in_outs.append(arg)
-            returned.append(arg)
-            bytes_in += array.nbytes
-            bytes_out += array.nbytes
-        elif store.owns_type(value):
-            where = describe(index, kernel, param)
-            buffer: ResidentBuffer = value  # type: ignore[assignment]  # owns_type checked it
-            store.check(buffer, where)
-            check_pointer_dtype(buffer.dtype, where, param)
-            arg = ResidentArg(index, buffer, param)
-            call.resident = True
-        elif isinstance(value, bool | int | float | complex):
-            where = describe(index, kernel, param)
-            if param is not None and param.dtype is not None and not param.pointer:
-                hint = f"pass np.{param.dtype}({value!r})"
-            else:
-                hint = f"pass a numpy scalar of the parameter's width, e.g. np.int32({value!r})"
-            raise ArgumentTypeError(
-                f"{where} is a Python {type(value).__name__}; its width on the GPU would be a "
-                f"guess — {hint}"
-            )
-        elif hasattr(value, "__cuda_array_interface__") or hasattr(value, "__dlpack__"):
-            where = describe(index, kernel, param)
-            if not device_arrays:
-                raise UnsupportedError(
-                    f"{where} is {describe_value(value)}, a device array; the host backend "
-                    "cannot read device memory — copy it to a numpy array first (for CuPy, "
-                    "x.get(); for PyTorch, x.cpu().numpy()) or open a CUDA backend"
-                )
-            arg = DeviceArg(index, value, param, where)
-            call.foreign = True
-        else:
-            where = describe(index, kernel, param)
-            raise ArgumentTypeError(
-                f"{where} is {describe_value(value)}; pass a numpy array, a numpy scalar, "
-                "Out, InOut, a resident buffer or a device array"
-            )
-        bound.append(arg)
-    call.n_results = len(returned)
-    if bytes_in or bytes_out:
-        call.bytes_in = bytes_in
-        call.bytes_out = bytes_out
-        call.in_end, call.up_end, call.total = lay_out(inputs, in_outs, outputs)
+        kind = kinds.get(type(value)) or kind_of(value)
+        bound.append(kind.bind(value, index, param, binding))
+    call.n_results = len(call.returned)
+    if binding.bytes_in or binding.bytes_out:
+        call.bytes_in = binding.bytes_in
+        call.bytes_out = binding.bytes_out
+        call.in_end, call.up_end, call.total = lay_out(
+            binding.inputs, binding.in_outs, binding.outputs
+        )
     return call
+
+
+# The one table of argument kinds, by the exact type of a value (``kind_of`` sorts the types
+# not in it: subclasses, Python numbers, device arrays, anything else). ``_replicated`` adds
+# ``Replicated`` (``register_kind``).
+KINDS: dict[type, ArgKind] = {np.ndarray: ARRAY}
+KINDS.update(
+    (scalar, SCALAR)
+    for scalar in set(np.sctypeDict.values())
+    if isinstance(scalar, type) and issubclass(scalar, np.generic)
+)
+KINDS.update({Out: OUT, InOut: IN_OUT, ResidentBuffer: RESIDENT})
+
+
+def kind_of(value: object) -> ArgKind:
+    """The kind of *value*, whose type is not in :data:`KINDS`: by what it is an instance of,
+    in the order ``bind()`` always asked."""
+    if isinstance(value, np.generic):
+        return SCALAR
+    if isinstance(value, np.ndarray):
+        return ARRAY  # a subclass: refused if masked, bound from scratch each time
+    if isinstance(value, InOut):
+        return IN_OUT
+    if isinstance(value, ResidentBuffer):
+        return RESIDENT
+    if isinstance(value, bool | int | float | complex):
+        return PYTHON_NUMBER
+    if hasattr(value, "__cuda_array_interface__") or hasattr(value, "__dlpack__"):
+        return DEVICE_ARRAY
+    return UNKNOWN
+
+
+def register_kind(value_type: type, kind: ArgKind) -> None:
+    """Add the values of exactly *value_type* to :data:`KINDS` as *kind*: a kind of a module
+    above this one (``Replicated``), which binds no argument and so never takes the fast path
+    (whose codes both cores read at import).
+
+    Raises:
+        TypeError: *kind* states no fast-path codes of its own (``ArgKind.codes``), or has
+            codes or bound arguments, or *value_type* has a kind already.
+    """
+    if "codes" not in type(kind).__dict__:
+        raise TypeError(f"{kind!r} states no fast-path codes (ArgKind.codes, empty if none)")
+    if kind.codes or kind.bound:
+        raise TypeError(f"{kind!r} has fast-path codes or bound arguments: add it to KINDS here")
+    if value_type in KINDS:
+        raise TypeError(f"{value_type.__name__} is {KINDS[value_type]!r} already")
+    KINDS[value_type] = kind
+
+
+# The fast path's code of each kind's variants, by name (both dispatch cores read them), and
+# the kind of each bound argument class.
+FAST_CODES: dict[str, int] = dict(
+    sorted(
+        (
+            (name, code)
+            for kind in (*KINDS.values(), DEVICE_ARRAY, PYTHON_NUMBER, UNKNOWN)
+            for name, code in kind.codes.items()
+        ),
+        key=lambda item: item[1],
+    )
+)
+BOUND_KINDS: dict[type[Arg], ArgKind] = {
+    bound: kind for kind in (*KINDS.values(), DEVICE_ARRAY) for bound in kind.bound
+}
+
+
+def fast_arg(arg: Arg) -> FastArg | None:
+    """The fast path's descriptor of a bound argument (``ArgKind.fast``), ``None`` if its
+    kind never takes the fast path."""
+    kind = BOUND_KINDS.get(type(arg))
+    return kind.fast(arg) if kind is not None else None

@@ -15,6 +15,11 @@ kind               staged in   launch value (on a device)   result
 :class:`DeviceArg`  —          the foreign array's pointer  —
 =================  ==========  ===========================  =================================
 
+:meth:`Arg.enqueue_value` is the launch value as a launch on a stream takes it: a resident output
+has its buffer zeroed there first, a device array has the stream wait for its producer (through
+the launch's :class:`LaunchOrder`). Which kind a value is, and so which of these it becomes, is
+decided in one place, its kind (``_arg_kinds``, found in ``_args.KINDS``).
+
 The staged kinds share one layout per dispatch, ``[inputs | in-outs | outputs]`` with each
 argument 256-byte aligned, computed once when the call is bound (:func:`lay_out`) and kept in
 each argument's ``offset``. :meth:`BoundCall.results` is the one place a result tuple is built.
@@ -46,6 +51,7 @@ __all__ = (
     "DeviceArg",
     "InArg",
     "InOutArg",
+    "LaunchOrder",
     "OutArg",
     "ResidentArg",
     "ResidentOut",
@@ -71,6 +77,18 @@ class ResidentOut(Protocol):
     @property
     def nbytes(self) -> int:
         """Bytes of the output."""
+        ...
+
+
+class LaunchOrder(Protocol):
+    """What a launch on a stream does before the kernel, for the arguments that ask it."""
+
+    def zero(self, pointer: int, nbytes: int, stream: Any) -> None:
+        """Zero *nbytes* of device memory at *pointer*, in order on *stream*."""
+        ...
+
+    def after_producer(self, producer: int, stream: Any) -> None:
+        """Order *stream* after the work a foreign *producer* stream enqueued so far."""
         ...
 
 
@@ -122,6 +140,11 @@ class Arg:
 
     def launch_value(self, base: int) -> Any:
         """Its kernel argument on a device whose staging memory starts at *base*."""
+        return base + self.offset
+
+    def enqueue_value(self, base: int, order: LaunchOrder, stream: Any) -> Any:
+        """Its kernel argument for a launch on *stream* (:meth:`launch_value`), with what must
+        precede the launch there done through *order*."""
         return base + self.offset
 
     def host_value(self) -> Any:
@@ -211,6 +234,10 @@ class ScalarArg(Arg):
         """The scalar itself."""
         return self.value
 
+    def enqueue_value(self, base: int, order: LaunchOrder, stream: Any) -> Any:
+        """The scalar itself."""
+        return self.value
+
     def signature(self) -> tuple[Any, ...]:
         """Its kind and dtype (its value may change between replays)."""
         return (ScalarArg, self.value.dtype.str)
@@ -234,6 +261,10 @@ class ResidentArg(Arg):
         self.writes: bool = param is None or not param.const
 
     def launch_value(self, base: int) -> int:
+        """The buffer's device pointer."""
+        return int(storage_of(self.value).handle)
+
+    def enqueue_value(self, base: int, order: LaunchOrder, stream: Any) -> int:
         """The buffer's device pointer."""
         return int(storage_of(self.value).handle)
 
@@ -263,15 +294,15 @@ class ResidentOutArg(Arg):
         super().__init__(index, value, param)
         self.buffer: ResidentBuffer | None = value.into
 
-    @property
-    def buffer_bytes(self) -> int:
-        """Bytes of the buffer, zeroed before the kernel."""
-        nbytes: int = self.value.nbytes
-        return nbytes
-
     def launch_value(self, base: int) -> int:
         """The buffer's device pointer."""
         return int(storage_of(self._made()).handle)
+
+    def enqueue_value(self, base: int, order: LaunchOrder, stream: Any) -> int:
+        """The buffer's device pointer, the buffer zeroed on *stream* first."""
+        pointer = int(storage_of(self._made()).handle)
+        order.zero(pointer, self.value.nbytes, stream)
+        return pointer
 
     def host_value(self) -> Any:
         """The buffer's host storage, zero-filled."""
@@ -305,6 +336,12 @@ class DeviceArg(Arg):
 
     def launch_value(self, base: int) -> int:
         """The array's device pointer."""
+        return self.pointer
+
+    def enqueue_value(self, base: int, order: LaunchOrder, stream: Any) -> int:
+        """The array's device pointer, *stream* ordered after its producer (if it said)."""
+        if self.producer is not None:
+            order.after_producer(self.producer, stream)
         return self.pointer
 
 

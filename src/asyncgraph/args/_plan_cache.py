@@ -5,7 +5,8 @@ layout, the launch shape and the shared memory — goes through
 :func:`~asyncgraph.args._arguments.bind`, which checks everything and lays the staged arguments out.
 :func:`plan_of` then keeps what it decided as a :class:`Plan`: per argument the exact type it had
 and a guard that says whether a later value is laid out the same (same shape, dtype and strides;
-same kind of ``Out``), with the offsets and byte counts already computed.
+same kind of ``Out``), with the offsets and byte counts already computed; each argument's kind makes
+its guard (``ArgKind.rebinder``, ``_arg_kinds``).
 
 A later dispatch with the same kernel runs the guards of the kernel's plans (a few per kernel,
 most recently used first). When one plan's guards all hold, its bound call is built without
@@ -23,32 +24,18 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
-import numpy as np
-
-from ._arguments import InOut, LaunchLimits, Out, bind
-from ._bound_args import (
-    Arg,
-    BoundCall,
-    InArg,
-    InOutArg,
-    OutArg,
-    ResidentArg,
-    ResidentOutArg,
-    ScalarArg,
-)
-from ._checks import describe
+from ._arguments import BOUND_KINDS, LaunchLimits, bind
+from ._bound_args import Arg, BoundCall
 from ._kernel import Kernel
 
 if TYPE_CHECKING:
     from asyncgraph.buffers._resident import ResidentStore
 
+    from ._arg_kinds import Maker
+
 __all__ = ("MAX_PLANS", "Plan", "Plans", "plan_of", "same_dims")
 
 MAX_PLANS = 4  # plans kept per kernel (a service may alternate a few shapes)
-
-# Builds one bound argument from a value of the planned type, or returns None when the value is
-# not laid out as planned (then the call is bound from scratch).
-Maker = Callable[[Any], Arg | None]
 
 
 class Plan:
@@ -245,7 +232,8 @@ def plan_of(
         return None
     makers = []
     for arg, value in zip(call.args, args, strict=True):
-        make = _maker(arg, value, call, store)
+        # Each kind says what a later value of it needs (``ArgKind.rebinder``).
+        make = BOUND_KINDS[type(arg)].rebinder(arg, value, call.kernel, store)
         if make is None:
             return None
         makers.append(make)
@@ -283,78 +271,3 @@ def _plannable_dims(value: object) -> bool:
     if type(value) is int:
         return True
     return type(value) is tuple and all(type(dim) is int for dim in value)
-
-
-def _maker(arg: Arg, value: object, call: BoundCall, store: ResidentStore) -> Maker | None:
-    """What builds *arg*'s kind of bound argument from a later value laid out the same."""
-    index, param = arg.index, arg.param
-    kind = type(arg)
-    if kind is ScalarArg:
-        # The exact numpy scalar type fixes the dtype; nothing else to check.
-        return lambda v: ScalarArg(index, v, param)
-    if kind is InArg and type(value) is np.ndarray:
-        same_array = _array_guard(value)
-        offset = arg.offset
-
-        def make_in(v: Any) -> Arg | None:
-            if not same_array(v):
-                return None
-            made = InArg(index, v, param)
-            made.offset = offset
-            return made
-
-        return make_in
-    if kind is InOutArg and type(value) is InOut and type(value.array) is np.ndarray:
-        same_array = _array_guard(value.array)
-        offset = arg.offset
-
-        def make_in_out(v: Any) -> Arg | None:
-            array = v.array
-            if type(array) is not np.ndarray or not same_array(array):
-                return None
-            made = InOutArg(index, array, param)
-            made.offset = offset
-            return made
-
-        return make_in_out
-    if kind is OutArg and type(value) is Out:
-        shape, dtype, offset = value.shape, value.dtype, arg.offset
-
-        def make_out(v: Any) -> Arg | None:
-            if v.into is not None or v.resident or v.shape != shape or v.dtype is not dtype:
-                return None
-            made = OutArg(index, v, param)
-            made.offset = offset
-            return made
-
-        return make_out
-    where = describe(index, call.kernel, param)
-    if kind is ResidentArg:
-        dtype = value.dtype  # type: ignore[attr-defined]  # a resident buffer
-
-        def make_resident(v: Any) -> Arg | None:
-            if v.dtype is not dtype:
-                return None
-            store.check(v, where)
-            return ResidentArg(index, v, param)
-
-        return make_resident
-    if kind is ResidentOutArg and type(value) is Out and value.into is not None:
-        dtype = value.dtype
-
-        def make_into(v: Any) -> Arg | None:
-            into = v.into
-            if into is None or v.dtype is not dtype:
-                return None
-            store.check(into, where)
-            return ResidentOutArg(index, v, param)
-
-        return make_into
-    return None  # an ndarray subclass, a device array: bound from scratch each time
-
-
-def _array_guard(array: np.ndarray[Any, Any]) -> Callable[[Any], bool]:
-    """Whether a later array has *array*'s shape, dtype and strides (then it passes every check
-    ``bind()`` made of *array*: contiguity, size, byte order, the kernel's dtype)."""
-    shape, dtype, strides = array.shape, array.dtype, array.strides
-    return lambda v: v.shape == shape and v.dtype is dtype and v.strides == strides

@@ -164,8 +164,8 @@ class BatchLauncher:
                 pending = self._backend.dispatch(
                     self._kernel,
                     *views,
-                    grid=grid,
-                    block=block,  # type: ignore[arg-type]  # checked by dispatch
+                    grid=grid,  # type: ignore[arg-type]  # checked by dispatch
+                    block=block,  # type: ignore[arg-type]
                     shared_mem=self._shared_mem,
                     graph=self._graph,
                 )
@@ -209,8 +209,8 @@ class BatchLauncher:
         pending = self._backend.dispatch(
             self._kernel,
             *args,
-            grid=grid,
-            block=block,  # type: ignore[arg-type]  # checked by dispatch
+            grid=grid,  # type: ignore[arg-type]  # checked by dispatch
+            block=block,  # type: ignore[arg-type]
             shared_mem=self._shared_mem,
             graph=self._graph,
         )

@@ -16,6 +16,8 @@ from asyncgraph._exceptions import (
     DeviceFaultError,
     GroupError,
 )
+from asyncgraph.args._arg_kinds import REPLICATED
+from asyncgraph.args._arguments import register_kind
 from asyncgraph.buffers._resident import ResidentBuffer, check_buffer
 
 if TYPE_CHECKING:
@@ -123,6 +125,9 @@ class Replicated:
 
     def __repr__(self) -> str:
         return f"<Replicated {self.dtype} {self.shape} on {len(self.buffers)} members>"
+
+
+register_kind(Replicated, REPLICATED)  # refused by a backend; a group passes each member its copy
 
 
 def first_failure(

@@ -24,16 +24,30 @@ from asyncgraph.cuda.core._fast_plan import describes as _describes
 from asyncgraph.cuda.core._fast_plan import eligible as _eligible
 
 cdef enum:
-    A_SCALAR = 0
-    A_IN = 1
-    A_IN_OUT = 2
-    A_OUT = 3
-    A_RESIDENT = 4
-    A_INTO = 5
     MAX_DIMS = 8
     N_BUCKETS = 201
 
-assert (K_SCALAR, K_IN, K_IN_OUT, K_OUT, K_RESIDENT, K_INTO) == (0, 1, 2, 3, 4, 5)
+# The argument codes of a plan: the argument kinds' (``_args.FAST_CODES``, by way of
+# ``_fast_plan``), read once here; the staged ones lie right above A_SCALAR (``<= A_OUT``).
+cdef int A_SCALAR = K_SCALAR
+cdef int A_IN = K_IN
+cdef int A_IN_OUT = K_IN_OUT
+cdef int A_OUT = K_OUT
+cdef int A_RESIDENT = K_RESIDENT
+cdef int A_INTO = K_INTO
+
+
+def fast_codes():
+    """The argument codes this core's fast path compares, by the names of ``_args.FAST_CODES``
+    (a test checks they are the table's)."""
+    return {
+        "scalar": A_SCALAR,
+        "in": A_IN,
+        "in_out": A_IN_OUT,
+        "out": A_OUT,
+        "resident": A_RESIDENT,
+        "into": A_INTO,
+    }
 
 cdef object _LAUNCHED = _JobState.LAUNCHED
 cdef object _DONE = _JobState.DONE

@@ -2,7 +2,8 @@
 
 When ``Plans`` makes a plan for ``dispatch()`` it tells the engine's fast path
 (``FastDispatch.learn``), which keeps a :class:`FastPlan` of it if :func:`eligible`: per
-argument its kind, exact type and what the plan's guard compares (shape, dtype and strides of
+argument its kind's code and descriptor (``_arg_kinds.ArgKind.fast``), its exact type and what
+the plan's guard compares (shape, dtype and strides of
 an array; shape and dtype of an ``Out``; the dtype of a resident buffer), its offset in the
 staging layout; the staged uploads; the resident buffers and whether the kernel writes them;
 and how each result is made. Both cores' fast paths read it (the compiled one copies it into C
@@ -13,15 +14,8 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from asyncgraph.args._bound_args import (
-    InArg,
-    InOutArg,
-    OutArg,
-    ResidentArg,
-    ResidentOutArg,
-    ScalarArg,
-    upload_bytes,
-)
+from asyncgraph.args._arguments import FAST_CODES, fast_arg
+from asyncgraph.args._bound_args import upload_bytes
 
 if TYPE_CHECKING:
     from asyncgraph.args._bound_args import BoundCall
@@ -49,16 +43,15 @@ MAX_SHARED = 48 * 1024  # dynamic shared memory a kernel has without asking for 
 MAX_PLANS = 4  # signatures kept per kernel, most recently used first
 _ALIGN = 256
 
-# Argument kinds of a plan (what each position takes, and so how it is checked and passed).
-K_SCALAR, K_IN, K_IN_OUT, K_OUT, K_RESIDENT, K_INTO = range(6)
-_KIND_OF: dict[type, int] = {
-    ScalarArg: K_SCALAR,
-    InArg: K_IN,
-    InOutArg: K_IN_OUT,
-    OutArg: K_OUT,
-    ResidentArg: K_RESIDENT,
-    ResidentOutArg: K_INTO,
-}
+# The codes of a plan's arguments (what each position takes, and so how it is checked and
+# passed): the argument kinds' (``_args.FAST_CODES``). The staged ones (K_IN, K_IN_OUT, K_OUT)
+# lie right above K_SCALAR: ``code <= K_OUT`` means staged.
+K_SCALAR = FAST_CODES["scalar"]
+K_IN = FAST_CODES["in"]
+K_IN_OUT = FAST_CODES["in_out"]
+K_OUT = FAST_CODES["out"]
+K_RESIDENT = FAST_CODES["resident"]
+K_INTO = FAST_CODES["into"]
 
 
 def eligible(plan: Plan, call: BoundCall) -> bool:
@@ -69,7 +62,7 @@ def eligible(plan: Plan, call: BoundCall) -> bool:
         plan.resident_results
         and call.total <= MAX_STAGED
         and call.shared_mem <= MAX_SHARED
-        and all(type(arg) in _KIND_OF for arg in call.args)
+        and all(fast_arg(arg) is not None for arg in call.args)
     )
 
 
@@ -82,7 +75,7 @@ class FastPlan:
         grid, block: the launch shape as the plan's guard compares it (int or tuple);
             grid_dims, block_dims: as three ints.
         shared_mem: bytes of dynamic shared memory.
-        in_end, up_end, total: the staging layout's bounds (``_bound_args.lay_out``).
+        in_end, up_end, total: the staging layout's bounds (``_bound.lay_out``).
         up_copy: bytes the upload takes (``_bound_args.upload_bytes``): ``up_end``, or ``total``
             where the outputs are zeroed in the ring and go up with the inputs.
         staged: bytes of ring a dispatch takes (``total``, 256-byte aligned).
@@ -135,8 +128,10 @@ class FastPlan:
         args: list[tuple[Any, ...]] = []
         uploads: list[tuple[int, int, int, bool]] = []
         residents: list[tuple[int, bool, bool]] = []
+        codes: dict[int, int] = {}  # by argument index
         for arg, kind in zip(call.args, plan.types, strict=True):
             code, shape, dtype, strides, offset = _guard(arg)
+            codes[arg.index] = code
             args.append((code, kind, shape, dtype, strides, offset))
             if code in (K_IN, K_IN_OUT):
                 uploads.append((arg.index, arg.offset, arg.nbytes, code == K_IN_OUT))
@@ -147,14 +142,7 @@ class FastPlan:
         self.residents = tuple(residents)
         self.writes = tuple(written for _index, written, _into in residents)
         self.returned = tuple(
-            (
-                _KIND_OF[type(arg)],
-                arg.index,
-                arg.offset,
-                arg.nbytes,
-                arg.value.dtype,
-                arg.value.shape,
-            )
+            (codes[arg.index], arg.index, arg.offset, arg.nbytes, arg.value.dtype, arg.value.shape)
             for arg in call.returned
         )
 
@@ -163,17 +151,12 @@ class FastPlan:
 
 
 def _guard(arg: Any) -> tuple[int, Any, Any, Any, int]:
-    """What a plan's guard compares of a bound argument: (kind, shape, dtype, strides, offset),
-    ``None`` where the kind has no such guard."""
-    code = _KIND_OF[type(arg)]
-    value = arg.value
-    if code in (K_IN, K_IN_OUT):
-        return code, value.shape, value.dtype, value.strides, arg.offset
-    if code == K_OUT:
-        return code, value.shape, value.dtype, None, arg.offset
-    if code in (K_RESIDENT, K_INTO):
-        return code, None, value.dtype, None, 0
-    return code, None, None, None, 0
+    """What a plan's guard compares of a bound argument: (code, shape, dtype, strides, offset),
+    ``None`` where the kind has no such guard (its kind's ``ArgKind.fast``)."""
+    found = fast_arg(arg)
+    if found is None:
+        raise ValueError(f"{arg!r} never takes the fast path")
+    return found
 
 
 def describes(plan: FastPlan, call: BoundCall) -> bool:
@@ -184,7 +167,7 @@ def describes(plan: FastPlan, call: BoundCall) -> bool:
         or plan.block_dims != call.block
         or plan.shared_mem != call.shared_mem
         or plan.n_args != len(call.args)
-        or any(type(arg) not in _KIND_OF for arg in call.args)
+        or any(fast_arg(arg) is None for arg in call.args)
     ):
         return False
     return all(

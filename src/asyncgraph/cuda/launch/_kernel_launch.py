@@ -12,13 +12,13 @@ from asyncgraph.cuda.core import _core_python
 from asyncgraph.cuda.core._choose import core
 from asyncgraph.cuda.driver._driver import SUCCESS, check, error_for, translate
 
-from ._staging_plan import CudaJob
-
 if TYPE_CHECKING:
     from asyncgraph.args._bound_args import BoundCall
     from asyncgraph.args._kernel import Kernel
     from asyncgraph.cuda._cuda_device import Device
     from asyncgraph.cuda.core._core_python import Launcher
+
+    from ._staging_plan import CudaJob
 
 
 __all__ = ("Launches", "launcher_for")
@@ -131,22 +131,16 @@ class Launches:
             check(drv.cuEventRecord(job.end_event, handle), "cuEventRecord")
 
     def _values(self, job: CudaJob, base: int, handle: Any) -> list[Any]:
-        """Each argument's launch value: the scalar, or the device pointer as an int.
+        """Each argument's launch value: the scalar, or the device pointer as an int; what an
+        argument's kind needs before the launch (``Arg.enqueue_value``) is enqueued on the way
+        (zeroing a resident output, waiting for a foreign producer)."""
+        return [arg.enqueue_value(base, self, handle) for arg in job.call.args]
 
-        Zeroes resident outputs and orders the stream after foreign producers on the way.
-        """
-        values: list[Any] = []
-        for arg in job.call.args:
-            value = arg.launch_value(base)
-            if arg.zeroed:
-                check(
-                    drv.cuMemsetD8Async(value, 0, arg.buffer_bytes, handle),  # type: ignore[attr-defined]  # a resident output
-                    "cuMemsetD8Async",
-                )
-            elif arg.foreign and arg.producer is not None:  # type: ignore[attr-defined]  # a DeviceArg
-                self._wait_foreign(arg.producer, handle)  # type: ignore[attr-defined]  # likewise
-            values.append(value)
-        return values
+    def zero(self, pointer: int, nbytes: int, stream: Any) -> None:
+        """Zero *nbytes* at *pointer* on *stream* (``_bound.LaunchOrder``)."""
+        code = drv.cuMemsetD8Async(pointer, 0, nbytes, stream)[0]
+        if code != SUCCESS:
+            check((code,), "cuMemsetD8Async")
 
     def _arguments(self, job: CudaJob, base: int, handle: Any) -> list[Any]:
         """Launch arguments for ``cuda.core.launch`` (kernels without a launcher)."""
@@ -155,12 +149,13 @@ class Launches:
             for arg, value in zip(job.call.args, self._values(job, base, handle), strict=True)
         ]
 
-    def _wait_foreign(self, producer: int, handle: Any) -> None:
-        """Order our stream after the work a foreign producer stream enqueued so far."""
+    def after_producer(self, producer: int, stream: Any) -> None:
+        """Order *stream* after the work a foreign producer stream enqueued so far
+        (``_bound.LaunchOrder``)."""
         events = self._device.events
         event = events.take()
         try:
             check(drv.cuEventRecord(event, drv.CUstream(producer)), "cuEventRecord")
-            check(drv.cuStreamWaitEvent(handle, event, 0), "cuStreamWaitEvent")
+            check(drv.cuStreamWaitEvent(stream, event, 0), "cuStreamWaitEvent")
         finally:
             events.give(event)

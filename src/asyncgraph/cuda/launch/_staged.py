@@ -28,7 +28,6 @@ from asyncgraph.cuda.driver._driver import check
 from asyncgraph.jobs._pending import set_spin
 from asyncgraph.pool import PinnedBlock, PinnedMemory
 
-from ._kernel_launch import Launches
 from ._lanes import SCRATCH_BYTES, Lane
 from ._staging_plan import BIG_COPY, CudaJob, copy_into
 from ._stream_order import wait_deps
@@ -37,6 +36,8 @@ if TYPE_CHECKING:
     from asyncgraph._exceptions import CudaError
     from asyncgraph.cuda._cuda_device import Device
     from asyncgraph.front._engine_protocols import Sink
+
+    from ._kernel_launch import Launches
 
 __all__ = ("PINNED_RESULTS", "SmallPath")
 

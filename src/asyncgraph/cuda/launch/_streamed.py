@@ -21,7 +21,6 @@ from asyncgraph.cuda.memory._chunked_transfer import chunked
 from asyncgraph.jobs._scheduler import wait_finished
 from asyncgraph.runtime import _loop
 
-from ._kernel_launch import Launches
 from ._staging_plan import CudaJob, dep_event
 from ._stream_order import wait_deps
 
@@ -29,6 +28,7 @@ if TYPE_CHECKING:
     from asyncgraph.cuda._cuda_device import Device
     from asyncgraph.front._engine_protocols import Sink
 
+    from ._kernel_launch import Launches
     from ._staged import SmallPath
 
 __all__ = ("StreamedPath",)
