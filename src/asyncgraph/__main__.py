@@ -13,7 +13,7 @@ from pathlib import Path
 
 import structlog
 
-from ._bench_report import version_of
+from ._bench_results import version_of
 from ._detect import probe_cuda
 from ._exceptions import DeviceUnavailableError, UnsupportedError
 
@@ -116,7 +116,7 @@ def demo(device: str, dispatches: int) -> int:
 
 def bench(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
     """Run the bench: progress on stderr, the table on stdout, then the JSON and the plot."""
-    from ._bench import loop_factory, run
+    from ._bench import run
     from ._bench_peers import PEER_ROWS
     from ._bench_report import (
         PLOT_HINT,
@@ -131,8 +131,7 @@ def bench(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
         parser.error("--reps must be at least 1")
     settings = BenchSettings.scaled(QUICK_REPS if args.quick else args.reps)
     try:
-        factory = loop_factory(args.loop)
-        report = run(args.device, settings, PEER_ROWS, sys.stderr, factory)
+        report = run(args.device, settings, PEER_ROWS, sys.stderr, args.loop)
     except (UnsupportedError, DeviceUnavailableError) as exc:
         parser.error(str(exc))
     print(format_report(report))
