@@ -21,7 +21,6 @@
 from __future__ import annotations
 
 import asyncio
-import statistics
 import time
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass
@@ -321,7 +320,7 @@ def summary(loads: list[Load]) -> dict[str, float]:
     dispatches = sum(load.dispatches for load in loads)
     requests = sum(load.requests for load in loads)
     return {
-        "requests_per_s": statistics.median(load.requests_per_s for load in loads),
+        "requests_per_s": harness.median(load.requests_per_s for load in loads),
         "p50_us": harness.percentile(latencies, 50) * 1e6,
         "p99_us": harness.percentile(latencies, 99) * 1e6,
         "max_us": max(latencies) * 1e6,
@@ -367,7 +366,7 @@ def pair_ratios(pairs: Mapping[str, list[float]], top: str, bottom: str) -> dict
     """The requests/s of *top* over *bottom*'s, pair by pair: median, lowest, highest, all."""
     ratios = [t / b for t, b in zip(pairs[top], pairs[bottom], strict=True)]
     return {
-        "median": statistics.median(ratios),
+        "median": harness.median(ratios),
         "low": min(ratios),
         "high": max(ratios),
         "pairs": ratios,

@@ -58,7 +58,6 @@ from __future__ import annotations
 import asyncio
 import logging
 import os
-import statistics
 import subprocess
 import sys
 import time
@@ -296,8 +295,8 @@ def targets_of(rows: dict[str, Any], http: dict[str, Any]) -> list[Target]:
             ),
         ]
     for loop, runs in http.items():
-        batched = statistics.median(r["requests_per_s"] for r in runs["batched"])
-        alone = statistics.median(r["requests_per_s"] for r in runs["per-request"])
+        batched = harness.median(r["requests_per_s"] for r in runs["batched"])
+        alone = harness.median(r["requests_per_s"] for r in runs["per-request"])
         targets.append(
             Target(
                 f"HTTP: batched requests/s / per-request's, medians of runs ({loop})",

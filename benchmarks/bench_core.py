@@ -20,8 +20,6 @@ from __future__ import annotations
 import asyncio
 import ctypes
 import os
-import platform
-import statistics
 import subprocess
 import sys
 import threading
@@ -33,7 +31,14 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 import numpy as np
 
-from benchmarks.harness import arguments, percentile, print_table, write_json
+from benchmarks.harness import (
+    arguments,
+    cpu,
+    percentile,
+    print_table,
+    python_version,
+    write_json,
+)
 
 DEVICE = "stand-in driver"
 BATCH = 1000
@@ -62,7 +67,7 @@ def _per_call_ns(fn: Any, reps: int) -> float:
         for _ in range(BATCH):
             fn()
         samples.append((time.perf_counter_ns() - t0) / BATCH)
-    return statistics.median(samples)
+    return percentile(samples, 50)
 
 
 def _calls(cores: dict[str, Any], reps: int) -> list[tuple[str, str, float]]:
@@ -209,19 +214,6 @@ def _wakes(cores: dict[str, Any], count: int) -> list[tuple[str, str, float, flo
     return rows
 
 
-def _cpu() -> str:
-    """The CPU's model name and how many cores this process may use."""
-    name = platform.processor() or platform.machine()
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                name = line.split(":", 1)[1].strip()
-                break
-    except OSError:
-        pass
-    return f"{name}, {len(os.sched_getaffinity(0))} cores"
-
-
 def main() -> None:
     parser = arguments(__doc__, reps=300, reps_help=f"batches of {BATCH} calls per row")
     parser.add_argument("--wakes", type=int, default=200, help="wake-ups timed per row")
@@ -237,18 +229,18 @@ def main() -> None:
         print(f"the compiled core is not built ({exc}): its rows are left out")
     else:
         cores["compiled"] = _core
-    cpu = _cpu()
+    where = cpu()
     calls = _calls(cores, options.reps)
     print_table(["call", "core", "ns per call"], calls, ["", ".0f"])
     print()
     wakes = _wakes(cores, options.wakes)
     print_table(["completion to callback", "core", "p50 µs", "p99 µs"], wakes, ["", ".1f", ".1f"])
-    print(f"\n{DEVICE} on {cpu}")
+    print(f"\n{DEVICE} on {where}")
     write_json(
         {
             "device": DEVICE,
-            "cpu": cpu,
-            "python": sys.version.split()[0],
+            "cpu": where,
+            "python": python_version(),
             "calls_ns": [{"call": c, "core": k, "ns": v} for c, k, v in calls],
             "wakes_us": [{"row": r, "core": k, "p50": a, "p99": b} for r, k, a, b in wakes],
         },

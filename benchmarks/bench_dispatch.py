@@ -263,19 +263,19 @@ async def placement_rows() -> dict[str, float]:
             long = gpu.dispatch(
                 SPIN, np.int64(clock_khz * 200), ag.Out(1, np.int32), grid=1, block=1
             )
-            latencies = []
-            for _ in range(40):
-                t0 = time.perf_counter()
-                await gpu.dispatch(
+            latencies = await harness.samples_async(
+                lambda: gpu.dispatch(
                     SCALE,
-                    x,
+                    x,  # noqa: B023
                     ag.Out(N4K, np.float32),
                     np.float32(2),
                     np.int32(N4K),
                     grid=4,
                     block=256,
-                )
-                latencies.append(time.perf_counter() - t0)
+                ),
+                40,
+                0,
+            )
             await long
             latencies.sort()
             rows[f"short round trip beside a 200 ms kernel, max us ({placement})"] = (

@@ -30,9 +30,7 @@ import asyncio
 import cProfile
 import json
 import os
-import platform
 import pstats
-import statistics
 import subprocess
 import sys
 import time
@@ -44,26 +42,21 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 import numpy as np
 
-from benchmarks.harness import arguments, print_table, write_json
+from benchmarks.harness import (
+    arguments,
+    cpu,
+    median_us,
+    percentile,
+    print_table,
+    python_version,
+    write_json,
+)
 
 DEVICE = "stand-in driver"
 CHILD = "ASYNCGRAPH_BENCH_HOST_PATH_CORE"
 BATCH = 100  # awaited dispatches timed together
 N = 1024  # float32 elements: 4 KiB
 ROWS = ("empty kernel", "4 KiB round trip", "4 KiB resident")
-
-
-def _cpu() -> str:
-    """The CPU's model name and how many cores this process may use."""
-    name = platform.processor() or platform.machine()
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                name = line.split(":", 1)[1].strip()
-                break
-    except OSError:
-        pass
-    return f"{name}, {len(os.sched_getaffinity(0))} cores"
 
 
 # -- measuring, in the child process of one core ---------------------------------------------
@@ -220,15 +213,13 @@ async def _measure(reps: int, profiled: int) -> dict[str, Any]:
                     {
                         "row": row,
                         "path": name,
-                        "us": statistics.median(samples[name]) * 1e6,
-                        "x_bare": statistics.median(ratios),
+                        "us": median_us(samples[name]),
+                        "x_bare": percentile(ratios, 50),
                         "calls": total,
                         "python_calls": python,
                     }
                 )
-            results["rows"].append(
-                {"row": row, "path": "bare", "us": statistics.median(samples["bare"]) * 1e6}
-            )
+            results["rows"].append({"row": row, "path": "bare", "us": median_us(samples["bare"])})
         release()
         results["fast_path_dispatches"] = fast.telemetry.snapshot().fast_path_dispatches
         results["general_fast_path_dispatches"] = general.telemetry.snapshot().fast_path_dispatches
@@ -304,10 +295,10 @@ def main() -> None:
         table,
         ("", "", ".2f", ".2f", ".1f", ".1f"),
     )
-    cpu = _cpu()
-    print(f"\n{DEVICE} on {cpu}, Python {sys.version.split()[0]}")
+    where = cpu()
+    print(f"\n{DEVICE} on {where}, Python {python_version()}")
     write_json(
-        {"device": DEVICE, "cpu": cpu, "python": sys.version.split()[0], "cores": by_core},
+        {"device": DEVICE, "cpu": where, "python": python_version(), "cores": by_core},
         options.json,
         script=__file__,
         device=DEVICE,

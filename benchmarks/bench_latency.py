@@ -172,13 +172,13 @@ async def asyncgraph_rows(loop: str, hz: float) -> dict[str, dict[str, float]]:
                 await gpu.dispatch(SPIN, cycles, done, grid=1, block=1)
             if harness.smoke():
                 reps = harness.SMOKE_REPS
-            samples = []
             waits = gpu.telemetry.snapshot().sync_points
             thread0, process0, wall0 = time.thread_time(), time.process_time(), time.perf_counter()
-            for _ in range(reps):
-                t0 = time.perf_counter()
-                await gpu.dispatch(SPIN, cycles, done, grid=1, block=1)
-                samples.append(time.perf_counter() - t0)
+            samples = await harness.samples_async(
+                lambda: gpu.dispatch(SPIN, cycles, done, grid=1, block=1),  # noqa: B023
+                reps,
+                0,
+            )
             wall = time.perf_counter() - wall0
             loop_cpu = time.thread_time() - thread0
             other_cpu = time.process_time() - process0 - loop_cpu

@@ -33,7 +33,6 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import statistics
 import sys
 import time
 from collections.abc import Awaitable, Callable
@@ -199,7 +198,7 @@ async def mixed_rows(
     for name, results in runs.items():
         pooled = LoadResult(
             tuple(t for r in results for t in r.latencies),
-            statistics.median(r.requests_per_s for r in results),
+            harness.median(r.requests_per_s for r in results),
         )
         rows[name] = pooled.summary()
     ratios = [
@@ -207,7 +206,7 @@ async def mixed_rows(
         for floor, ours in zip(runs["floor"], runs["asyncgraph"], strict=True)
     ]
     rows["ratio"] = {
-        "median": statistics.median(ratios),
+        "median": harness.median(ratios),
         "low": min(ratios),
         "high": max(ratios),
         "pairs": ratios,

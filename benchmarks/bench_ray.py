@@ -25,9 +25,11 @@ import numpy as np
 
 from benchmarks.harness import (
     arguments,
+    median,
     median_us,
     print_table,
     print_targets,
+    python_version,
     verdicts,
     write_json,
 )
@@ -60,7 +62,7 @@ async def _pair(first: Any, second: Any, reps: int) -> tuple[float, float, float
         a.append(times["a"])
         b.append(times["b"])
         ratios.append(times["b"] / times["a"])
-    return median_us(a), median_us(b), float(np.median(ratios))
+    return median_us(a), median_us(b), median(ratios)
 
 
 async def _rows(reps: int, device: str) -> list[tuple[str, float, float, float | str]]:
@@ -109,7 +111,7 @@ def main() -> None:
     write_json(
         {
             "device": options.device,
-            "python": sys.version.split()[0],
+            "python": python_version(),
             "ray": ray.__version__,
             "rows": [{"row": r, "plain_us": a, "pool_us": b, "ratio": c} for r, a, b, c in rows],
             "targets": targets,

@@ -118,7 +118,7 @@ async def group_rows(reps: int, device: str) -> dict[str, float]:
         await timed
         device_time = timed.device_time
         split = [m.telemetry.snapshot().dispatches for m in group]
-    one_ms, group_ms = (float(np.median(times[k])) * 1e3 for k in ("one", "group"))
+    one_ms, group_ms = (harness.median(times[k]) * 1e3 for k in ("one", "group"))
     return {
         f"one backend, {DISPATCHES} dispatches, ms": one_ms,
         f"group of 2 GPUs, {DISPATCHES} dispatches, ms": group_ms,
@@ -193,7 +193,7 @@ async def pool_rows(reps: int, device: str) -> dict[str, float]:
             times[size].append(elapsed)
             if size == 2:
                 rows["(info) pool of 2: distinct PCI bus ids"] = len({i.pci_bus_id for i in infos})
-        one_ms, two_ms = (float(np.median(times[k][1:])) * 1e3 for k in (1, 2))
+        one_ms, two_ms = (harness.median(times[k][1:]) * 1e3 for k in (1, 2))
         rows |= {
             "pool of 1, 64 runs of 4 dispatches, ms": one_ms,
             "pool of 2, 64 runs of 4 dispatches, ms": two_ms,

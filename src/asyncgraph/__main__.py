@@ -13,7 +13,7 @@ from pathlib import Path
 
 import structlog
 
-from asyncgraph.bench._bench_report import version_of
+from asyncgraph.bench._bench_results import version_of
 from asyncgraph.front._detect import probe_cuda
 
 from ._exceptions import DeviceUnavailableError, UnsupportedError
@@ -126,14 +126,13 @@ def bench(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
         write_json,
         write_plot,
     )
-    from asyncgraph.bench._bench_run import loop_factory, run
+    from asyncgraph.bench._bench_run import run
 
     if args.reps < 1:
         parser.error("--reps must be at least 1")
     settings = BenchSettings.scaled(QUICK_REPS if args.quick else args.reps)
     try:
-        factory = loop_factory(args.loop)
-        report = run(args.device, settings, PEER_ROWS, sys.stderr, factory)
+        report = run(args.device, settings, PEER_ROWS, sys.stderr, args.loop)
     except (UnsupportedError, DeviceUnavailableError) as exc:
         parser.error(str(exc))
     print(format_report(report))

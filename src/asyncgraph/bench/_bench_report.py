@@ -10,18 +10,15 @@ not run, and why). :func:`format_report` lays out the table, :func:`write_json` 
 from __future__ import annotations
 
 import itertools
-import json
 from collections.abc import Iterable, Sequence
-from importlib.metadata import PackageNotFoundError, version
 from pathlib import Path
 from typing import Any, ClassVar, TextIO
 
 import attrs
 
-from ._harness import (
-    percentile,  # one percentile for every benchmark (re-exported)
-    slug,  # one file-name rule for every benchmark (re-exported)
-)
+from ._bench_results import layout, write_results
+from ._bench_results import slug as slug  # one file-name rule for every benchmark
+from ._harness import percentile as percentile  # one percentile for every benchmark
 
 __all__ = (
     "BenchReport",
@@ -37,7 +34,6 @@ __all__ = (
     "percentile",
     "render_bar",
     "slug",
-    "version_of",
     "write_json",
     "write_plot",
 )
@@ -54,14 +50,6 @@ PLOT_COLORS = {"asyncgraph": "#9ecae1", "peer": "#d9d9d9"}  # box fill by source
 def default_path(device: str, suffix: str) -> Path:
     """``asyncgraph-bench-<device slug><suffix>`` in the current directory."""
     return Path(f"asyncgraph-bench-{slug(device)}{suffix}")
-
-
-def version_of(package: str) -> str:
-    """The installed version of the distribution *package*, or ``"not installed"``."""
-    try:
-        return version(package)
-    except PackageNotFoundError:
-        return "not installed"
 
 
 # -- settings, rows and the report -------------------------------------------------------------
@@ -310,21 +298,14 @@ class Progress:
 
 
 def _section(rows: Sequence[Row], label_width: int) -> list[str]:
-    """One section of the table: its header, then each scenario's name and rows."""
+    """One section of the table: its header, then each scenario's name and rows (a skipped
+    row's reason spans the figures)."""
     columns = rows[0].columns
-    full = [row.cells() for row in rows if len(row.cells()) == len(columns)]
-    widths = [max(len(cells[i]) for cells in [columns, *full]) for i in range(len(columns))]
-
-    def line(label: str, cells: Sequence[str]) -> str:
-        if len(cells) == len(widths):
-            cells = [cell.rjust(width) for cell, width in zip(cells, widths, strict=True)]
-        return "  ".join([label.ljust(label_width), *cells]).rstrip()
-
-    lines = [line(rows[0].section, columns)]
+    lines: list[Sequence[str]] = [(rows[0].section, *columns)]
     for scenario, members in itertools.groupby(rows, key=lambda row: row.scenario):
-        lines.append(scenario)
-        lines.extend(line(f"  {row.label}", row.cells()) for row in members)
-    return lines
+        lines.append((scenario,))
+        lines.extend((f"  {row.label}", *row.cells()) for row in members)
+    return layout(lines, [True] + [False] * len(columns), first_width=label_width)
 
 
 def format_table(rows: Iterable[Row]) -> str:
@@ -354,9 +335,7 @@ def write_json(report: BenchReport, path: Path) -> Path:
     Returns:
         *path*.
     """
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(json.dumps(report.to_json(), indent=2, allow_nan=False) + "\n")
-    return path
+    return write_results(report.to_json(), path, allow_nan=False)
 
 
 def write_plot(report: BenchReport, path: Path) -> Path | None:

@@ -19,20 +19,19 @@ imported, so their threads and caches do not weigh on asyncgraph's figures.
 from __future__ import annotations
 
 import asyncio
-import os
-import platform
 import sys
 import time
 from collections.abc import Awaitable, Callable, Sequence
-from typing import TYPE_CHECKING, Any, Protocol, TextIO
+from typing import Any, Protocol, TextIO
 
 import attrs
 import numpy as np
 
-from asyncgraph._exceptions import AsyncGraphError, UnsupportedError
+from asyncgraph._exceptions import AsyncGraphError
 from asyncgraph._version import package_version, provenance
 from asyncgraph.args._arguments import Out
 from asyncgraph.args._kernel import Kernel
+from asyncgraph.front._backend import Backend
 from asyncgraph.front._detect import DeviceInfo, probe_cuda
 from asyncgraph.front._open import open_backend
 
@@ -43,12 +42,10 @@ from ._bench_report import (
     Progress,
     RateRow,
     Row,
-    version_of,
 )
-from ._harness import loop_factories, samples_async
-
-if TYPE_CHECKING:
-    from asyncgraph.front._backend import Backend
+from ._bench_results import machine, python_version, version_of
+from ._harness import run as run_on
+from ._harness import samples_async
 
 __all__ = (
     "ASYNCGRAPH_ROWS",
@@ -71,7 +68,6 @@ __all__ = (
     "Target",
     "Throughput",
     "expect_scaled",
-    "loop_factory",
     "run",
     "run_bench",
     "time_async",
@@ -314,7 +310,7 @@ def _loop_name() -> str:
 
 def _versions(loop: str) -> dict[str, str]:
     """Python's version and the packages' that the figures depend on."""
-    versions = {"python": sys.version.split()[0], "asyncgraph": package_version()}
+    versions = {"python": python_version(), "asyncgraph": package_version()}
     versions.update((name, version_of(name)) for name in ("numpy", "cuda-core", "cuda-bindings"))
     for module in ("cupy", "torch", loop):  # the peers that ran, and the loop
         version = getattr(sys.modules.get(module), "__version__", None)
@@ -365,7 +361,7 @@ async def run_bench(
         device=info.name if info is not None else "host",
         backend=backend.name,
         driver=".".join(map(str, driver)) if info is not None and driver else None,
-        machine=f"{platform.platform()}, {os.cpu_count()} CPUs",
+        machine=machine(),
         loop=loop,
         settings=settings,
         versions=_versions(loop),
@@ -374,30 +370,17 @@ async def run_bench(
     )
 
 
-def loop_factory(name: str) -> Callable[[], asyncio.AbstractEventLoop] | None:
-    """The factory of the event loop *name*: ``None`` for asyncio's default loop.
-
-    Raises:
-        UnsupportedError: *name* is ``"uvloop"`` and uvloop is not installed, or not a loop.
-    """
-    factories = loop_factories()
-    if name in factories:
-        return factories[name]
-    if name == "uvloop":
-        raise UnsupportedError(
-            "--loop uvloop needs uvloop, which is not installed: pip install uvloop, "
-            "or use --loop asyncio"
-        )
-    raise UnsupportedError(f"loop={name!r}; choose 'asyncio' or 'uvloop'")
-
-
 def run(
     device: str,
     settings: BenchSettings,
     peers: Sequence[Spec],
     progress: TextIO,
-    factory: Callable[[], asyncio.AbstractEventLoop] | None = None,
+    loop: str = "asyncio",
 ) -> BenchReport:
-    """:func:`run_bench` on a new event loop from *factory* (see :func:`loop_factory`)."""
-    with asyncio.Runner(loop_factory=factory) as runner:
-        return runner.run(run_bench(device, settings, peers, progress))
+    """:func:`run_bench` on a new event loop of the kind *loop* names (``"asyncio"``,
+    ``"uvloop"``).
+
+    Raises:
+        UnsupportedError: *loop* is not installed, or not a loop (``_harness.loop_factory``).
+    """
+    return run_on(run_bench(device, settings, peers, progress), loop)
