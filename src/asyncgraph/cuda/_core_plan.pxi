@@ -274,6 +274,19 @@ cdef class KnownKernel:
         self.plans = []
         self.steered = False
 
+    @staticmethod
+    def of(dict kernels, kernel):
+        """What *kernels* knows of *kernel*, made empty if nothing yet."""
+        known = kernels.get(kernel)
+        if known is None:
+            known = kernels[kernel] = KnownKernel()
+        return known
+
+    def learn(self, plan):
+        """Launch calls of *plan* (a :class:`CPlan`) too (a few plans are kept)."""
+        self.plans.insert(0, plan)
+        del self.plans[_MAX_PLANS:]
+
     def steer(self, call, choice):
         """Set *choice* as ``auto`` of the plans that launch *call*'s signature (at once done
         if one has it already)."""

@@ -55,10 +55,11 @@ cdef class WatchItem:
 cdef class Watch(WatchItem):
     """One watched event and what to call when it completed."""
 
-    def __init__(self, long long seq, event, callback):
+    def __init__(self, long long seq, event, callback, double expect=0.0):
         self.seq = seq
         self.event = event
         self.callback = callback
+        self.expect = expect
         self.held = False
         self.finished = False
 
@@ -117,8 +118,7 @@ cdef class Watches:
         *expect*: when the work is expected to end (``perf_counter()``), if known. Returns the
         watch."""
         self.seq += 1
-        cdef Watch watch = Watch(self.seq, event, callback)
-        watch.expect = expect
+        cdef Watch watch = Watch(self.seq, event, callback, expect)
         if self.fault is not None:
             self._finish(watch, self.fault)
             return watch
