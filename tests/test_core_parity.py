@@ -87,7 +87,7 @@ def cython_constructors(sources: list[Path]) -> dict[str, list[str]]:
         for match in _CLASS.finditer(text):
             following = _TOP.search(text, match.end())
             body = text[match.end() : following.start() if following else len(text)]
-            inits = dict(_INIT.findall(body))
+            inits: dict[str, str] = dict(_INIT.findall(body))
             params = inits.get("__init__", inits.get("__cinit__", ""))
             names = [p.split("=")[0].split()[-1] for p in params.split(",") if p.strip()]
             found[match.group(1)] = names
@@ -307,3 +307,32 @@ def test_one_workload_shows_the_same_on_both_cores(compiled: ModuleType, streams
     assert (counts["dispatches_failed"], counts["in_flight"], counts["queued"]) == (2, 0, 0)
     assert observed["resident_tracking"] == observed["target_tracking"] == [0, True, 0]
     assert observed["buffers_tracking"] == [[0, True, 0], [0, True, 0]]
+    _check_steps(observed["steps"])
+
+
+def _check_steps(steps: list[Any]) -> None:
+    """What the steps of ``parity_scenario.steps`` must show (on both cores alike)."""
+    noted = {row[0]: row[1:] for row in steps if isinstance(row[1], dict)}
+    fast = [noted[f"empty {i}: ['ok', []]"][0]["fast_path_dispatches"] for i in range(3)]
+    assert fast == [0, 1, 2]  # the first of a signature takes the general path
+    for cycle, kind in ((0, "CudaJob"), (1, "FastJob")):
+        counts, (buffer, target) = noted[f"{cycle}: read into the target"]
+        first = 4 + 3 * cycle  # the dispatch ids: read, write, read into the target
+        assert buffer == [3, [kind, first + 1], [[kind, first + 2]]]  # the read before the write
+        assert target == [1, [kind, first + 2], []]
+        assert counts["in_flight"] == 3
+        awaited = next(row for label, row in noted.items() if label.startswith(f"{cycle}: awaited"))
+        assert awaited[1] == [[0, None, []], [0, None, []]]
+    assert [row for row in steps if row[0] == "target"] == [["target", 1577472.0]]
+    before = next(row[0] for label, row in noted.items() if label.startswith("a round trip"))
+    counts = noted["past the bound"][0]
+    assert (counts["in_flight"], counts["queued"]) == (3, 2)  # the bound is 3
+    assert counts["fast_path_dispatches"] - before["fast_path_dispatches"] == 3
+    assert noted["bound drained"][0]["in_flight"] == 0
+    counts, (buffer,) = noted["cancelled: done False"]
+    assert (counts["in_flight"], buffer[0], buffer[1][0]) == (1, 1, "FastJob")
+    counts, (buffer,) = noted["cancelled, then: ['ok', []]"]
+    assert (counts["in_flight"], buffer) == (0, [0, None, []])
+    counts, uses = noted["closed"]
+    assert counts["dispatches"] == counts["dispatches_completed"] == counts["queue_wait values"]
+    assert uses == [[0, None, []], [0, None, []]]
