@@ -1,18 +1,21 @@
-"""The two dispatch cores show the same face: every name the Python core exports, the compiled
-core has, and their classes have the same public methods with the same parameters.
+"""The two dispatch cores show the same face: every public class and function of one core is in
+the other, with the same public methods and constructor, taking the same parameters.
 
 The front and the reactor call either core through these names only (``_cores.core``), so a
 method added to one core and not the other, or a parameter renamed in one, would pass the suite
-on one core and break the other where it runs. Behind the names, one workload runs on each core
-against the stand-in driver (``tests/fake_driver/parity_scenario.py``) and must show the same:
-results, errors and their messages, telemetry counts, in-flight counts and the buffers' record
-of their uses.
+on one core and break the other where it runs. :func:`face_mismatches` lists every difference
+(a test on a synthetic pair proves it finds each kind). Behind the names, one workload runs on
+each core against the stand-in driver (``tests/fake_driver/parity_scenario.py``) and must show
+the same: results, errors and their messages, telemetry counts, in-flight counts and the
+buffers' record of their uses, step by step.
 """
 
 from __future__ import annotations
 
 import inspect
-from collections.abc import Callable
+import re
+from collections.abc import Callable, Mapping
+from pathlib import Path
 from types import ModuleType
 from typing import Any
 
@@ -20,15 +23,34 @@ import numpy as np
 import pytest
 
 from asyncgraph.cuda.core import _core_python as _core_py
+from asyncgraph.cuda.core import _fast, _fast_job
 from tests.fake_driver import run_scenario
 
 from .needs import compiled_core
+
+CUDA = Path(__file__).resolve().parent.parent / "src" / "asyncgraph" / "cuda" / "core"
 
 # Names a core may leave empty: the Python core has no native waiter threads.
 OPTIONAL = {"NativeWaiter"}
 # Functions that are the driver's own in the Python core (cuda.bindings' ``cuEventQuery`` and
 # ``cuEventRecord``) and thin wrappers in the compiled one: their parameters differ in name.
 DRIVER_FUNCTIONS = {"query", "record"}
+# The Python twins of the compiled core's public classes that the Python core's entry does not
+# export (the compiled module holds them all in one namespace; in Python the fast path is its own
+# modules, which the engine takes through ``_fast_choice``).
+PYTHON_TWINS: dict[str, object] = {
+    "KnownKernel": _fast_job.KnownKernel,
+    "FastJob": _fast_job.FastJob,
+    "FastPath": _fast.FastPath,
+}
+# Classes only the compiled core has, and why.
+COMPILED_ONLY = {
+    "WatchItem": "the C base of Watch and FastJob: the fields the reactor reads in C",
+    "CPlan": "a FastPlan (_fast_plan, both cores learn it) copied into C arrays",
+    "fast_codes": "the kind codes the C core read from the kind table (the Python core reads it)",
+}
+# Classes whose objects only the core itself makes, without their constructor.
+MADE_IN_PLACE = {"FastJob": "FastPath.dispatch makes it (FastJob.__new__) and sets its fields"}
 
 
 def _methods(cls: type) -> dict[str, Callable[..., Any]]:
@@ -49,12 +71,119 @@ def _parameters(fn: Callable[..., Any]) -> list[str]:
     return list(inspect.signature(fn).parameters)
 
 
+def python_constructor(cls: type) -> list[str] | None:
+    """The parameters of *cls*'s constructor (``self`` left out), read by ``inspect``."""
+    try:
+        return list(inspect.signature(cls).parameters)
+    except ValueError:
+        return None
+
+
+_CLASS = re.compile(r"^cdef class (\w+)", re.MULTILINE)
+_TOP = re.compile(r"^(?:cdef |cpdef |def |class |include )", re.MULTILINE)
+_INIT = re.compile(r"^    def (__init__|__cinit__)\(self,?(.*?)\):", re.MULTILINE | re.DOTALL)
+
+
+def cython_constructors(sources: list[Path]) -> dict[str, list[str]]:
+    """Per ``cdef class`` of the Cython *sources*, the parameters of its ``__init__`` (else its
+    ``__cinit__``), read from the source: ``inspect`` cannot see a cdef class's constructor.
+    A class with neither takes none."""
+    found: dict[str, list[str]] = {}
+    for path in sources:
+        text = path.read_text(encoding="utf-8")
+        for match in _CLASS.finditer(text):
+            following = _TOP.search(text, match.end())
+            body = text[match.end() : following.start() if following else len(text)]
+            inits: dict[str, str] = dict(_INIT.findall(body))
+            params = inits.get("__init__", inits.get("__cinit__", ""))
+            names = [p.split("=")[0].split()[-1] for p in params.split(",") if p.strip()]
+            found[match.group(1)] = names
+    return found
+
+
+def compiled_constructor(cls: type) -> list[str] | None:
+    """The parameters of the compiled core's class *cls*'s constructor, from its sources."""
+    sources = [CUDA / "_core_compiled.pyx", *sorted(CUDA.glob("*.pxi"))]
+    return cython_constructors(sources).get(cls.__name__)
+
+
+def face_mismatches(
+    python: Mapping[str, object],
+    compiled: Mapping[str, object],
+    constructors: tuple[Callable[[type], list[str] | None], Callable[[type], list[str] | None]],
+) -> list[str]:
+    """Every difference between two cores' faces (name -> class or function), one line each:
+    a name in one core only, a class in one and a function in the other, a public method in
+    one class only, and parameters that differ (of a function, a method, or a constructor as
+    *constructors* read it on each side). The exceptions above are left out."""
+    problems: list[str] = []
+    for name in sorted(python.keys() - compiled.keys()):
+        problems.append(f"{name}: in the Python core only")
+    for name in sorted(compiled.keys() - python.keys() - COMPILED_ONLY.keys()):
+        problems.append(f"{name}: in the compiled core only")
+    for name in sorted(python.keys() & compiled.keys()):
+        ours, theirs = python[name], compiled[name]
+        if name in OPTIONAL and ours is None:
+            continue
+        if isinstance(ours, type) != isinstance(theirs, type):
+            problems.append(f"{name}: a class in one core, a function in the other")
+        elif isinstance(ours, type) and isinstance(theirs, type):
+            problems.extend(_class_mismatches(name, ours, theirs, constructors))
+        elif callable(ours) and callable(theirs):
+            a, b = _parameters(ours), _parameters(theirs)
+            if a != b and not (name in DRIVER_FUNCTIONS and len(a) == len(b)):
+                problems.append(f"{name}: parameters {a} (Python) and {b} (compiled)")
+    return problems
+
+
+def _class_mismatches(
+    name: str,
+    ours: type,
+    theirs: type,
+    constructors: tuple[Callable[[type], list[str] | None], Callable[[type], list[str] | None]],
+) -> list[str]:
+    problems: list[str] = []
+    mine, yours = _methods(ours), _methods(theirs)
+    for method in sorted(mine.keys() - yours.keys()):
+        problems.append(f"{name}.{method}: in the Python core only")
+    for method in sorted(yours.keys() - mine.keys()):
+        problems.append(f"{name}.{method}: in the compiled core only")
+    for method in sorted(mine.keys() & yours.keys()):
+        a, b = _parameters(mine[method]), _parameters(yours[method])
+        if a != b:
+            problems.append(f"{name}.{method}: parameters {a} (Python) and {b} (compiled)")
+    if name not in MADE_IN_PLACE:
+        a_init, b_init = constructors[0](ours), constructors[1](theirs)
+        if a_init != b_init:
+            problems.append(f"{name}(): parameters {a_init} (Python) and {b_init} (compiled)")
+    return problems
+
+
+def python_face() -> dict[str, object]:
+    """The Python core's classes and functions, by name (its exports and :data:`PYTHON_TWINS`)."""
+    face = {name: getattr(_core_py, name) for name in _core_py.__all__}
+    face = {name: value for name, value in face.items() if callable(value) or value is None}
+    return face | PYTHON_TWINS
+
+
+def compiled_face(module: ModuleType) -> dict[str, object]:
+    """The compiled core's public classes and functions, by name: those defined in it."""
+    face: dict[str, object] = {}
+    for name in dir(module):
+        value = getattr(module, name)
+        if not name.startswith("_") and getattr(value, "__module__", None) == module.__name__:
+            face[name] = value
+    return face
+
+
 @pytest.fixture(scope="module")
 def compiled() -> ModuleType:
     return compiled_core()
 
 
-def test_every_name_of_the_python_core_is_in_the_compiled_core(compiled: ModuleType) -> None:
+def test_every_exported_name_of_the_python_core_is_in_the_compiled_core(
+    compiled: ModuleType,
+) -> None:
     missing = [name for name in _core_py.__all__ if not hasattr(compiled, name)]
     assert missing == []
     for name in _core_py.__all__:
@@ -66,31 +195,97 @@ def test_every_name_of_the_python_core_is_in_the_compiled_core(compiled: ModuleT
         assert callable(theirs) == callable(ours), name
 
 
-@pytest.mark.parametrize(
-    "name", [name for name in _core_py.__all__ if isinstance(getattr(_core_py, name), type)]
-)
-def test_each_class_has_the_same_methods_and_parameters_in_both_cores(
-    compiled: ModuleType, name: str
+def test_both_cores_have_the_same_classes_functions_methods_and_parameters(
+    compiled: ModuleType,
 ) -> None:
-    ours, theirs = _methods(getattr(_core_py, name)), _methods(getattr(compiled, name))
-    assert sorted(ours) == sorted(theirs), f"{name}: the methods differ"
-    differ = {
-        method: (_parameters(ours[method]), _parameters(theirs[method]))
-        for method in ours
-        if _parameters(ours[method]) != _parameters(theirs[method])
-    }
-    assert differ == {}, f"{name}: parameters differ (Python core, compiled core)"
+    face = compiled_face(compiled)
+    assert {"FastPath", "KnownKernel", "Launcher", "Watches", "record"} <= face.keys()
+    constructors = (python_constructor, compiled_constructor)
+    problems = face_mismatches(python_face(), face, constructors)
+    assert problems == [], "the cores differ:\n" + "\n".join(problems)
 
 
-def test_the_module_functions_take_as_many_arguments_in_both_cores(compiled: ModuleType) -> None:
-    for name in _core_py.__all__:
-        ours = getattr(_core_py, name)
-        if not callable(ours) or isinstance(ours, type):
-            continue
-        theirs = getattr(compiled, name)
-        assert len(_parameters(ours)) == len(_parameters(theirs)), name
-        if name not in DRIVER_FUNCTIONS:
-            assert _parameters(ours) == _parameters(theirs), name
+def test_the_constructors_are_read_from_the_cython_sources() -> None:
+    sources = [CUDA / "_core_compiled.pyx", *sorted(CUDA.glob("*.pxi"))]
+    found = cython_constructors(sources)
+    assert found["Watches"] == ["lanes", "idle_events", "spin_window"]  # typed: int lanes...
+    assert found["Launcher"] == ["function", "params"]  # __cinit__ only
+    assert found["KnownKernel"] == []
+    assert found["FastPath"] == [
+        "lanes",
+        "rings",
+        "watches",
+        "events",
+        "stream_pool",
+        "front",
+        "launcher_type",
+    ]
+    assert found["Watch"] == ["seq", "event", "callback", "expect"]
+
+
+class _Twin:
+    """A class of a synthetic core, and what differs in its twin below."""
+
+    def __init__(self, a: int, b: int = 0) -> None:
+        del a, b
+
+    def same(self, x: int) -> None:
+        del x
+
+    def renamed(self, x: int) -> None:
+        del x
+
+    def only_here(self) -> None:
+        pass
+
+    @staticmethod
+    def static(kernels: object) -> None:
+        del kernels
+
+
+class _OtherTwin:
+    def __init__(self, a: int) -> None:
+        del a
+
+    def same(self, x: int) -> None:
+        del x
+
+    def renamed(self, y: int) -> None:
+        del y
+
+    def only_there(self) -> None:
+        pass
+
+    @staticmethod
+    def static(kernels: object, extra: object) -> None:
+        del kernels, extra
+
+
+def _f(a: int, b: int) -> None:
+    del a, b
+
+
+def _g(a: int, c: int) -> None:
+    del a, c
+
+
+def test_face_mismatches_finds_each_kind_of_difference() -> None:
+    python = {"Twin": _Twin, "f": _f, "record": _f, "Both": _Twin, "Gone": _Twin, "h": _f}
+    compiled = {"Twin": _OtherTwin, "f": _g, "record": _g, "Both": _Twin, "New": _f, "h": _Twin}
+    compiled |= {"WatchItem": _Twin}  # compiled-only by design: not reported
+    constructors = (python_constructor, python_constructor)
+    assert face_mismatches(python, compiled, constructors) == [
+        "Gone: in the Python core only",
+        "New: in the compiled core only",
+        "Twin.only_here: in the Python core only",
+        "Twin.only_there: in the compiled core only",
+        "Twin.renamed: parameters ['self', 'x'] (Python) and ['self', 'y'] (compiled)",
+        "Twin.static: parameters ['kernels'] (Python) and ['kernels', 'extra'] (compiled)",
+        "Twin(): parameters ['a', 'b'] (Python) and ['a'] (compiled)",
+        "f: parameters ['a', 'b'] (Python) and ['a', 'c'] (compiled)",
+        "h: a class in one core, a function in the other",
+    ]
+    assert face_mismatches(python, python, constructors) == []
 
 
 @pytest.mark.parametrize("streams", ["immediate", "deferred"])
@@ -119,3 +314,32 @@ def test_one_workload_shows_the_same_on_both_cores(compiled: ModuleType, streams
     assert (counts["dispatches_failed"], counts["in_flight"], counts["queued"]) == (2, 0, 0)
     assert observed["resident_tracking"] == observed["target_tracking"] == [0, True, 0]
     assert observed["buffers_tracking"] == [[0, True, 0], [0, True, 0]]
+    _check_steps(observed["steps"])
+
+
+def _check_steps(steps: list[Any]) -> None:
+    """What the steps of ``parity_scenario.steps`` must show (on both cores alike)."""
+    noted = {row[0]: row[1:] for row in steps if isinstance(row[1], dict)}
+    fast = [noted[f"empty {i}: ['ok', []]"][0]["fast_path_dispatches"] for i in range(3)]
+    assert fast == [0, 1, 2]  # the first of a signature takes the general path
+    for cycle, kind in ((0, "CudaJob"), (1, "FastJob")):
+        counts, (buffer, target) = noted[f"{cycle}: read into the target"]
+        first = 4 + 3 * cycle  # the dispatch ids: read, write, read into the target
+        assert buffer == [3, [kind, first + 1], [[kind, first + 2]]]  # the read before the write
+        assert target == [1, [kind, first + 2], []]
+        assert counts["in_flight"] == 3
+        awaited = next(row for label, row in noted.items() if label.startswith(f"{cycle}: awaited"))
+        assert awaited[1] == [[0, None, []], [0, None, []]]
+    assert [row for row in steps if row[0] == "target"] == [["target", 1577472.0]]
+    before = next(row[0] for label, row in noted.items() if label.startswith("a round trip"))
+    counts = noted["past the bound"][0]
+    assert (counts["in_flight"], counts["queued"]) == (3, 2)  # the bound is 3
+    assert counts["fast_path_dispatches"] - before["fast_path_dispatches"] == 3
+    assert noted["bound drained"][0]["in_flight"] == 0
+    counts, (buffer,) = noted["cancelled: done False"]
+    assert (counts["in_flight"], buffer[0], buffer[1][0]) == (1, 1, "FastJob")
+    counts, (buffer,) = noted["cancelled, then: ['ok', []]"]
+    assert (counts["in_flight"], buffer) == (0, [0, None, []])
+    counts, uses = noted["closed"]
+    assert counts["dispatches"] == counts["dispatches_completed"] == counts["queue_wait values"]
+    assert uses == [[0, None, []], [0, None, []]]

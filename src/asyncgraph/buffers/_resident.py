@@ -396,7 +396,7 @@ class ResidentStore:
 
 # -- what backends ask of a buffer (they never touch its private fields) ------------------------
 # The fast path's doors (is_live, track_uses, untrack, writer_of, readers_of, storage_of) have
-# C copies of the same name and effect (cuda/_core_doors.pxi), using only the slots lent here.
+# C copies of the same name and effect (cuda/core/_doors.pxi), using only the slots lent here.
 _LENT = ("store", "slot", "generation", "in_use", "writer", "readers", "storage")
 BUFFER_FIELDS = {role: f"_{role}" for role in _LENT}  # each role's slot, by name
 

@@ -19,7 +19,7 @@ _DONE = 1
 _FAILED = 2
 
 # The fast path's doors here, PendingDispatch.__init__ and set_outcome, have C copies in the
-# compiled core (cuda/_core_doors.pxi: new_pending, set_outcome), which use only the slots lent
+# compiled core (cuda/core/_doors.pxi: new_pending, set_outcome), which use only the slots lent
 # them here (by role, found by name at its import: a name that is no slot any more makes it fall
 # back to the Python core) and the states' values.
 _LENT = ("loop", "state", "outcome", "waiters", "callbacks", "event", "device_time", "spin")

@@ -371,7 +371,7 @@ class FastDoor:
     and :meth:`complete_launched` are those transitions, exactly as the scheduler's own branches
     make them, and with :meth:`withdraw` (an admission taken back) the only changes anything
     outside :class:`Scheduler` makes to its jobs' states and containers. The compiled core has a
-    C copy of each, of the same name and doing the same (``cuda/_core_doors.pxi``).
+    C copy of each, of the same name and doing the same (``cuda/core/_doors.pxi``).
 
     Attributes (the scheduler's own containers, never rebound; read only outside the
     scheduler and these methods):

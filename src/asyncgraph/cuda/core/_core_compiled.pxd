@@ -208,7 +208,7 @@ cdef class FastPath:
     cdef public long long bytes_down
     cdef public long long copies_up
     cdef public long long copies_down
-    cdef HistogramC _queue_wait
+    cdef long long _submitted  # dispatches since the last flush: none waited in a queue
     cdef HistogramC _submit_time
     cdef HistogramC _latency
 

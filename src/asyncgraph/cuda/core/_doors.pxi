@@ -18,7 +18,8 @@
 # and the Python core is used instead); they are used on objects of exactly that class (a
 # subclass may declare a slot of the same name elsewhere). The rare cases (a closed buffer's
 # last use, a pending result someone waits on) call the owner's own function.
-# tests/test_fast_path.py checks that both cores leave the same state.
+# tests/test_core_doors.py runs each copy beside its original (through _doors_for_tests, at the
+# end) and compares the state they leave; tests/test_fast_path.py runs both cores whole.
 
 from asyncgraph.jobs._pending import PENDING_FIELDS as _PENDING_FIELDS
 from asyncgraph.jobs._pending import PENDING_STATES as _PENDING_STATES
@@ -273,3 +274,45 @@ cdef inline int set_outcome(object pending, object outcome) except -1:
     else:
         _set_outcome(pending, outcome, None)
     return 0
+
+
+# -- for the tests alone -------------------------------------------------------------------------
+
+
+def _doors_for_tests():
+    """The C copies above as Python functions taking their originals' parameters, by their
+    originals' names, for ``tests/test_core_doors.py``, which runs each beside its original and
+    compares what they leave. Nothing else calls them."""
+
+    def track_uses_(list buffers, writes, use):
+        if len(buffers) > 8 or any(type(b) is not _ResidentBuffer for b in buffers):
+            raise ValueError("the C copy takes at most 8 buffers, each a ResidentBuffer")
+        track_uses(buffers, tuple(writes), use)
+
+    def untrack_(buffer, use):
+        store = _get(buffer, B_STORE)
+        generations, buffers = store.live_slots()
+        untrack(store, generations, buffers, buffer, use)
+
+    def is_live_(store, buffer):
+        generations, buffers = store.live_slots()
+        return is_live(store, generations, buffers, buffer)
+
+    def pending_(loop, dispatch_id, kernel_name, spin=None):
+        return new_pending(loop, dispatch_id, kernel_name, spin)
+
+    def set_outcome_(pending, outcome, device_time):
+        if device_time is not None:
+            raise ValueError("the C copy resolves the fast path's results, which are untimed")
+        set_outcome(pending, outcome)
+
+    return {
+        "track_uses": track_uses_,
+        "untrack": untrack_,
+        "is_live": is_live_,
+        "writer_of": lambda buffer: writer_of(buffer),
+        "readers_of": lambda buffer: readers_of(buffer),
+        "storage_of": lambda buffer: storage_of(buffer),
+        "PendingDispatch": pending_,
+        "set_outcome": set_outcome_,
+    }

@@ -1,5 +1,5 @@
 # The fast path, compiled (included by _core_compiled.pyx after _fast_plan.pxi): the twin of
-# _fast_py.py.
+# _fast.py.
 #
 # The same guards, commit, enqueue and completion as there, in the same order (read that
 # module's docstrings for the contract); here the plan is a C array per argument, an array's
@@ -50,7 +50,7 @@ cdef class FastPath:
         self._generations, self._buffers = front.store.live_slots()  # never rebound
         self._ids = front.ids
         self._kernels = {}
-        _clear(&self._queue_wait)
+        self._submitted = 0
         _clear(&self._submit_time)
         _clear(&self._latency)
         watches.fast = self
@@ -63,18 +63,13 @@ cdef class FastPath:
 
     def learn(self, plan, call):
         """A plan was made from *call*: launch later calls that fit it here, if it can."""
-        cdef KnownKernel known
         if not _eligible(plan, call):
             return
         try:
             cplan = CPlan(_FastPlan(plan, call))
         except ValueError:
             return  # more dimensions than a plan here keeps: the general path runs it
-        known = self._kernels.get(call.kernel)
-        if known is None:
-            known = self._kernels[call.kernel] = KnownKernel()
-        known.plans.insert(0, cplan)
-        del known.plans[_MAX_PLANS:]
+        KnownKernel.of(self._kernels, call.kernel).learn(cplan)
 
     def steer(self, call, choice):
         """Let ``graph="auto"`` dispatches like *call* follow *choice*; see ``_fast``."""
@@ -84,13 +79,8 @@ cdef class FastPath:
 
     def add_kernel(self, kernel, launcher):
         """*kernel* is loaded with *launcher* (only the compiled launchers are used here)."""
-        cdef KnownKernel known
-        if type(launcher) is not Launcher:
-            return
-        known = self._kernels.get(kernel)
-        if known is None:
-            known = self._kernels[kernel] = KnownKernel()
-        known.launcher = launcher
+        if type(launcher) is Launcher:
+            (<KnownKernel>KnownKernel.of(self._kernels, kernel)).launcher = launcher
 
     def close(self):
         """Forget every kernel; the ring blocks to give back to the pinned pool."""
@@ -298,8 +288,7 @@ cdef class FastPath:
         watches.pending += 1
         if not watches.poll_scheduled:
             watches._request_poll()
-        # The whole call was its submission; it never waited in the queue.
-        _record_value(&self._queue_wait, 0.0)
+        self._submitted += 1  # the whole call was its submission: it waited in no queue
         _record_value(&self._submit_time, _now() - t0)
         return pending
 
@@ -483,6 +472,8 @@ cdef class FastPath:
         telemetry.copies_down += self.copies_down
         self.dispatches = self.completed = self.failed = 0
         self.bytes_up = self.bytes_down = self.copies_up = self.copies_down = 0
-        _flush_histogram(&self._queue_wait, telemetry.queue_wait)
+        if self._submitted:  # none waited in a queue
+            telemetry.queue_wait.record_all([0.0] * self._submitted)
+            self._submitted = 0
         _flush_histogram(&self._submit_time, telemetry.submit_time)
         _flush_histogram(&self._latency, telemetry.completion_latency)

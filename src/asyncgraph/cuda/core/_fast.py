@@ -1,20 +1,15 @@
 """The fast path of a CUDA dispatch, in Python: the steady state in one call, and its completion
-in another.
+in another. The compiled core's twin (``_fast.pxi``) has the same methods, in this order.
 
 A dispatch whose argument plan is cached (``args._plan_cache``), whose kernel is loaded, with a
-free in-flight slot, nothing queued, and no graph, timing or NVTX range, does not need the layers
-of the general path: :meth:`FastPath.dispatch` checks the plan's guards and does the whole launch
-itself — staging in the lane's pinned ring, the upload, the outputs' memset, the kernel, the
-download and the event, the job counted in flight and handed to the reactor — and returns the
-:class:`~asyncgraph.PendingDispatch`. Anything it does not recognise returns ``None`` before
-anything changed, and the general path runs. :meth:`FastPath.complete`, called by the reactor's
-:class:`Watches`, builds the results out of the ring, releases what the job held and resolves it.
-
-It enters the front through named doors only (``front._fast_front``): the scheduler's
-``FastDoor`` takes the ``LAUNCH`` transition without the general pass (``admit_launched``) and
-the completion when nothing is queued or parked (``complete_launched``; else the job goes through
-``Dispatcher.done``); the resident store's ``track_uses`` and ``untrack`` record a buffer's uses;
-``jobs._pending``'s make and resolve the result. Its compiled twin is ``_fast.pxi``.
+free in-flight slot, nothing queued, and no graph, timing or NVTX range, skips the general path:
+:meth:`FastPath.dispatch` checks the plan's guards and does the whole launch itself (staging in
+the lane's pinned ring, upload, the outputs' memset, kernel, download and event, the job in flight
+and handed to the reactor) and returns the pending result; or ``None``, having changed nothing.
+:meth:`FastPath.complete` (called by the reactor's :class:`Watches`) builds the results out of
+the ring, releases the job's hold, resolves it. It changes the front through named doors only
+(``front._fast_front``): the scheduler's ``FastDoor``, the resident store's ``track_uses`` and
+``untrack``, the pending result's constructor and ``set_outcome``; the compiled core copies them.
 """
 
 from __future__ import annotations
@@ -92,8 +87,7 @@ class FastPath:
         self._cursor = 0  # where placement starts looking (round robin among ties)
         self._rings = [Ring(block) for block in rings]
         self._watches = watches
-        # The backend's own context (``_context``): made current around the driver calls.
-        self._context = drv.CUcontext(watches.context) if watches.context else None
+        self._context = drv.CUcontext(watches.context) if watches.context else None  # current
         self._idle_events: list[Any] = events.idle
         self._take_event: Callable[[], Any] = events.take
         self._pool = stream_pool
@@ -159,9 +153,7 @@ class FastPath:
         auto = graph is not _NEVER and graph != _NEVER
         if auto and (graph != _AUTO or not known.steered):
             return None  # graphs are asked for: the general path has them
-        life = self._life
-        watches = self._watches
-        door = self._door
+        life, watches, door = self._life, self._watches, self._door
         loop = life.loop
         if (
             life.state != OPEN
@@ -174,7 +166,7 @@ class FastPath:
             or len(door.in_flight) >= door.limit
         ):
             return None
-        # The plan's guards: the same checks a Plan makes, with no bound argument built.
+        # The plan's guards, a Plan's checks with no bound argument built (C: _fits, a call).
         n = len(args)
         for plan in known.plans:
             if (
@@ -320,7 +312,7 @@ class FastPath:
         own = self._context  # the backend's, current for the driver calls (``_context``)
         pushed = own is not None and _current()[1] != own and _push(own)[0] == SUCCESS
         try:
-            self._enqueue(job, plan, known.launcher, args, lane, ring.view, ring.ptr + at, at)
+            self._enqueue(job, plan, known.launcher, args, lane, ring, at)
             idle = self._idle_events
             event = idle.pop() if idle else self._take_event()
             code = _record(event, lane.handle)[0]
@@ -343,8 +335,7 @@ class FastPath:
         watches.pending += 1
         if not watches.poll_scheduled:
             watches.request_poll()
-        # The whole call was its submission; it never waited in the queue.
-        self._submitted += 1
+        self._submitted += 1  # the whole call was its submission: it waited in no queue
         self._submit_time.append(perf_counter() - t0)
         return pending
 
@@ -355,15 +346,13 @@ class FastPath:
         launcher: Any,
         args: tuple[object, ...],
         lane: FastLane,
-        view: np.ndarray[Any, Any],
-        host: int,
+        ring: Ring,
         at: int,
     ) -> None:
-        """Stage *args* at *host* (offset *at* of the ring's *view*) and enqueue the copies,
-        the zeroing of the outputs, the kernel and the download on *lane*. A driver call that
-        fails is kept as the job's failure: its completion reports it."""
-        handle = lane.handle
-        base = lane.scratch_ptr
+        """Stage *args* at offset *at* of *ring* and enqueue the copies, the zeroing of the
+        outputs, the kernel and the download on *lane*. A driver call that fails is kept as the
+        job's failure: its completion reports it."""
+        view, host, handle, base = ring.view, ring.ptr + at, lane.handle, lane.scratch_ptr
         code: Any = SUCCESS
         call = "cuMemcpyHtoDAsync"
         for index, offset, nbytes, in_out in plan.uploads:
@@ -447,7 +436,7 @@ class FastPath:
             outcome = error
         elif plan.returned:
             try:
-                outcome = self._rings[job.lane.index].results(job)
+                outcome = self._results(job)
             except Exception as exc:
                 outcome = exc  # whatever went wrong fails this dispatch, visibly
         else:
@@ -457,8 +446,7 @@ class FastPath:
             if job.ring_end > ring.tail:
                 ring.tail = job.ring_end
         job.lane.slot.outstanding -= 1
-        life = self._life
-        door = self._door
+        life, door = self._life, self._door
         # Unless something waits for this slot, or for the backend to drain: the general way.
         if life.state != OPEN or life.room.parked or not door.complete_launched(job, outcome):
             self._dispatcher.done(job, outcome, None)  # type: ignore[arg-type]  # a job of this path
@@ -475,6 +463,18 @@ class FastPath:
             self.failed += 1
         set_outcome(job.pending, outcome, None)
 
+    def _results(self, job: FastJob) -> tuple[Any, ...]:
+        """*job*'s results: arrays copied out of its ring region, its ``Out(into=)`` buffers."""
+        view, at = self._rings[job.lane.index].view, job.ring_start % RING_BYTES
+        results = []
+        for kind_code, index, offset, nbytes, dtype, shape in job.plan.returned:
+            if kind_code <= K_OUT:  # staged: an InOut's array, or an Out's
+                start = at + offset
+                results.append(view[start : start + nbytes].view(dtype).reshape(shape).copy())
+            else:  # K_INTO
+                results.append(job.args[index].into)  # type: ignore[attr-defined]  # an Out
+        return tuple(results)
+
     def flush(self, telemetry: Telemetry) -> None:
         """Add what this path counted since the last flush into *telemetry*."""
         telemetry.dispatches += self.dispatches
@@ -487,13 +487,12 @@ class FastPath:
         telemetry.copies_down += self.copies_down
         self.dispatches = self.completed = self.failed = 0
         self.bytes_up = self.bytes_down = self.copies_up = self.copies_down = 0
-        if self._submitted:
-            telemetry.queue_wait.record_all([0.0] * self._submitted)
-            self._submitted = 0
         for values, histogram in (
+            ([0.0] * self._submitted, telemetry.queue_wait),  # none waited in a queue
             (self._submit_time, telemetry.submit_time),
             (self._latency, telemetry.completion_latency),
         ):
             if values:
                 histogram.record_all(values)
                 values.clear()
+        self._submitted = 0

@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 from asyncgraph.jobs._scheduler import JobState
 
-from ._fast_plan import K_INTO, MAX_PLANS, RING_BYTES, describes
+from ._fast_plan import MAX_PLANS, RING_BYTES, describes
 
 if TYPE_CHECKING:
     from asyncgraph.args._bound_args import BoundCall
@@ -115,7 +115,8 @@ class Ring:
     the order they took them (work on one stream completes in order).
 
     ``head`` and ``tail`` count bytes since the ring was made; a region never wraps, so one that
-    would is moved to the start of the next lap.
+    would is moved to the start of the next lap. It keeps what the compiled core keeps per lane
+    (``LaneC``); the results are read out of it by ``FastPath._results``, in both cores.
     """
 
     __slots__ = ("block", "head", "ptr", "size", "tail", "view")
@@ -127,20 +128,6 @@ class Ring:
         self.view = block.array
         self.head = 0
         self.tail = 0
-
-    def results(self, job: FastJob) -> tuple[Any, ...]:
-        """*job*'s results: new arrays copied out of its region, and its ``Out(into=)``
-        buffers."""
-        view = self.view
-        at = job.ring_start % RING_BYTES
-        results = []
-        for kind_code, index, offset, nbytes, dtype, shape in job.plan.returned:
-            if kind_code == K_INTO:
-                results.append(job.args[index].into)  # type: ignore[attr-defined]  # an Out
-            else:
-                start = at + offset
-                results.append(view[start : start + nbytes].view(dtype).reshape(shape).copy())
-        return tuple(results)
 
 
 class KnownKernel:

@@ -16,12 +16,12 @@ from asyncgraph.args._plan_cache import same_dims as _same_dims
 from asyncgraph.jobs._scheduler import JobState as _JobState
 from asyncgraph.runtime._telemetry import BUCKET_BOUNDS as _BUCKET_BOUNDS
 from asyncgraph.cuda.driver._driver import error_for as _error_for
-from asyncgraph.cuda.core._fast_plan import K_IN, K_IN_OUT, K_INTO, K_OUT, K_RESIDENT, K_SCALAR
-from asyncgraph.cuda.core._fast_plan import MAX_PLANS as _MAX_PLANS
-from asyncgraph.cuda.core._fast_plan import RING_BYTES
-from asyncgraph.cuda.core._fast_plan import FastPlan as _FastPlan
-from asyncgraph.cuda.core._fast_plan import describes as _describes
-from asyncgraph.cuda.core._fast_plan import eligible as _eligible
+from ._fast_plan import K_IN, K_IN_OUT, K_INTO, K_OUT, K_RESIDENT, K_SCALAR
+from ._fast_plan import MAX_PLANS as _MAX_PLANS
+from ._fast_plan import RING_BYTES
+from ._fast_plan import FastPlan as _FastPlan
+from ._fast_plan import describes as _describes
+from ._fast_plan import eligible as _eligible
 
 cdef enum:
     MAX_DIMS = 8
@@ -287,6 +287,19 @@ cdef class KnownKernel:
         self.launcher = None
         self.plans = []
         self.steered = False
+
+    @staticmethod
+    def of(dict kernels, kernel):
+        """What *kernels* knows of *kernel*, made empty if nothing yet."""
+        known = kernels.get(kernel)
+        if known is None:
+            known = kernels[kernel] = KnownKernel()
+        return known
+
+    def learn(self, plan):
+        """Launch calls of *plan* (a :class:`CPlan`) too (a few plans are kept)."""
+        self.plans.insert(0, plan)
+        del self.plans[_MAX_PLANS:]
 
     def steer(self, call, choice):
         """Set *choice* as ``auto`` of the plans that launch *call*'s signature (at once done

@@ -8,7 +8,7 @@ from collections import deque as _deque
 import queue as _queue
 
 from asyncgraph.runtime._telemetry import logger as _logger
-from asyncgraph.cuda.core._watches import (
+from ._watches import (
     BUSY, CATCH_UP_AFTER, CATCH_UP_BUDGET, EXPECT_RISE, FAILED, HOLD_LIMIT, IDLE,
     MIN_COMPLETIONS, SPIN_CAP, SPIN_SKIP, SPIN_SLACK, STOPPED
 )
@@ -55,10 +55,11 @@ cdef class WatchItem:
 cdef class Watch(WatchItem):
     """One watched event and what to call when it completed."""
 
-    def __init__(self, long long seq, event, callback):
+    def __init__(self, long long seq, event, callback, double expect=0.0):
         self.seq = seq
         self.event = event
         self.callback = callback
+        self.expect = expect
         self.held = False
         self.finished = False
 
@@ -117,8 +118,7 @@ cdef class Watches:
         *expect*: when the work is expected to end (``perf_counter()``), if known. Returns the
         watch."""
         self.seq += 1
-        cdef Watch watch = Watch(self.seq, event, callback)
-        watch.expect = expect
+        cdef Watch watch = Watch(self.seq, event, callback, expect)
         if self.fault is not None:
             self._finish(watch, self.fault)
             return watch
