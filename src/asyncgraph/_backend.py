@@ -25,16 +25,17 @@ from . import _loop
 from ._bound import BoundCall
 from ._checks import check_kernel, numeric_dtype, shape_tuple
 from ._dispatcher import Dispatcher
+from ._engine import GraphFront, Links
 from ._exceptions import ArgumentTypeError, DeviceFaultError, QueueFullError, UnsupportedError
 from ._export import EngineExporter
 from ._fast_front import FastFront, FrontEngine
 from ._kernel import Kernel
-from ._lifecycle import CLOSED, OPEN, Lifecycle
+from ._lifecycle import CLOSED, OPEN, Lifecycle, Room
 from ._nvtx import NvtxRanges
 from ._options import BackendOptions
 from ._pending import PendingDispatch
 from ._plans import Plans
-from ._resident import ResidentBuffer, ResidentStore
+from ._resident import ResidentBuffer, ResidentStore, discard
 from ._resource import AsyncResource
 from ._scheduler import Job, track_buffers
 from ._streams_api import StreamsAndGraphs
@@ -66,55 +67,53 @@ class Backend(StreamsAndGraphs, AsyncResource):
     """
 
     def __init__(
-        self, name: str, options: BackendOptions, make_engine: Callable[[], FrontEngine]
+        self, name: str, options: BackendOptions, make_engine: Callable[[Links], FrontEngine]
     ) -> None:
-        # First: it may refuse (no nvtx package) before anything needs closing.
+        # In dependency order. First: it may refuse (no nvtx package) before anything opens.
         nvtx = NvtxRanges() if options.nvtx_enabled else None
         self.name = name
         self.options = options
         self._life: Lifecycle | None = None  # until the engine exists: nothing to close
-        engine = self._engine = make_engine()
-        self.kind = engine.kind
-        self._store = ResidentStore(
-            name, engine.free_storage, EngineExporter(engine, lambda: self._lifecycle.loop)
-        )
-        self._plans = Plans(engine.limits, self._store, engine.takes_device_arrays)
-        self.telemetry = Telemetry(self._counts, engine.pool_counters)
-        self._log = logger.bind(device=name)
+        log = self._log = logger.bind(device=name)
         self._ids = itertools.count(1)
         self._max_queued = options.max_queued or sys.maxsize
-        self._dispatcher = Dispatcher(
-            engine,
-            options.max_in_flight,
-            self.telemetry,
-            self._log,
-            nvtx,
-            options.dispatch_events_enabled,
-            lambda: None,  # replaced by the lifecycle's check below
-            self._bind_like,
-            self._run_prepared,
-            self._store.discard,
+        room = Room(options.max_queued)  # shared by the dispatcher and the lifecycle
+        telemetry = self.telemetry = Telemetry(self._counts, lambda: engine.pool_counters())
+        graphs = GraphFront(bind_call=self._bind_like, run_prepared=self._run_prepared)
+        dispatcher = self._dispatcher = Dispatcher(
+            engine=lambda sink: make_engine(
+                Links(sink=sink, graphs=graphs, telemetry=telemetry, log=log)
+            ),
+            max_in_flight=options.max_in_flight,
+            telemetry=telemetry,
+            log=log,
+            nvtx=nvtx,
+            dispatch_events=options.dispatch_events_enabled,
+            after=room.after_batch,
+            discard=discard,
         )
-        self._scheduler = self._dispatcher.scheduler
-        self._life = Lifecycle(
-            name, engine, self._dispatcher, self._store, self.telemetry, self._log,
-            _loop.running_loop(),
+        engine = self._engine = dispatcher.engine
+        self.kind = engine.kind
+        self._scheduler = dispatcher.scheduler
+        store = self._store = ResidentStore(
+            name, engine.free_storage, EngineExporter(engine, lambda: self._lifecycle.loop)
+        )
+        life = self._life = Lifecycle(
+            name=name, engine=engine, dispatcher=dispatcher, store=store, room=room,
+            telemetry=telemetry, log=log, loop=_loop.running_loop(),
         )  # fmt: skip
-        self._life.max_queued = self._max_queued
-        self.on_close = self._life.on_close  # hooks run as aclose() begins (a batcher's flush)
-        self.call_in_turn = self._life.call_in_turn  # submit()'s wait with no task (a batch's)
-        self._dispatcher.after = self._life.after_batch  # the front's own check, direct
+        self.on_close = life.on_close  # hooks run as aclose() begins (a batcher's flush)
+        self.call_in_turn = life.call_in_turn  # submit()'s wait with no task (a batch's)
         self._transfers = Transfers(
-            name, engine, self._store, self._life, self._dispatcher, self.telemetry
+            engine=engine, store=store, lifecycle=life, sink=dispatcher, telemetry=telemetry
         )
-        engine.attach(self._dispatcher, self.telemetry, self._log)
-        front = FastFront(door=self._scheduler.fast_door, lifecycle=self._life, ids=self._ids,
-                          dispatcher=self._dispatcher, store=self._store)  # fmt: skip
+        front = FastFront(door=self._scheduler.fast_door, lifecycle=life, ids=self._ids,
+                          dispatcher=dispatcher, store=store)  # fmt: skip
         fast = engine.fast_path(front)
         # The steady state of dispatch() in one call, where the engine has one (CUDA).
         self._fast = fast.dispatch if fast is not None else None
-        if fast is not None:
-            self._plans.learn = fast.learn
+        learn = fast.learn if fast is not None else None  # the plans' news, for the fast path
+        self._plans = Plans(engine.limits, store, engine.takes_device_arrays, learn)
 
     # -- state ---------------------------------------------------------------------------------
 
@@ -225,7 +224,7 @@ class Backend(StreamsAndGraphs, AsyncResource):
             raise ArgumentTypeError(f"graph={graph!r}; pass 'never', 'auto' or 'always'")
         call = self._plans.bind(kernel, args, grid, block, shared_mem, True)
         if call.fresh is not None:  # Out(..., resident=True): make the buffers now
-            call.make_buffers(self._new_resident, self._store.discard)
+            call.make_buffers(self._new_resident, discard)
         try:
             job: Job | None = None
             if graph != "never" and not timing:
@@ -233,14 +232,14 @@ class Backend(StreamsAndGraphs, AsyncResource):
             if job is None:
                 job = self._engine.prepare(call, timing)
         except BaseException:
-            call.discard_buffers(self._store.discard)  # nothing started: give them back
+            call.discard_buffers(discard)  # nothing started: give them back
             raise
         if after is not None:
             try:
                 self._engine.fence(job, after)
             except BaseException:
                 self._engine.release(job)
-                call.discard_buffers(self._store.discard)
+                call.discard_buffers(discard)
                 raise
         return self._enqueue_job(job, loop)
 

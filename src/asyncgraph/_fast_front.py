@@ -8,8 +8,8 @@ invariant stated there: the scheduler's :class:`~asyncgraph._scheduler.FastDoor`
 reads the lifecycle, and hands a job the general way to the dispatcher's ``done``; it changes
 nothing else of the front. The compiled core copies those doors in C, under the same names.
 
-Kept apart from ``_engine``: what the fast path is handed (the lifecycle, the dispatcher)
-itself uses the engine's protocols, so this module sits above them.
+Kept apart from ``_engine``: what the fast path is handed (the lifecycle) itself uses the
+engine's protocols, so this module sits above them.
 """
 
 from __future__ import annotations
@@ -23,7 +23,7 @@ from ._engine import Engine
 
 if TYPE_CHECKING:
     from ._bound import BoundCall
-    from ._dispatcher import Dispatcher
+    from ._engine import Sink
     from ._kernel import Kernel
     from ._lifecycle import Lifecycle
     from ._pending import PendingDispatch
@@ -49,7 +49,7 @@ class FastFront:
 
     door: FastDoor
     lifecycle: Lifecycle
-    dispatcher: Dispatcher
+    dispatcher: Sink
     store: ResidentStore
     ids: Iterator[int]
 
@@ -80,9 +80,9 @@ class FastEngine(Protocol):
     """An engine that may have a fast path."""
 
     def fast_path(self, front: FastFront) -> FastDispatch | None:
-        """The engine's fast path, if it has one (called once, after ``Engine.attach``)."""
+        """The engine's fast path, if it has one (called once, when the front is complete)."""
         ...
 
 
 class FrontEngine(Engine, FastEngine, Protocol):
-    """An engine as the front holds it: the engine's protocols, and its fast path."""
+    """An engine as the front makes it: the engine's protocols, and its fast path."""

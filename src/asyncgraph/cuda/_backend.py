@@ -5,6 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 from .._backend import Backend
+from .._engine import Links
 from .._options import BackendOptions
 from ..capture._cache import GraphCache
 from ..capture._guard import CaptureLock
@@ -28,10 +29,10 @@ class CudaBackend(Backend):
     """
 
     def __init__(self, ordinal: int, options: BackendOptions) -> None:
-        engines: list[CudaEngine] = []
+        engines: list[CudaEngine] = []  # the one the front makes, kept for the extras below
 
-        def make() -> CudaEngine:
-            engines.append(CudaEngine(ordinal, options))
+        def make(links: Links) -> CudaEngine:
+            engines.append(CudaEngine(ordinal, options, links))
             return engines[0]
 
         super().__init__(f"cuda:{ordinal}", options, make)
