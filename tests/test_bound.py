@@ -19,7 +19,7 @@ from asyncgraph.args._bound_args import (
     ResidentOutArg,
     ScalarArg,
 )
-from asyncgraph.buffers._resident import ResidentBuffer
+from asyncgraph.buffers._resident import ResidentBuffer, discard
 
 from .kernels import SCALE
 
@@ -111,11 +111,11 @@ async def test_bind_allocates_nothing(host: ag.Backend) -> None:
     made: Any = fresh  # its buffer changes below, which mypy cannot see
     assert call.returned == [fresh]
     assert call.resident
-    call.make_buffers(host.empty, host._store.discard)
+    call.make_buffers(host.empty, discard)
     assert isinstance(made.buffer, ResidentBuffer)
     assert made.buffer.shape == (4,)
     assert len(host._store) == 1
-    call.discard_buffers(host._store.discard)
+    call.discard_buffers(discard)
     assert fresh.buffer is None
     assert len(host._store) == 0
     assert host._store.bytes_live == 0
@@ -133,7 +133,7 @@ async def test_make_buffers_closes_what_it_made_when_one_fails(host: ag.Backend)
         return host.empty(shape, dtype)
 
     with pytest.raises(ag.AllocationError, match="second"):
-        call.make_buffers(new, host._store.discard)
+        call.make_buffers(new, discard)
     assert calls == [(4,), (2,)]
     assert len(host._store) == 0
     assert host._store.bytes_live == 0

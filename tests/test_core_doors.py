@@ -22,7 +22,7 @@ import numpy as np
 import pytest
 
 from asyncgraph.buffers import _resident
-from asyncgraph.buffers._resident import ResidentBuffer, ResidentStore
+from asyncgraph.buffers._resident import ResidentBuffer, ResidentStore, discard
 from asyncgraph.jobs import _pending
 from asyncgraph.jobs._pending import PendingDispatch
 
@@ -135,7 +135,7 @@ def _run(doors: Doors) -> Iterator[tuple[list[Any], list[Any]]]:
         elif operation == "untrack":
             doors["untrack"](chosen[0], made.use(name))
         else:
-            made.store.discard(chosen[0])
+            discard(chosen[0])
         yield made.state(), made.read_by(doors)
 
 

@@ -22,7 +22,7 @@ import asyncgraph as ag
 from asyncgraph._exceptions import BackendClosedError, DeviceFaultError
 from asyncgraph.args._bound_args import BoundCall
 from asyncgraph.buffers._resident import ResidentStore, in_use, track, writer_of
-from asyncgraph.front._engine_protocols import Engine
+from asyncgraph.front._engine_protocols import Runs
 from asyncgraph.jobs import _dispatcher
 from asyncgraph.jobs._dispatcher import Dispatcher
 from asyncgraph.jobs._pending import PendingDispatch, set_outcome
@@ -93,26 +93,16 @@ class Harness:
         self.loop = loop
         self._ids = itertools.count(1)
         self.dispatcher = Dispatcher(
-            cast(Engine, self.engine),
-            max_in_flight,
-            self.telemetry,
-            structlog.get_logger(),
-            None,
-            True,
-            lambda: self.afters.append(list(self.log)),
-            self._bind_like,
-            self._run_prepared,
-            self.discarded.append,
+            engine=lambda _sink: cast(Runs, self.engine),
+            max_in_flight=max_in_flight,
+            telemetry=self.telemetry,
+            log=structlog.get_logger(),
+            nvtx=None,
+            dispatch_events=True,
+            after=lambda _scheduler: self.afters.append(list(self.log)),
+            discard=self.discarded.append,
         )
         self.dispatcher.bind(loop)
-
-    @staticmethod
-    def _bind_like(*args: object) -> BoundCall:
-        raise AssertionError("not used by the dispatcher itself")
-
-    @staticmethod
-    async def _run_prepared(job: Job) -> Any:
-        raise AssertionError("not used by the dispatcher itself")
 
     def job(self, k: ag.Kernel = K) -> Job:
         """A job numbered and given its PendingDispatch, as ``Backend._enqueue_job`` does."""

@@ -149,17 +149,24 @@ class Plans:
         limits: the backend's launch limits.
         store: the backend's resident store.
         device_arrays: whether the backend takes other libraries' device arrays.
+        learn: told of each plan made for ``dispatch()``, with the call it was made from (the
+            engine's fast path launches what fits), if anything is to be.
     """
 
-    def __init__(self, limits: LaunchLimits, store: ResidentStore, device_arrays: bool) -> None:
+    def __init__(
+        self,
+        limits: LaunchLimits,
+        store: ResidentStore,
+        device_arrays: bool,
+        learn: Callable[[Plan, BoundCall], None] | None = None,
+    ) -> None:
         self._limits = limits
         self._store = store
         self._device_arrays = device_arrays
+        self._learn = learn
         self._by_kernel: dict[Kernel, list[Plan]] = {}
         self.hits = 0  # calls bound from a plan
         self.misses = 0  # calls of a planned kernel that fit none of its plans
-        # Told of each plan made for dispatch() (the engine's fast path launches what fits).
-        self.learn: Callable[[Plan, BoundCall], None] | None = None
 
     def __len__(self) -> int:
         return sum(len(plans) for plans in self._by_kernel.values())
@@ -207,8 +214,8 @@ class Plans:
             plans = self._by_kernel.setdefault(call.kernel, [])
             plans.insert(0, plan)
             del plans[MAX_PLANS:]
-            if resident_results and self.learn is not None:
-                self.learn(plan, call)
+            if resident_results and self._learn is not None:
+                self._learn(plan, call)
         return call
 
     def clear(self) -> None:

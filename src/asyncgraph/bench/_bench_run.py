@@ -22,7 +22,7 @@ import asyncio
 import sys
 import time
 from collections.abc import Awaitable, Callable, Sequence
-from typing import Any, Protocol, TextIO
+from typing import TYPE_CHECKING, Any, Protocol, TextIO
 
 import attrs
 import numpy as np
@@ -31,7 +31,6 @@ from asyncgraph._exceptions import AsyncGraphError
 from asyncgraph._version import package_version, provenance
 from asyncgraph.args._arguments import Out
 from asyncgraph.args._kernel import Kernel
-from asyncgraph.front._backend import Backend
 from asyncgraph.front._detect import DeviceInfo, probe_cuda
 from asyncgraph.front._open import open_backend
 
@@ -46,6 +45,9 @@ from ._bench_report import (
 from ._bench_results import machine, python_version, version_of
 from ._harness import run as run_on
 from ._harness import samples_async
+
+if TYPE_CHECKING:
+    from asyncgraph.front._backend import Backend
 
 __all__ = (
     "ASYNCGRAPH_ROWS",

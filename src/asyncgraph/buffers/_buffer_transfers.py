@@ -15,9 +15,8 @@ from asyncgraph.runtime._finished import Download
 from ._resident import ResidentBuffer, check_buffer, track, untrack
 
 if TYPE_CHECKING:
-    from asyncgraph.front._engine_protocols import Stores
+    from asyncgraph.front._engine_protocols import Sink, Stores
     from asyncgraph.front._lifecycle import Lifecycle
-    from asyncgraph.jobs._dispatcher import Dispatcher
     from asyncgraph.runtime._telemetry import Telemetry
 
     from ._resident import ResidentStore
@@ -41,22 +40,30 @@ def check_out(out: object, buffer: ResidentBuffer) -> None:
 
 
 class Transfers:
-    """``upload``, ``download`` and ``copy`` of one backend (the front's collaborator)."""
+    """``upload``, ``download`` and ``copy`` of one backend (the front's collaborator).
+
+    Args:
+        engine: what makes, moves and frees the storage.
+        store: the backend's resident buffers (and its name).
+        lifecycle: the backend's state (closing waits for transfers in progress).
+        sink: poked once a transfer's use reached the device (jobs parked behind it may go).
+        telemetry: the backend's counters.
+    """
 
     def __init__(
         self,
-        name: str,
+        *,
         engine: Stores,
         store: ResidentStore,
         lifecycle: Lifecycle,
-        dispatcher: Dispatcher,
+        sink: Sink,
         telemetry: Telemetry,
     ) -> None:
-        self._name = name
+        self._name = store.backend_name
         self._engine = engine
         self._store = store
         self._life = lifecycle
-        self._dispatcher = dispatcher
+        self._sink = sink  # poked once a transfer's use is in flight (parked jobs may go)
         self._telemetry = telemetry
 
     async def upload(self, array: np.ndarray[Any, Any]) -> ResidentBuffer:
@@ -96,7 +103,7 @@ class Transfers:
             use.finished.set()
             untrack(buffer, use)
             self._life.transfer_ended()
-            self._dispatcher.poke()  # jobs parked behind the download may go
+            self._sink.poke()  # jobs parked behind the download may go
         self._telemetry.bytes_down += array.nbytes
         self._telemetry.copies_down += 1
         return array
@@ -128,7 +135,7 @@ class Transfers:
             untrack(buffer, use)
             for life in lives:
                 life.transfer_ended()
-            self._dispatcher.poke()  # jobs parked behind the copy may go
+            self._sink.poke()  # jobs parked behind the copy may go
         if target._life.state != OPEN:
             engine.free_storage(storage)
             raise BackendClosedError(

@@ -30,6 +30,7 @@ __all__ = (
     "ResidentBuffer",
     "ResidentStore",
     "check_buffer",
+    "discard",
     "hold",
     "identity",
     "in_use",
@@ -54,11 +55,9 @@ class Exporter(Protocol):
 
     def export_device(self) -> tuple[int, int]:
         """The DLPack device: (device type, ordinal)."""
-        ...
 
     def export_pointer(self, storage: Any) -> int:
         """The address of a buffer's memory."""
-        ...
 
     def export_wait(self, buffer: ResidentBuffer, stream: int | None) -> None:
         """DLPack: order the consumer's *stream* after every use of *buffer* in flight.
@@ -357,10 +356,6 @@ class ResidentStore:
         """What :meth:`is_live` reads (for its C copy): each slot's generation and buffer."""
         return self._generations, self._buffers
 
-    def discard(self, buffer: ResidentBuffer) -> None:
-        """Close *buffer*, made for a dispatch that was refused or failed (nobody has it)."""
-        self._close(buffer)
-
     def close_all(self) -> None:
         """Close every buffer (at backend close, after all work completed) and free them."""
         self.closed = True
@@ -484,6 +479,11 @@ def hold(buffer: ResidentBuffer) -> None:
 def let_go(buffer: ResidentBuffer) -> None:
     """End a :func:`hold`; frees the memory of a closed buffer nothing else uses."""
     buffer._store._unexport(buffer)
+
+
+def discard(buffer: ResidentBuffer) -> None:
+    """Close *buffer*, made for a dispatch that was refused or failed (nobody has it)."""
+    buffer._store._close(buffer)
 
 
 def check_buffer(value: object, where: str) -> None:

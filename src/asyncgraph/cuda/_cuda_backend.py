@@ -12,6 +12,7 @@ from ._cuda_engine import CudaEngine
 if TYPE_CHECKING:
     from asyncgraph.capture._cache import GraphCache
     from asyncgraph.capture._guard import CaptureLock
+    from asyncgraph.front._engine_protocols import Links
     from asyncgraph.front._options import BackendOptions
     from asyncgraph.pool import HostPool, StreamOrderedDeviceMemory, StreamPool
 
@@ -31,10 +32,10 @@ class CudaBackend(Backend):
     """
 
     def __init__(self, ordinal: int, options: BackendOptions) -> None:
-        engines: list[CudaEngine] = []
+        engines: list[CudaEngine] = []  # the one the front makes, kept for the extras below
 
-        def make() -> CudaEngine:
-            engines.append(CudaEngine(ordinal, options))
+        def make(links: Links) -> CudaEngine:
+            engines.append(CudaEngine(ordinal, options, links))
             return engines[0]
 
         super().__init__(f"cuda:{ordinal}", options, make)

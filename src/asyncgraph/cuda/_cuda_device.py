@@ -31,7 +31,7 @@ from asyncgraph.runtime._telemetry import PoolCounters, Telemetry
 
 if TYPE_CHECKING:
     from asyncgraph.cuda.core._waiters import Joinable
-    from asyncgraph.front._engine_protocols import Sink
+    from asyncgraph.front._engine_protocols import Links, Sink
     from asyncgraph.front._options import BackendOptions
 
 __all__ = ("Device", "join")
@@ -56,16 +56,20 @@ class Device:
         pinned: the pinned host pool; memory: stream-ordered device memory.
         events / timing_events: event pools (blocking-sync without timing / with timing).
         alloc_stream: a stream that holds allocations only.
-        telemetry: the backend's counters (set when the engine is attached).
+        sink, telemetry, log: where the backend's jobs report, its counters and its bound
+            logger (the engine's :class:`~asyncgraph.front._engine_protocols.Links`).
     """
 
-    def __init__(self, ordinal: int, options: BackendOptions) -> None:
+    def __init__(self, ordinal: int, options: BackendOptions, links: Links) -> None:
         """Set up in the device's primary context, which this makes current on the calling
         thread (the engine gives the thread back the context it had: ``CudaEngine``)."""
         from cuda.core import Device as CoreDevice
         from cuda.core import StreamOptions
 
         _poison.check("no CUDA backend opens in this process any more", "open_backend")
+        self.sink: Sink = links.sink
+        self.telemetry: Telemetry = links.telemetry
+        self.log: Any = links.log
         self.ordinal = ordinal
         self.label = f"cuda:{ordinal}"
         device = self.device = CoreDevice(ordinal)
@@ -108,9 +112,6 @@ class Device:
         flags = drv.CUevent_flags
         self.events = EventPool(flags.CU_EVENT_BLOCKING_SYNC | flags.CU_EVENT_DISABLE_TIMING)
         self.timing_events = EventPool(flags.CU_EVENT_DEFAULT)
-        self.telemetry: Telemetry = None  # type: ignore[assignment]  # set by the engine
-        self.log: Any = None  # the backend's bound logger, set by the engine
-        self.sink: Sink = None  # type: ignore[assignment]  # set by the engine's attach()
         self.failure: DeviceFaultError | None = None
         self.closed = False
         self.leases = 0  # stream leases (and captures) not yet ended
@@ -185,7 +186,7 @@ class Device:
         )
         if self.watches.fault is None:
             self.watches.fault = self.failure
-        if self.log is not None and not self.closed:
+        if not self.closed:
             self.log.error(
                 "backend.failed",
                 error=str(error),

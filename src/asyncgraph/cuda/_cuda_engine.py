@@ -42,9 +42,10 @@ if TYPE_CHECKING:
     from asyncgraph.args._bound_args import BoundCall
     from asyncgraph.args._kernel import Kernel
     from asyncgraph.buffers._resident import ResidentBuffer, Use
+    from asyncgraph.front._engine_protocols import Links
     from asyncgraph.front._fast_front import FastFront
     from asyncgraph.front._options import BackendOptions
-    from asyncgraph.runtime._telemetry import PoolCounters, Telemetry
+    from asyncgraph.runtime._telemetry import PoolCounters
 
 __all__ = ("LEFT_BEHIND", "CudaEngine")
 
@@ -56,26 +57,30 @@ LEFT_BEHIND = 1.0
 class CudaEngine:
     """Runs dispatches on one CUDA device (``open_backend("cuda:N")``).
 
-    It implements :class:`~asyncgraph.front._engine_protocols.Engine`: a method that says "see" the
-    protocol's does what the protocol says, with resident storage in device memory.
+    It implements the protocols of :class:`~asyncgraph.front._engine_protocols.Engine`: a method
+    that says "see" a protocol's does what the protocol says, with resident storage in device
+    memory. It is made with its :class:`~asyncgraph.front._engine_protocols.Links` (what its device,
+    paths and graphs report to, count into and log with).
     """
 
     kind = "cuda"
     takes_device_arrays = True
 
-    def __init__(self, ordinal: int, options: BackendOptions) -> None:
+    def __init__(self, ordinal: int, options: BackendOptions, links: Links) -> None:
         # Set up in the device's primary context (``Device`` makes it current); the thread gets
         # back the context it had (``_context``).
         code, before = drv.cuCtxGetCurrent()
         check((code,), "cuCtxGetCurrent")
         try:
-            self._set_up(ordinal, options)
+            self._set_up(ordinal, options, links)
         finally:
             drv.cuCtxSetCurrent(before)
 
-    def _set_up(self, ordinal: int, options: BackendOptions) -> None:
+    def _set_up(self, ordinal: int, options: BackendOptions, links: Links) -> None:
+        # The device holds what its collaborators report to and count into (*links*).
         self.name = f"cuda:{ordinal}"
-        device = self.device = Device(ordinal, options)
+        self._sink = links.sink
+        device = self.device = Device(ordinal, options, links)
         self.limits = device.limits
         self.launches = Launches(device)
         self._loaded = self.launches.loaded  # the scheduler's hot question reads it directly
@@ -83,33 +88,20 @@ class CudaEngine:
         self.small = SmallPath(device, self.launches)
         self.streamed = StreamedPath(device, self.launches, self.small)
         self.storage = Storage(device)
-        self.graphs = Graphs(device, self.launches, self.kernels, self.storage)
-        self._sink: Any = None
+        self.graphs = Graphs(device, self.launches, self.kernels, self.storage, links.graphs)
         self.fast: Any = None  # the dispatch core's FastPath, once the front asked for it
-
-    @property
-    def failure(self) -> DeviceFaultError | None:
-        """See :attr:`Engine.failure`."""
-        return self.device.failure
-
-    def attach(self, sink: Any, telemetry: Telemetry, log: Any) -> None:
-        """See :meth:`Engine.attach`; the paths, storage and graphs report to *sink* too."""
-        self._sink = sink
-        device = self.device
-        device.sink = sink
-        device.telemetry = telemetry
-        device.log = log
-        self.small.attach(sink)
-        self.streamed.attach(sink)
-        self.storage.attach(sink)
-        self.graphs.attach(sink, telemetry)
-        log.debug(
+        links.log.debug(
             "backend.opened",
             kind=self.kind,
             name=device.name,
             arch=device.arch,
-            streams=device.options.streams,
+            streams=options.streams,
         )
+
+    @property
+    def failure(self) -> DeviceFaultError | None:
+        """See :attr:`Jobs.failure`."""
+        return self.device.failure
 
     @in_context
     def fast_path(self, front: FastFront) -> Any:
@@ -247,7 +239,7 @@ class CudaEngine:
 
     @in_context
     def alloc_storage(self, shape: tuple[int, ...], dtype: np.dtype[Any]) -> Any:
-        """See :meth:`Engine.alloc_storage`."""
+        """See :meth:`Allocates.alloc_storage`."""
         return self.storage.alloc(shape, dtype)
 
     @in_context
@@ -281,7 +273,7 @@ class CudaEngine:
 
     @in_context
     def free_storage(self, storage: Any) -> None:
-        """See :meth:`Stores.free_storage`."""
+        """See :meth:`Allocates.free_storage`."""
         self.storage.free(storage)
 
     def storage_pointer(self, storage: Any) -> int:
@@ -368,7 +360,7 @@ class CudaEngine:
         return self.device.ctx.manager(self.graphs.capture(mode, into))
 
     def pool_counters(self) -> PoolCounters:
-        """See :meth:`Engine.pool_counters`."""
+        """See :meth:`Allocates.pool_counters`."""
         return self.device.pool_counters()
 
     # -- closing -----------------------------------------------------------------------------------

@@ -47,7 +47,7 @@ if TYPE_CHECKING:
     from asyncgraph.cuda.launch._kernel_launch import Launches
     from asyncgraph.cuda.launch._kernel_loading import Kernels
     from asyncgraph.cuda.memory._storage import Storage
-    from asyncgraph.front._engine_protocols import Sink
+    from asyncgraph.front._engine_protocols import GraphFront
     from asyncgraph.pool import HostPool
     from asyncgraph.runtime._telemetry import Telemetry
 
@@ -60,7 +60,12 @@ class Graphs:
     """Recorded and captured graphs of one device (the capture package's host)."""
 
     def __init__(
-        self, device: Device, launches: Launches, kernels: Kernels, storage: Storage
+        self,
+        device: Device,
+        launches: Launches,
+        kernels: Kernels,
+        storage: Storage,
+        front: GraphFront,
     ) -> None:
         from cuda.core import StreamOptions
 
@@ -68,9 +73,9 @@ class Graphs:
         self._launches = launches
         self._kernels = kernels
         self._storage = storage
-        self._sink: Sink = None  # type: ignore[assignment]  # set by attach()
+        self._front = front  # validates and submits what graphs and captures run
         self.pinned: HostPool = device.pinned
-        self.telemetry: Telemetry = None  # type: ignore[assignment]  # set by attach()
+        self.telemetry: Telemetry = device.telemetry
         # Graphs are captured on a stream of their own, which nothing else uses.
         self.capture_stream = device.device.create_stream(options=StreamOptions(nonblocking=True))
         self.capture_handle = drv.CUstream(int(self.capture_stream.handle))
@@ -84,11 +89,6 @@ class Graphs:
         # Dispatches moving more bytes stream, and are never recorded.
         self.stream_above = max(options.pinned_pool_bytes, STREAM_MIN)
 
-    def attach(self, sink: Sink, telemetry: Telemetry) -> None:
-        """Report to *sink*, count into *telemetry*."""
-        self._sink = sink
-        self.telemetry = telemetry
-
     # -- recording -------------------------------------------------------------------------------
 
     async def record(
@@ -100,7 +100,7 @@ class Graphs:
         shared_mem: object,
     ) -> CachedGraph:
         """Record one dispatch as graphs (``backend.record``); see the CUDA backend."""
-        call = self._sink.bind_call(kernel, args, grid, block, shared_mem)
+        call = self._front.bind_call(kernel, args, grid, block, shared_mem)
         for arg in call.args:
             if arg.foreign:
                 raise DispatchError(
@@ -287,13 +287,13 @@ class Graphs:
 
     def bind_like(self, kernel: Kernel, args: tuple[object, ...], like: BoundCall) -> BoundCall:
         """See :meth:`GraphHost.bind_like`."""
-        return self._sink.bind_call(kernel, args, like.grid, like.block, like.shared_mem)
+        return self._front.bind_call(kernel, args, like.grid, like.block, like.shared_mem)
 
     def bind(
         self, kernel: Kernel, args: tuple[object, ...], grid: object, block: object, smem: object
     ) -> BoundCall:
         """Validate a captured dispatch's arguments as ``dispatch()`` does."""
-        return self._sink.bind_call(kernel, args, grid, block, smem)
+        return self._front.bind_call(kernel, args, grid, block, smem)
 
     def is_loaded(self, kernel: Kernel) -> bool:
         """Whether *kernel* is loaded (a capture cannot load code)."""
@@ -307,7 +307,7 @@ class Graphs:
 
     def run_replay(self, job: Any) -> Awaitable[Any]:
         """See :meth:`GraphHost.run_replay`."""
-        return self._sink.run_prepared(job)
+        return self._front.run_prepared(job)
 
     def forget(self, graph: Any) -> None:
         """See :meth:`GraphHost.forget`."""

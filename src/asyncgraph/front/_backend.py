@@ -5,8 +5,7 @@
 resident buffers, the bounded queue's waiting room, telemetry and closing. How work runs —
 compiling, staging, launching, collecting, resident storage — belongs to an
 :class:`~asyncgraph.front._engine_protocols.Engine` it is composed with (the CUDA engine in
-``asyncgraph.cuda``, the host engine in ``host._host_backend``). ``open_backend`` lives in
-``_open``.
+``asyncgraph.cuda``, the host engine in ``_host``). ``open_backend`` lives in ``_open``.
 """
 
 from __future__ import annotations
@@ -29,21 +28,18 @@ from asyncgraph._exceptions import (
     UnsupportedError,
 )
 from asyncgraph.args._checks import check_kernel, numeric_dtype, shape_tuple
-from asyncgraph.args._plan_cache import Plans
-from asyncgraph.buffers._buffer_transfers import Transfers
-from asyncgraph.buffers._exporter import EngineExporter
-from asyncgraph.buffers._resident import ResidentBuffer, ResidentStore
-from asyncgraph.jobs._dispatcher import Dispatcher
+from asyncgraph.buffers._resident import ResidentBuffer, discard
 from asyncgraph.jobs._pending import PendingDispatch
 from asyncgraph.jobs._scheduler import Job, track_buffers
 from asyncgraph.runtime import _loop
-from asyncgraph.runtime._nvtx import NvtxRanges
 from asyncgraph.runtime._resource import AsyncResource
-from asyncgraph.runtime._telemetry import Telemetry, logger
+from asyncgraph.runtime._telemetry import logger
 
-from ._fast_front import FastFront, FrontEngine
+from ._engine_protocols import GraphFront, Links
+from ._fast_front import FrontEngine
 from ._lifecycle import CLOSED, OPEN, Lifecycle
 from ._streams_graphs import StreamsAndGraphs
+from ._wiring import assemble
 
 if TYPE_CHECKING:
     from asyncgraph.args._bound_args import BoundCall
@@ -76,55 +72,37 @@ class Backend(StreamsAndGraphs, AsyncResource):
     """
 
     def __init__(
-        self, name: str, options: BackendOptions, make_engine: Callable[[], FrontEngine]
+        self, name: str, options: BackendOptions, make_engine: Callable[[Links], FrontEngine]
     ) -> None:
-        # First: it may refuse (no nvtx package) before anything needs closing.
-        nvtx = NvtxRanges() if options.nvtx_enabled else None
+        # In dependency order (``_wiring``); the engine may refuse before anything opens.
         self.name = name
         self.options = options
         self._life: Lifecycle | None = None  # until the engine exists: nothing to close
-        engine = self._engine = make_engine()
-        self.kind = engine.kind
-        self._store = ResidentStore(
-            name, engine.free_storage, EngineExporter(engine, lambda: self._lifecycle.loop)
-        )
-        self._plans = Plans(engine.limits, self._store, engine.takes_device_arrays)
-        self.telemetry = Telemetry(self._counts, engine.pool_counters)
-        self._log = logger.bind(device=name)
+        log = self._log = logger.bind(device=name)
         self._ids = itertools.count(1)
         self._max_queued = options.max_queued or sys.maxsize
-        self._dispatcher = Dispatcher(
-            engine,
-            options.max_in_flight,
-            self.telemetry,
-            self._log,
-            nvtx,
-            options.dispatch_events_enabled,
-            lambda: None,  # replaced by the lifecycle's check below
-            self._bind_like,
-            self._run_prepared,
-            self._store.discard,
+        parts = assemble(
+            name,
+            options,
+            make_engine,
+            log=log,
+            ids=self._ids,
+            counts=self._counts,
+            graphs=GraphFront(bind_call=self._bind_like, run_prepared=self._run_prepared),
+            loop_of=lambda: self._lifecycle.loop,
         )
-        self._scheduler = self._dispatcher.scheduler
-        self._life = Lifecycle(
-            name, engine, self._dispatcher, self._store, self.telemetry, self._log,
-            _loop.running_loop(),
-        )  # fmt: skip
-        self._life.max_queued = self._max_queued
-        self.on_close = self._life.on_close  # hooks run as aclose() begins (a batcher's flush)
-        self.call_in_turn = self._life.call_in_turn  # submit()'s wait with no task (a batch's)
-        self._dispatcher.after = self._life.after_batch  # the front's own check, direct
-        self._transfers = Transfers(
-            name, engine, self._store, self._life, self._dispatcher, self.telemetry
-        )
-        engine.attach(self._dispatcher, self.telemetry, self._log)
-        front = FastFront(door=self._scheduler.fast_door, lifecycle=self._life, ids=self._ids,
-                          dispatcher=self._dispatcher, store=self._store)  # fmt: skip
-        fast = engine.fast_path(front)
-        # The steady state of dispatch() in one call, where the engine has one (CUDA).
-        self._fast = fast.dispatch if fast is not None else None
-        if fast is not None:
-            self._plans.learn = fast.learn
+        self.telemetry = parts.telemetry
+        self._dispatcher = parts.dispatcher
+        engine = self._engine = parts.engine
+        self.kind = engine.kind
+        self._scheduler = parts.dispatcher.scheduler
+        self._store = parts.store
+        life = self._life = parts.life
+        self.on_close = life.on_close  # hooks run as aclose() begins (a batcher's flush)
+        self.call_in_turn = life.call_in_turn  # submit()'s wait with no task (a batch's)
+        self._transfers = parts.transfers
+        self._fast = parts.fast  # the steady state of dispatch() in one call (CUDA)
+        self._plans = parts.plans
 
     # -- state ---------------------------------------------------------------------------------
 
@@ -235,7 +213,7 @@ class Backend(StreamsAndGraphs, AsyncResource):
             raise ArgumentTypeError(f"graph={graph!r}; pass 'never', 'auto' or 'always'")
         call = self._plans.bind(kernel, args, grid, block, shared_mem, True)
         if call.fresh is not None:  # Out(..., resident=True): make the buffers now
-            call.make_buffers(self._new_resident, self._store.discard)
+            call.make_buffers(self._new_resident, discard)
         try:
             job: Job | None = None
             if graph != "never" and not timing:
@@ -243,14 +221,14 @@ class Backend(StreamsAndGraphs, AsyncResource):
             if job is None:
                 job = self._engine.prepare(call, timing)
         except BaseException:
-            call.discard_buffers(self._store.discard)  # nothing started: give them back
+            call.discard_buffers(discard)  # nothing started: give them back
             raise
         if after is not None:
             try:
                 self._engine.fence(job, after)
             except BaseException:
                 self._engine.release(job)
-                call.discard_buffers(self._store.discard)
+                call.discard_buffers(discard)
                 raise
         return self._enqueue_job(job, loop)
 
@@ -298,9 +276,15 @@ class Backend(StreamsAndGraphs, AsyncResource):
                 await room.wait(loop, first=True)
         try:
             return self.dispatch(
-                kernel, *args, grid=grid, block=block, shared_mem=shared_mem, timing=timing,
-                graph=graph, after=after,
-            )  # fmt: skip
+                kernel,
+                *args,
+                grid=grid,
+                block=block,
+                shared_mem=shared_mem,
+                timing=timing,
+                graph=graph,
+                after=after,
+            )
         finally:
             if room and self._scheduler.queued < self._max_queued:
                 room.wake()  # room for the next one too (or this one was refused)

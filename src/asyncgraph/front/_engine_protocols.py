@@ -3,14 +3,17 @@
 An engine (the CUDA engine in ``asyncgraph.cuda``, the host engine in ``host._host_backend``) does
 the work: it compiles, stages, launches and collects dispatches, and makes, reads and frees resident
 storage. The front does everything a user touches: validation, the scheduler, pending results,
-telemetry, resident buffers, closing. They meet here:
+telemetry, resident buffers, closing. They meet here, in small protocols, one per caller:
 
-- :class:`Engine`: what the front asks of an engine (the scheduler's predicates among them),
-  made of the small protocols each collaborator of the front uses: :class:`Runs` (the
-  dispatcher), :class:`Stores` (transfers and the resident store), :class:`Exports` (DLPack),
-  :class:`Streams` (leases, graphs, foreign work) and :class:`Closes` (the lifecycle);
-- :class:`Sink`: what an engine reports back (the scheduler's events), implemented by the
-  front's dispatcher.
+- what the front asks of an engine: :class:`Runs` (the dispatcher, and the scheduler's
+  predicates), :class:`Jobs` (``dispatch()`` and ``compile()``), :class:`Allocates`
+  (``empty()``, ``pinned_empty()``, the resident store, telemetry), :class:`Stores` (transfers),
+  :class:`Exports` (DLPack), :class:`Streams` (leases, graphs, foreign work), :class:`Closes`
+  (the lifecycle) and :class:`Describes` (what the front reads once, when it is made);
+  :class:`Engine` names them together, for the one place that makes an engine;
+- what an engine reports back, and is made with (:class:`Links`): :class:`Sink` (the
+  scheduler's events, implemented by the front's dispatcher) and :class:`GraphFront` (the
+  front's validation and submission, which graphs and captures use).
 
 An engine's fast path, and what it may use of the front, are in ``_fast_front``.
 
@@ -24,6 +27,7 @@ from collections.abc import Awaitable, Callable
 from contextlib import AbstractAsyncContextManager
 from typing import TYPE_CHECKING, Any, Protocol
 
+import attrs
 import numpy as np
 
 if TYPE_CHECKING:
@@ -37,7 +41,20 @@ if TYPE_CHECKING:
 
     from ._lease import StreamLease
 
-__all__ = ("Closes", "Engine", "Exports", "Runs", "Sink", "Stores", "Streams")
+__all__ = (
+    "Allocates",
+    "Closes",
+    "Describes",
+    "Engine",
+    "Exports",
+    "GraphFront",
+    "Jobs",
+    "Links",
+    "Runs",
+    "Sink",
+    "Stores",
+    "Streams",
+)
 
 
 class Sink(Protocol):
@@ -70,25 +87,39 @@ class Sink(Protocol):
         """A use that parked jobs may depend on reached the device, or finished."""
         ...
 
-    def bind_call(
-        self,
-        kernel: Kernel,
-        args: tuple[object, ...],
-        grid: object,
-        block: object,
-        shared_mem: object,
-    ) -> BoundCall:
-        """Validate arguments as ``dispatch()`` does (for graphs and captures).
 
-        Raises:
-            DispatchError: as ``dispatch()``; BackendClosedError: the backend is closed.
-        """
-        ...
+@attrs.frozen(kw_only=True)
+class GraphFront:
+    """What graphs and captures use of the front: its validation and its submission.
 
-    def run_prepared(self, job: Job) -> Awaitable[Any]:
-        """Number and schedule a job made outside ``dispatch()`` (a graph replay); the
-        awaitable gives its results. On failure to schedule, the job is released."""
-        ...
+    Attributes:
+        bind_call: ``bind_call(kernel, args, grid, block, shared_mem)`` validates arguments
+            as ``dispatch()`` does, into a ``BoundCall`` (raises ``DispatchError`` as
+            ``dispatch()``, ``BackendClosedError`` once the backend is closed).
+        run_prepared: ``run_prepared(job)`` numbers and schedules a job made outside
+            ``dispatch()`` (a graph replay); the awaitable gives its results. On failure to
+            schedule, the job is released.
+    """
+
+    bind_call: Callable[[Kernel, tuple[object, ...], object, object, object], BoundCall]
+    run_prepared: Callable[[Job], Awaitable[Any]]
+
+
+@attrs.frozen(kw_only=True)
+class Links:
+    """What an engine is made with: where it reports, and what it counts into.
+
+    Attributes:
+        sink: the scheduler's events (the front's dispatcher).
+        graphs: the front's validation and submission, for graphs and captures.
+        telemetry: the backend's counters.
+        log: the backend's bound logger.
+    """
+
+    sink: Sink
+    graphs: GraphFront
+    telemetry: Telemetry
+    log: Any
 
 
 class Runs(Protocol):
@@ -237,25 +268,13 @@ class Closes(Protocol):
         ...
 
 
-class Engine(Runs, Stores, Exports, Streams, Closes, Protocol):
-    """What the front asks of an implementation: the small protocols its collaborators use, and
-    what the front itself asks. Every method runs on the loop's thread."""
-
-    kind: str  # "cuda", "host"
-    limits: LaunchLimits
-    takes_device_arrays: bool  # whether dispatch() takes CuPy / PyTorch device arrays
+class Jobs(Protocol):
+    """What the front's ``dispatch()`` and ``compile()`` ask of an engine."""
 
     @property
     def failure(self) -> DeviceFaultError | None:
         """The device fault that failed the engine, or ``None``."""
         ...
-
-    def attach(self, sink: Sink, telemetry: Telemetry, log: Any) -> None:
-        """Report job events to *sink* and count into *telemetry* from now on (called once,
-        when the front is made); *log* is the backend's bound logger."""
-        ...
-
-    # -- jobs --------------------------------------------------------------------------------------
 
     def check_kernel(self, kernel: Kernel) -> None:
         """Raise if this engine cannot run *kernel* at all."""
@@ -271,26 +290,49 @@ class Engine(Runs, Stores, Exports, Streams, Closes, Protocol):
         *started* is ``perf_counter()`` at the ``dispatch()`` call."""
         ...
 
+    def fence(self, job: Job, after: object) -> None:
+        """Have *job* run after the work on *after* (streams or events) so far."""
+        ...
+
+    def release(self, job: Job) -> None:
+        """Give back what *job* holds; it failed before it ran (idempotent)."""
+        ...
+
     async def compile(self, kernel: Kernel) -> None:
         """Compile and load *kernel* now (``backend.compile``)."""
         ...
 
-    # -- resident storage --------------------------------------------------------------------------
+
+class Allocates(Protocol):
+    """Memory the front makes and frees through an engine (``empty``, ``pinned_empty``, the
+    resident store), and the pinned pool's counters (telemetry)."""
 
     def alloc_storage(self, shape: tuple[int, ...], dtype: np.dtype[Any]) -> Any:
         """Uninitialised resident storage."""
+        ...
+
+    def free_storage(self, storage: Any) -> None:
+        """Free resident storage (every use completed)."""
         ...
 
     def host_array(self, shape: tuple[int, ...], dtype: np.dtype[Any]) -> np.ndarray[Any, Any]:
         """An array for ``pinned_empty`` (page-locked where the engine has a pinned pool)."""
         ...
 
-    # -- interop -----------------------------------------------------------------------------------
-
-    def fence(self, job: Job, after: object) -> None:
-        """Have *job* run after the work on *after* (streams or events) so far."""
-        ...
-
     def pool_counters(self) -> PoolCounters:
         """The pinned pool's counters for the telemetry snapshot."""
         ...
+
+
+class Describes(Protocol):
+    """What the front reads of an engine once, when it is made (its name, its plans)."""
+
+    kind: str  # "cuda", "host"
+    limits: LaunchLimits
+    takes_device_arrays: bool  # whether dispatch() takes CuPy / PyTorch device arrays
+
+
+class Engine(Describes, Jobs, Allocates, Runs, Stores, Exports, Streams, Closes, Protocol):
+    """Every protocol an engine implements, named together for the one place that makes an
+    engine (``Backend``), which hands each collaborator its own. Every method runs on the
+    loop's thread."""

@@ -8,8 +8,8 @@ invariant stated there: the scheduler's :class:`~asyncgraph.jobs._scheduler.Fast
 reads the lifecycle, and hands a job the general way to the dispatcher's ``done``; it changes
 nothing else of the front. The compiled core copies those doors in C, under the same names.
 
-Kept apart from ``_engine_protocols``: what the fast path is handed (the lifecycle, the dispatcher)
-itself uses the engine's protocols, so this module sits above them.
+Kept apart from ``_engine``: what the fast path is handed (the lifecycle) itself uses the
+engine's protocols, so this module sits above them.
 """
 
 from __future__ import annotations
@@ -26,10 +26,10 @@ if TYPE_CHECKING:
     from asyncgraph.args._kernel import Kernel
     from asyncgraph.args._plan_cache import Plan
     from asyncgraph.buffers._resident import ResidentStore
-    from asyncgraph.jobs._dispatcher import Dispatcher
     from asyncgraph.jobs._pending import PendingDispatch
     from asyncgraph.jobs._scheduler import FastDoor
 
+    from ._engine_protocols import Sink
     from ._lifecycle import Lifecycle
 
 __all__ = ("FastDispatch", "FastEngine", "FastFront", "FrontEngine")
@@ -50,7 +50,7 @@ class FastFront:
 
     door: FastDoor
     lifecycle: Lifecycle
-    dispatcher: Dispatcher
+    dispatcher: Sink
     store: ResidentStore
     ids: Iterator[int]
 
@@ -81,9 +81,9 @@ class FastEngine(Protocol):
     """An engine that may have a fast path."""
 
     def fast_path(self, front: FastFront) -> FastDispatch | None:
-        """The engine's fast path, if it has one (called once, after ``Engine.attach``)."""
+        """The engine's fast path, if it has one (called once, when the front is complete)."""
         ...
 
 
 class FrontEngine(Engine, FastEngine, Protocol):
-    """An engine as the front holds it: the engine's protocols, and its fast path."""
+    """An engine as the front makes it: the engine's protocols, and its fast path."""

@@ -24,34 +24,92 @@ from asyncgraph.runtime import _inbox, _loop, _poison
 if TYPE_CHECKING:
     from asyncgraph.buffers._resident import ResidentStore
     from asyncgraph.jobs._dispatcher import Dispatcher
-    from asyncgraph.jobs._scheduler import Job
+    from asyncgraph.jobs._scheduler import Job, Scheduler
     from asyncgraph.runtime._telemetry import Telemetry
 
     from ._engine_protocols import Closes
 
-__all__ = ("CLOSED", "CLOSING", "OPEN", "Lifecycle")
+__all__ = ("CLOSED", "CLOSING", "OPEN", "Lifecycle", "Room")
 
 OPEN: Final = 0
 CLOSING: Final = 1
 CLOSED: Final = 2
 
 
+class Room:
+    """What each batch of the scheduler's effects may change for the front: room in the queue
+    for a waiting ``submit()``, and the quiet a close waits for.
+
+    Made first, and shared: the dispatcher calls :meth:`after_batch` after each batch (with the
+    scheduler it made), the lifecycle closes with it. It holds no collaborator: the scheduler
+    is passed in.
+
+    Attributes:
+        waiting: ``submit()`` calls (and turns) waiting for room in the queue.
+        max_queued: ``BackendOptions.max_queued`` (``sys.maxsize`` for no bound).
+        transfers: uploads and downloads in progress (closing waits for them).
+        drained: while a close waits: the future set once nothing is in flight.
+    """
+
+    __slots__ = ("drained", "max_queued", "transfers", "waiting")
+
+    def __init__(self, max_queued: int | None) -> None:
+        self.waiting = _loop.WaitQueue()
+        self.max_queued = max_queued or sys.maxsize
+        self.transfers = 0
+        self.drained: asyncio.Future[None] | None = None
+
+    def after_batch(self, scheduler: Scheduler) -> None:
+        """After the scheduler's effects ran: let a waiting ``submit()`` in, see if drained."""
+        waiting = self.waiting
+        if waiting.parked and scheduler.queued < self.max_queued:
+            waiting.wake()  # room in the queue: one submit() may go (and wakes the next)
+        if self.drained is not None:
+            self.check_drained(scheduler)
+
+    def check_drained(self, scheduler: Scheduler) -> None:
+        """Let the close go on once nothing is queued, in flight or transferring."""
+        drained = self.drained
+        if drained is None or not scheduler.is_idle() or self.transfers:
+            return
+        if not drained.done():
+            drained.set_result(None)
+
+    def renew(self) -> _loop.WaitQueue:
+        """Start over on a new loop: the waiters, transfers and close of the ended one never
+        resume. Returns the new :attr:`waiting`."""
+        self.waiting = _loop.WaitQueue()
+        self.drained = None
+        self.transfers = 0
+        return self.waiting
+
+
 class Lifecycle:
     """The loop, state and closing of one backend (the front's collaborator).
+
+    Args:
+        name: the backend's name.
+        engine: how the engine ends.
+        dispatcher: the scheduler and its effects (closing fails or abandons what waits).
+        store: the resident buffers (closed before the engine shuts down).
+        room: the queue's room and the close's wait for quiet (shared with the dispatcher).
+        telemetry, log: the backend's counters and bound logger.
+        loop: the loop the backend belongs to, if it was opened on one.
 
     Attributes:
         state: ``OPEN``, ``CLOSING`` or ``CLOSED``.
         loop: the event loop the backend belongs to (``None`` until first used).
-        room: ``submit()`` calls waiting for room in the queue.
-        transfers: uploads and downloads in progress (closing waits for them).
+        room: ``submit()`` calls waiting for room in the queue (the :class:`Room`'s).
     """
 
     def __init__(
         self,
+        *,
         name: str,
         engine: Closes,
-        dispatcher: Dispatcher,
+        dispatcher: Dispatcher[Any],
         store: ResidentStore,
+        room: Room,
         telemetry: Telemetry,
         log: Any,
         loop: asyncio.AbstractEventLoop | None,
@@ -61,14 +119,12 @@ class Lifecycle:
         self._dispatcher = dispatcher
         self._scheduler = dispatcher.scheduler
         self._store = store
+        self._room = room
         self._telemetry = telemetry
         self._log = log
         self.state = OPEN
         self.loop = loop
-        self.room = _loop.WaitQueue()
-        self.transfers = 0
-        self.max_queued = sys.maxsize  # the front sets BackendOptions.max_queued
-        self._drained: asyncio.Future[None] | None = None  # set once nothing is in flight
+        self.room = room.waiting
         self._close_task: asyncio.Task[None] | None = None
         self._on_close: dict[int, Callable[[], None]] = {}
         self._hook_ids = itertools.count()
@@ -119,7 +175,7 @@ class Lifecycle:
 
     def has_room(self) -> bool:
         """Whether a dispatch finds room in the queue now (``max_queued``)."""
-        return self._scheduler.queued < self.max_queued
+        return self._scheduler.queued < self._room.max_queued
 
     def bind(self, loop: asyncio.AbstractEventLoop) -> None:
         """Belong to *loop* (the first loop that uses the backend)."""
@@ -169,29 +225,14 @@ class Lifecycle:
 
     def transfer_started(self) -> None:
         """An upload or a download began."""
-        self.transfers += 1
+        self._room.transfers += 1
 
     def transfer_ended(self) -> None:
         """An upload or a download ended."""
-        self.transfers -= 1
-        if self._drained is not None:
-            self.check_drained()
-
-    def after_batch(self) -> None:
-        """After the scheduler's effects ran: let a waiting ``submit()`` in, see if drained."""
-        room = self.room
-        if room.parked and self._scheduler.queued < self.max_queued:
-            room.wake()  # room in the queue: one submit() may go (and wakes the next)
-        if self._drained is not None:
-            self.check_drained()
-
-    def check_drained(self) -> None:
-        """Let the close go on once nothing is queued, in flight or transferring."""
-        drained = self._drained
-        if drained is None or not self._scheduler.is_idle() or self.transfers:
-            return
-        if not drained.done():
-            drained.set_result(None)
+        room = self._room
+        room.transfers -= 1
+        if room.drained is not None:
+            room.check_drained(self._scheduler)
 
     # -- closing -------------------------------------------------------------------------------
 
@@ -245,18 +286,17 @@ class Lifecycle:
             return BackendClosedError(f"backend {self._name} {why(dispatch)}")
 
         self._dispatcher.drop_queued(error)
-        if self._drained is not None:
-            self.check_drained()
+        if self._room.drained is not None:
+            self._room.check_drained(self._scheduler)
 
     def _adopt(self, loop: asyncio.AbstractEventLoop) -> asyncio.AbstractEventLoop:
         """The backend's loop has ended: belong to *loop*; the close settles what it left."""
         ended: asyncio.AbstractEventLoop = self.loop  # type: ignore[assignment]  # bound
         with _inbox.off_loop_lock:  # completions may be handled on worker threads meanwhile
-            self.room = _loop.WaitQueue()  # its waiters were on the ended loop
+            # Its waiters were on the ended loop; its uploads and downloads never resume.
+            self.room = self._room.renew()
             self._begin_closing()
             self._close_task = None  # a close begun there never goes on
-            self._drained = None
-            self.transfers = 0  # uploads and downloads of that loop never resume
             self.drop_queued(
                 lambda job: f"was left open when its event loop ended, before {job} started"
             )
@@ -286,8 +326,8 @@ class Lifecycle:
         try:
             if ended is not None:
                 await _loop.through_run_end(lambda: self._settle_after(ended))
-            if not self._scheduler.is_idle() or self.transfers:
-                drained = self._drained = self.loop.create_future()  # type: ignore[union-attr]  # bound
+            if not self._scheduler.is_idle() or self._room.transfers:
+                drained = self._room.drained = self.loop.create_future()  # type: ignore[union-attr]  # bound
                 await _loop.through_run_end(lambda: _loop.shield(drained))
             self._store.close_all()
             await _loop.through_run_end(self._engine.shutdown)

@@ -33,11 +33,11 @@ from asyncgraph.front._backend import Backend
 from asyncgraph.jobs._scheduler import Job, wait_finished
 from asyncgraph.runtime import _inbox, _loop
 from asyncgraph.runtime._inbox import Inbox
-from asyncgraph.runtime._telemetry import PoolCounters, Telemetry
+from asyncgraph.runtime._telemetry import PoolCounters
 
 if TYPE_CHECKING:
     from asyncgraph.args._kernel import Kernel
-    from asyncgraph.front._engine_protocols import Sink, Stores
+    from asyncgraph.front._engine_protocols import Links, Stores
     from asyncgraph.front._fast_front import FastFront
     from asyncgraph.front._lease import StreamLease
     from asyncgraph.front._options import BackendOptions
@@ -135,32 +135,32 @@ class HostBackend(Backend):
     """
 
     def __init__(self, options: BackendOptions) -> None:
-        super().__init__("host", options, lambda: HostEngine(options))
+        super().__init__("host", options, lambda links: HostEngine(options, links))
 
 
 class HostEngine:
-    """The host backend's engine: host functions in a pool of worker threads."""
+    """The host backend's engine: host functions in a pool of worker threads.
+
+    Args:
+        options: the backend's options (``host_workers``).
+        links: where it reports (``links.sink``), and the backend's logger.
+    """
 
     kind = "host"
     limits = LaunchLimits()
     takes_device_arrays = False
     failure = None  # host functions cannot fault a device
 
-    def __init__(self, options: BackendOptions) -> None:
+    def __init__(self, options: BackendOptions, links: Links) -> None:
         workers = options.host_workers
         if workers is None:
             workers = os.cpu_count() or 1
         self._executor = ThreadPoolExecutor(
             max_workers=workers, thread_name_prefix="asyncgraph-host"
         )
-        self._workers = workers
         self._inbox: Inbox[tuple[_HostJob, Any, float | None]] | None = None
-        self._sink: Sink = None  # type: ignore[assignment]  # set by attach()
-
-    def attach(self, sink: Sink, telemetry: Telemetry, log: Any) -> None:
-        """Report to *sink* from now on."""
-        self._sink = sink
-        log.debug("backend.opened", kind=self.kind, workers=self._workers)
+        self._sink = links.sink
+        links.log.debug("backend.opened", kind=self.kind, workers=workers)
 
     def fast_path(self, front: FastFront) -> None:
         """None: a host dispatch runs in a worker thread, so the general path costs it little."""

@@ -15,9 +15,9 @@ from __future__ import annotations
 
 import asyncio
 from collections import deque
-from collections.abc import Awaitable, Callable
+from collections.abc import Callable
 from time import perf_counter
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Generic, TypeVar
 
 from asyncgraph.buffers._resident import untrack
 
@@ -25,14 +25,15 @@ from ._pending import set_outcome
 from ._scheduler import Effect, Job, Scheduler, Step
 
 if TYPE_CHECKING:
-    from asyncgraph.args._bound_args import BoundCall
     from asyncgraph.args._kernel import Kernel
     from asyncgraph.buffers._resident import ResidentBuffer
-    from asyncgraph.front._engine_protocols import Runs
+    from asyncgraph.front._engine_protocols import Runs, Sink
     from asyncgraph.runtime._nvtx import NvtxRanges
     from asyncgraph.runtime._telemetry import Telemetry
 
 __all__ = ("Dispatcher",)
+
+E = TypeVar("E", bound="Runs")  # the engine, as its maker gives it
 
 # Enum members as module constants: the effect loop runs for every dispatch.
 _LAUNCH = Step.LAUNCH
@@ -41,49 +42,56 @@ _COMPILE = Step.COMPILE
 _STAGE = Step.STAGE
 
 
-class Dispatcher:
+class Dispatcher(Generic[E]):
     """The scheduler of one backend, its effects, and the resolution of its jobs.
 
+    The dispatcher and its engine need each other: the engine reports to the dispatcher (its
+    :class:`~asyncgraph.front._engine_protocols.Sink`), the dispatcher runs jobs with the engine. So
+    the dispatcher makes its engine, handing itself over as the sink; the engine keeps it, and
+    reports nothing before a job runs. Everything else is complete when it is passed in.
+
     Args:
-        engine: what runs the jobs.
+        engine: makes what runs the jobs, given the sink to report to (called once, here);
+            the engine made is :attr:`engine`.
         max_in_flight: the scheduler's in-flight bound.
         telemetry: the backend's counters.
         log: the backend's bound logger.
         nvtx: NVTX ranges, when enabled.
         dispatch_events: whether to log each completion at debug level.
-        after: called after each batch of effects (the front wakes waiters, checks drained).
-        bind_like: the front's validation, for the engine's graphs and captures.
-        run_prepared: the front's submission of a prepared job (a graph replay).
+        after: called with the scheduler after each batch of effects (the front's
+            ``Room.after_batch``: it wakes a waiting ``submit()``, sees if a close may go on).
         discard: closes a resident buffer a failed dispatch made for ``Out(resident=True)``
             (nobody else can have it: it is returned only by a dispatch that succeeds).
+
+    Attributes:
+        engine: the engine *engine* made.
+        scheduler: the scheduler, over the engine's predicates.
     """
 
     def __init__(
         self,
-        engine: Runs,
+        *,
+        engine: Callable[[Sink], E],
         max_in_flight: int,
         telemetry: Telemetry,
         log: Any,
         nvtx: NvtxRanges | None,
         dispatch_events: bool,
-        after: Callable[[], None],
-        bind_like: Callable[..., BoundCall],
-        run_prepared: Callable[[Job], Awaitable[Any]],
+        after: Callable[[Scheduler], None],
         discard: Callable[[ResidentBuffer], None],
     ) -> None:
-        self.scheduler = Scheduler(engine, max_in_flight)
-        self._engine = engine
         self._telemetry = telemetry
         self._log = log
         self._nvtx = nvtx
         self._dispatch_events = dispatch_events
-        self.after = after  # the front may set a cheaper one once it exists
-        self.bind_call = bind_like
-        self.run_prepared = run_prepared
+        self._after = after
         self._discard = discard
         self._loop: asyncio.AbstractEventLoop | None = None
         self._running = False
         self._backlog: deque[Effect] = deque()
+        self.engine: E = engine(self)
+        self._engine: Runs = self.engine
+        self.scheduler = Scheduler(self.engine, max_in_flight)
 
     # -- the loop ------------------------------------------------------------------------------
 
@@ -112,7 +120,7 @@ class Dispatcher:
                 if self._backlog or self.scheduler.has_parked():
                     self._run(self.scheduler.poke())
                 else:
-                    self.after()
+                    self._after(self.scheduler)
             return
         self._run(effects)
 
@@ -151,7 +159,7 @@ class Dispatcher:
         ):
             # The common case, without the general loop: hand the outcome over.
             self._resolve(effects[0][1])
-            self.after()
+            self._after(self.scheduler)
             return
         self._run(effects)
 
@@ -196,9 +204,9 @@ class Dispatcher:
             if todo:  # a BaseException interrupted the batch: what is decided still happens
                 rest = list(todo)
                 todo.clear()
-                self._run(rest)  # and calls after()
+                self._run(rest)  # and calls after
             else:
-                self.after()
+                self._after(self.scheduler)
 
     def _launch(self, job: Job) -> None:
         t0 = perf_counter()

@@ -50,13 +50,9 @@ class SmallPath:
     def __init__(self, device: Device, launches: Launches) -> None:
         self._device = device
         self._launches = launches
-        self._sink: Sink = None  # type: ignore[assignment]  # set by attach()
+        self._sink: Sink = device.sink
         self.lent = 0  # bytes of pinned blocks lent to numpy arrays
         self._lend_limit = device.options.pinned_pool_bytes
-
-    def attach(self, sink: Sink) -> None:
-        """Report job events to *sink*."""
-        self._sink = sink
 
     # -- before the launch -----------------------------------------------------------------------
 

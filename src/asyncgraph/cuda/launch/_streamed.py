@@ -41,12 +41,8 @@ class StreamedPath:
         self._device = device
         self._launches = launches
         self._small = small
-        self._sink: Sink = None  # type: ignore[assignment]  # set by attach()
+        self._sink: Sink = device.sink
         self.tasks: set[asyncio.Task[None]] = set()
-
-    def attach(self, sink: Sink) -> None:
-        """Report job events to *sink*."""
-        self._sink = sink
 
     def launch(self, job: CudaJob) -> None:
         """Start *job*'s task."""

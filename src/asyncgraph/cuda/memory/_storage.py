@@ -45,11 +45,7 @@ class Storage:
 
     def __init__(self, device: Device) -> None:
         self._device = device
-        self._sink: Sink = None  # type: ignore[assignment]  # set by attach()
-
-    def attach(self, sink: Sink) -> None:
-        """Report to *sink* (downloads let parked dispatches go)."""
-        self._sink = sink
+        self._sink: Sink = device.sink  # downloads let parked dispatches go
 
     async def upload(self, array: np.ndarray[Any, Any]) -> Any:
         """New device storage holding a copy of *array*."""

@@ -1,0 +1,108 @@
+"""A backend's collaborators, each complete when made, made in dependency order: what
+``Backend.__init__`` composes (``docs/architecture.md``, "Built in dependency order")."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+from typing import TYPE_CHECKING, Any
+
+import attrs
+
+from asyncgraph.args._plan_cache import Plans
+from asyncgraph.buffers._buffer_transfers import Transfers
+from asyncgraph.buffers._exporter import EngineExporter
+from asyncgraph.buffers._resident import ResidentStore, discard
+from asyncgraph.jobs._dispatcher import Dispatcher
+from asyncgraph.runtime import _loop
+from asyncgraph.runtime._nvtx import NvtxRanges
+from asyncgraph.runtime._telemetry import Telemetry
+
+from ._engine_protocols import GraphFront, Links
+from ._fast_front import FastFront, FrontEngine
+from ._lifecycle import Lifecycle, Room
+
+if TYPE_CHECKING:
+    import asyncio
+
+    from asyncgraph.jobs._pending import PendingDispatch
+
+    from ._options import BackendOptions
+
+__all__ = ("Parts", "assemble")
+
+
+@attrs.frozen
+class Parts:
+    """What a backend is made of (``assemble``)."""
+
+    telemetry: Telemetry
+    dispatcher: Dispatcher[FrontEngine]
+    engine: FrontEngine
+    store: ResidentStore
+    life: Lifecycle
+    transfers: Transfers
+    plans: Plans
+    fast: Callable[..., PendingDispatch | None] | None  # the fast path's dispatch (CUDA)
+
+
+def assemble(
+    name: str,
+    options: BackendOptions,
+    make_engine: Callable[[Links], FrontEngine],
+    *,
+    log: Any,
+    ids: Iterator[int],
+    counts: Callable[[], tuple[int, int]],
+    graphs: GraphFront,
+    loop_of: Callable[[], asyncio.AbstractEventLoop | None],
+) -> Parts:
+    """Make a backend's collaborators, each given what it uses.
+
+    The dispatcher and the engine need each other: the dispatcher makes the engine, handing
+    itself over as its sink (in its :class:`Links`). The :class:`Room` comes first, shared by
+    the dispatcher (told of each batch) and the lifecycle; the plans come last, told of the
+    fast path. *counts* gives the scheduler's in-flight and queued counts to telemetry,
+    *graphs* is what graphs use of the front, and *loop_of* the loop the backend belongs to.
+
+    Raises:
+        UnsupportedError: NVTX ranges asked for without the nvtx package (before anything
+            opens).
+    """
+    nvtx = NvtxRanges() if options.nvtx_enabled else None
+    room = Room(options.max_queued)
+    telemetry = Telemetry(counts, lambda: engine.pool_counters())
+    dispatcher: Dispatcher[FrontEngine] = Dispatcher(
+        engine=lambda sink: make_engine(
+            Links(sink=sink, graphs=graphs, telemetry=telemetry, log=log)
+        ),
+        max_in_flight=options.max_in_flight,
+        telemetry=telemetry,
+        log=log,
+        nvtx=nvtx,
+        dispatch_events=options.dispatch_events_enabled,
+        after=room.after_batch,
+        discard=discard,
+    )
+    engine = dispatcher.engine
+    store = ResidentStore(name, engine.free_storage, EngineExporter(engine, loop_of))
+    life = Lifecycle(
+        name=name,
+        engine=engine,
+        dispatcher=dispatcher,
+        store=store,
+        room=room,
+        telemetry=telemetry,
+        log=log,
+        loop=_loop.running_loop(),
+    )
+    transfers = Transfers(
+        engine=engine, store=store, lifecycle=life, sink=dispatcher, telemetry=telemetry
+    )
+    door = dispatcher.scheduler.fast_door
+    fast = engine.fast_path(
+        FastFront(door=door, lifecycle=life, ids=ids, dispatcher=dispatcher, store=store)
+    )
+    learn = fast.learn if fast is not None else None  # the plans' news, for the fast path
+    plans = Plans(engine.limits, store, engine.takes_device_arrays, learn)
+    dispatch = fast.dispatch if fast is not None else None
+    return Parts(telemetry, dispatcher, engine, store, life, transfers, plans, dispatch)
