@@ -23,7 +23,7 @@ import numpy as np
 import pytest
 
 from asyncgraph.cuda.core import _core_python as _core_py
-from asyncgraph.cuda.core import _fast, _fast_job
+from asyncgraph.cuda.core import _fast, _fast_job, _fast_plan
 from tests.fake_driver import run_scenario
 
 from .needs import compiled_core
@@ -37,9 +37,9 @@ OPTIONAL = {"NativeWaiter"}
 DRIVER_FUNCTIONS = {"query", "record"}
 # The Python twins of the compiled core's public classes that the Python core's entry does not
 # export (the compiled module holds them all in one namespace; in Python the fast path is its own
-# modules, which the engine takes through ``_fast_choice``).
+# modules, which the engine takes where the Python core runs).
 PYTHON_TWINS: dict[str, object] = {
-    "KnownKernel": _fast_job.KnownKernel,
+    "KnownKernel": _fast_plan.KnownKernel,
     "FastJob": _fast_job.FastJob,
     "FastPath": _fast.FastPath,
 }

@@ -10,7 +10,7 @@ import numpy as np
 
 from asyncgraph._exceptions import ArgumentTypeError, DispatchError, UnsupportedError
 
-from ._arg_kinds import (
+from ._arg_kind_base import (
     FAST_IN_OUT,
     FAST_INTO,
     FAST_OUT,

@@ -12,13 +12,15 @@ import contextlib
 import operator
 import sys
 from collections.abc import Sequence
-from typing import Any, TypeGuard
+from typing import TYPE_CHECKING, Any, TypeGuard
 
 import numpy as np
 
 from asyncgraph._exceptions import ArgumentTypeError, DispatchError, ShapeMismatchError
 
-from ._kernel import Kernel, Param
+if TYPE_CHECKING:
+    from ._kernel import Kernel, Param
+
 
 __all__ = (
     "CONST",
@@ -27,7 +29,6 @@ __all__ = (
     "array_ok",
     "article",
     "check_array",
-    "check_kernel",
     "check_pointer_dtype",
     "check_scalar",
     "check_upload",
@@ -244,12 +245,3 @@ def launch_shape(value: object, name: str, limit: tuple[int, int, int]) -> tuple
                 "on this device"
             )
     return out[0], out[1], out[2]
-
-
-def check_kernel(kernel: object, where: str) -> None:
-    """Refuse anything but a :class:`Kernel` given to *where* (``compile()``)."""
-    if not isinstance(kernel, Kernel):
-        raise ArgumentTypeError(
-            f"{where} takes an asyncgraph.Kernel, got {type(kernel).__name__}; declare it with "
-            "asyncgraph.Kernel(source, name, host=...)"
-        )

@@ -18,9 +18,13 @@ from typing import Any
 import attrs
 import numpy as np
 
-from asyncgraph._exceptions import CompileError
+from asyncgraph._exceptions import ArgumentTypeError, CompileError
 
-__all__ = ("Kernel", "Param")
+__all__ = (
+    "Kernel",
+    "Param",
+    "check_kernel",
+)
 
 # C parameter types whose numpy dtype is certain. Anything else is accepted unchecked.
 _CTYPES: dict[str, str] = {
@@ -269,3 +273,12 @@ class Kernel:
         params = "?" if self.params is None else ", ".join(p.ctype for p in self.params)
         host = ", host" if self.host is not None else ""
         return f"<Kernel {self.name}({params}){host}>"
+
+
+def check_kernel(kernel: object, where: str) -> None:
+    """Refuse anything but a :class:`Kernel` given to *where* (``compile()``)."""
+    if not isinstance(kernel, Kernel):
+        raise ArgumentTypeError(
+            f"{where} takes an asyncgraph.Kernel, got {type(kernel).__name__}; declare it with "
+            "asyncgraph.Kernel(source, name, host=...)"
+        )

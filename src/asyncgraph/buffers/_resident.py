@@ -20,7 +20,7 @@ from typing import Any, NoReturn, Protocol
 import numpy as np
 
 from asyncgraph._exceptions import ArgumentTypeError, NotPicklableError, StaleBufferError
-from asyncgraph.runtime import _loop
+from asyncgraph.runtime import _checkpoint
 
 from ._dlpack import make_capsule
 
@@ -150,7 +150,7 @@ class ResidentBuffer:
         after the last dispatch in flight that uses it completed. Closing twice is harmless.
         """
         self._store._close(self)
-        await _loop.sleep(0)
+        await _checkpoint.sleep(0)
 
     # -- interop -------------------------------------------------------------------------------
 

@@ -11,14 +11,15 @@ import asyncio
 import contextlib
 from collections.abc import AsyncIterator, Awaitable
 from contextlib import AbstractAsyncContextManager
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, cast
 
 import numpy as np
 from cuda.bindings import driver as drv
 
 from asyncgraph._exceptions import BackendClosedError, DeviceFaultError
 from asyncgraph.cuda.core._choose import core
-from asyncgraph.cuda.core._fast_choice import RING_BYTES, FastPath
+from asyncgraph.cuda.core._fast import FastPath as PythonFastPath
+from asyncgraph.cuda.core._fast_job import RING_BYTES
 from asyncgraph.cuda.driver._context import in_context
 from asyncgraph.cuda.driver._driver import check
 from asyncgraph.cuda.launch._kernel_launch import Launches
@@ -48,6 +49,9 @@ if TYPE_CHECKING:
     from asyncgraph.runtime._telemetry import PoolCounters
 
 __all__ = ("LEFT_BEHIND", "CudaEngine")
+
+# The fast path of the dispatch core that runs: the compiled one's, or its Python twin (``_fast``).
+_FAST_PATH: Any = cast(Any, core).FastPath if core.COMPILED else PythonFastPath
 
 # Seconds a close of a failed backend waits for its waiter threads: one may wait in the driver
 # for a kernel that never finishes, and must not hold the close, or the process's exit.
@@ -123,7 +127,7 @@ class CudaEngine:
                 free_staging(block)
             device.log.warning("backend.no_fast_path", error=str(exc))
             return None
-        fast = self.fast = FastPath(
+        fast = self.fast = _FAST_PATH(
             device.lanes,
             rings,
             device.watches,

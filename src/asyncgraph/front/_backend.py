@@ -27,7 +27,8 @@ from asyncgraph._exceptions import (
     QueueFullError,
     UnsupportedError,
 )
-from asyncgraph.args._checks import check_kernel, numeric_dtype, shape_tuple
+from asyncgraph.args._checks import numeric_dtype, shape_tuple
+from asyncgraph.args._kernel import check_kernel
 from asyncgraph.buffers._resident import ResidentBuffer, discard
 from asyncgraph.jobs._pending import PendingDispatch
 from asyncgraph.jobs._scheduler import Job, track_buffers

@@ -26,6 +26,7 @@ from typing import Any, TypeVar, cast
 
 import structlog
 
+from ._checkpoint import sleep as sleep
 from ._trio_loop import TrioFuture, TrioLoop, copy_outcome, trio_loop
 
 __all__ = (
@@ -87,16 +88,6 @@ def _is_trio(loop: object) -> bool:
 def _is_trio_future(future: object) -> bool:
     # TrioFuture poses as an asyncio.Future in annotations; tell them apart at run time.
     return isinstance(future, TrioFuture)
-
-
-async def sleep(delay: float) -> None:
-    """Sleep *delay* seconds (0: a checkpoint) on whichever loop runs."""
-    if asyncio._get_running_loop() is not None:
-        await asyncio.sleep(delay)
-    else:
-        import trio
-
-        await trio.sleep(delay)
 
 
 def shield(future: asyncio.Future[T]) -> Awaitable[T]:

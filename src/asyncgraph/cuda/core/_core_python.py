@@ -16,7 +16,7 @@ knowing which one runs (``_choose`` chooses):
 - ``Watch``, ``WatchLane``, ``Watches``: the completion reactor's hot half (``_watches``).
 
 The compiled extension also holds the fast path (``FastPath``, ``FastJob``, ``RING_BYTES``),
-whose Python twin is ``_fast``; ``_fast_choice`` takes them from the core that runs.
+whose Python twin is ``_fast``; the engine takes the fast path of the core that runs.
 
 A launch returns the driver's code (``0`` is success). Nothing raises for a failed driver call:
 each caller turns a code into its error exactly once, in one place.
@@ -177,7 +177,7 @@ class Launcher:
 
 
 # The hot half of the completion reactor, in Python (its module says more). The fast path is
-# chosen beside the core, in ``_fast_choice``.
+# chosen beside the core, by the engine.
 from ._watches import Watch as Watch  # noqa: E402  # after the names it does not use
 from ._watches import Watches as Watches  # noqa: E402
 from ._watches import WatchLane as WatchLane  # noqa: E402

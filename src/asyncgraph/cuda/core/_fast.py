@@ -31,8 +31,8 @@ from asyncgraph.jobs._pending import PendingDispatch, set_outcome
 from asyncgraph.jobs._scheduler import JobState
 from asyncgraph.runtime._finished import Download
 
-from ._fast_job import FastJob, FastLane, KnownKernel, Ring
-from ._fast_plan import K_IN, K_IN_OUT, K_OUT, K_RESIDENT, K_SCALAR, RING_BYTES, FastPlan, eligible
+from ._fast_job import RING_BYTES, FastJob, FastLane, Ring
+from ._fast_plan import K_IN, K_IN_OUT, K_OUT, K_RESIDENT, K_SCALAR, FastPlan, KnownKernel, eligible
 from ._watches import EXPECT_RISE
 
 if TYPE_CHECKING:
@@ -472,7 +472,7 @@ class FastPath:
                 start = at + offset
                 results.append(view[start : start + nbytes].view(dtype).reshape(shape).copy())
             else:  # K_INTO
-                results.append(job.args[index].into)  # type: ignore[attr-defined]  # an Out
+                results.append(job.args[index].into)  # an Out
         return tuple(results)
 
     def flush(self, telemetry: Telemetry) -> None:

@@ -10,19 +10,31 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 from asyncgraph.jobs._scheduler import JobState
 
-from ._fast_plan import MAX_PLANS, RING_BYTES, describes
-
 if TYPE_CHECKING:
     from asyncgraph.args._bound_args import BoundCall
     from asyncgraph.buffers._resident import ResidentBuffer
     from asyncgraph.jobs._pending import PendingDispatch
     from asyncgraph.pool import PinnedBlock, StreamLane
 
-    from ._fast_plan import FastPlan
 
-__all__ = ("FastJob", "FastLane", "KnownKernel", "Ring")
+__all__ = ("RING_BYTES", "FastJob", "FastLane", "JobPlan", "Ring")
 
 _QUEUED = JobState.QUEUED
+RING_BYTES = 2 << 20  # each lane's pinned staging ring
+
+
+class JobPlan(Protocol):
+    """What a job reads of its plan (``_fast_plan.FastPlan``, which imports this module)."""
+
+    expected: float  # the plan's device time as learned, seconds (0.0: not yet)
+
+    @property
+    def template(self) -> BoundCall:
+        """The plan's bound call without arguments (the job's ``call``)."""
+
+    @property
+    def returned(self) -> tuple[Any, ...]:
+        """Per result ``(kind, index, offset, nbytes, dtype, shape)``."""
 
 
 class FastLane(Protocol):
@@ -82,7 +94,7 @@ class FastJob:
     device_buffer = None
     t_submit = 0.0
 
-    def __init__(self, plan: FastPlan, args: tuple[object, ...], lane: FastLane, t: float) -> None:
+    def __init__(self, plan: JobPlan, args: tuple[object, ...], lane: FastLane, t: float) -> None:
         self.plan = plan
         self.call = plan.template
         self.args = args
@@ -128,38 +140,3 @@ class Ring:
         self.view = block.array
         self.head = 0
         self.tail = 0
-
-
-class KnownKernel:
-    """What the fast path knows of one kernel: its launcher once loaded, its plans (most
-    recently learned first), and whether ``graph="auto"`` steered one of them."""
-
-    __slots__ = ("launcher", "plans", "steered")
-
-    def __init__(self) -> None:
-        self.launcher: Any = None
-        self.plans: list[FastPlan] = []
-        self.steered = False
-
-    @staticmethod
-    def of(kernels: dict[Any, KnownKernel], kernel: Any) -> KnownKernel:
-        """What *kernels* knows of *kernel*, made empty if nothing yet."""
-        known = kernels.get(kernel)
-        if known is None:
-            known = kernels[kernel] = KnownKernel()
-        return known
-
-    def learn(self, plan: FastPlan) -> None:
-        """Launch calls of *plan* too (a few plans are kept)."""
-        self.plans.insert(0, plan)
-        del self.plans[MAX_PLANS:]
-
-    def steer(self, call: BoundCall, choice: Any) -> None:
-        """Set *choice* as ``auto`` of the plans that launch *call*'s signature (at once done
-        if one has it already)."""
-        if any(plan.auto is choice for plan in self.plans):
-            return
-        for plan in self.plans:
-            if describes(plan, call):
-                plan.auto = choice
-                self.steered = True

@@ -17,6 +17,8 @@ from typing import TYPE_CHECKING, Any
 from asyncgraph.args._arguments import FAST_CODES, fast_arg
 from asyncgraph.args._bound_args import upload_bytes
 
+from ._fast_job import RING_BYTES
+
 if TYPE_CHECKING:
     from asyncgraph.args._bound_args import BoundCall
     from asyncgraph.args._plan_cache import Plan
@@ -33,11 +35,11 @@ __all__ = (
     "MAX_STAGED",
     "RING_BYTES",
     "FastPlan",
+    "KnownKernel",
     "describes",
     "eligible",
 )
 
-RING_BYTES = 2 << 20  # each lane's pinned staging ring
 MAX_STAGED = RING_BYTES >> 2  # bytes a dispatch may stage to take the fast path
 MAX_SHARED = 48 * 1024  # dynamic shared memory a kernel has without asking for more
 MAX_PLANS = 4  # signatures kept per kernel, most recently used first
@@ -176,3 +178,38 @@ def describes(plan: FastPlan, call: BoundCall) -> bool:
             plan.args, call.args, strict=True
         )
     )
+
+
+class KnownKernel:
+    """What the fast path knows of one kernel: its launcher once loaded, its plans (most
+    recently learned first), and whether ``graph="auto"`` steered one of them."""
+
+    __slots__ = ("launcher", "plans", "steered")
+
+    def __init__(self) -> None:
+        self.launcher: Any = None
+        self.plans: list[FastPlan] = []
+        self.steered = False
+
+    @staticmethod
+    def of(kernels: dict[Any, KnownKernel], kernel: Any) -> KnownKernel:
+        """What *kernels* knows of *kernel*, made empty if nothing yet."""
+        known = kernels.get(kernel)
+        if known is None:
+            known = kernels[kernel] = KnownKernel()
+        return known
+
+    def learn(self, plan: FastPlan) -> None:
+        """Launch calls of *plan* too (a few plans are kept)."""
+        self.plans.insert(0, plan)
+        del self.plans[MAX_PLANS:]
+
+    def steer(self, call: BoundCall, choice: Any) -> None:
+        """Set *choice* as ``auto`` of the plans that launch *call*'s signature (at once done
+        if one has it already)."""
+        if any(plan.auto is choice for plan in self.plans):
+            return
+        for plan in self.plans:
+            if describes(plan, call):
+                plan.auto = choice
+                self.steered = True
