@@ -637,6 +637,23 @@ def test_the_depth_check_finds_a_deep_chain(tmp_path: Path) -> None:
     ]
 
 
+def check_formatter_skips(root: Path) -> list[str]:
+    """Lines of the package that keep the formatter off (``# fmt: skip``, ``# fmt: off``): a
+    module squeezed under the line limit that way is over it."""
+    found = []
+    for path in sorted(root.rglob("*.py")):
+        for number, line in enumerate(path.read_text(encoding="utf-8").splitlines(), 1):
+            if re.search(r"#\s*fmt:\s*(skip|off)", line):
+                found.append(f"{path.relative_to(root)}:{number}")
+    return found
+
+
+def test_no_line_keeps_the_formatter_off(tmp_path: Path) -> None:
+    _report("'# fmt: skip' or '# fmt: off' in the package", check_formatter_skips(SRC / PACKAGE))
+    (tmp_path / "m.py").write_text("x = (1,\n     2)  # fmt: skip\n", encoding="utf-8")
+    assert check_formatter_skips(tmp_path) == ["m.py:2"]
+
+
 def test_no_private_member_used_outside_its_module() -> None:
     _report("private members used outside their module", check_private_access(SRC, PACKAGE))
 

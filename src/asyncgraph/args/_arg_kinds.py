@@ -35,9 +35,6 @@ from asyncgraph._exceptions import ArgumentTypeError, UnsupportedError
 
 from ._arg_kind_base import (
     FAST_IN,
-    FAST_IN_OUT,
-    FAST_INTO,
-    FAST_OUT,
     FAST_RESIDENT,
     FAST_SCALAR,
     ArgKind,
@@ -71,22 +68,11 @@ if TYPE_CHECKING:
 __all__ = (
     "ARRAY",
     "DEVICE_ARRAY",
-    "FAST_IN",
-    "FAST_INTO",
-    "FAST_IN_OUT",
-    "FAST_OUT",
-    "FAST_RESIDENT",
-    "FAST_SCALAR",
     "PYTHON_NUMBER",
     "REPLICATED",
     "RESIDENT",
     "SCALAR",
     "UNKNOWN",
-    "ArgKind",
-    "Binding",
-    "FastArg",
-    "Maker",
-    "same_array",
 )
 
 

@@ -25,6 +25,7 @@ import numpy as np
 from asyncgraph._exceptions import ArgumentTypeError, DispatchError, ShapeMismatchError
 from asyncgraph.buffers._resident import ResidentBuffer
 
+from ._arg_kind_base import ArgKind, Binding, FastArg
 from ._arg_kinds import (
     ARRAY,
     DEVICE_ARRAY,
@@ -32,9 +33,6 @@ from ._arg_kinds import (
     RESIDENT,
     SCALAR,
     UNKNOWN,
-    ArgKind,
-    Binding,
-    FastArg,
 )
 from ._arg_outputs import InOutKind, OutKind
 from ._bound_args import Arg, BoundCall, lay_out

@@ -31,7 +31,7 @@ from ._kernel import Kernel
 if TYPE_CHECKING:
     from asyncgraph.buffers._resident import ResidentStore
 
-    from ._arg_kinds import Maker
+    from ._arg_kind_base import Maker
 
 __all__ = ("MAX_PLANS", "Plan", "Plans", "plan_of", "same_dims")
 

@@ -161,15 +161,7 @@ class BatchLauncher:
             else:
                 grid, block = check_launch_shape(self._kernel, 1, self._launch(1))
                 views.extend(self._tail(1))
-                pending = self._backend.dispatch(
-                    self._kernel,
-                    *views,
-                    grid=grid,  # type: ignore[arg-type]  # checked by dispatch
-                    block=block,  # type: ignore[arg-type]
-                    shared_mem=self._shared_mem,
-                    graph=self._graph,
-                )
-                return pending, None
+                return self._dispatch(views, grid, block), None
         size = self._buckets[0] if self._buckets else 1
         return self.launch([rows], size)
 
@@ -206,7 +198,11 @@ class BatchLauncher:
         staging = self._take()
         args = self._stack(staging, items, size)
         args.extend(self._tail(size))
-        pending = self._backend.dispatch(
+        return self._dispatch(args, grid, block), staging
+
+    def _dispatch(self, args: list[Any], grid: object, block: object) -> PendingDispatch:
+        """The kernel's dispatch of *args* (the launch shape as ``launch`` returned it)."""
+        return self._backend.dispatch(
             self._kernel,
             *args,
             grid=grid,  # type: ignore[arg-type]  # checked by dispatch
@@ -214,7 +210,6 @@ class BatchLauncher:
             shared_mem=self._shared_mem,
             graph=self._graph,
         )
-        return pending, staging
 
     def answers(self, results: tuple[Array, ...], n: int) -> Any:
         """An iterator of each of the *n* callers' tuple of result rows (views), in order."""

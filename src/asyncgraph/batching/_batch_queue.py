@@ -225,16 +225,7 @@ class BatchQueue:
         """The steady path of a call whose *item* is checked: :meth:`add` it, if the call runs
         on the queue's *loop* (an asyncio loop), the queue is open and the caller may not go
         alone (:meth:`alone`); else ``None`` (the caller checks more, or goes alone)."""
-        if loop is not self._loop or loop is None or self._closed:
-            return None
-        if (  # alone(), in line: the loop and the queue are checked above
-            self._lone
-            and self._takes_lone
-            and self._adaptive
-            and self._open is None
-            and not self._in_flight
-            and not self._line
-        ):
+        if loop is not self._loop or loop is None or self._closed or self.alone(loop):
             return None
         return self.add(loop, item)
 
