@@ -11,7 +11,7 @@ import pytest
 
 import asyncgraph as ag
 from asyncgraph.cuda import _cuda_graphs as _graphs
-from asyncgraph.cuda.launch import _streamed
+from asyncgraph.cuda.memory import _chunked_transfer
 from asyncgraph.cuda.memory._chunked_transfer import CHUNKED_ABOVE
 
 from .kernels import INC, SCALE
@@ -21,7 +21,7 @@ pytestmark = pytest.mark.cuda
 
 @pytest.fixture
 async def gpu(monkeypatch: pytest.MonkeyPatch) -> AsyncIterator[Any]:
-    monkeypatch.setattr(_streamed, "TRANSFER_CHUNK", 1 << 20)  # many chunks from a few MiB
+    monkeypatch.setattr(_chunked_transfer, "TRANSFER_CHUNK", 1 << 20)  # many chunks from a few MiB
     async with ag.open_backend("cuda") as backend:
         yield backend
 
@@ -93,7 +93,7 @@ _N = (3 << 20) // 4 + 5  # float32 elements: a little over 3 MiB per array
 async def streaming(monkeypatch: pytest.MonkeyPatch) -> AsyncIterator[Any]:
     """A backend that streams dispatches moving more than 2 MiB, in 1 MiB chunks, and records
     the size of every pinned block it takes."""
-    monkeypatch.setattr(_streamed, "TRANSFER_CHUNK", 1 << 20)
+    monkeypatch.setattr(_chunked_transfer, "TRANSFER_CHUNK", 1 << 20)
     monkeypatch.setattr(_graphs, "STREAM_MIN", 2 << 20)
     options = ag.BackendOptions(pinned_pool_bytes=1 << 20)
     async with ag.open_backend("cuda", options=options) as opened:

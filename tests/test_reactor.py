@@ -61,10 +61,12 @@ async def test_a_busy_stream_cannot_starve_another(monkeypatch: pytest.MonkeyPat
 
 
 def _fake_driver(monkeypatch: pytest.MonkeyPatch) -> None:
-    # The Python core's Watches (the compiled one queries real events), with a fake query.
-    monkeypatch.setattr(
-        _reactor, "core", types.SimpleNamespace(query=_query, Watches=_watches.Watches)
+    # The Python core's Watches (the compiled one queries real events), with a fake query; the
+    # waiters of the core that runs, as the reactor hands them over.
+    fake = types.SimpleNamespace(
+        query=_query, Watches=_watches.Watches, NativeWaiter=_reactor.core.NativeWaiter
     )
+    monkeypatch.setattr(_reactor, "core", fake)
     monkeypatch.setattr(_watches, "query", _query)
 
 
