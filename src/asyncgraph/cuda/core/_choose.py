@@ -6,7 +6,7 @@ Python one, with the reason); ``ASYNCGRAPH_CORE=python`` or ``ASYNCGRAPH_PURE_PY
 Python one. Without either, :data:`DEFAULT` decides: the compiled core wherever it built and
 loads (it passes the CUDA suite and the benchmarks on a GPU, ``docs/core.md``), else the Python
 core, with the reason. A compiled core that is built but does not match the Python classes whose
-slots it reads in place (``_core_mirror.pxi``: one of them is no slot any more, say) fails at its
+slots it reads in place (``_doors.pxi``: one of them is no slot any more, say) fails at its
 import with another error than ``ImportError``; then the Python core runs too, with a
 ``RuntimeWarning`` that says why.
 
