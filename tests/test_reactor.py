@@ -14,6 +14,7 @@ from asyncgraph._exceptions import CudaError
 from asyncgraph.cuda.completion import _expected_ends as _expect
 from asyncgraph.cuda.completion import _reactor
 from asyncgraph.cuda.core import _watches
+from asyncgraph.cuda.core._choose import core
 from asyncgraph.cuda.driver._driver import NOT_READY, SUCCESS
 from asyncgraph.cuda.driver._events import EventPool
 from tests.fake_driver import run_scenario
@@ -64,7 +65,7 @@ def _fake_driver(monkeypatch: pytest.MonkeyPatch) -> None:
     # The Python core's Watches (the compiled one queries real events), with a fake query; the
     # waiters of the core that runs, as the reactor hands them over.
     fake = types.SimpleNamespace(
-        query=_query, Watches=_watches.Watches, NativeWaiter=_reactor.core.NativeWaiter
+        query=_query, Watches=_watches.Watches, NativeWaiter=core.NativeWaiter
     )
     monkeypatch.setattr(_reactor, "core", fake)
     monkeypatch.setattr(_watches, "query", _query)

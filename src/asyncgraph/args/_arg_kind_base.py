@@ -30,6 +30,7 @@ __all__ = (
     "FastArg",
     "Maker",
     "same_array",
+    "staged_fast",
 )
 
 # Builds one bound argument from a value of the planned type, or returns None when the value is
@@ -135,3 +136,10 @@ def same_array(array: np.ndarray[Any, Any]) -> Callable[[Any], bool]:
     ``bind()`` made of *array*: contiguity, size, byte order, the kernel's dtype)."""
     shape, dtype, strides = array.shape, array.dtype, array.strides
     return lambda v: v.shape == shape and v.dtype is dtype and v.strides == strides
+
+
+def staged_fast(code: int, arg: Any) -> FastArg:
+    """The fast path's descriptor of a staged argument: *code*, its array's shape, dtype and
+    strides, and its offset in the staging."""
+    value = arg.value
+    return code, value.shape, value.dtype, value.strides, arg.offset

@@ -42,6 +42,7 @@ from ._arg_kind_base import (
     FastArg,
     Maker,
     same_array,
+    staged_fast,
 )
 from ._bound_args import (
     Arg,
@@ -113,8 +114,7 @@ class ArrayKind(ArgKind):
 
     def fast(self, arg: Any) -> FastArg:
         """``in``, with the array's shape, dtype and strides, and its offset."""
-        value = arg.value
-        return FAST_IN, value.shape, value.dtype, value.strides, arg.offset
+        return staged_fast(FAST_IN, arg)
 
 
 class ScalarKind(ArgKind):

@@ -19,6 +19,7 @@ from ._arg_kind_base import (
     FastArg,
     Maker,
     same_array,
+    staged_fast,
 )
 from ._bound_args import Arg, InOutArg, OutArg, ResidentOutArg
 from ._checks import CONST, array_ok, article, describe, describe_value, is_masked, refuse_array
@@ -193,5 +194,4 @@ class InOutKind(ArgKind):
 
     def fast(self, arg: Any) -> FastArg:
         """``in_out``, with the array's shape, dtype and strides, and its offset."""
-        value = arg.value
-        return FAST_IN_OUT, value.shape, value.dtype, value.strides, arg.offset
+        return staged_fast(FAST_IN_OUT, arg)
