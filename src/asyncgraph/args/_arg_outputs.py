@@ -1,5 +1,5 @@
 """The kinds of the arguments that return a result: ``Out`` and ``InOut`` (see ``_arg_kinds``
-for what a kind owns). ``_args`` makes one of each for its ``Out`` and ``InOut`` classes and
+for what a kind owns). ``_arguments`` makes one of each for its ``Out`` and ``InOut`` classes and
 puts them in its table of kinds."""
 
 from __future__ import annotations
@@ -64,7 +64,7 @@ class OutKind(ArgKind):
     bound = (OutArg, ResidentOutArg)
 
     def __init__(self, out_type: type) -> None:
-        self._type: Any = out_type  # the exact type a plan rebinds (``_args.Out``)
+        self._type: Any = out_type  # the exact type a plan rebinds (``_arguments.Out``)
 
     def bind(self, value: Any, index: int, param: Param | None, binding: Binding) -> Arg:
         """The output: staged in the outputs' region, or a resident buffer; returned."""
@@ -148,7 +148,7 @@ class InOutKind(ArgKind):
     bound = (InOutArg,)
 
     def __init__(self, in_out_type: type) -> None:
-        self._type: Any = in_out_type  # the exact type a plan rebinds (``_args.InOut``)
+        self._type: Any = in_out_type  # the exact type a plan rebinds (``_arguments.InOut``)
 
     def bind(self, value: Any, index: int, param: Param | None, binding: Binding) -> Arg:
         """Its array, staged in the in-outs' region; returned."""

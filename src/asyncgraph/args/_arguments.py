@@ -1,14 +1,14 @@
 """Argument kinds of a dispatch, the table of them, and their validation.
 
 ``bind()`` turns the positional arguments of ``dispatch()`` into a ``BoundCall`` of bound
-arguments (``_bound``), which every backend reads the same way. It checks everything that can be
-checked before any work starts — kinds, dtypes against the kernel's parameters, contiguity,
+arguments (``_bound_args``), which every backend reads the same way. It checks everything that can
+be checked before any work starts — kinds, dtypes against the kernel's parameters, contiguity,
 sizes, launch shape — and raises a :class:`DispatchError` whose message names the argument and
 says what to pass instead.
 
 Each argument is checked and bound by its kind (``_arg_kinds``), found in one table,
 :data:`KINDS`, by the value's exact type (:func:`kind_of` for the others). The same kinds say
-what a cached plan does for a later value (``_plans``) and what the fast path keeps of an
+what a cached plan does for a later value (``_plan_cache``) and what the fast path keeps of an
 argument (:func:`fast_arg`, with :data:`FAST_CODES`, the codes both dispatch cores use).
 """
 

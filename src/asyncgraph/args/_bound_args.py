@@ -18,7 +18,7 @@ kind               staged in   launch value (on a device)   result
 :meth:`Arg.enqueue_value` is the launch value as a launch on a stream takes it: a resident output
 has its buffer zeroed there first, a device array has the stream wait for its producer (through
 the launch's :class:`LaunchOrder`). Which kind a value is, and so which of these it becomes, is
-decided in one place, its kind (``_arg_kinds``, found in ``_args.KINDS``).
+decided in one place, its kind (``_arg_kinds``, found in ``_arguments.KINDS``).
 
 The staged kinds share one layout per dispatch, ``[inputs | in-outs | outputs]`` with each
 argument 256-byte aligned, computed once when the call is bound (:func:`lay_out`) and kept in

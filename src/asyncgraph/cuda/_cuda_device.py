@@ -49,7 +49,7 @@ class Device:
         limits: the launch limits dispatches are checked against.
         arch: e.g. ``"sm_90"``; name: e.g. ``"NVIDIA H100 80GB HBM3"``.
         lanes: one :class:`Lane` per stream of ``stream_pool``, by index.
-        wait_lanes: the lanes awaited foreign work completes on (``_foreign``), after them.
+        wait_lanes: the lanes awaited foreign work completes on (``_foreign_work``), after them.
         foreign: waits for, and ordering with, other libraries' streams and events.
         watches: what the reactor watches, per lane (the core's ``Watches``).
         stream_pool: placement and leases of the lanes' streams.
@@ -101,7 +101,7 @@ class Device:
         )
         self.abandoned = [0, 0]  # device buffers and bytes left to a failed context
         self.spares = Spares(self.release_buffer)  # freed resident storage, kept for reuse
-        # Seconds a byte of copy_in takes, by route (``_peers``), learned: when one should end.
+        # Seconds a byte of copy_in takes, by route (``_peer_copies``), learned: when one ends.
         self.copy_pace: dict[str, float] = {}
         # A pool given in the options (a device group's, shared by its members) is its
         # giver's to close, as a memory resource given in the options is.
@@ -124,7 +124,7 @@ class Device:
             Lane(self, slot, self.memory.reserve(SCRATCH_BYTES, slot.stream))
             for slot in self.stream_pool.lanes
         ]
-        # Streams of their own that awaited foreign work completes on (``_foreign``): the
+        # Streams of their own that awaited foreign work completes on (``_foreign_work``): the
         # reactor's lanes after the pool's, outside the pool, so no dispatch waits behind it.
         n = len(self.lanes)
         self.wait_lanes = [
@@ -136,7 +136,7 @@ class Device:
         self.watches = core.Watches(n + WAIT_LANES, self.events.idle, options.spin_window)
         self.watches.context = self.ctx.address
         self.granted: set[int] = set()  # devices given access to this device's memory pool
-        self.routes: dict[int, str] = {}  # how each context copies from here (``_peers``)
+        self.routes: dict[int, str] = {}  # how each context copies from here (``_peer_copies``)
         # Failed with every other CUDA backend of the process by a sticky fault anywhere.
         _poison.join(self)
 
@@ -239,7 +239,7 @@ class Device:
 
     def grant_access(self, ordinal: int) -> bool:
         """Give device *ordinal* read-write access to this device's memory pool (once), so that
-        its peer copies read and write this device's memory directly (``_peers``); whether it
+        its peer copies read and write this device's memory directly (``_peer_copies``); whether it
         has that access. Memory that comes from no pool is covered by context access alone."""
         if ordinal in self.granted:
             return True

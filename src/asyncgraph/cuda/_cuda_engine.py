@@ -1,7 +1,7 @@
 """The CUDA engine: the collaborators of one device, composed behind the front's protocol.
 
 It answers the scheduler's questions and routes each job to the path that runs it: small
-(``_small``), streamed (``_streamed``) or a graph replay. It completes nothing itself: the paths
+(``_staged``), streamed (``_streamed``) or a graph replay. It completes nothing itself: the paths
 report to the front's :class:`~asyncgraph.front._engine_protocols.Sink`.
 """
 
@@ -263,7 +263,7 @@ class CudaEngine:
 
     @in_context
     def copy_route(self, source: Any) -> str:
-        """``"device"`` within one context, else ``"peer"`` or ``"staged"`` (``_peers``)."""
+        """``"device"`` within one context, else ``"peer"`` or ``"staged"`` (``_peer_copies``)."""
         return route(self.device, source.device)
 
     @in_context

@@ -5,7 +5,8 @@
 resident buffers, the bounded queue's waiting room, telemetry and closing. How work runs —
 compiling, staging, launching, collecting, resident storage — belongs to an
 :class:`~asyncgraph.front._engine_protocols.Engine` it is composed with (the CUDA engine in
-``asyncgraph.cuda``, the host engine in ``_host``). ``open_backend`` lives in ``_open``.
+``asyncgraph.cuda``, the host engine in ``host._host_backend``). ``open_backend`` lives in
+``_open``.
 """
 
 from __future__ import annotations

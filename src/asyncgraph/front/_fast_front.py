@@ -8,7 +8,7 @@ invariant stated there: the scheduler's :class:`~asyncgraph.jobs._scheduler.Fast
 reads the lifecycle, and hands a job the general way to the dispatcher's ``done``; it changes
 nothing else of the front. The compiled core copies those doors in C, under the same names.
 
-Kept apart from ``_engine``: what the fast path is handed (the lifecycle) itself uses the
+Kept apart from ``_engine_protocols``: what the fast path is handed (the lifecycle) itself uses the
 engine's protocols, so this module sits above them.
 """
 

@@ -256,7 +256,7 @@ class Reactor:
             # Polls followed each other for a whole window with nothing completing and nothing
             # else to run, or the work is expected to end later than that (``ends_late``): let the
             # waiter threads sleep on the events, and the loop sleep too; unless some work is
-            # expected to end sooner than a sleeping loop would wake (``_expect``).
+            # expected to end sooner than a sleeping loop would wake (``_expected_ends``).
             soon = ends_soon(self._lanes, self._poked_lanes, now, self.poke_margin)
             if soon:
                 if soon == WITHIN_MARGIN:
@@ -313,7 +313,7 @@ class Reactor:
         wake_at = self._wake_at.get(lane.index, 0.0)
         if lane.handed is None or not w.pending or w.paused or not wake_at:
             return
-        # How late the loop woke: the margin to poke with from now on (``_expect``).
+        # How late the loop woke: the margin to poke with from now on (``_expected_ends``).
         self.poke_margin = margin_after_poke(self.poke_margin, perf_counter() - wake_at)
         self.pokes += 1
         self._poked_lanes.add(lane.index)

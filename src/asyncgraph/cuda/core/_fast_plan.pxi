@@ -27,7 +27,7 @@ cdef enum:
     MAX_DIMS = 8
     N_BUCKETS = 201
 
-# The argument codes of a plan: the argument kinds' (``_args.FAST_CODES``, by way of
+# The argument codes of a plan: the argument kinds' (``_arguments.FAST_CODES``, by way of
 # ``_fast_plan``), read once here; the staged ones lie right above A_SCALAR (``<= A_OUT``).
 cdef int A_SCALAR = K_SCALAR
 cdef int A_IN = K_IN
@@ -38,7 +38,7 @@ cdef int A_INTO = K_INTO
 
 
 def fast_codes():
-    """The argument codes this core's fast path compares, by the names of ``_args.FAST_CODES``
+    """The argument codes this core's fast path compares, by the names of ``_arguments.FAST_CODES``
     (a test checks they are the table's)."""
     return {
         "scalar": A_SCALAR,

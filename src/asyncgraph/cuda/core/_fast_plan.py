@@ -46,7 +46,7 @@ MAX_PLANS = 4  # signatures kept per kernel, most recently used first
 _ALIGN = 256
 
 # The codes of a plan's arguments (what each position takes, and so how it is checked and
-# passed): the argument kinds' (``_args.FAST_CODES``). The staged ones (K_IN, K_IN_OUT, K_OUT)
+# passed): the argument kinds' (``_arguments.FAST_CODES``). The staged ones (K_IN, K_IN_OUT, K_OUT)
 # lie right above K_SCALAR: ``code <= K_OUT`` means staged.
 K_SCALAR = FAST_CODES["scalar"]
 K_IN = FAST_CODES["in"]
@@ -77,7 +77,7 @@ class FastPlan:
         grid, block: the launch shape as the plan's guard compares it (int or tuple);
             grid_dims, block_dims: as three ints.
         shared_mem: bytes of dynamic shared memory.
-        in_end, up_end, total: the staging layout's bounds (``_bound.lay_out``).
+        in_end, up_end, total: the staging layout's bounds (``_bound_args.lay_out``).
         up_copy: bytes the upload takes (``_bound_args.upload_bytes``): ``up_end``, or ``total``
             where the outputs are zeroed in the ring and go up with the inputs.
         staged: bytes of ring a dispatch takes (``total``, 256-byte aligned).

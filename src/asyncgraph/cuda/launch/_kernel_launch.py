@@ -137,7 +137,7 @@ class Launches:
         return [arg.enqueue_value(base, self, handle) for arg in job.call.args]
 
     def zero(self, pointer: int, nbytes: int, stream: Any) -> None:
-        """Zero *nbytes* at *pointer* on *stream* (``_bound.LaunchOrder``)."""
+        """Zero *nbytes* at *pointer* on *stream* (``_bound_args.LaunchOrder``)."""
         code = drv.cuMemsetD8Async(pointer, 0, nbytes, stream)[0]
         if code != SUCCESS:
             check((code,), "cuMemsetD8Async")
@@ -151,7 +151,7 @@ class Launches:
 
     def after_producer(self, producer: int, stream: Any) -> None:
         """Order *stream* after the work a foreign producer stream enqueued so far
-        (``_bound.LaunchOrder``)."""
+        (``_bound_args.LaunchOrder``)."""
         events = self._device.events
         event = events.take()
         try:

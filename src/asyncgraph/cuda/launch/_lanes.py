@@ -91,7 +91,7 @@ class Lane:
         self.index = slot.index
         self.stream = slot.stream
         self.handle = drv.CUstream(int(slot.stream.handle))
-        self.scratch = scratch  # None on a wait lane (``_foreign``), which runs no dispatch
+        self.scratch = scratch  # None on a wait lane (``_foreign_work``), which runs no dispatch
         self.scratch_ptr = int(scratch.handle) if scratch is not None else 0
         self.seen = 0.0  # see future()
 

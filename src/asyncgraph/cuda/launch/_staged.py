@@ -2,7 +2,7 @@
 
 A small dispatch copies its inputs into a pinned block (or goes up straight from pinned
 inputs), then enqueues on one lane: the upload, the outputs' memset (or their zeros in the
-upload, where they are small: ``_plan.upload_bytes``), the kernel, the download, and an
+upload, where they are small: ``_bound_args.upload_bytes``), the kernel, the download, and an
 event. Small ones (at most ``SCRATCH_BYTES`` of device memory) use their lane's scratch buffer
 instead of a fresh allocation: every use of it is ordered on that one stream. That saves
 the stream-ordered allocation and free (about 10 µs of host time per dispatch through

@@ -5,10 +5,10 @@ One dispatch makes at most one pinned block and one device allocation, laid out 
 (inputs and in-outs), one memset (outputs), the launch, one device-to-host copy (in-outs and
 outputs), a stream-ordered free and an event record — whatever the number of arguments. A
 dispatch with no transfers (resident buffers and scalars only) is the launch and the event.
-Where the outputs are small (at most ``ZEROS_BY_COPY`` bytes) and there are inputs to upload,
-the outputs are zeroed in the pinned staging instead and go up in the same copy as the inputs
-(``_bound_args.upload_bytes``): one driver call less on the loop and one operation less on the
-stream.
+Where the outputs are small (at most ``_bound_args.ZEROS_BY_COPY`` bytes) and there are inputs to
+upload, the outputs are zeroed in the pinned staging instead and go up in the same copy as the
+inputs (``_bound_args.upload_bytes``): one driver call less on the loop and one operation less on
+the stream.
 
 The layout itself is the call's (``_bound_args.lay_out``, computed when it was bound).
 Dispatches whose arrays total more than the pinned cap (``pinned_pool_bytes``, at least

@@ -2,8 +2,8 @@
 
 Dispatches whose arrays total more than the pinned cap are too big to stage in one block: each
 input goes up in chunks through two pinned blocks, the kernel runs, and each output comes down
-the same way (``_transfer.ChunkedTransfer``), so the pinned memory they need stays two chunks
-whatever their size.
+the same way (``_chunked_transfer.ChunkedTransfer``), so the pinned memory they need stays two
+chunks whatever their size.
 """
 
 from __future__ import annotations

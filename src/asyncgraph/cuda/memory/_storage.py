@@ -5,7 +5,7 @@ copy; larger ones stream in chunks. A download waits for the dispatches in fligh
 buffer; dispatches that write it later are parked until the download's copy has its event.
 A copy from another backend's buffer (``copy_in``) is one device-to-device copy, ordered the
 same way: within one context ``cuMemcpyDtoDAsync``, between two ``cuMemcpyPeerAsync``, with
-access to the other's memory set up once per pair where the devices allow it (``_peers``).
+access to the other's memory set up once per pair where the devices allow it (``_peer_copies``).
 """
 
 from __future__ import annotations
