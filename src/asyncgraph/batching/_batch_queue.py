@@ -225,7 +225,9 @@ class BatchQueue:
         """The steady path of a call whose *item* is checked: :meth:`add` it, if the call runs
         on the queue's *loop* (an asyncio loop), the queue is open and the caller may not go
         alone (:meth:`alone`); else ``None`` (the caller checks more, or goes alone)."""
-        if loop is not self._loop or loop is None or self._closed or self.alone(loop):
+        if loop is not self._loop or loop is None or self._closed:
+            return None
+        if self._lone and self.alone(loop):  # no call while callers come together
             return None
         return self.add(loop, item)
 
