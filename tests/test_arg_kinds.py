@@ -31,6 +31,7 @@ from asyncgraph.args._arguments import (
     LaunchLimits,
     bind,
     fast_arg,
+    kind_for,
     kind_of,
     register_kind,
 )
@@ -139,6 +140,27 @@ async def test_values_find_their_kind(host: ag.Backend) -> None:
     assert kind_of(_Device()) is DEVICE_ARRAY
     assert kind_of(object()) is UNKNOWN
     assert kind_of(type("OutLike", (ag.Out,), {})(2, np.float32)) is UNKNOWN  # as ever
+
+
+async def test_kinds_say_where_a_group_places_a_dispatch(host: ag.Backend) -> None:
+    buffer = host.empty(4, np.float32)
+    array = np.ones(2)
+    replicated = SimpleNamespace(on=lambda member: (member, "copy"))
+    placing = [
+        (buffer, buffer),
+        (ag.Out(into=buffer), buffer),
+        (ag.Out(4, np.float32), None),
+        (ag.InOut(array), None),
+        (array, None),
+        (np.float32(1), None),
+        (3, None),
+    ]
+    for value, held in placing:
+        assert kind_for(value).holds(value) is held, value
+        assert kind_for(value).on_member(value, "m") is value
+    assert REPLICATED.holds(replicated) is None
+    assert REPLICATED.on_member(replicated, 1) == (1, "copy")
+    assert kind_for(np.ones(2).view(_Subarray)) is ARRAY  # not in the table: kind_of's
 
 
 async def test_each_kind_describes_its_arguments_for_the_fast_path(host: ag.Backend) -> None:

@@ -29,7 +29,7 @@ __all__ = (
     "Binding",
     "FastArg",
     "Maker",
-    "same_array",
+    "restager",
     "staged_fast",
 )
 
@@ -130,12 +130,36 @@ class ArgKind:
         and what the plan's guard compares; ``None`` where the kind never takes the fast path."""
         return None
 
+    def holds(self, value: Any) -> Any:
+        """The resident buffer *value* is or writes into, which places a device group's
+        dispatch on the member that holds it; ``None`` where it names none."""
+        return None
 
-def same_array(array: np.ndarray[Any, Any]) -> Callable[[Any], bool]:
-    """Whether a later array has *array*'s shape, dtype and strides (then it passes every check
-    ``bind()`` made of *array*: contiguity, size, byte order, the kernel's dtype)."""
+    def on_member(self, value: Any, member: Any) -> Any:
+        """What a device group passes its *member* for *value*: the value itself, but for a
+        kind that has one copy per member."""
+        return value
+
+
+def restager(arg: Any, array: np.ndarray[Any, Any], wrapped: bool) -> Maker:
+    """The maker of a staged argument like *arg* (bound from *array*) for a later value: an
+    array (or, *wrapped*, an ``InOut`` of one) of *array*'s shape, dtype and strides, which
+    passes every check ``bind()`` made of *array* (contiguity, size, byte order, the kernel's
+    dtype), bound at *arg*'s offset; ``None`` for any other."""
+    made_as, index, param, offset = type(arg), arg.index, arg.param, arg.offset
     shape, dtype, strides = array.shape, array.dtype, array.strides
-    return lambda v: v.shape == shape and v.dtype is dtype and v.strides == strides
+
+    def restage(v: Any) -> Arg | None:
+        a = v.array if wrapped else v
+        if type(a) is not np.ndarray or a.shape != shape or a.dtype is not dtype:
+            return None
+        if a.strides != strides:
+            return None
+        made: StagedArg = made_as(index, a, param)
+        made.offset = offset
+        return made
+
+    return restage
 
 
 def staged_fast(code: int, arg: Any) -> FastArg:

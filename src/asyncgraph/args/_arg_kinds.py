@@ -41,7 +41,7 @@ from ._arg_kind_base import (
     Binding,
     FastArg,
     Maker,
-    same_array,
+    restager,
     staged_fast,
 )
 from ._bound_args import (
@@ -100,17 +100,7 @@ class ArrayKind(ArgKind):
         """A later array of the same shape, dtype and strides, at the same offset."""
         if type(value) is not np.ndarray:
             return None
-        index, param, offset = arg.index, arg.param, arg.offset
-        same = same_array(value)
-
-        def make_in(v: Any) -> Arg | None:
-            if not same(v):
-                return None
-            made = InArg(index, v, param)
-            made.offset = offset
-            return made
-
-        return make_in
+        return restager(arg, value, wrapped=False)
 
     def fast(self, arg: Any) -> FastArg:
         """``in``, with the array's shape, dtype and strides, and its offset."""
@@ -157,6 +147,10 @@ class ResidentKind(ArgKind):
         check_pointer_dtype(value.dtype, where, param)
         binding.call.resident = True
         return ResidentArg(index, value, param)
+
+    def holds(self, value: Any) -> Any:
+        """The buffer itself."""
+        return value
 
     def rebinder(self, arg: Any, value: Any, kernel: Kernel, store: ResidentStore) -> Maker:
         """A later live buffer of the same dtype."""
@@ -237,6 +231,10 @@ class ReplicatedKind(ArgKind):
     def bind(self, value: Any, index: int, param: Param | None, binding: Binding) -> NoReturn:
         """Refuse it, listing what a dispatch takes."""
         _refuse(value, binding.where(index, param))
+
+    def on_member(self, value: Any, member: Any) -> Any:
+        """The member's copy (``Replicated.on``)."""
+        return value.on(member)
 
 
 class UnknownKind(ArgKind):

@@ -18,7 +18,7 @@ from ._arg_kind_base import (
     Binding,
     FastArg,
     Maker,
-    same_array,
+    restager,
     staged_fast,
 )
 from ._bound_args import Arg, InOutArg, OutArg, ResidentOutArg
@@ -101,6 +101,10 @@ class OutKind(ArgKind):
         call.returned.append(arg)
         return arg
 
+    def holds(self, value: Any) -> Any:
+        """The buffer of ``Out(into=)``; ``None`` for a new output."""
+        return value.into
+
     def rebinder(self, arg: Any, value: Any, kernel: Kernel, store: ResidentStore) -> Maker | None:
         """A later ``Out`` of the same shape and dtype at the same offset, or an ``Out(into=)``
         of a live buffer of the same dtype."""
@@ -179,18 +183,7 @@ class InOutKind(ArgKind):
         """A later ``InOut`` of an array of the same shape, dtype and strides."""
         if type(value) is not self._type or type(value.array) is not np.ndarray:
             return None
-        index, param, offset = arg.index, arg.param, arg.offset
-        same = same_array(value.array)
-
-        def make_in_out(v: Any) -> Arg | None:
-            array = v.array
-            if type(array) is not np.ndarray or not same(array):
-                return None
-            made = InOutArg(index, array, param)
-            made.offset = offset
-            return made
-
-        return make_in_out
+        return restager(arg, value.array, wrapped=True)
 
     def fast(self, arg: Any) -> FastArg:
         """``in_out``, with the array's shape, dtype and strides, and its offset."""

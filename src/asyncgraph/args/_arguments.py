@@ -60,6 +60,7 @@ __all__ = (
     "Out",
     "bind",
     "fast_arg",
+    "kind_for",
     "kind_of",
     "register_kind",
 )
@@ -273,6 +274,11 @@ def kind_of(value: object) -> ArgKind:
     if hasattr(value, "__cuda_array_interface__") or hasattr(value, "__dlpack__"):
         return DEVICE_ARRAY
     return UNKNOWN
+
+
+def kind_for(value: object) -> ArgKind:
+    """The kind of *value*: its type's in :data:`KINDS`, else :func:`kind_of`'s."""
+    return KINDS.get(type(value)) or kind_of(value)
 
 
 def register_kind(value_type: type, kind: ArgKind) -> None:

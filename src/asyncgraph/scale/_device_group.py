@@ -29,7 +29,7 @@ from asyncgraph._exceptions import (
     GroupError,
     StaleBufferError,
 )
-from asyncgraph.args._arguments import Out
+from asyncgraph.args._arguments import kind_for
 from asyncgraph.args._checks import check_upload
 from asyncgraph.buffers._resident import ResidentBuffer
 from asyncgraph.front._backend import Backend
@@ -270,8 +270,8 @@ class DeviceGroup(AsyncResource):
         members = self._open_members()
         holder: Backend | None = None
         for arg in args:
-            buffer = arg.into if isinstance(arg, Out) else arg
-            if not isinstance(buffer, ResidentBuffer):
+            buffer = kind_for(arg).holds(arg)
+            if buffer is None:
                 continue
             owner = self.member_of(buffer)
             if holder is not None and owner is not holder:
@@ -304,9 +304,7 @@ class DeviceGroup(AsyncResource):
         return members[best]
 
     def _resolve(self, member: Backend, args: tuple[object, ...]) -> tuple[object, ...]:
-        if not any(isinstance(arg, Replicated) for arg in args):
-            return args
-        return tuple(arg.on(member) if isinstance(arg, Replicated) else arg for arg in args)
+        return tuple(kind_for(arg).on_member(arg, member) for arg in args)
 
     def dispatch(
         self,
