@@ -35,9 +35,11 @@ the replacements (past it the pool stays smaller), and :meth:`ActorPool.snapshot
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import functools
 import inspect
 import time
+from collections.abc import Iterator
 from typing import Any
 
 from asyncgraph.front._options import BackendOptions
@@ -170,6 +172,18 @@ def _not_picklable(exc: BaseException) -> NotPicklableError | None:
     return cause if isinstance(cause, NotPicklableError) else None
 
 
+@contextlib.contextmanager
+def _buffers_refused(caught: type[Exception], message: str) -> Iterator[None]:
+    """Raise :class:`NotPicklableError` with *message* for a *caught* error of Ray's that one
+    wraps (a resident buffer went to or came from an actor); let any other through."""
+    try:
+        yield
+    except caught as exc:
+        if (buffer_error := _not_picklable(exc)) is None:
+            raise
+        raise NotPicklableError(message) from buffer_error
+
+
 class ActorPool(AsyncResource):
     """Ray actors with a backend each; :meth:`run` sends a pipeline to the least busy one.
 
@@ -283,31 +297,25 @@ class ActorPool(AsyncResource):
                 f"{type(pipeline).__name__} {name}"
             )
         actor = await self._actor_for(index)
-        try:
+        with _buffers_refused(
+            TypeError,
+            f"pool.run({name}, ...) got a resident buffer among its arguments; it lives on a "
+            "backend of this process, not on the actors': pass its contents ('await "
+            "backend.download(buffer)'), and upload them inside the pipeline if need be",
+        ):
             ref = actor.handle.run.remote(pipeline, *args, **kwargs)
-        except TypeError as exc:
-            if (buffer_error := _not_picklable(exc)) is None:
-                raise
-            raise NotPicklableError(
-                f"pool.run({name}, ...) got a resident buffer among its arguments; it lives on "
-                "a backend of this process, not on the actors': pass its contents ('await "
-                "backend.download(buffer)'), and upload them inside the pipeline if need be"
-            ) from buffer_error
         future: asyncio.Future[Any] = asyncio.wrap_future(ref.future())
         actor.sent()
         self._running.add(future)
         future.add_done_callback(functools.partial(self._finished, actor, time.monotonic()))
-        try:
+        with _buffers_refused(
+            Exception,
+            f"pipeline {name} on actor {actor.slot} sent a resident buffer out of the actor (in "
+            "its result, say); a resident buffer lives on its actor's backend: return 'await "
+            "worker.backend.download(buffer)' from the pipeline instead, or keep the buffer in "
+            "worker.state",
+        ):
             return await asyncio.shield(future)
-        except Exception as exc:
-            if (buffer_error := _not_picklable(exc)) is None:
-                raise
-            raise NotPicklableError(
-                f"pipeline {name} on actor {actor.slot} sent a resident buffer out of the actor "
-                "(in its result, say); a resident buffer lives on its actor's backend: return "
-                "'await worker.backend.download(buffer)' from the pipeline instead, or keep the "
-                "buffer in worker.state"
-            ) from buffer_error
 
     async def broadcast(self, pipeline: Pipeline, *args: Any, **kwargs: Any) -> list[Any]:
         """Run *pipeline* on every actor at once (to load state into each); the results in
