@@ -208,7 +208,7 @@ def test_both_cores_have_the_same_classes_functions_methods_and_parameters(
 def test_the_constructors_are_read_from_the_cython_sources() -> None:
     sources = [CUDA / "_core_compiled.pyx", *sorted(CUDA.glob("*.pxi"))]
     found = cython_constructors(sources)
-    assert found["Watches"] == ["lanes", "idle_events", "spin_window"]  # typed: int lanes...
+    assert found["Watches"] == ["lanes", "idle_events", "spin_window", "context"]  # typed
     assert found["Launcher"] == ["function", "params"]  # __cinit__ only
     assert found["KnownKernel"] == []
     assert found["FastPath"] == [
@@ -218,6 +218,7 @@ def test_the_constructors_are_read_from_the_cython_sources() -> None:
         "events",
         "stream_pool",
         "front",
+        "launchers",
         "launcher_type",
     ]
     assert found["Watch"] == ["seq", "event", "callback", "expect"]

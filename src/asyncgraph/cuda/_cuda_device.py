@@ -133,8 +133,9 @@ class Device:
         ]
         self.foreign = ForeignWork(self)
         # The reactor's hot half, made now: the fast path and the reactor share it.
-        self.watches = core.Watches(n + WAIT_LANES, self.events.idle, options.spin_window)
-        self.watches.context = self.ctx.address
+        self.watches = core.Watches(
+            n + WAIT_LANES, self.events.idle, options.spin_window, self.ctx.address
+        )
         self.granted: set[int] = set()  # devices given access to this device's memory pool
         self.routes: dict[int, str] = {}  # how each context copies from here (``_peer_copies``)
         # Failed with every other CUDA backend of the process by a sticky fault anywhere.

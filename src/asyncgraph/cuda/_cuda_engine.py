@@ -92,8 +92,10 @@ class CudaEngine:
         self.small = SmallPath(device, self.launches)
         self.streamed = StreamedPath(device, self.launches, self.small)
         self.storage = Storage(device)
-        self.graphs = Graphs(device, self.launches, self.kernels, self.storage, links.graphs)
         self.fast: Any = None  # the dispatch core's FastPath, once the front asked for it
+        self.graphs = Graphs(
+            device, self.launches, self.kernels, self.storage, links.graphs, self._steer
+        )
         links.log.debug(
             "backend.opened",
             kind=self.kind,
@@ -134,11 +136,16 @@ class CudaEngine:
             device.events,
             device.stream_pool,
             front,
+            self.launches.launchers,
             core.Launcher,
         )
-        self.launches.fast = fast
         device.telemetry.add_source(fast.flush)
         return fast
+
+    def _steer(self, call: BoundCall, choice: Any) -> None:
+        # Graphs' news for the fast path: ``graph="auto"`` calls like *call* follow *choice*.
+        if self.fast is not None:
+            self.fast.steer(call, choice)
 
     # -- the scheduler's predicates ----------------------------------------------------------------
 
@@ -441,7 +448,6 @@ class CudaEngine:
         device = self.device
         fast, self.fast = self.fast, None
         if fast is not None:
-            self.launches.fast = None
             for block in fast.close():  # the staging rings, idle now
                 if device.failure is None:
                     free_staging(block)

@@ -66,10 +66,12 @@ class Graphs:
         kernels: Kernels,
         storage: Storage,
         front: GraphFront,
+        steer: Callable[[BoundCall, Choice], None],
     ) -> None:
         from cuda.core import StreamOptions
 
         self._device = device
+        self.steer = steer  # see GraphHost.steer: tells the engine's fast path
         self._launches = launches
         self._kernels = kernels
         self._storage = storage
@@ -142,12 +144,6 @@ class Graphs:
         """Report *job*'s cost from *started* to *choice* when it completes (``SmallPath``)."""
         job.choice = choice
         job.started = started
-
-    def steer(self, call: BoundCall, choice: Choice) -> None:
-        """Let the fast path take ``graph="auto"`` dispatches like *call* as *choice* says."""
-        fast = self._launches.fast
-        if fast is not None:
-            fast.steer(call, choice)
 
     def _record_locked(self, call: BoundCall) -> CachedGraph:
         self._device.check_healthy()

@@ -133,9 +133,7 @@ class Reactor:
         self.poke_margin = POKE_MARGIN
         self._pause_waiters = False  # a "global" capture: no hand-offs either
         self._stopped = False  # close() stopped the waiter threads (until adopt())
-        watches.schedule = self._schedule
-        watches.failed = self._failed
-        watches.poll_scheduled = False
+        watches.listen(self._schedule, self._failed)
         # A lone awaited dispatch polls its event right here before its task yields.
         self.spin = watches.spin
 

@@ -60,10 +60,10 @@ cdef class Watches:
     cdef public long long spins
     cdef public bint paused
     cdef public object fault
-    cdef public object schedule
-    cdef public object failed
-    cdef public object complete
-    cdef public size_t context  # the backend's CUcontext, made current around spin(); 0: none
+    cdef readonly object schedule
+    cdef readonly object failed
+    cdef readonly object complete
+    cdef readonly size_t context  # the backend's CUcontext, made current around spin(); 0: none
     cdef FastPath fast
     cdef char* _running
     cdef char* _checked
@@ -201,6 +201,7 @@ cdef class FastPath:
     cdef list _buffers
     cdef object _ids
     cdef dict _kernels
+    cdef dict _launchers  # the device's loaded kernels' launchers (Launches.launchers)
     cdef public long long dispatches
     cdef public long long completed
     cdef public long long failed

@@ -12,14 +12,17 @@ cdef class FastPath:
     """The steady state of a CUDA backend's dispatches, in one call; see
     ``_fast.FastPath`` (the same arguments, methods and behaviour)."""
 
-    def __cinit__(self, lanes, rings, watches, events, stream_pool, front, launcher_type):
+    def __cinit__(self, lanes, rings, watches, events, stream_pool, front, launchers, launcher_type):
         cdef Py_ssize_t n = len(lanes)
         self._here_forks = -1  # nothing kept yet (_runs_here)
         self._lane = <LaneC*>calloc(n if n else 1, sizeof(LaneC))
         if self._lane == NULL:
             raise MemoryError("no memory for the fast path's lanes")
 
-    def __init__(self, lanes, rings, Watches watches, events, stream_pool, front, launcher_type):
+    def __init__(
+        self, lanes, rings, Watches watches, events, stream_pool, front, dict launchers,
+        launcher_type,
+    ):
         cdef Py_ssize_t i
         if launcher_type is not Launcher:
             raise TypeError("the compiled fast path packs the compiled core's launchers only")
@@ -50,11 +53,11 @@ cdef class FastPath:
         self._generations, self._buffers = front.store.live_slots()  # never rebound
         self._ids = front.ids
         self._kernels = {}
+        self._launchers = launchers
         self._submitted = 0
         _clear(&self._submit_time)
         _clear(&self._latency)
-        watches.fast = self
-        watches.complete = self.complete
+        watches.serve_fast(self)
 
     def __dealloc__(self):
         free(self._lane)
@@ -76,11 +79,6 @@ cdef class FastPath:
         found = self._kernels.get(call.kernel)
         if found is not None:
             (<KnownKernel>found).steer(call, choice)
-
-    def add_kernel(self, kernel, launcher):
-        """*kernel* is loaded with *launcher* (only the compiled launchers are used here)."""
-        if type(launcher) is Launcher:
-            (<KnownKernel>KnownKernel.of(self._kernels, kernel)).launcher = launcher
 
     def close(self):
         """Forget every kernel; the ring blocks to give back to the pinned pool."""
@@ -112,8 +110,13 @@ cdef class FastPath:
         if found is None:
             return None
         known = <KnownKernel>found
-        if known.launcher is None or timing is not False:
+        if timing is not False:
             return None
+        if known.launcher is None:  # loaded since it was learned, perhaps
+            launcher = self._launchers.get(kernel)
+            if type(launcher) is not Launcher:
+                return None
+            known.launcher = launcher
         auto = graph is not _NEVER and graph != _NEVER
         if auto and (graph != _AUTO or not known.steered):
             return None  # graphs are asked for: the general path has them

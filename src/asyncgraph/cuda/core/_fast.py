@@ -69,6 +69,7 @@ class FastPath:
         events: the pool of completion events (``idle`` and ``take``).
         stream_pool: the stream pool, whose ``placements`` count the fast path's too.
         front: the front's doors and collaborators (``FastFront``).
+        launchers: the launchers of the kernels loaded (``Launches.launchers``), by kernel.
         launcher_type: the launchers this path packs (the core's own).
     """
 
@@ -80,6 +81,7 @@ class FastPath:
         events: Any,
         stream_pool: StreamPool[Any],
         front: FastFront,
+        launchers: dict[Kernel, Any],
         launcher_type: type,
     ) -> None:
         self._lanes = lanes
@@ -96,15 +98,15 @@ class FastPath:
         self._dispatcher = front.dispatcher
         self._store = front.store
         self._ids = front.ids
+        self._launchers = launchers
         self._launcher_type = launcher_type
-        self._kernels: dict[Kernel, KnownKernel] = {}
-        # Counted here, added into the backend's telemetry on each sync (flush()).
+        self._kernels: dict[Kernel, KnownKernel] = {}  # below: counts flush() adds to telemetry
         self.dispatches = self.completed = self.failed = 0
         self.bytes_up = self.bytes_down = self.copies_up = self.copies_down = 0
         self._submitted = 0  # dispatches launched since the last flush: none waited in a queue
         self._submit_time: list[float] = []
         self._latency: list[float] = []
-        watches.complete = self.complete
+        watches.serve_fast(self)
 
     # -- what it knows ---------------------------------------------------------------------
 
@@ -114,17 +116,11 @@ class FastPath:
             KnownKernel.of(self._kernels, call.kernel).learn(FastPlan(plan, call))
 
     def steer(self, call: BoundCall, choice: Any) -> None:
-        """Let ``graph="auto"`` dispatches that fit *call*'s plans follow *choice* (a
-        ``capture._choice.Choice``): taken here while ``choice.eager``, their costs reported
-        with ``choice.took`` while ``choice.sampling``; else left to the general path."""
+        """Let ``graph="auto"`` calls that fit *call*'s plans follow *choice* (``Choice``): taken
+        here while ``choice.eager``, costs told (``took``) while ``choice.sampling``."""
         known = self._kernels.get(call.kernel)
         if known is not None:
             known.steer(call, choice)
-
-    def add_kernel(self, kernel: Kernel, launcher: Any) -> None:
-        """*kernel* is loaded with *launcher* (only the core's own launchers are used here)."""
-        if type(launcher) is self._launcher_type:
-            KnownKernel.of(self._kernels, kernel).launcher = launcher
 
     def close(self) -> list[PinnedBlock]:
         """Forget every kernel; the ring blocks to give back to the pinned pool."""
@@ -148,8 +144,13 @@ class FastPath:
         """Launch the call if it is the steady state; ``None`` (having changed nothing) if not."""
         t0 = perf_counter()
         known = self._kernels.get(kernel)
-        if known is None or known.launcher is None or timing is not False:
+        if known is None or timing is not False:
             return None
+        if known.launcher is None:  # loaded since it was learned, perhaps
+            launcher = self._launchers.get(kernel)
+            if type(launcher) is not self._launcher_type:
+                return None
+            known.launcher = launcher
         auto = graph is not _NEVER and graph != _NEVER
         if auto and (graph != _AUTO or not known.steered):
             return None  # graphs are asked for: the general path has them

@@ -81,14 +81,14 @@ cdef class WatchLane:
 cdef class Watches:
     """The watched events of every lane, their completion, and the spin of a lone await."""
 
-    def __cinit__(self, int lanes, list idle_events, double spin_window):
+    def __cinit__(self, int lanes, list idle_events, double spin_window, size_t context=0):
         self._n = lanes
         self._running = <char*>calloc(lanes if lanes > 0 else 1, 1)
         self._checked = <char*>calloc(lanes if lanes > 0 else 1, 1)
         if self._running == NULL or self._checked == NULL:
             raise MemoryError("no memory for the reactor's lanes")
 
-    def __init__(self, int lanes, list idle_events, double spin_window):
+    def __init__(self, int lanes, list idle_events, double spin_window, size_t context=0):
         self.lanes = [WatchLane(i) for i in range(lanes)]
         self.idle_events = idle_events
         self.spin_window = spin_window
@@ -104,7 +104,18 @@ cdef class Watches:
         self.schedule = None
         self.failed = None
         self.complete = None
-        self.context = 0
+        self.context = context
+
+    def listen(self, schedule, failed):
+        """Report to a reactor from now on; see ``_watches.Watches.listen``."""
+        self.schedule = schedule
+        self.failed = failed
+        self.poll_scheduled = False
+
+    def serve_fast(self, FastPath fast):
+        """Complete *fast*'s jobs with it; see ``_watches.Watches.serve_fast``."""
+        self.fast = fast
+        self.complete = fast.complete
 
     def __dealloc__(self):
         free(self._running)

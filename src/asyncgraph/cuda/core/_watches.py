@@ -193,11 +193,14 @@ class Watches:
         lanes: how many lanes (streams) there are.
         idle_events: the event pool's idle list; a finished watch's event goes back there.
         spin_window: seconds :meth:`spin` polls a lone event before it gives up.
+        context: the address of the backend's ``CUcontext``, made current around :meth:`spin`
+            (0: none).
 
-    Attributes set by the reactor and the fast path once they exist:
-        schedule: asks the loop for a poll (:meth:`request_poll` calls it once per poll).
-        failed: called with a watch and the driver's code when its event failed.
-        complete: the fast path's completion, for its jobs (``callback`` is ``None``).
+    Who they report to, told by the reporters themselves (both outlive nothing of this):
+        schedule, failed: the reactor of the loop that serves the backend now (:meth:`listen`):
+            a poll asked for (:meth:`request_poll`, once per poll), a watch whose event failed.
+        complete: the fast path's completion of its own jobs, whose ``callback`` is ``None``
+            (:meth:`serve_fast`).
     """
 
     __slots__ = (
@@ -219,7 +222,9 @@ class Watches:
         "window_start",
     )
 
-    def __init__(self, lanes: int, idle_events: list[Any], spin_window: float) -> None:
+    def __init__(
+        self, lanes: int, idle_events: list[Any], spin_window: float, context: int = 0
+    ) -> None:
         self.lanes = [WatchLane(i) for i in range(lanes)]
         self.idle_events = idle_events
         self.spin_window = spin_window
@@ -231,11 +236,24 @@ class Watches:
         self.held_since = 0.0  # first inline completion since the loop last polled
         self.spins = 0  # completions spin() delivered before their task yielded
         self.paused = False  # a capture runs: no queries on the loop's thread
-        self._own: Any = None  # the backend's CUcontext, current around spin() (``context``)
+        self._own: Any = drv.CUcontext(context) if context else None  # current around spin()
         self.fault: CudaError | None = None  # the sticky error every later watch fails with
         self.schedule: Callable[[], None] | None = None
         self.failed: Callable[[Any, Any], None] = _no_failure_handler
         self.complete: Callable[[Any, CudaError | None], None] | None = None
+
+    def listen(self, schedule: Callable[[], None], failed: Callable[[Any, Any], None]) -> None:
+        """Report to a reactor from now on: *schedule* asks its loop for a poll, *failed* takes
+        a watch whose event failed and the driver's code. A reactor made for a new loop calls
+        this again; no poll is taken to be scheduled on the new loop."""
+        self.schedule = schedule
+        self.failed = failed
+        self.poll_scheduled = False
+
+    def serve_fast(self, fast: Any) -> None:
+        """Complete *fast*'s jobs (the watches whose ``callback`` is ``None``) with its
+        ``complete``; the fast path calls this as it is made."""
+        self.complete = fast.complete
 
     # -- adding ----------------------------------------------------------------------------
 
@@ -355,10 +373,6 @@ class Watches:
     def context(self) -> int:
         """The address of the backend's context, made current around :meth:`spin`; 0: none."""
         return int(self._own) if self._own is not None else 0
-
-    @context.setter
-    def context(self, address: int) -> None:
-        self._own = drv.CUcontext(address) if address else None
 
     def spin(self, until: float = 0.0) -> None:
         """Poll the only watched event right here for up to ``spin_window`` seconds, or until

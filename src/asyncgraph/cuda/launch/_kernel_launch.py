@@ -56,14 +56,12 @@ class Launches:
         self.launchers: dict[Kernel, Launcher | None] = {}
         self._configs: dict[tuple[Any, ...], Any] = {}
         self._smem_set: dict[Any, int] = {}
-        self.fast: Any = None  # the engine's fast path, told of each kernel loaded
 
     def add(self, kernel: Kernel, loaded: Any) -> None:
         """*kernel* is loaded as *loaded* (a ``cuda.core`` Kernel)."""
         self.loaded[kernel] = loaded
-        launcher = self.launchers[kernel] = launcher_for(kernel, loaded)
-        if self.fast is not None and launcher is not None:
-            self.fast.add_kernel(kernel, launcher)
+        # The fast path reads the launchers here when it meets a kernel it has none for.
+        self.launchers[kernel] = launcher_for(kernel, loaded)
 
     def is_loaded(self, kernel: Kernel) -> bool:
         """Whether *kernel* is loaded on this device."""
