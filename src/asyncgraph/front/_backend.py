@@ -96,8 +96,9 @@ class Backend(StreamsAndGraphs, AsyncResource):
         self.telemetry = parts.telemetry
         self._dispatcher = parts.dispatcher
         engine = self._engine = parts.engine
+        scheduler = self._scheduler = parts.dispatcher.scheduler
+        StreamsAndGraphs.__init__(self, engine, scheduler.admitted, self._loop_for_use)
         self.kind = engine.kind
-        self._scheduler = parts.dispatcher.scheduler
         self._store = parts.store
         life = self._life = parts.life
         self.on_close = life.on_close  # hooks run as aclose() begins (a batcher's flush)

@@ -10,7 +10,7 @@ hands over to the engine (``asyncgraph.cuda``; the host engine refuses all of it
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Awaitable
+from collections.abc import Awaitable, Callable
 from contextlib import AbstractAsyncContextManager
 from typing import TYPE_CHECKING, Any
 
@@ -19,22 +19,36 @@ from asyncgraph.jobs._pending import PendingDispatch
 
 if TYPE_CHECKING:
     from asyncgraph.args._kernel import Kernel
-    from asyncgraph.jobs._scheduler import Scheduler
+    from asyncgraph.jobs._scheduler import Job
 
-    from ._engine_protocols import Engine
+    from ._engine_protocols import Streams
     from ._lease import StreamLease
 
 __all__ = ("StreamsAndGraphs",)
 
 
 class StreamsAndGraphs:
-    """Graphs, stream leases and other libraries' CUDA work (mixed into ``Backend``)."""
+    """Graphs, stream leases and other libraries' CUDA work: the half of ``Backend``'s API
+    that the engine alone can do. ``Backend`` is made on it, first thing in its constructor;
+    what it holds is its own.
 
-    _engine: Engine
-    _scheduler: Scheduler
+    Args:
+        streams: the engine's side of this work (:class:`~._engine_protocols.Streams`), which
+            the host engine refuses.
+        admitted: the backend's dispatch of an id (``Scheduler.admitted``), for :meth:`order`.
+        for_use: the backend's check on every call of the API: the loop it belongs to, or the
+            error of a closed or failed backend.
+    """
 
-    def _loop_for_use(self) -> asyncio.AbstractEventLoop:
-        raise NotImplementedError  # Backend's
+    def __init__(
+        self,
+        streams: Streams,
+        admitted: Callable[[int], Job | None],
+        for_use: Callable[[], asyncio.AbstractEventLoop],
+    ) -> None:
+        self._streams = streams
+        self._admitted = admitted
+        self._for_use = for_use
 
     # -- graphs ---------------------------------------------------------------------------------
 
@@ -54,8 +68,8 @@ class StreamsAndGraphs:
         Raises:
             UnsupportedError: the backend has no CUDA graphs (the host backend).
         """
-        self._loop_for_use()
-        return await self._engine.record(kernel, args, grid, block, shared_mem)
+        self._for_use()
+        return await self._streams.record(kernel, args, grid, block, shared_mem)
 
     def capture(
         self, mode: object = "thread_local", *, into: object = None
@@ -77,8 +91,8 @@ class StreamsAndGraphs:
             BackendClosedError: *into* is closed.
             DispatchError: *into* belongs to another backend.
         """
-        self._loop_for_use()
-        return self._engine.capture(mode, into)
+        self._for_use()
+        return self._streams.capture(mode, into)
 
     # -- streams --------------------------------------------------------------------------------
 
@@ -97,8 +111,8 @@ class StreamsAndGraphs:
             UnsupportedError: the backend has no CUDA streams (the host backend).
             BackendClosedError: the backend is closed.
         """
-        self._loop_for_use()
-        return self._engine.stream()
+        self._for_use()
+        return self._streams.stream()
 
     def wait(self, work: object) -> Awaitable[None]:
         """Await the work enqueued so far on a CUDA stream you own, or up to a CUDA event.
@@ -128,8 +142,8 @@ class StreamsAndGraphs:
             BackendClosedError: the backend is closed.
             DeviceFaultError: the device failed earlier, or (from the await) the work faulted.
         """
-        self._loop_for_use()
-        return self._engine.wait_foreign(work)
+        self._for_use()
+        return self._streams.wait_foreign(work)
 
     async def order(self, stream: object, *, after: PendingDispatch) -> None:
         """Make *stream* (yours: PyTorch's, CuPy's...) wait on the GPU for the dispatch
@@ -150,17 +164,17 @@ class StreamsAndGraphs:
             UnsupportedError: the host backend has no CUDA streams.
             BackendClosedError: the backend is closed.
         """
-        loop = self._loop_for_use()
+        loop = self._for_use()
         if not isinstance(after, PendingDispatch):
             raise ArgumentTypeError(
                 f"order(stream, after=...) takes a PendingDispatch, got {type(after).__name__}"
             )
-        job = self._scheduler.admitted(after.dispatch_id)
+        job = self._admitted(after.dispatch_id)
         if job is not None and job.pending is not after:
             job = None  # a dispatch of another backend with the same number
         # Checks the stream first; orders it after a launched dispatch (True), or finds that
         # the dispatch has no event yet (False: it has not been launched).
-        if self._engine.order_foreign(stream, job) and (job is not None or after.done()):
+        if self._streams.order_foreign(stream, job) and (job is not None or after.done()):
             return
         finished: asyncio.Future[None] = loop.create_future()
 
