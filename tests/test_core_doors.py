@@ -1,5 +1,6 @@
 """The compiled core's C copies of the front's doors (``cuda/core/_doors.pxi``) against their
-Python originals: the resident store's ``track_uses`` and ``untrack`` (and the readers
+Python originals: the scheduler's ``FastDoor`` (``admit_launched``, ``withdraw``,
+``complete_launched``), the resident store's ``track_uses`` and ``untrack`` (and the readers
 ``is_live``, ``writer_of``, ``readers_of``, ``storage_of``), and the pending result's
 ``PendingDispatch.__init__`` (``new_pending``) and ``set_outcome``.
 
@@ -14,6 +15,7 @@ freed; ``done()``, ``result()``, ``exception()`` of a pending result, and its sl
 from __future__ import annotations
 
 import asyncio
+from collections import deque
 from collections.abc import Callable, Iterator
 from types import ModuleType
 from typing import Any
@@ -23,14 +25,28 @@ import pytest
 
 from asyncgraph.buffers import _resident
 from asyncgraph.buffers._resident import ResidentBuffer, ResidentStore, discard
+from asyncgraph.cuda.core._fast_job import FastJob
 from asyncgraph.jobs import _pending
 from asyncgraph.jobs._pending import PendingDispatch
+from asyncgraph.jobs._scheduler import FastDoor, JobState
 
 from .needs import compiled_core
 
 Doors = dict[str, Callable[..., Any]]
 
+
+def _python_fast_job(job_id: int, state: JobState) -> FastJob:
+    job = FastJob.__new__(FastJob)  # only what the doors read and write
+    job.id = job_id
+    job.state = state
+    return job
+
+
 PYTHON: Doors = {
+    "FastJob": _python_fast_job,
+    "admit_launched": lambda door, job: door.admit_launched(job),
+    "withdraw": lambda door, job: door.withdraw(job),
+    "complete_launched": lambda door, job, outcome: door.complete_launched(job, outcome),
     "track_uses": _resident.track_uses,
     "untrack": _resident.untrack,
     "is_live": lambda store, buffer: store.is_live(buffer),
@@ -275,3 +291,69 @@ def test_set_outcome_wakes_whoever_waits_like_the_original(compiled: Doors) -> N
     ours, theirs = _awaited(PYTHON), _awaited(compiled)
     assert ours == theirs
     assert sorted(ours[0]) == [("awaited", ("done",)), ("callback", True)]
+
+
+# (operation, job, what waits in the queue or parked): two admitted, one taken back, one
+# completed while nothing waits, one refused while a job is queued and then while one is
+# parked, then completed with an error; a withdrawal of a job never admitted.
+DOOR_STEPS: list[tuple[str, int, str]] = [
+    ("admit", 1, ""),
+    ("admit", 2, ""),
+    ("withdraw", 2, ""),
+    ("complete", 1, ""),
+    ("admit", 3, ""),
+    ("complete", 3, "queued"),
+    ("complete", 3, "parked"),
+    ("complete", 3, ""),
+    ("withdraw", 4, ""),
+]
+
+
+def _doors_run(doors: Doors) -> list[Any]:
+    """Each of :data:`DOOR_STEPS` through *doors* on a fresh ``FastDoor``: what it returned,
+    the jobs in flight, and each job's state and outcome after it."""
+    door = FastDoor({}, deque(), [], 4)
+    jobs = {i: doors["FastJob"](i, JobState.QUEUED) for i in (1, 2, 3, 4)}
+    error = ValueError("failed")
+    seen: list[Any] = []
+    for operation, i, waiting in DOOR_STEPS:
+        door.queue.clear()
+        door.parked.clear()
+        if waiting == "queued":
+            door.queue.append("a queued job")
+        elif waiting == "parked":
+            door.parked.append("a parked job")
+        if operation == "admit":
+            returned = doors["admit_launched"](door, jobs[i])
+        elif operation == "withdraw":
+            returned = doors["withdraw"](door, jobs[i])
+        else:
+            returned = doors["complete_launched"](door, jobs[i], error if i == 3 else (i,))
+        seen.append(
+            [
+                returned,
+                list(door.in_flight),
+                [(job.state, repr(getattr(job, "outcome", None))) for job in jobs.values()],
+            ]
+        )
+    return seen
+
+
+def test_the_fast_doors_leave_the_same_state_as_the_originals(compiled: Doors) -> None:
+    ours, theirs = _doors_run(PYTHON), _doors_run(compiled)
+    assert ours == theirs
+    assert [returned for returned, _, _ in ours] == [
+        None,
+        None,
+        None,
+        True,
+        None,
+        False,
+        False,
+        True,
+        None,
+    ]
+    in_flight_after = [flying for _, flying, _ in ours]
+    assert in_flight_after == [[1], [1, 2], [1], [], [3], [3], [3], [], []]
+    assert ours[-1][2][0] == (JobState.DONE, "(1,)")
+    assert ours[-1][2][2] == (JobState.DONE, "ValueError('failed')")

@@ -306,7 +306,26 @@ def _doors_for_tests():
             raise ValueError("the C copy resolves the fast path's results, which are untimed")
         set_outcome(pending, outcome)
 
+    def admit_launched_(door, FastJob job):
+        admit_launched(door.in_flight, job)
+
+    def withdraw_(door, FastJob job):
+        withdraw(door.in_flight, job)
+
+    def complete_launched_(door, FastJob job, outcome):
+        return complete_launched(door.in_flight, door.queue, door.parked, job, outcome)
+
+    def fast_job_(job_id, state):
+        job = FastJob.__new__(FastJob)
+        job.id = job_id
+        job.state = state
+        return job
+
     return {
+        "FastJob": fast_job_,
+        "admit_launched": admit_launched_,
+        "withdraw": withdraw_,
+        "complete_launched": complete_launched_,
         "track_uses": track_uses_,
         "untrack": untrack_,
         "is_live": is_live_,
