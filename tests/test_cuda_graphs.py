@@ -233,33 +233,6 @@ async def test_update_changes_scalars_in_place(gpu: Any) -> None:
     graph.close()
 
 
-async def test_replays_learn_how_long_they_take(gpu: Any, rng: np.random.Generator) -> None:
-    # What a lone await of a replay spins for (``SmallPath.launch_replay``): learned per graph.
-    buf = await gpu.upload(np.zeros(N, np.float32))
-    async with gpu.capture() as cap:
-        for _ in range(10):
-            await cap.dispatch(INC, buf, np.float32(1), np.int32(N), grid=4, block=256)
-    captured = cap.graph
-    assert captured.expected == 0.0
-    for _ in range(5):
-        await captured.replay()
-    assert 0.0 < captured.expected < 0.5
-    np.testing.assert_array_equal(await gpu.download(buf), np.full(N, 50, np.float32))
-    x = _rand(rng)
-    recorded = await gpu.record(
-        SCALE, x, ag.Out(N, np.float32), np.float32(3), np.int32(N), grid=4, block=256
-    )
-    assert recorded.expected == 0.0
-    for _ in range(3):
-        fresh = _rand(rng)
-        (y,) = await recorded.replay(fresh, ag.Out(N, np.float32), np.float32(3), np.int32(N))
-        np.testing.assert_array_equal(y, fresh * np.float32(3))
-    assert 0.0 < recorded.expected < 0.5
-    captured.close()
-    recorded.close()
-    _clean(gpu)
-
-
 async def test_a_capture_into_a_graph_updates_it_in_place(gpu: Any) -> None:
     await gpu.compile(INC)
     buf = await gpu.upload(np.zeros(N, np.float32))

@@ -95,8 +95,6 @@ class CapturedGraph:
     Attributes:
         dispatches: the recorded dispatches of its last capture, in capture order.
         replays: replays so far.
-        expected: seconds a replay took from its launch to its completion, learned (0.0:
-            none yet); a lone await of a short one polls its completion that long.
         updates: in-place updates so far.
         recaptures: captures into it after the first (``capture(into=graph)``).
         updated_in_place: those of them that updated its executable graph in place, with
@@ -118,7 +116,6 @@ class CapturedGraph:
         self._node_count = 0
         self._only_dispatches: bool | None = None
         self.replays = 0
-        self.expected = 0.0
         self.updates = 0
         self.recaptures = 0
         self.updated_in_place = 0

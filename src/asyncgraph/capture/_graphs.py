@@ -76,8 +76,6 @@ class CachedGraph:
         replays: replays so far.
         resident_replays: those that took the resident-input graph (nothing uploaded).
         nbytes: pinned and device bytes the graph holds.
-        expected: seconds a replay took from its launch to its completion, learned (0.0:
-            none yet); a lone await of a short one polls its completion that long.
     """
 
     def __init__(self, backend: GraphHost, call: BoundCall) -> None:
@@ -105,7 +103,6 @@ class CachedGraph:
         self.replays = 0
         self.resident_replays = 0
         self.nbytes = 0
-        self.expected = 0.0
 
     def __repr__(self) -> str:
         state = "closed" if self._closed else ("busy" if self._busy else "idle")

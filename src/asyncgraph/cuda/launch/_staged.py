@@ -15,7 +15,6 @@ the result arrays then own (no copy out of staging), while less than the pinned 
 
 from __future__ import annotations
 
-import functools
 import math
 from concurrent.futures import Future
 from time import perf_counter
@@ -25,7 +24,6 @@ import numpy as np
 from cuda.bindings import driver as drv
 
 from asyncgraph.args._bound_args import as_bytes, upload_bytes
-from asyncgraph.cuda.core._watches import SPIN_CAP, learned
 from asyncgraph.cuda.driver._driver import check
 from asyncgraph.jobs._pending import set_spin
 from asyncgraph.pool import PinnedBlock, PinnedMemory
@@ -218,17 +216,13 @@ class SmallPath:
                 wait_deps(job.deps, lane)
             if job.fences:
                 self._device.foreign.wait_fences(job.fences, lane)
-            job.launched = perf_counter()
             job.replay.launch_on(lane.handle)
         except Exception:
             self.release(job)
             raise
-        # A lone await of a graph learned to end within SPIN_CAP spins until then (and a
-        # little more), not just the spin window, which a graph of several kernels outlasts.
-        took = job.replay.expected
-        self._watch(job, lane, job.launched + took if 0.0 < took <= SPIN_CAP else 0.0)
+        self._watch(job, lane)
 
-    def _watch(self, job: CudaJob, lane: Lane, expect: float = 0.0) -> None:
+    def _watch(self, job: CudaJob, lane: Lane) -> None:
         try:
             job.event = lane.record()
         except Exception:
@@ -236,10 +230,8 @@ class SmallPath:
             raise
         device = self._device
         reactor = device.reactor_ or device.reactor
-        job.watch = reactor.watch(
-            lane.index, job.event, lambda error: self._done(job, error), expect
-        )
-        set_spin(job.pending, functools.partial(reactor.spin, expect) if expect else reactor.spin)
+        reactor.watch(lane.index, job.event, lambda error: self._done(job, error))
+        set_spin(job.pending, reactor.spin)
 
     def _release_settled(self, job: CudaJob, lane: Lane) -> None:
         """No event could be recorded after *job*'s enqueued work: it is in flight until the
@@ -261,11 +253,6 @@ class SmallPath:
         choice = job.choice
         if choice is not None:  # graph="auto" measures it: from its dispatch() to now
             took, eager = perf_counter() - job.started, job.replay is None
-        replay = job.replay
-        if replay is not None and error is None:  # its time from launch, from a waiter if seen
-            replay.expected = learned(
-                replay.expected, (job.watch.seen or perf_counter()) - job.launched
-            )
         try:
             self._finish(job, error)
         except Exception as exc:

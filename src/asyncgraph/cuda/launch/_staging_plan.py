@@ -61,7 +61,6 @@ class CudaJob(Job):
         "gpu_done",
         "in_end",
         "lane",
-        "launched",
         "out_block",
         "replay",
         "stage_hi",
@@ -72,7 +71,6 @@ class CudaJob(Job):
         "streamed",
         "total",
         "up_end",
-        "watch",
     )
 
     def __init__(self, call: BoundCall, timing: bool) -> None:
@@ -98,8 +96,6 @@ class CudaJob(Job):
         self.gpu_done = False  # its event completed (its outputs may still be copied out)
         self.streamed = False  # its arrays go up and down in chunks (``_streamed``)
         self.replay: Any = None  # the graph it replays (CachedGraph / CapturedGraph), if any
-        self.launched = 0.0  # when its graph was launched (perf_counter()), for a replay
-        self.watch: Any = None  # the reactor's watch of its event, once launched
         # What its stream waits for before it runs (``dispatch(after=)``): (event, ours) pairs.
         self.fences: list[tuple[Any, bool]] | None = None
         # A dispatch graph="auto" measures: the choice told its cost when it completes, counted
