@@ -194,16 +194,26 @@ async def test_an_error_inside_a_capture_leaves_everything_usable(gpu: Any) -> N
 async def test_an_invalidated_capture_raises_and_the_stream_recovers(gpu: Any) -> None:
     await gpu.compile(INC)
     buf = await gpu.upload(np.zeros(N, np.float32))
-    event = drv.cuEventCreate(0)[1]
+    # An event of the device's primary context (the backend's), whatever this thread had
+    # current: run alone, this test's thread has none.
+    code, context = drv.cuDevicePrimaryCtxRetain(drv.CUdevice(0))
+    assert code == drv.CUresult.CUDA_SUCCESS
+    drv.cuCtxPushCurrent(context)
+    try:
+        code, event = drv.cuEventCreate(0)
+        assert code == drv.CUresult.CUDA_SUCCESS
 
-    async def illegal() -> None:
-        async with gpu.capture(mode="global") as cap:
-            await cap.dispatch(INC, buf, np.float32(1), np.int32(N), grid=4, block=256)
-            drv.cuEventQuery(event)  # not allowed while a global capture runs
+        async def illegal() -> None:
+            async with gpu.capture(mode="global") as cap:
+                await cap.dispatch(INC, buf, np.float32(1), np.int32(N), grid=4, block=256)
+                drv.cuEventQuery(event)  # not allowed while a global capture runs
 
-    with pytest.raises(ag.CaptureError, match=r"the capture was invalidated"):
-        await illegal()
-    drv.cuEventDestroy(event)
+        with pytest.raises(ag.CaptureError, match=r"the capture was invalidated"):
+            await illegal()
+        drv.cuEventDestroy(event)
+    finally:
+        drv.cuCtxPopCurrent()
+        drv.cuDevicePrimaryCtxRelease(drv.CUdevice(0))
     _clean(gpu)
     (out,) = await gpu.dispatch(
         INC, ag.InOut(np.zeros(N, np.float32)), np.float32(1), np.int32(N), grid=4, block=256
