@@ -18,7 +18,7 @@ import asyncio
 from collections import deque
 from collections.abc import Callable, Iterator
 from types import ModuleType
-from typing import Any
+from typing import Any, cast
 
 import numpy as np
 import pytest
@@ -320,9 +320,9 @@ def _doors_run(doors: Doors) -> list[Any]:
         door.queue.clear()
         door.parked.clear()
         if waiting == "queued":
-            door.queue.append("a queued job")
+            door.queue.append(cast(Any, "a queued job"))
         elif waiting == "parked":
-            door.parked.append("a parked job")
+            door.parked.append(cast(Any, "a parked job"))
         if operation == "admit":
             returned = doors["admit_launched"](door, jobs[i])
         elif operation == "withdraw":
