@@ -60,6 +60,7 @@ class BatchLauncher:
     """
 
     __slots__ = (
+        "_alone",
         "_backend",
         "_buckets",
         "_by_row",
@@ -107,6 +108,7 @@ class BatchLauncher:
         # The dispatch's arguments after the inputs, by batch size: the outputs, the shared
         # arguments and the size (made once per size).
         self._tails: dict[int, tuple[object, ...]] = {}
+        self._alone: tuple[object, object, tuple[object, ...]] | None = None  # launch_alone's
         # Whether iterating the outputs together yields each caller's rows (each a view).
         self._by_row = bool(outputs) and all(row.shape for row in outputs)
 
@@ -159,9 +161,20 @@ class BatchLauncher:
                     break
                 views.append(value[None])
             else:
-                grid, block = check_launch_shape(self._kernel, 1, self._launch(1))
-                views.extend(self._tail(1))
-                return self._dispatch(views, grid, block), None
+                alone = self._alone
+                if alone is None:  # the launch shape and tail of one row, made once
+                    shape = check_launch_shape(self._kernel, 1, self._launch(1))
+                    alone = self._alone = (*shape, self._tail(1))
+                grid, block, tail = alone
+                views.extend(tail)
+                return self._backend.dispatch(
+                    self._kernel,
+                    *views,
+                    grid=grid,  # type: ignore[arg-type]  # checked by dispatch
+                    block=block,  # type: ignore[arg-type]
+                    shared_mem=self._shared_mem,
+                    graph=self._graph,
+                ), None
         size = self._buckets[0] if self._buckets else 1
         return self.launch([rows], size)
 

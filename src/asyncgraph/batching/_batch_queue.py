@@ -36,7 +36,7 @@ from __future__ import annotations
 
 from collections.abc import Awaitable, Callable
 from time import perf_counter
-from typing import Any, Protocol
+from typing import Any, Protocol, cast
 
 from asyncgraph._exceptions import BackendClosedError, UnsupportedError
 from asyncgraph.runtime import _deadline, _loop
@@ -44,7 +44,10 @@ from asyncgraph.runtime._telemetry import Histogram
 
 from ._batch_options import BatcherStatistics, BatchLaunches
 
-__all__ = ("BatchQueue", "BatchRunner", "Done", "Gate")
+__all__ = ("ALONE", "BatchQueue", "BatchRunner", "Done", "Gate")
+
+# What ``BatchQueue.join`` returns to a caller that goes alone, its batch counted launched.
+ALONE = cast("Awaitable[Any]", object())
 
 # Why a batch launched: indexes of BatchQueue's counts (BatchLaunches' fields, in order).
 FULL, IDLE, COMPLETION, DEADLINE, FLUSH = range(5)
@@ -149,6 +152,7 @@ class BatchQueue:
         self._fill = 0.0
         self._reasons = [0] * 5
         self._waiting = Histogram()
+        self._waited_none = 0  # lone items ended since the histogram was last read
 
     # -- state -----------------------------------------------------------------------------------
 
@@ -165,6 +169,9 @@ class BatchQueue:
     def statistics(self) -> BatcherStatistics:
         """A frozen snapshot of the counts (see :class:`BatcherStatistics`)."""
         full, idle, completion, deadline, flush = self._reasons
+        if self._waited_none:
+            self._waiting.record_all([0.0] * self._waited_none)
+            self._waited_none = 0
         return BatcherStatistics(
             batches=self._batches,
             items=self._items,
@@ -223,12 +230,14 @@ class BatchQueue:
 
     def join(self, loop: Any, item: object) -> Awaitable[Any] | None:
         """The steady path of a call whose *item* is checked: :meth:`add` it, if the call runs
-        on the queue's *loop* (an asyncio loop), the queue is open and the caller may not go
-        alone (:meth:`alone`); else ``None`` (the caller checks more, or goes alone)."""
+        on the queue's *loop* (an asyncio loop) and the queue is open, and return the future
+        of its answer; or, where the caller may go alone (:meth:`alone`), count its batch of
+        one launched as :meth:`launch_alone` does and return :data:`ALONE`; else ``None``
+        (the caller checks more)."""
         if loop is not self._loop or loop is None or self._closed:
             return None
-        if self._lone and self.alone(loop):  # no call while callers come together
-            return None
+        if self._lone and self.launch_alone(loop):  # no call while callers come together
+            return ALONE
         return self.add(loop, item)
 
     def add(self, loop: Any, item: object) -> Awaitable[Any]:
@@ -296,8 +305,8 @@ class BatchQueue:
 
     def ended_alone(self, exc: BaseException | None = None) -> None:
         """The batch of :meth:`launch_alone` ended (failed with *exc*). Its item waited for
-        nobody: it counts as waiting 0 s."""
-        self._waiting.record(0.0)
+        nobody: it counts as waiting 0 s (added into the histogram when it is read)."""
+        self._waited_none += 1
         self._in_flight -= 1
         if exc is not None:
             self._failed += 1

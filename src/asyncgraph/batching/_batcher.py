@@ -35,7 +35,7 @@ from asyncgraph.runtime._telemetry import logger
 
 from ._batch_launch import BatchLauncher
 from ._batch_options import BatcherStatistics, LaunchShape, Row, check_options, kernel_item_checker
-from ._batch_queue import BatchQueue
+from ._batch_queue import ALONE, BatchQueue
 
 if TYPE_CHECKING:
     from asyncgraph.args._kernel import Kernel
@@ -143,50 +143,48 @@ class Batcher(AsyncResource):
             fits = self._fit(rows)
         queue = self._queue
         waiter = queue.join(loop, rows) if fits else None
-        if waiter is None:
-            if not (fits and queue.launch_alone(loop)):
-                if not (fits and queue.takes(loop)):
-                    try:
-                        self._check(rows)
-                        self._check_backend()
-                        loop = queue.loop_for_use()
-                    except Exception:
-                        await _loop.sleep(0)  # a checkpoint, also for a refusal
-                        raise
-                if not queue.launch_alone(loop):
-                    waiter = queue.add(loop, rows)
-            if waiter is None:  # alone: its batch of one (counted), dispatched and awaited here
-                launcher = self._launcher
+        if waiter is None:  # not checked, or not on the queue's loop: the checks
+            if not (fits and queue.takes(loop)):
                 try:
-                    pending, staging = launcher.launch_alone(rows)
-                except QueueFullError:  # no room in the backend's queue: in line, as any batch
-                    queue.unlaunch_alone()
-                    waiter = queue.add(loop, rows)
-                except Exception as exc:
-                    queue.ended_alone(exc)
+                    self._check(rows)
+                    self._check_backend()
+                    loop = queue.loop_for_use()
+                except Exception:
                     await _loop.sleep(0)  # a checkpoint, also for a refusal
                     raise
-                else:
-                    if self._log is not None:
-                        self._log.debug(
-                            "batch.launched",
-                            dispatch_id=pending.dispatch_id,
-                            items=1,
-                            size=self._one_size,
-                            waited_max=0.0,
-                        )
-                    try:
-                        results = await pending
-                    except BaseException:
-                        if pending.done():
-                            self._end_alone(pending, staging)
-                        else:  # the caller stopped waiting: the batch ends when its dispatch does
-                            pending.add_done_callback(lambda done: self._end_alone(done, staging))
-                        raise
-                    if staging is not None:
-                        launcher.give_back(staging)
-                    queue.ended_alone()
-                    return launcher.first(results)
+            waiter = ALONE if queue.launch_alone(loop) else queue.add(loop, rows)
+        if waiter is ALONE:  # its batch of one (counted), dispatched and awaited here
+            launcher = self._launcher
+            try:
+                pending, staging = launcher.launch_alone(rows)
+            except QueueFullError:  # no room in the backend's queue: in line, as any batch
+                queue.unlaunch_alone()
+                waiter = queue.add(loop, rows)
+            except Exception as exc:
+                queue.ended_alone(exc)
+                await _loop.sleep(0)  # a checkpoint, also for a refusal
+                raise
+            else:
+                if self._log is not None:
+                    self._log.debug(
+                        "batch.launched",
+                        dispatch_id=pending.dispatch_id,
+                        items=1,
+                        size=self._one_size,
+                        waited_max=0.0,
+                    )
+                try:
+                    results = await pending
+                except BaseException:
+                    if pending.done():
+                        self._end_alone(pending, staging)
+                    else:  # the caller stopped waiting: the batch ends when its dispatch does
+                        pending.add_done_callback(lambda done: self._end_alone(done, staging))
+                    raise
+                if staging is not None:
+                    launcher.give_back(staging)
+                queue.ended_alone()
+                return launcher.first(results)
         try:
             return await waiter  # type: ignore[no-any-return]  # a tuple, set by the queue
         except BaseException:
