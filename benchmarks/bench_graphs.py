@@ -139,6 +139,7 @@ async def round_trip_rows(gpu: Any, reps: int, loop_name: str) -> tuple[dict[str
     rows: dict[str, float] = {}
     for n, size in ((N4K, "4 KiB"), (N1M, "1 MiB")):
         x = np.random.default_rng().standard_normal(n, dtype=np.float32)
+        ways = {}
         for choice in ("auto", "never"):
 
             async def round_trip(choice: str = choice, x: Any = x, n: int = n) -> Any:
@@ -150,9 +151,12 @@ async def round_trip_rows(gpu: Any, reps: int, loop_name: str) -> tuple[dict[str
             for _ in range(3):
                 (y,) = await round_trip()
             assert np.array_equal(y, 2 * x)
-            rows[
-                f"asyncgraph {size} round trip, graph={choice!r} ({loop_name})"
-            ] = await harness.time_async(round_trip, reps if n == N4K else max(reps // 4, 50))
+            ways[f"asyncgraph {size} round trip, graph={choice!r} ({loop_name})"] = round_trip
+        # The two ways in turns (after both warmed up, "auto" past its choice), so that
+        # neither is timed first on a machine that drifts.
+        rows.update(
+            await harness.time_async_in_turns(ways, reps if n == N4K else max(reps // 4, 50))
+        )
     choices = [
         {
             "signature": c.signature,

@@ -49,6 +49,7 @@ from asyncgraph.bench._harness import samples_async as samples_async
 from asyncgraph.bench._harness import samples_sync as samples_sync
 from asyncgraph.bench._harness import smoke as smoke
 from asyncgraph.bench._harness import time_async as time_async
+from asyncgraph.bench._harness import time_async_in_turns as time_async_in_turns
 from asyncgraph.bench._harness import time_sync as time_sync
 
 # Where ``--json`` with no path writes: benchmarks/results/<script>-<device>.json.

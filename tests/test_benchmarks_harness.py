@@ -11,6 +11,7 @@ import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 from benchmarks import harness
@@ -42,6 +43,24 @@ async def test_time_async_warms_up_then_returns_the_median_in_us() -> None:
     us = await harness.time_async(fn, 4, 2, clock=lambda: next(readings))
     assert us == 4e6
     assert len(calls) == 6
+
+
+async def test_time_async_in_turns_alternates_the_ways_and_returns_each_median() -> None:
+    order: list[str] = []
+
+    def way(name: str) -> Any:
+        async def fn() -> None:
+            order.append(name)
+
+        return fn
+
+    ticks = iter(range(1000))
+    us = await harness.time_async_in_turns(
+        {"a": way("a"), "b": way("b")}, 4, 1, turns=2, clock=lambda: float(next(ticks))
+    )
+    # Warm-ups first, then turns of two awaits each, the order reversed in the second turn.
+    assert order == ["a", "b", "a", "a", "b", "b", "b", "b", "a", "a"]
+    assert us == {"a": 1e6, "b": 1e6}  # each await read one tick apart
 
 
 def test_median_and_percentiles() -> None:

@@ -45,6 +45,7 @@ __all__ = (
     "samples_sync",
     "smoke",
     "time_async",
+    "time_async_in_turns",
     "time_sync",
 )
 
@@ -153,6 +154,34 @@ async def time_async(
     """
     reps, warmup = _smoke_sized(reps, warmup)
     return median_us(await samples_async(fn, reps, warmup, clock))
+
+
+async def time_async_in_turns(
+    fns: Mapping[str, Callable[[], Awaitable[object]]],
+    reps: int,
+    warmup: int = 100,
+    *,
+    turns: int = 10,
+    clock: Clock = time.perf_counter,
+) -> dict[str, float]:
+    """Awaits each of *fns* *warmup* times, then times *reps* awaits of each in *turns* turns
+    (each turn a share of every one's awaits, in an order that reverses from turn to turn),
+    so that the machine's drift weighs on them alike; returns each one's median µs.
+
+    In a :func:`smoke` run, at most :data:`SMOKE_REPS` awaits each, one warm-up, one turn.
+    """
+    reps, warmup = _smoke_sized(reps, warmup)
+    turns = max(1, min(turns, reps)) if not smoke() else 1
+    samples: dict[str, list[float]] = {name: [] for name in fns}
+    for fn in fns.values():
+        for _ in range(warmup):
+            await fn()
+    order = list(fns)
+    for turn in range(turns):
+        share = reps * (turn + 1) // turns - reps * turn // turns
+        for name in order if turn % 2 == 0 else reversed(order):
+            samples[name].extend(await samples_async(fns[name], share, 0, clock))
+    return {name: median_us(values) for name, values in samples.items()}
 
 
 class Heartbeat:
