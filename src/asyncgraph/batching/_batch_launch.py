@@ -167,14 +167,7 @@ class BatchLauncher:
                     alone = self._alone = (*shape, self._tail(1))
                 grid, block, tail = alone
                 views.extend(tail)
-                return self._backend.dispatch(
-                    self._kernel,
-                    *views,
-                    grid=grid,  # type: ignore[arg-type]  # checked by dispatch
-                    block=block,  # type: ignore[arg-type]
-                    shared_mem=self._shared_mem,
-                    graph=self._graph,
-                ), None
+                return self._dispatch(views, grid, block), None
         size = self._buckets[0] if self._buckets else 1
         return self.launch([rows], size)
 
