@@ -151,9 +151,12 @@ def restager(arg: Any, array: np.ndarray[Any, Any], wrapped: bool) -> Maker:
 
     def restage(v: Any) -> Arg | None:
         a = v.array if wrapped else v
-        if type(a) is not np.ndarray or a.shape != shape or a.dtype is not dtype:
-            return None
-        if a.strides != strides:
+        if (
+            type(a) is not np.ndarray
+            or a.shape != shape
+            or a.dtype is not dtype
+            or a.strides != strides
+        ):
             return None
         made: StagedArg = made_as(index, a, param)
         made.offset = offset

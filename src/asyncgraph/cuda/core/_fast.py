@@ -100,7 +100,7 @@ class FastPath:
         self._ids = front.ids
         self._launchers = launchers
         self._launcher_type = launcher_type
-        self._kernels: dict[Kernel, KnownKernel] = {}  # below: counts flush() adds to telemetry
+        self._kernels: dict[Kernel, KnownKernel] = {}  # then counts flush() adds to telemetry
         self.dispatches = self.completed = self.failed = 0
         self.bytes_up = self.bytes_down = self.copies_up = self.copies_down = 0
         self._submitted = 0  # dispatches launched since the last flush: none waited in a queue

@@ -196,7 +196,7 @@ class Watches:
         context: the address of the backend's ``CUcontext``, made current around :meth:`spin`
             (0: none).
 
-    Who they report to, told by the reporters themselves (both outlive nothing of this):
+    Whom they report to, each set by the reporter itself:
         schedule, failed: the reactor of the loop that serves the backend now (:meth:`listen`):
             a poll asked for (:meth:`request_poll`, once per poll), a watch whose event failed.
         complete: the fast path's completion of its own jobs, whose ``callback`` is ``None``
