@@ -141,10 +141,11 @@ class GraphCache:
         key = tuple(parts)
         return key, (tuple(shapes) if call.resident else key)
 
-    def job_for(self, call: BoundCall, always: bool, started: float) -> Any:
+    def job_for(self, call: BoundCall, always: bool, started: float, inline: bool) -> Any:
         """The job for *call* with ``graph="always"`` or ``"auto"``: a replay, an eager job,
-        or ``None`` to run it as a plain dispatch. *started* is when ``dispatch()`` was called
-        (``perf_counter()``), from which a measured dispatch's cost is counted."""
+        or ``None`` to run it as a plain dispatch; or, where *inline* allows, a replay already
+        launched on the fast path (its ``PendingDispatch``). *started* is when ``dispatch()``
+        was called (``perf_counter()``), from which a measured dispatch's cost is counted."""
         if call.foreign or (call.fresh is not None and not always):
             return None  # new resident outputs each time: never the same signature twice
         keys = self._keys(call)
@@ -152,7 +153,7 @@ class GraphCache:
             return None
         key, shapes = keys
         if always:
-            return self._replay(key, call, None, started)
+            return self._replay(key, call, None, started, inline)
         choice = self._choices.get(shapes)
         if choice is None:
             choice = self._choose(shapes, call)
@@ -165,7 +166,7 @@ class GraphCache:
                 return job
             self._backend.steer(call, choice)  # it missed the fast path: maybe no plan had it
             return self._miss()
-        return self._replay(key, call, choice, started)
+        return self._replay(key, call, choice, started, inline)
 
     def _choose(self, shapes: tuple[Any, ...], call: BoundCall) -> Choice | None:
         """Count a sighting of *call*'s signature; once it repeated, a new choice for it."""
@@ -185,7 +186,12 @@ class GraphCache:
         return choice
 
     def _replay(
-        self, key: tuple[Any, ...], call: BoundCall, choice: Choice | None, started: float
+        self,
+        key: tuple[Any, ...],
+        call: BoundCall,
+        choice: Choice | None,
+        started: float,
+        inline: bool,
     ) -> Any:
         """A replay of a graph of *key* (recorded now if none is free), or ``None``."""
         backend = self._backend
@@ -210,10 +216,9 @@ class GraphCache:
             self._bytes += graph.nbytes
             self._evict(keep=graph)
         updates = backend.telemetry.graph_updates
-        job = prepare_replay(graph, call)
+        sampled = choice if choice is not None and choice.sampling else None
+        job = prepare_replay(graph, call, inline, sampled, started)
         self._updates += backend.telemetry.graph_updates > updates
-        if choice is not None and choice.sampling:
-            backend.sample(job, choice, started)
         return job
 
     def _settled(self, choice: Choice) -> None:

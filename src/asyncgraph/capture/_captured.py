@@ -18,7 +18,7 @@ from asyncgraph.buffers._resident import ResidentBuffer, storage_of
 from asyncgraph.cuda.driver._driver import check
 
 from ._graph_host import GraphHost, KernelNode
-from ._graphs import keep_alive, launch_values, let_go_of
+from ._graphs import keep_alive, launch_values, let_go_of, replayed
 
 __all__ = (
     "CapturedGraph",
@@ -115,6 +115,7 @@ class CapturedGraph:
         self._origin: list[KernelNode] | None = None  # their kernel nodes, made when needed
         self._node_count = 0
         self._only_dispatches: bool | None = None
+        self.expected = 0.0  # a replay's time to completion, as the fast path learned it
         self.replays = 0
         self.updates = 0
         self.recaptures = 0
@@ -191,8 +192,8 @@ class CapturedGraph:
         for buffer in self._buffers:
             if storage_of(buffer) is None:  # pragma: no cover - held memory is never freed
                 raise BackendClosedError("a buffer of this graph was freed")
-        job = backend.replay_job(self._replay_call, self)
-        await backend.run_replay(job)
+        buffers = self._buffers
+        await replayed(backend, self, self._replay_call, buffers, (True,) * len(buffers))
 
     def update(self, dispatch: RecordedDispatch, *args: object) -> None:
         """Change the scalar arguments of a recorded *dispatch* for the following replays.

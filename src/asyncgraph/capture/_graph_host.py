@@ -11,6 +11,7 @@ from typing import TYPE_CHECKING, Any, NamedTuple, Protocol
 if TYPE_CHECKING:
     from asyncgraph.args._bound_args import BoundCall
     from asyncgraph.args._kernel import Kernel
+    from asyncgraph.buffers._resident import ResidentBuffer
     from asyncgraph.pool import HostPool
     from asyncgraph.runtime._telemetry import Telemetry
 
@@ -65,6 +66,21 @@ class GraphHost(Protocol):
 
     def replay_job(self, call: BoundCall, graph: Any) -> Any:
         """A job that replays *graph* for *call*."""
+        ...
+
+    def replay_fast(
+        self,
+        graph: Any,
+        call: BoundCall,
+        buffers: list[ResidentBuffer],
+        writes: tuple[bool, ...],
+        choice: Choice | None,
+        started: float,
+    ) -> Awaitable[Any] | None:
+        """Launch a replay of *graph* (ready: its inputs and scalars set) for *call*, on the
+        resident *buffers* (written where *writes* says), on the backend's fast path now, and
+        return its pending result; ``None``, having changed nothing, when it cannot.
+        *choice*: told the replay's cost from *started* (``perf_counter()``) once it ended."""
         ...
 
     def run_replay(self, job: Any) -> Awaitable[Any]:

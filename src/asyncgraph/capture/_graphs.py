@@ -15,6 +15,7 @@ its resident buffers, counts against ``max_in_flight``, and completes through th
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Awaitable
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -32,6 +33,8 @@ from ._graph_host import GraphHost, KernelNode
 if TYPE_CHECKING:
     from asyncgraph.args._kernel import Kernel
 
+    from ._choice import Choice
+
 __all__ = (
     "CachedGraph",
     "keep_alive",
@@ -40,6 +43,7 @@ __all__ = (
     "let_go_of",
     "prepare_replay",
     "record_graph",
+    "replayed",
 )
 
 
@@ -94,12 +98,14 @@ class CachedGraph:
         self._nodes: list[KernelNode] = []  # the kernel node of each graph
         self._scalars = [arg.value for arg in call.args if arg.by_value]
         self._buffers = [arg.buffer for arg in call.args if arg.buffer is not None]
+        self._writes = tuple(arg.writes for arg in call.args if arg.buffer is not None)
         self._chosen: Any = None
         self._busy = False
         self._waiters: list[asyncio.Future[None]] = []
         self._closed = False
         self._close_when_idle = False
         self._primed = False  # the pinned inputs hold the bytes of the last upload
+        self.expected = 0.0  # a replay's time to completion, as the fast path learned it
         self.replays = 0
         self.resident_replays = 0
         self.nbytes = 0
@@ -219,8 +225,8 @@ class CachedGraph:
                 raise
             self._check_open()
         with backend.ctx:
-            job = self._prepare(call)
-        result: tuple[Any, ...] = await backend.run_replay(job)
+            self._take(call)
+        result: tuple[Any, ...] = await replayed(backend, self, call, self._buffers, self._writes)
         return result
 
     def _check_open(self) -> None:
@@ -245,7 +251,7 @@ class CachedGraph:
                 return f"{where} is another resident buffer than at record time"
         return None
 
-    def _prepare(self, call: BoundCall) -> Any:
+    def _take(self, call: BoundCall) -> None:
         """Take the graph for one replay of *call* (matched): inputs, scalars, variant."""
         reason = self._matches(call)
         if reason is not None:
@@ -281,7 +287,6 @@ class CachedGraph:
                 telemetry.copies_up += 1
         self._busy = True
         self._call = call
-        return backend.replay_job(call, self)
 
     @property
     def is_busy(self) -> bool:
@@ -328,7 +333,8 @@ class CachedGraph:
         """The replay in flight ended: the next may go (used by the backend)."""
         self._busy = False
         if self._close_when_idle:
-            self._free()
+            with self._backend.ctx:
+                self._free()
             return
         self._wake()
 
@@ -393,6 +399,52 @@ def record_graph(backend: GraphHost, call: BoundCall) -> CachedGraph:
     return graph
 
 
-def prepare_replay(graph: CachedGraph, call: BoundCall) -> Any:
-    """Take *graph* for one replay of *call* (the graph cache): the job that replays it."""
-    return graph._prepare(call)
+def replayed(
+    backend: GraphHost,
+    graph: Any,
+    call: BoundCall,
+    buffers: list[ResidentBuffer],
+    writes: tuple[bool, ...],
+) -> Awaitable[Any]:
+    """Run a replay of *graph* (ready for *call*) on *buffers*: on the backend's fast path, else
+    as a job of the general path; the awaitable gives its results."""
+    pending = _on_fast_path(backend, graph, call, buffers, writes, None, 0.0)
+    if pending is not None:
+        return pending
+    return backend.run_replay(backend.replay_job(call, graph))
+
+
+def _on_fast_path(
+    backend: GraphHost,
+    graph: Any,
+    call: BoundCall,
+    buffers: list[ResidentBuffer],
+    writes: tuple[bool, ...],
+    choice: Choice | None,
+    started: float,
+) -> Awaitable[Any] | None:
+    """:meth:`GraphHost.replay_fast`; the graph is let go of (``replay_done``) if it raises."""
+    try:
+        return backend.replay_fast(graph, call, buffers, writes, choice, started)
+    except BaseException:
+        graph.replay_done()
+        raise
+
+
+def prepare_replay(
+    graph: CachedGraph, call: BoundCall, inline: bool, choice: Choice | None, started: float
+) -> Any:
+    """Take *graph* for one replay of *call* (the graph cache): launched at once on the
+    backend's fast path where *inline* allows it (its pending result), else the job that
+    replays it. *choice*: told the replay's cost from *started* once it ended."""
+    graph._take(call)
+    backend = graph._backend
+    if inline:
+        buffers, writes = graph._buffers, graph._writes
+        pending = _on_fast_path(backend, graph, call, buffers, writes, choice, started)
+        if pending is not None:
+            return pending
+    job = backend.replay_job(call, graph)
+    if choice is not None:
+        backend.sample(job, choice, started)
+    return job

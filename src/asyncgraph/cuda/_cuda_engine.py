@@ -20,6 +20,7 @@ from asyncgraph._exceptions import BackendClosedError, DeviceFaultError
 from asyncgraph.cuda.core._choose import core
 from asyncgraph.cuda.core._fast import FastPath as PythonFastPath
 from asyncgraph.cuda.core._fast_job import RING_BYTES
+from asyncgraph.cuda.core._fast_replay import FastReplays
 from asyncgraph.cuda.driver._context import in_context
 from asyncgraph.cuda.driver._driver import check
 from asyncgraph.cuda.launch._kernel_launch import Launches
@@ -46,6 +47,7 @@ if TYPE_CHECKING:
     from asyncgraph.front._engine_protocols import Links
     from asyncgraph.front._fast_front import FastFront
     from asyncgraph.front._options import BackendOptions
+    from asyncgraph.jobs._pending import PendingDispatch
     from asyncgraph.runtime._telemetry import PoolCounters
 
 __all__ = ("LEFT_BEHIND", "CudaEngine")
@@ -93,8 +95,15 @@ class CudaEngine:
         self.streamed = StreamedPath(device, self.launches, self.small)
         self.storage = Storage(device)
         self.fast: Any = None  # the dispatch core's FastPath, once the front asked for it
+        self.replays: FastReplays | None = None  # and the replays on it
         self.graphs = Graphs(
-            device, self.launches, self.kernels, self.storage, links.graphs, self._steer
+            device,
+            self.launches,
+            self.kernels,
+            self.storage,
+            links.graphs,
+            self._steer,
+            self._replay_fast,
         )
         links.log.debug(
             "backend.opened",
@@ -140,12 +149,30 @@ class CudaEngine:
             core.Launcher,
         )
         device.telemetry.add_source(fast.flush)
+        replays = self.replays = FastReplays(
+            device.lanes, device.watches, device.events, device.stream_pool, front
+        )
+        device.telemetry.add_source(replays.flush)
         return fast
 
     def _steer(self, call: BoundCall, choice: Any) -> None:
         # Graphs' news for the fast path: ``graph="auto"`` calls like *call* follow *choice*.
         if self.fast is not None:
             self.fast.steer(call, choice)
+
+    def _replay_fast(
+        self,
+        graph: Any,
+        call: BoundCall,
+        buffers: Any,
+        writes: tuple[bool, ...],
+        choice: Any,
+        started: float,
+    ) -> PendingDispatch | None:
+        # Graphs' replays on the fast path, once there is one (``FastReplays.replay``).
+        if self.replays is None:
+            return None
+        return self.replays.replay(graph, call, buffers, writes, choice, started)
 
     # -- the scheduler's predicates ----------------------------------------------------------------
 
@@ -184,9 +211,12 @@ class CudaEngine:
         return plan(call, timing, self.device.pinned, self.graphs.stream_above)
 
     @in_context
-    def graph_job(self, call: BoundCall, always: bool, started: float) -> Job | None:
-        """A replay from the graph cache, an eager job ``graph="auto"`` measures, or ``None``."""
-        job: Job | None = self.graphs.cache.job_for(call, always, started)
+    def graph_job(
+        self, call: BoundCall, always: bool, started: float, inline: bool
+    ) -> Job | PendingDispatch | None:
+        """A replay from the graph cache (launched already where *inline*: its pending result),
+        an eager job ``graph="auto"`` measures, or ``None``."""
+        job: Job | PendingDispatch | None = self.graphs.cache.job_for(call, always, started, inline)
         return job
 
     @in_context

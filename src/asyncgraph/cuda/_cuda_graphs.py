@@ -67,11 +67,13 @@ class Graphs:
         storage: Storage,
         front: GraphFront,
         steer: Callable[[BoundCall, Choice], None],
+        replay_fast: Callable[..., Awaitable[Any] | None],
     ) -> None:
         from cuda.core import StreamOptions
 
         self._device = device
         self.steer = steer  # see GraphHost.steer: tells the engine's fast path
+        self.replay_fast = replay_fast  # see GraphHost.replay_fast (the engine's fast path)
         self._launches = launches
         self._kernels = kernels
         self._storage = storage

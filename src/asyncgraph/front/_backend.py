@@ -220,7 +220,10 @@ class Backend(StreamsAndGraphs, AsyncResource):
         try:
             job: Job | None = None
             if graph != "never" and not timing:
-                job = self._engine.graph_job(call, graph == "always", started)
+                chosen = self._engine.graph_job(call, graph == "always", started, after is None)
+                if isinstance(chosen, PendingDispatch):
+                    return chosen  # a replay the engine launched already
+                job = chosen
             if job is None:
                 job = self._engine.prepare(call, timing)
         except BaseException:

@@ -36,6 +36,7 @@ if TYPE_CHECKING:
     from asyncgraph.args._bound_args import BoundCall
     from asyncgraph.args._kernel import Kernel
     from asyncgraph.buffers._resident import ResidentBuffer, Use
+    from asyncgraph.jobs._pending import PendingDispatch
     from asyncgraph.jobs._scheduler import Job
     from asyncgraph.runtime._telemetry import PoolCounters, Telemetry
 
@@ -284,10 +285,14 @@ class Jobs(Protocol):
         """Make the job for *call*, checking the engine's own rules (before anything starts)."""
         ...
 
-    def graph_job(self, call: BoundCall, always: bool, started: float) -> Job | None:
+    def graph_job(
+        self, call: BoundCall, always: bool, started: float, inline: bool
+    ) -> Job | PendingDispatch | None:
         """The job of *call* under ``dispatch(graph="always" | "auto")``: a replay of a
         recorded graph, an eager job ``"auto"`` measures, or ``None`` (a plain dispatch).
-        *started* is ``perf_counter()`` at the ``dispatch()`` call."""
+        Where *inline* (nothing to fence it after), a replay may be launched at once: its
+        pending result is returned, and the dispatch is done. *started* is ``perf_counter()``
+        at the ``dispatch()`` call."""
         ...
 
     def fence(self, job: Job, after: object) -> None:

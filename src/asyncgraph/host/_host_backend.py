@@ -198,7 +198,9 @@ class HostEngine:
         self.check_kernel(call.kernel)
         return _HostJob(call, timing)
 
-    def graph_job(self, call: BoundCall, always: bool, started: float) -> Job | None:
+    def graph_job(
+        self, call: BoundCall, always: bool, started: float, inline: bool
+    ) -> Job | PendingDispatch | None:
         """None: the host backend runs every dispatch."""
         return None
 

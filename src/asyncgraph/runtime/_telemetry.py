@@ -202,7 +202,8 @@ class TelemetrySnapshot:
     Attributes:
         dispatches: dispatches accepted by ``dispatch()``.
         fast_path_dispatches: those of them the CUDA backend's fast path launched (the steady
-            state in one call of the dispatch core; see ``docs/core.md``).
+            state in one call of the dispatch core; see ``docs/core.md``), graph replays
+            included.
         dispatches_completed: dispatches that completed successfully.
         dispatches_failed: dispatches that completed with an error.
         in_flight: dispatches submitted and not yet completed.

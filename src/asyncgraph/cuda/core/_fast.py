@@ -14,7 +14,6 @@ the ring, releases the job's hold, resolves it. It changes the front through nam
 
 from __future__ import annotations
 
-import asyncio
 from collections.abc import Callable, Sequence
 from time import perf_counter
 from typing import TYPE_CHECKING, Any
@@ -24,15 +23,13 @@ from cuda.bindings import driver as drv
 
 from asyncgraph._exceptions import AllocationError
 from asyncgraph.args._plan_cache import same_dims
-from asyncgraph.buffers._resident import storage_of, track_uses, untrack, uses_of, writer_of
+from asyncgraph.buffers._resident import storage_of
 from asyncgraph.cuda.driver._driver import SUCCESS, error_for
-from asyncgraph.front._lifecycle import OPEN
-from asyncgraph.jobs._pending import PendingDispatch, set_outcome
-from asyncgraph.jobs._scheduler import JobState
-from asyncgraph.runtime._finished import Download
+from asyncgraph.jobs._pending import PendingDispatch
 
 from ._fast_job import RING_BYTES, FastJob, FastLane, Ring
 from ._fast_plan import K_IN, K_IN_OUT, K_OUT, K_RESIDENT, K_SCALAR, FastPlan, KnownKernel, eligible
+from ._fast_steps import admit, lane_after, least_busy, record_event, resolved_here, steady_loop
 from ._watches import EXPECT_RISE
 
 if TYPE_CHECKING:
@@ -50,13 +47,11 @@ __all__ = ("RING_BYTES", "FastJob", "FastPath")
 
 _NEVER = "never"
 _AUTO = "auto"
-_DONE = JobState.DONE
 _OOM = drv.CUresult.CUDA_ERROR_OUT_OF_MEMORY
 
 _memset, _up, _down = drv.cuMemsetD8Async, drv.cuMemcpyHtoDAsync, drv.cuMemcpyDtoHAsync
-_record, _launch = drv.cuEventRecord, drv.cuLaunchKernel
+_launch = drv.cuLaunchKernel
 _current, _push, _pop = drv.cuCtxGetCurrent, drv.cuCtxPushCurrent, drv.cuCtxPopCurrent
-_running_loop = asyncio._get_running_loop
 
 
 class FastPath:
@@ -154,18 +149,9 @@ class FastPath:
         auto = graph is not _NEVER and graph != _NEVER
         if auto and (graph != _AUTO or not known.steered):
             return None  # graphs are asked for: the general path has them
-        life, watches, door = self._life, self._watches, self._door
-        loop = life.loop
-        if (
-            life.state != OPEN
-            or loop is None
-            or _running_loop() is not loop
-            or watches.schedule is None
-            or watches.fault is not None
-            or watches.paused
-            or door.queue  # admit_launched: only with nothing queued and a slot free
-            or len(door.in_flight) >= door.limit
-        ):
+        watches, door = self._watches, self._door
+        loop = steady_loop(self._life, watches, door)
+        if loop is None:
             return None
         # The plan's guards, a Plan's checks with no bound argument built (C: _fits, a call).
         n = len(args)
@@ -224,46 +210,17 @@ class FastPath:
                 return None  # "auto" replays graphs here, or has not chosen yet
         # Resident buffers: live, and every unfinished use of them on one lane (or none).
         lane: Any = None
+        buffers: list[ResidentBuffer] = []
         if plan.residents:
-            store = self._store
-            seen: list[ResidentBuffer] = []
-            for index, write, into in plan.residents:
-                value = args[index]
-                buffer: Any = value.into if into else value  # type: ignore[attr-defined]  # an Out
-                if buffer in seen or not store.is_live(buffer):
-                    return None  # twice in one call, or stale: the general path says why
-                seen.append(buffer)
-                deps: Any = uses_of(buffer) if write else (writer_of(buffer),)
-                for dep in deps:
-                    if dep is None:
-                        continue
-                    if type(dep) is Download:
-                        return None
-                    if dep.state is _DONE or dep.gpu_done:
-                        continue
-                    if dep.event is None:
-                        return None  # not launched yet
-                    if lane is None:
-                        lane = dep.lane
-                    elif dep.lane is not lane:
-                        return None  # uses on two streams: wait by events, the general way
-            if lane is not None and lane.slot.leased:
+            for index, _write, into in plan.residents:
+                held: Any = args[index]
+                buffers.append(held.into if into else held)  # an Out's, or the buffer
+            lane = lane_after(self._store, buffers, plan.writes)
+            if lane is False:
                 return None
         placed = lane is None
-        if placed:  # the least busy lane not leased, ties in turn (as StreamPool.pick)
-            lanes = self._lanes
-            count = self._n_lanes
-            start = self._cursor
-            for k in range(count):
-                candidate = lanes[(start + k) % count]
-                slot = candidate.slot
-                if slot.leased:
-                    continue
-                if not slot.outstanding:
-                    lane = candidate
-                    break
-                if lane is None or slot.outstanding < lane.slot.outstanding:
-                    lane = candidate
+        if placed:
+            lane = least_busy(self._lanes, self._cursor)
             if lane is None:
                 return None  # every lane leased
         # Room in the lane's staging ring.
@@ -284,26 +241,8 @@ class FastPath:
             job.choice = choice  # "auto" measures it
         job.id = dispatch_id = next(self._ids)
         job.pending = pending = PendingDispatch(loop, dispatch_id, plan.name, watches.spin)
-        slot, pool = lane.slot, self._pool
-        taken = 0  # the steps below taken so far, undone if a later one raises
-        try:
-            door.admit_launched(job)
-            slot.outstanding += 1
-            taken = 1
-            if placed:
-                pool.placements += 1
-                taken = 2
-            if plan.residents:
-                buffers = job.buffers
-                for index, _write, into in plan.residents:
-                    arg: Any = args[index]
-                    buffers.append(arg.into if into else arg)  # an Out's, or the buffer
-                track_uses(buffers, plan.writes, job)  # ordered by the lane (checked above)
-        except BaseException:
-            door.withdraw(job)
-            slot.outstanding -= taken > 0
-            pool.placements -= taken > 1
-            raise
+        job.buffers = buffers
+        admit(door, self._pool, job, placed, plan.writes)
         if placed:
             self._cursor = (self._cursor + 1) % self._n_lanes
         if staged:
@@ -314,12 +253,7 @@ class FastPath:
         pushed = own is not None and _current()[1] != own and _push(own)[0] == SUCCESS
         try:
             self._enqueue(job, plan, known.launcher, args, lane, ring, at)
-            idle = self._idle_events
-            event = idle.pop() if idle else self._take_event()
-            code = _record(event, lane.handle)[0]
-            if code != SUCCESS:
-                idle.append(event)
-                raise error_for(code, "cuEventRecord")
+            event = record_event(self._idle_events, self._take_event, lane.handle)
         except BaseException as exc:
             self._not_watched(job, exc)
             if not isinstance(exc, Exception):
@@ -447,13 +381,8 @@ class FastPath:
             if job.ring_end > ring.tail:
                 ring.tail = job.ring_end
         job.lane.slot.outstanding -= 1
-        life, door = self._life, self._door
-        # Unless something waits for this slot, or for the backend to drain: the general way.
-        if life.state != OPEN or life.room.parked or not door.complete_launched(job, outcome):
-            self._dispatcher.done(job, outcome, None)  # type: ignore[arg-type]  # a job of this path
-            return
-        for buffer in job.buffers:
-            untrack(buffer, job)
+        if not resolved_here(self._life, self._door, self._dispatcher, job, outcome):
+            return  # something waits for its slot, or for the backend to drain: the general way
         self._latency.append((now := perf_counter()) - job.t_dispatch)
         if error is None:
             self.completed += 1
@@ -462,7 +391,6 @@ class FastPath:
             plan.expected = known + EXPECT_RISE * (took - known) if 0 < known <= took else took
         else:
             self.failed += 1
-        set_outcome(job.pending, outcome, None)
 
     def _results(self, job: FastJob) -> tuple[Any, ...]:
         """*job*'s results: arrays copied out of its ring region, its ``Out(into=)`` buffers."""

@@ -1,0 +1,71 @@
+"""Graph replays on the fast path over the stand-in driver, on each core and in both stream
+modes (``tests/fake_driver/replay_scenario.py``): launched in one call, ordered after and before
+eager dispatches of their buffers, their failures reported, the same results as the general
+path's replays. ``test_cuda_graphs.py`` runs replays on a GPU.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from tests.fake_driver import run_scenario
+
+from .needs import CORES
+
+pytestmark = [pytest.mark.stand_in, pytest.mark.nvrtc]
+
+PATHS = ("fast", "general")
+
+
+@pytest.fixture(scope="module", params=("immediate", "deferred"))
+def streams(request: pytest.FixtureRequest) -> str:
+    """When the stand-in's streams run their work: when enqueued, or when they get to it."""
+    mode: str = request.param
+    return mode
+
+
+@pytest.fixture(scope="module", params=CORES)
+def seen(request: pytest.FixtureRequest, streams: str) -> dict[str, Any]:
+    """What ``replay_scenario`` observed on one core, in one stream mode."""
+    return run_scenario("tests.fake_driver.replay_scenario", request.param, streams=streams)
+
+
+@pytest.mark.parametrize("path", PATHS)
+def test_captured_replays_run_in_order_with_eager_dispatches(
+    seen: dict[str, Any], path: str
+) -> None:
+    captured = seen[path]["captured"]
+    assert captured["alone"] == 55.0  # 5 replays of +1, +10
+    assert captured["after_fill"] == 18.0  # the fill first, then the replay
+    assert captured["before_fill"] == 3.0  # the replay first, then the fill
+    assert captured["gathered"] == 3.0 + 8 * 11.0
+    assert captured["in_flight"] == 0
+
+
+@pytest.mark.parametrize("path", PATHS)
+def test_a_replay_whose_event_fails_raises_and_the_graph_replays_again(
+    seen: dict[str, Any], path: str
+) -> None:
+    captured = seen[path]["captured"]
+    assert captured["failed"] == "CudaError"
+    assert captured["after_failure"] == 91.0 + 2 * 11.0  # the failed one's work ran too
+
+
+@pytest.mark.parametrize("path", PATHS)
+def test_recorded_replays_compute_what_numpy_does(seen: dict[str, Any], path: str) -> None:
+    recorded = seen[path]["recorded"]
+    assert recorded["replays_right"]
+    assert recorded["taking_turns_right"]
+    assert recorded["always_right"]
+    assert recorded["always_replays"] == 4
+
+
+def test_replays_take_the_fast_path_where_there_is_one(seen: dict[str, Any]) -> None:
+    fast, general = seen["fast"], seen["general"]
+    assert (fast["captured"]["alone_fast"], fast["captured"]["gathered_fast"]) == (5, 8)
+    assert (fast["recorded"]["replays_fast"], fast["recorded"]["always_fast"]) == (3, 4)
+    assert fast["captured"]["learned"]  # the graph's time, for the reactor's wake-up
+    assert (general["captured"]["alone_fast"], general["recorded"]["always_fast"]) == (0, 0)
+    assert not general["captured"]["learned"]
