@@ -26,9 +26,9 @@ ROOT = Path(__file__).resolve().parent.parent
 pytestmark = [pytest.mark.stand_in, pytest.mark.nvrtc]
 
 # asyncgraph's own calls per awaited fast-path dispatch on the Python core (its functions, not
-# the builtins and asyncio's they call): a change to the hot path shows here first. Five of them
-# are the steps it shares with the graph replays' fast path (``_fast_steps``).
-PINNED_CALLS = {"empty": 18, "4 KiB": 19, "resident": 27}
+# the builtins and asyncio's they call): a change to the hot path shows here first. Six of them
+# are the steps it shares with the graph replays' fast path (``_fast_steps``, ``fitting``).
+PINNED_CALLS = {"empty": 19, "4 KiB": 20, "resident": 28}
 
 
 @pytest.fixture(scope="module", params=CORES)

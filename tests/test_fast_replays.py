@@ -59,13 +59,17 @@ def test_recorded_replays_compute_what_numpy_does(seen: dict[str, Any], path: st
     assert recorded["replays_right"]
     assert recorded["taking_turns_right"]
     assert recorded["always_right"]
-    assert recorded["always_replays"] == 4
+    assert recorded["always_replays"] == 6
+    assert recorded["always_hits"] == 5  # the first recorded the graph
 
 
 def test_replays_take_the_fast_path_where_there_is_one(seen: dict[str, Any]) -> None:
     fast, general = seen["fast"], seen["general"]
     assert (fast["captured"]["alone_fast"], fast["captured"]["gathered_fast"]) == (5, 8)
-    assert (fast["recorded"]["replays_fast"], fast["recorded"]["always_fast"]) == (3, 4)
+    assert (fast["recorded"]["replays_fast"], fast["recorded"]["always_fast"]) == (3, 6)
+    # graph="always": bound on the general path the first time (which routes the cache's graphs
+    # to the fast path) and when the scalar changed (its kernel node updated); else not bound.
+    assert (fast["recorded"]["always_binds"], general["recorded"]["always_binds"]) == (2, 6)
     assert fast["captured"]["learned"]  # the graph's time, for the reactor's wake-up
     assert (general["captured"]["alone_fast"], general["recorded"]["always_fast"]) == (0, 0)
     assert not general["captured"]["learned"]

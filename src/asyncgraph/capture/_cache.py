@@ -60,11 +60,12 @@ class GraphCacheStatistics:
 
 
 class _Entry:
-    __slots__ = ("choice", "instances")
+    __slots__ = ("choice", "instances", "routed")
 
     def __init__(self, choice: Choice | None) -> None:
         self.instances: list[CachedGraph] = []
         self.choice = choice  # the "auto" choice it was recorded for (None: "always")
+        self.routed = False  # the fast path replays its instances (GraphHost.route_replays)
 
 
 class GraphCache:
@@ -201,8 +202,7 @@ class GraphCache:
         self._entries.move_to_end(key)
         graph = next((g for g in entry.instances if not g.is_busy), None)
         if graph is not None:
-            self._hits += 1
-            backend.telemetry.graph_cache_hits += 1
+            self.hit()
         elif len(entry.instances) >= self.max_instances:
             return self._miss()
         else:
@@ -219,7 +219,14 @@ class GraphCache:
         sampled = choice if choice is not None and choice.sampling else None
         job = prepare_replay(graph, call, inline, sampled, started)
         self._updates += backend.telemetry.graph_updates > updates
+        if not entry.routed:
+            entry.routed = backend.route_replays(call, entry.instances, choice, self.hit)
         return job
+
+    def hit(self) -> None:
+        """Count a replay of a cached graph (the fast path's too)."""
+        self._hits += 1
+        self._backend.telemetry.graph_cache_hits += 1
 
     def _settled(self, choice: Choice) -> None:
         """*choice* settled: on eager, its graphs are freed (they will not be replayed)."""

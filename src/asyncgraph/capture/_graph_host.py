@@ -83,6 +83,18 @@ class GraphHost(Protocol):
         *choice*: told the replay's cost from *started* (``perf_counter()``) once it ended."""
         ...
 
+    def route_replays(
+        self,
+        call: BoundCall,
+        instances: list[Any],
+        choice: Choice | None,
+        hit: Callable[[], None],
+    ) -> bool:
+        """Have the fast path replay *instances* (the cache's list of its graphs of *call*'s
+        signature) for later dispatches of that signature (``"auto"`` ones while *choice*
+        chose graphs), calling *hit* for each; whether it will."""
+        ...
+
     def run_replay(self, job: Any) -> Awaitable[Any]:
         """Schedule a replay job like a dispatch; the awaitable gives its results."""
         ...

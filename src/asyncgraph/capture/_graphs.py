@@ -288,6 +288,52 @@ class CachedGraph:
         self._busy = True
         self._call = call
 
+    def take_staged(
+        self,
+        uploads: tuple[tuple[int, int, int, bool], ...],
+        scalars: tuple[int, ...],
+        args: tuple[object, ...],
+    ) -> bool:
+        """Take the graph for a replay on the fast path, *args* being of the recorded kinds,
+        shapes and dtypes (its guards checked them), nothing resident: the staged inputs
+        (*uploads*: ``(index, offset, nbytes, is an InOut)``) written into its pinned block;
+        ``False``, having changed nothing, when it is busy or closed, or when a scalar (at the
+        *scalars* indices) changed (the general path updates its kernel node)."""
+        if self._busy or self._closed or self._close_when_idle:
+            return False
+        for value, index in zip(self._scalars, scalars, strict=True):
+            if args[index] != value:
+                return False
+        view = self._in_block.array if self._in_block is not None else None
+        for index, offset, nbytes, in_out in uploads:
+            array: Any = args[index]
+            if in_out:
+                array = array.array
+            view[offset : offset + nbytes] = array.reshape(-1).view(np.uint8)  # type: ignore[index]
+        self._primed = True
+        self._chosen = self._full_exec
+        if self._up_end:
+            telemetry = self._backend.telemetry
+            telemetry.bytes_up += self._up_end
+            telemetry.copies_up += 1
+        self._busy = True
+        return True
+
+    def staged_results(self, returned: tuple[tuple[Any, ...], ...]) -> tuple[Any, ...]:
+        """The results of a replay :meth:`take_staged` took: new arrays, per *returned*
+        ``(kind, index, offset, nbytes, dtype, shape)`` of a staged result."""
+        view: Any = self._out_block.array if self._out_block is not None else None
+        in_end = self._in_end
+        results = tuple(
+            view[offset - in_end : offset - in_end + nbytes].view(dtype).reshape(shape).copy()
+            for _kind, _index, offset, nbytes, dtype, shape in returned
+        )
+        if self._total > in_end:
+            telemetry = self._backend.telemetry
+            telemetry.bytes_down += self._total - in_end
+            telemetry.copies_down += 1
+        return results
+
     @property
     def is_busy(self) -> bool:
         """Whether a replay of this graph is in flight (replays of one graph take turns)."""

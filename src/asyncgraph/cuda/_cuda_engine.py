@@ -104,6 +104,7 @@ class CudaEngine:
             links.graphs,
             self._steer,
             self._replay_fast,
+            self._route_replays,
         )
         links.log.debug(
             "backend.opened",
@@ -155,24 +156,22 @@ class CudaEngine:
         device.telemetry.add_source(replays.flush)
         return fast
 
+    def fast_graphs(self) -> FastReplays | None:
+        """The fast path's replays (``FastReplays``), made with it."""
+        return self.replays
+
     def _steer(self, call: BoundCall, choice: Any) -> None:
         # Graphs' news for the fast path: ``graph="auto"`` calls like *call* follow *choice*.
         if self.fast is not None:
             self.fast.steer(call, choice)
 
-    def _replay_fast(
-        self,
-        graph: Any,
-        call: BoundCall,
-        buffers: Any,
-        writes: tuple[bool, ...],
-        choice: Any,
-        started: float,
-    ) -> PendingDispatch | None:
+    def _replay_fast(self, graph: Any, call: BoundCall, *rest: Any) -> PendingDispatch | None:
         # Graphs' replays on the fast path, once there is one (``FastReplays.replay``).
-        if self.replays is None:
-            return None
-        return self.replays.replay(graph, call, buffers, writes, choice, started)
+        return self.replays.replay(graph, call, *rest) if self.replays is not None else None
+
+    def _route_replays(self, call: BoundCall, *rest: Any) -> bool:
+        # The graph cache's graphs of *call*'s signature, replayed on the fast path.
+        return self.replays is not None and self.replays.route(call, *rest)
 
     # -- the scheduler's predicates ----------------------------------------------------------------
 

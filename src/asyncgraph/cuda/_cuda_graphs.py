@@ -68,12 +68,14 @@ class Graphs:
         front: GraphFront,
         steer: Callable[[BoundCall, Choice], None],
         replay_fast: Callable[..., Awaitable[Any] | None],
+        route_replays: Callable[..., bool],
     ) -> None:
         from cuda.core import StreamOptions
 
         self._device = device
         self.steer = steer  # see GraphHost.steer: tells the engine's fast path
         self.replay_fast = replay_fast  # see GraphHost.replay_fast (the engine's fast path)
+        self.route_replays = route_replays  # see GraphHost.route_replays (the same)
         self._launches = launches
         self._kernels = kernels
         self._storage = storage

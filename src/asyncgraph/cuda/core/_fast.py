@@ -22,13 +22,12 @@ import numpy as np
 from cuda.bindings import driver as drv
 
 from asyncgraph._exceptions import AllocationError
-from asyncgraph.args._plan_cache import same_dims
 from asyncgraph.buffers._resident import storage_of
 from asyncgraph.cuda.driver._driver import SUCCESS, error_for
 from asyncgraph.jobs._pending import PendingDispatch
 
 from ._fast_job import RING_BYTES, FastJob, FastLane, Ring
-from ._fast_plan import K_IN, K_IN_OUT, K_OUT, K_RESIDENT, K_SCALAR, FastPlan, KnownKernel, eligible
+from ._fast_plan import K_OUT, K_RESIDENT, K_SCALAR, FastPlan, KnownKernel, eligible, fitting
 from ._fast_steps import admit, lane_after, least_busy, record_event, resolved_here, steady_loop
 from ._watches import EXPECT_RISE
 
@@ -153,55 +152,8 @@ class FastPath:
         loop = steady_loop(self._life, watches, door)
         if loop is None:
             return None
-        # The plan's guards, a Plan's checks with no bound argument built (C: _fits, a call).
-        n = len(args)
-        for plan in known.plans:
-            if (
-                n != plan.n_args
-                or shared_mem != plan.shared_mem
-                or type(shared_mem) is not int
-                or ((grid != plan.grid or type(grid) is not int) and not same_dims(grid, plan.grid))
-                or (
-                    (block != plan.block or type(block) is not int)
-                    and not same_dims(block, plan.block)
-                )
-            ):
-                continue
-            i = 0
-            for value in args:
-                code, kind, shape, dtype, strides, _offset = plan.args[i]
-                i += 1
-                if type(value) is not kind:
-                    break
-                if code == K_SCALAR:
-                    continue
-                if code == K_IN:
-                    array: Any = value
-                elif code == K_IN_OUT:
-                    array = value.array  # type: ignore[attr-defined]  # an InOut
-                    if type(array) is not np.ndarray:
-                        break
-                elif code == K_OUT:
-                    out: Any = value
-                    if out.into is not None or out.resident or out.shape != shape:
-                        break
-                    if out.dtype is not dtype:
-                        break
-                    continue
-                elif code == K_RESIDENT:
-                    if value.dtype is not dtype:  # type: ignore[attr-defined]  # a buffer
-                        break
-                    continue
-                else:  # K_INTO
-                    out = value
-                    if out.into is None or out.dtype is not dtype:
-                        break
-                    continue
-                if array.shape != shape or array.dtype is not dtype or array.strides != strides:
-                    break
-            else:
-                break
-        else:
+        plan = fitting(known.plans, args, grid, block, shared_mem)  # C: _fits
+        if plan is None:
             return None
         choice: Any = None
         if auto:

@@ -14,8 +14,11 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
+import numpy as np
+
 from asyncgraph.args._arguments import FAST_CODES, fast_arg
 from asyncgraph.args._bound_args import upload_bytes
+from asyncgraph.args._plan_cache import same_dims
 
 from ._fast_job import RING_BYTES
 
@@ -38,6 +41,7 @@ __all__ = (
     "KnownKernel",
     "describes",
     "eligible",
+    "fitting",
 )
 
 MAX_STAGED = RING_BYTES >> 2  # bytes a dispatch may stage to take the fast path
@@ -88,6 +92,8 @@ class FastPlan:
         residents: per resident buffer ``(index, written, is an Out(into=))``.
         writes: per resident buffer, whether it is written (``track_uses``' argument).
         returned: per result ``(kind, index, offset, nbytes, dtype, shape)``.
+        route: the cached graphs that ``graph="always"`` and ``"auto"`` dispatches of this
+            signature replay (``_fast_replay.ReplayRoute``), or ``None``.
         auto: what ``graph="auto"`` chose for this signature (a ``capture._choice.Choice``,
             set by ``FastPath.steer``), or ``None``: such dispatches go the general way.
     """
@@ -105,6 +111,7 @@ class FastPlan:
         "name",
         "residents",
         "returned",
+        "route",
         "shared_mem",
         "staged",
         "template",
@@ -118,6 +125,7 @@ class FastPlan:
     def __init__(self, plan: Plan, call: BoundCall) -> None:
         self.expected = 0.0  # seconds from dispatch to completion, learned (_watches.learned)
         self.auto: Any = None
+        self.route: Any = None
         template = plan.template
         self.template = template
         self.name = template.kernel.name
@@ -178,6 +186,60 @@ def describes(plan: FastPlan, call: BoundCall) -> bool:
             plan.args, call.args, strict=True
         )
     )
+
+
+def fitting(
+    plans: list[FastPlan], args: tuple[object, ...], grid: object, block: object, shared_mem: object
+) -> FastPlan | None:
+    """The first of *plans* whose guards *args* and the launch shape pass (a ``Plan``'s checks,
+    with no bound argument built), or ``None``."""
+    n = len(args)
+    for plan in plans:
+        if (
+            n != plan.n_args
+            or shared_mem != plan.shared_mem
+            or type(shared_mem) is not int
+            or ((grid != plan.grid or type(grid) is not int) and not same_dims(grid, plan.grid))
+            or (
+                (block != plan.block or type(block) is not int) and not same_dims(block, plan.block)
+            )
+        ):
+            continue
+        i = 0
+        for value in args:
+            code, kind, shape, dtype, strides, _offset = plan.args[i]
+            i += 1
+            if type(value) is not kind:
+                break
+            if code == K_SCALAR:
+                continue
+            if code == K_IN:
+                array: Any = value
+            elif code == K_IN_OUT:
+                array = value.array  # type: ignore[attr-defined]  # an InOut
+                if type(array) is not np.ndarray:
+                    break
+            elif code == K_OUT:
+                out: Any = value
+                if out.into is not None or out.resident or out.shape != shape:
+                    break
+                if out.dtype is not dtype:
+                    break
+                continue
+            elif code == K_RESIDENT:
+                if value.dtype is not dtype:  # type: ignore[attr-defined]  # a buffer
+                    break
+                continue
+            else:  # K_INTO
+                out = value
+                if out.into is None or out.dtype is not dtype:
+                    break
+                continue
+            if array.shape != shape or array.dtype is not dtype or array.strides != strides:
+                break
+        else:
+            return plan
+    return None
 
 
 class KnownKernel:

@@ -24,15 +24,19 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 from cuda.bindings import driver as drv
 
+from asyncgraph.capture._choice import ChoiceState
 from asyncgraph.cuda.driver._driver import SUCCESS
 from asyncgraph.jobs._pending import PendingDispatch
 from asyncgraph.jobs._scheduler import JobState
 
+from ._fast_plan import K_SCALAR, FastPlan, KnownKernel, describes, eligible, fitting
 from ._fast_steps import admit, lane_after, least_busy, record_event, resolved_here, steady_loop
 from ._watches import learned
 
 if TYPE_CHECKING:
     from asyncgraph.args._bound_args import BoundCall
+    from asyncgraph.args._kernel import Kernel
+    from asyncgraph.args._plan_cache import Plan
     from asyncgraph.buffers._resident import ResidentBuffer
     from asyncgraph.front._fast_front import FastFront
     from asyncgraph.pool import StreamPool
@@ -43,6 +47,9 @@ if TYPE_CHECKING:
 __all__ = ("FastReplays", "ReplayJob", "ReplayedGraph")
 
 _QUEUED = JobState.QUEUED
+_ALWAYS = "always"
+_AUTO = "auto"
+_CHOSE_GRAPH = ChoiceState.GRAPH
 _current, _push, _pop = drv.cuCtxGetCurrent, drv.cuCtxPushCurrent, drv.cuCtxPopCurrent
 
 
@@ -57,6 +64,10 @@ class ReplayedGraph(Protocol):
 
     def results(self, call: BoundCall) -> tuple[Any, ...]:
         """The replay's results, once it completed."""
+        ...
+
+    def staged_results(self, returned: tuple[tuple[Any, ...], ...]) -> tuple[Any, ...]:
+        """The results of a replay of a cached graph taken by its plan (``take_staged``)."""
         ...
 
     def replay_done(self) -> None:
@@ -82,6 +93,7 @@ class ReplayJob:
         "outcome",
         "owner",
         "pending",
+        "returned",
         "started",
         "state",
         "t_dispatch",
@@ -116,6 +128,7 @@ class ReplayJob:
         self.pending: PendingDispatch = None  # type: ignore[assignment]  # set at once
         self.choice: Any = None  # graph="auto"'s choice, told the replay's cost
         self.started = 0.0  # where that cost counts from
+        self.returned: Any = None  # a cached graph's results by its plan (staged_results)
 
     def __repr__(self) -> str:
         return f"<ReplayJob #{self.id} {self.call.kernel.name!r} {self.state.value}>"
@@ -160,6 +173,75 @@ class FastReplays:
         self.replays = self.completed = self.failed = 0
         self._submit_time: list[float] = []
         self._latency: list[float] = []
+        self._kernels: dict[Kernel, KnownKernel] = {}  # plans of calls with nothing resident
+
+    # -- cached graphs -------------------------------------------------------------------------
+
+    def learn(self, plan: Plan, call: BoundCall) -> None:
+        """A plan was made from *call*: replay the cached graphs of calls that fit it here, once
+        the graph cache routes them (:meth:`route`), if nothing of it is resident."""
+        if not call.resident and eligible(plan, call):
+            KnownKernel.of(self._kernels, call.kernel).learn(FastPlan(plan, call))
+
+    def route(
+        self, call: BoundCall, instances: list[Any], choice: Any, hit: Callable[[], None]
+    ) -> bool:
+        """Replay *instances* (the graph cache's list of its graphs of *call*'s signature) for
+        the calls that fit *call*'s plan, calling *hit* for each (the cache counts them);
+        *choice*: ``"auto"``'s for the signature, or ``None``. Whether a plan had it (none is
+        learned of calls with resident buffers)."""
+        known = self._kernels.get(call.kernel)
+        for plan in known.plans if known is not None else ():
+            if describes(plan, call):
+                route = plan.route
+                if route is None or route.instances is not instances:
+                    scalars = tuple(i for i, guard in enumerate(plan.args) if guard[0] == K_SCALAR)
+                    route = plan.route = ReplayRoute(instances, None, scalars, hit)
+                route.choice = choice or route.choice
+                return True
+        return False
+
+    def dispatch(
+        self,
+        kernel: Kernel,
+        args: tuple[object, ...],
+        grid: object,
+        block: object,
+        shared_mem: object,
+        timing: object,
+        graph: object,
+    ) -> PendingDispatch | None:
+        """A ``graph="always"`` dispatch, or a ``graph="auto"`` one whose signature chose
+        graphs, replaying a free cached graph of its signature: launched, its pending result
+        returned; ``None``, having changed nothing, when it cannot be (then the general path
+        runs, and raises whatever is wrong with the call)."""
+        t0 = perf_counter()
+        known = self._kernels.get(kernel)
+        if known is None or timing is not False:
+            return None
+        plan = fitting(known.plans, args, grid, block, shared_mem)
+        if plan is None or plan.route is None:
+            return None
+        route = plan.route
+        if graph != _ALWAYS:
+            choice = route.choice
+            if graph != _AUTO or choice is None or choice.state is not _CHOSE_GRAPH:
+                return None  # "auto" runs eagerly, is measuring, or was forgotten
+        for cached in route.instances:
+            if cached.take_staged(plan.uploads, route.scalars, args):
+                break
+        else:
+            return None  # every graph busy, or a scalar changed: the general path
+        try:
+            pending = self.replay(cached, plan.template, (), (), None, t0, plan.returned)
+        except BaseException:
+            cached.replay_done()
+            raise
+        if pending is None:
+            cached.replay_done()  # not the steady state: the general path takes it again
+        else:
+            route.hit()
+        return pending
 
     def replay(
         self,
@@ -169,11 +251,13 @@ class FastReplays:
         writes: tuple[bool, ...],
         choice: Any = None,
         started: float = 0.0,
+        returned: Any = None,
     ) -> PendingDispatch | None:
         """Launch *graph*, ready to replay *call* on *buffers* (written where *writes* says),
         and return the pending result; ``None``, having changed nothing, when this is not the
         steady state. *choice*: a ``graph="auto"`` choice told the replay's cost from
-        *started* once it completed."""
+        *started* once it completed. *returned*: the results as the plan of a cached graph's
+        replay lays them out (``None``: the graph's ``results(call)``)."""
         t0 = perf_counter()
         watches, door = self._watches, self._door
         loop = steady_loop(self._life, watches, door)
@@ -188,7 +272,7 @@ class FastReplays:
             if lane is None:
                 return None  # every lane leased
         job = ReplayJob(self, graph, call, lane, t0)
-        job.choice, job.started = choice, started
+        job.choice, job.started, job.returned = choice, started, returned
         job.id = dispatch_id = next(self._ids)
         job.pending = pending = PendingDispatch(loop, dispatch_id, call.kernel.name, watches.spin)
         job.buffers.extend(buffers)
@@ -233,7 +317,11 @@ class FastReplays:
         outcome: Any = error
         if error is None:
             try:
-                outcome = graph.results(job.call)
+                returned = job.returned
+                if returned is None:
+                    outcome = graph.results(job.call)
+                else:
+                    outcome = graph.staged_results(returned)
             except Exception as exc:
                 outcome = exc  # whatever went wrong fails this replay, visibly
             seen = job.watch.seen if job.watch is not None else 0.0
@@ -265,3 +353,19 @@ class FastReplays:
             if values:
                 histogram.record_all(values)
                 values.clear()
+
+
+class ReplayRoute:
+    """The cached graphs ``graph="always"`` and ``"auto"`` dispatches of one signature replay on
+    the fast path (a ``FastPlan``'s ``route``): the graph cache's instances of it (its own
+    list), and ``"auto"``'s choice for it, if any."""
+
+    __slots__ = ("choice", "hit", "instances", "scalars")
+
+    def __init__(
+        self, instances: list[Any], choice: Any, scalars: tuple[int, ...], hit: Callable[[], None]
+    ) -> None:
+        self.instances = instances
+        self.choice = choice
+        self.scalars = scalars  # the indices of the scalar arguments
+        self.hit = hit  # counts a replay in the graph cache's statistics
