@@ -343,6 +343,36 @@ async def test_the_cache_serves_64_concurrent_tasks(rng: np.random.Generator) ->
     assert gpu.pinned_pool.statistics().bytes_in_use == 0
 
 
+@pytest.mark.parametrize("fast", [True, False])
+async def test_replays_on_the_fast_path_compute_what_the_general_path_does(
+    fast: bool, rng: np.random.Generator
+) -> None:
+    async with ag.open_backend("cuda", fast_path_enabled=fast) as opened:
+        gpu: Any = opened
+        await gpu.compile(INC)
+        start = _rand(rng)
+        buf = await gpu.upload(start)
+        async with gpu.capture() as cap:
+            await cap.dispatch(INC, buf, np.float32(1.5), np.int32(N), grid=4, block=256)
+        before = gpu.telemetry.snapshot().fast_path_dispatches
+        for _ in range(4):
+            await cap.graph.replay()
+        np.testing.assert_allclose(await gpu.download(buf), start + np.float32(6), rtol=1e-6)
+        for scale in (3, 3, 3, -2):
+            x = _rand(rng)
+            (y,) = await gpu.dispatch(
+                SCALE, x, ag.Out(N, np.float32), np.float32(scale), np.int32(N), grid=4,
+                block=256, graph="always",
+            )  # fmt: skip
+            np.testing.assert_array_equal(y, x * np.float32(scale))
+        replays = gpu.telemetry.snapshot().fast_path_dispatches - before
+        assert replays == (8 if fast else 0)
+        assert cap.graph.expected > 0.0 if fast else cap.graph.expected == 0.0
+        cap.graph.close()
+        await buf.aclose()
+        _clean(gpu)
+
+
 async def test_auto_measures_both_ways_and_keeps_to_one(rng: np.random.Generator) -> None:
     async with ag.open_backend("cuda") as opened:
         gpu: Any = opened
