@@ -5,8 +5,9 @@ graph is ready (its inputs written into its pinned block, its scalars set: the g
 is launched by :meth:`FastReplays.replay` in the backend's steady state, as an eager dispatch is
 by the fast path: open, on its loop, nothing queued, an in-flight slot free, no capture pausing
 the reactor, no fault, and every unfinished use of the graph's resident buffers on one lane (or
-none). It admits the replay through the scheduler's door, launches the graph on that lane (else
-the least busy one not leased), records an event and has the reactor watch it, expecting the
+none). It launches the graph on that lane (else the least busy one not leased) and records an
+event first, so the GPU starts as early as it can; then admits the replay through the
+scheduler's door, records its buffers' uses and has the reactor watch the event, expecting the
 graph's learned time, so the reactor wakes the loop for its end as for an eager dispatch's. Its
 completion (:meth:`FastReplays.complete`) takes the results, lets the graph's next replay go,
 and resolves the replay, or hands it the general way to the dispatcher when anything waits.
@@ -271,28 +272,41 @@ class FastReplays:
             lane = least_busy(self._lanes, self._cursor)
             if lane is None:
                 return None  # every lane leased
-        job = ReplayJob(self, graph, call, lane, t0)
-        job.choice, job.started, job.returned = choice, started, returned
-        job.id = dispatch_id = next(self._ids)
-        job.pending = pending = PendingDispatch(loop, dispatch_id, call.kernel.name, watches.spin)
-        job.buffers.extend(buffers)
-        admit(door, self._pool, job, placed, writes)
-        if placed:
-            self._cursor = (self._cursor + 1) % len(self._lanes)
-        self.replays += 1
+        # Launched first, the bookkeeping done while it runs: nothing else runs in between.
         own = self._context  # the backend's, current for the driver calls
         pushed = own is not None and _current()[1] != own and _push(own)[0] == SUCCESS
+        event: Any = None
+        failure: BaseException | None = None
         try:
             graph.launch_on(lane.handle)
             event = record_event(self._idle_events, self._take_event, lane.handle)
         except BaseException as exc:
-            self._not_watched(job, exc)
-            if not isinstance(exc, Exception):
-                raise
-            return pending
+            failure = exc
         finally:
             if pushed:
                 _pop()
+        try:
+            job = ReplayJob(self, graph, call, lane, t0)
+            job.choice, job.started, job.returned = choice, started, returned
+            job.id = dispatch_id = next(self._ids)
+            job.pending = pending = PendingDispatch(
+                loop, dispatch_id, call.kernel.name, watches.spin
+            )
+            job.buffers.extend(buffers)
+            admit(door, self._pool, job, placed, writes)
+        except BaseException:
+            lane.settle()  # what it launched ended: nothing refers to it
+            if event is not None:
+                self._idle_events.append(event)
+            raise
+        if placed:
+            self._cursor = (self._cursor + 1) % len(self._lanes)
+        self.replays += 1
+        if failure is not None:
+            self._not_watched(job, failure)
+            if not isinstance(failure, Exception):
+                raise failure
+            return pending
         job.event = event
         expected = graph.expected
         job.watch = watches.watch(lane.index, event, job.ended, t0 + expected if expected else 0.0)
@@ -301,7 +315,8 @@ class FastReplays:
 
     def _not_watched(self, job: ReplayJob, error: BaseException) -> None:
         """The graph could not be launched, or its event not recorded: wait for the lane
-        (``Lane.settle``), then finish the replay with *error* the general way."""
+        (``Lane.settle``: what was launched ended), then finish the replay with *error* the
+        general way."""
         job.lane.settle()
         job.lane.slot.outstanding -= 1
         job.gpu_done = True
