@@ -20,6 +20,7 @@ dispatch cores: a replay's own Python is one call into the graph and one here.
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
+from functools import partial
 from time import perf_counter
 from typing import TYPE_CHECKING, Any, Protocol
 
@@ -32,7 +33,7 @@ from asyncgraph.jobs._scheduler import JobState
 
 from ._fast_plan import K_SCALAR, FastPlan, KnownKernel, describes, eligible, fitting
 from ._fast_steps import admit, lane_after, least_busy, record_event, resolved_here, steady_loop
-from ._watches import learned
+from ._watches import SPIN_CAP, learned
 
 if TYPE_CHECKING:
     from asyncgraph.args._bound_args import BoundCall
@@ -272,6 +273,10 @@ class FastReplays:
             lane = least_busy(self._lanes, self._cursor)
             if lane is None:
                 return None  # every lane leased
+        # A lone await spins until the graph's learned time is up, where that is near.
+        expected = graph.expected
+        expect = t0 + expected if expected else 0.0
+        spin = partial(watches.spin, expect) if 0.0 < expected <= SPIN_CAP else watches.spin
         # Launched first, the bookkeeping done while it runs: nothing else runs in between.
         own = self._context  # the backend's, current for the driver calls
         pushed = own is not None and _current()[1] != own and _push(own)[0] == SUCCESS
@@ -289,9 +294,7 @@ class FastReplays:
             job = ReplayJob(self, graph, call, lane, t0)
             job.choice, job.started, job.returned = choice, started, returned
             job.id = dispatch_id = next(self._ids)
-            job.pending = pending = PendingDispatch(
-                loop, dispatch_id, call.kernel.name, watches.spin
-            )
+            job.pending = pending = PendingDispatch(loop, dispatch_id, call.kernel.name, spin)
             job.buffers.extend(buffers)
             admit(door, self._pool, job, placed, writes)
         except BaseException:
@@ -308,8 +311,7 @@ class FastReplays:
                 raise failure
             return pending
         job.event = event
-        expected = graph.expected
-        job.watch = watches.watch(lane.index, event, job.ended, t0 + expected if expected else 0.0)
+        job.watch = watches.watch(lane.index, event, job.ended, expect)
         self._submit_time.append(perf_counter() - t0)
         return pending
 
