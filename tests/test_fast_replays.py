@@ -73,3 +73,12 @@ def test_replays_take_the_fast_path_where_there_is_one(seen: dict[str, Any]) -> 
     assert fast["captured"]["learned"]  # the graph's time, for the reactor's wake-up
     assert (general["captured"]["alone_fast"], general["recorded"]["always_fast"]) == (0, 0)
     assert not general["captured"]["learned"]
+
+
+def test_a_batchers_padded_batches_replay_one_graph_on_the_fast_path(seen: dict[str, Any]) -> None:
+    fast, general = seen["fast"]["batched"], seen["general"]["batched"]
+    for batched in (fast, general):
+        assert batched["right"]
+        assert batched["replays"] == batched["batches"] == 5  # each batch, one replay
+    assert (fast["fast"], fast["binds"]) == (5, 0)  # on the fast path, nothing bound
+    assert (general["fast"], general["binds"]) == (0, 5)

@@ -123,13 +123,52 @@ async def recorded(gpu: Any) -> dict[str, Any]:
     return seen
 
 
+async def batched(gpu: Any) -> dict[str, Any]:
+    """A batcher with ``graph="always"`` and one bucket: its padded batches replay one cached
+    graph, on the fast path once the cache routed it (``scale`` over a batch of scalars)."""
+    batcher = ag.batcher(
+        gpu, SCALE, inputs=[ag.Row((), np.float32)], outputs=[ag.Row((), np.float32)],
+        shared=(np.float32(3),), launch=lambda n: ((n + 255) // 256, 256), max_size=8,
+        buckets=(8,), graph="always",
+    )  # fmt: skip
+    rng = np.random.default_rng()
+
+    async def batches(count: int) -> bool:
+        right = True
+        for _ in range(count):
+            rows = rng.standard_normal(8).astype(np.float32)
+            results = await asyncio.gather(*(batcher(row) for row in rows))
+            right = right and all(y == row * 3 for (y,), row in zip(results, rows, strict=True))
+        return right
+
+    right = await batches(1)  # the graph recorded, and routed to the fast path
+    before = gpu.telemetry.snapshot()
+    binds = gpu._plans.hits + gpu._plans.misses
+    launched = batcher.statistics().batches
+    right = await batches(5) and right
+    after = gpu.telemetry.snapshot()
+    launched = batcher.statistics().batches - launched
+    await batcher.aclose()
+    return {
+        "right": right,
+        "replays": after.graph_replays - before.graph_replays,
+        "fast": after.fast_path_dispatches - before.fast_path_dispatches,
+        "binds": gpu._plans.hits + gpu._plans.misses - binds,
+        "batches": launched,
+    }
+
+
 async def main() -> dict[str, Any]:
     seen: dict[str, Any] = {"compiled": core.COMPILED}
     for name, fast in (("fast", True), ("general", False)):
         async with ag.open_backend("cuda", fast_path_enabled=fast) as gpu:
             for kernel in (INC, SCALE, FILL):
                 await gpu.compile(kernel)
-            seen[name] = {"captured": await captured(gpu), "recorded": await recorded(gpu)}
+            seen[name] = {
+                "captured": await captured(gpu),
+                "recorded": await recorded(gpu),
+                "batched": await batched(gpu),
+            }
     return seen
 
 
