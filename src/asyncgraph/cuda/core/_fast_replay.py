@@ -214,9 +214,9 @@ class FastReplays:
         graph: object,
     ) -> PendingDispatch | None:
         """A ``graph="always"`` dispatch, or a ``graph="auto"`` one whose signature chose
-        graphs, replaying a free cached graph of its signature: launched, its pending result
-        returned; ``None``, having changed nothing, when it cannot be (then the general path
-        runs, and raises whatever is wrong with the call)."""
+        graphs (or measures a replay now), replaying a free cached graph of its signature:
+        launched, its pending result returned; ``None``, having changed nothing, when it
+        cannot be (then the general path runs, and raises whatever is wrong with the call)."""
         t0 = perf_counter()
         known = self._kernels.get(kernel)
         if known is None or timing is not False:
@@ -225,17 +225,22 @@ class FastReplays:
         if plan is None or plan.route is None:
             return None
         route = plan.route
+        sampled: Any = None  # "auto"'s choice, told this replay's cost
         if graph != _ALWAYS:
             choice = route.choice
-            if graph != _AUTO or choice is None or choice.state is not _CHOSE_GRAPH:
-                return None  # "auto" runs eagerly, is measuring, or was forgotten
+            if graph != _AUTO or choice is None:
+                return None
+            if choice.state is not _CHOSE_GRAPH:
+                if choice.eager or not choice.sampling:
+                    return None  # "auto" runs eagerly now, or was forgotten
+                sampled = choice  # a replay "auto" measures, as its replays would run
         for cached in route.instances:
             if cached.take_staged(plan.uploads, route.scalars, args):
                 break
         else:
             return None  # every graph busy, or a scalar changed: the general path
         try:
-            pending = self.replay(cached, plan.template, (), (), None, t0, plan.returned)
+            pending = self.replay(cached, plan.template, (), (), sampled, t0, plan.returned)
         except BaseException:
             cached.replay_done()
             raise
