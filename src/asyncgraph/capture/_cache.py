@@ -65,7 +65,7 @@ class _Entry:
     def __init__(self, choice: Choice | None) -> None:
         self.instances: list[CachedGraph] = []
         self.choice = choice  # the "auto" choice it was recorded for (None: "always")
-        self.routed = False  # the fast path replays its instances (GraphHost.route_replays)
+        self.routed = False  # the fast path was asked to replay them (GraphHost.route_replays)
 
 
 class GraphCache:
@@ -194,7 +194,10 @@ class GraphCache:
         started: float,
         inline: bool,
     ) -> Any:
-        """A replay of a graph of *key* (recorded now if none is free), or ``None``."""
+        """A replay of a graph of *key* (recorded now if none is free): its job, or its pending
+        result where it was launched inline; or ``None``. The first asks the fast path to
+        replay the entry's graphs from then on (once: a signature it cannot take, one with
+        resident buffers say, is not asked again)."""
         backend = self._backend
         entry = self._entries.get(key)
         if entry is None:
@@ -220,7 +223,8 @@ class GraphCache:
         job = prepare_replay(graph, call, inline, sampled, started)
         self._updates += backend.telemetry.graph_updates > updates
         if not entry.routed:
-            entry.routed = backend.route_replays(call, entry.instances, choice, self.hit)
+            backend.route_replays(call, entry.instances, choice, self.hit)
+            entry.routed = True
         return job
 
     def hit(self) -> None:

@@ -107,6 +107,7 @@ class CapturedGraph:
         self._exec: Any = None
         self.dispatches: list[RecordedDispatch] = []
         self._buffers: list[ResidentBuffer] = []
+        self._writes: tuple[bool, ...] = ()
         self._replay_call: BoundCall = None  # type: ignore[assignment]  # set by _attach
         # The kernel node of each dispatch as instantiated, and the nodes of that capture, all
         # of them its dispatches' or not: a capture into it is updated in place when so.
@@ -163,6 +164,7 @@ class CapturedGraph:
         keep_alive(buffers)  # before letting go: a buffer of both stays held
         let_go_of(self._buffers)
         self._buffers = buffers
+        self._writes = (True,) * len(buffers)  # a replay may write each (no parameter says)
         kernel = dispatches[0].kernel if dispatches else _FOREIGN_ONLY
         grid = dispatches[0]._call.grid if dispatches else (1, 1, 1)
         self._replay_call = BoundCall(
@@ -192,8 +194,7 @@ class CapturedGraph:
         for buffer in self._buffers:
             if storage_of(buffer) is None:  # pragma: no cover - held memory is never freed
                 raise BackendClosedError("a buffer of this graph was freed")
-        buffers = self._buffers
-        await replayed(backend, self, self._replay_call, buffers, (True,) * len(buffers))
+        await replayed(backend, self, self._replay_call, self._buffers, self._writes)
 
     def update(self, dispatch: RecordedDispatch, *args: object) -> None:
         """Change the scalar arguments of a recorded *dispatch* for the following replays.

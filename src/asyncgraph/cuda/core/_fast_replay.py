@@ -219,7 +219,7 @@ class FastReplays:
         cannot be (then the general path runs, and raises whatever is wrong with the call)."""
         t0 = perf_counter()
         known = self._kernels.get(kernel)
-        if known is None or timing is not False:
+        if known is None or timing is not False or (graph != _ALWAYS and graph != _AUTO):
             return None
         plan = fitting(known.plans, args, grid, block, shared_mem)
         if plan is None or plan.route is None:
@@ -228,7 +228,7 @@ class FastReplays:
         sampled: Any = None  # "auto"'s choice, told this replay's cost
         if graph != _ALWAYS:
             choice = route.choice
-            if graph != _AUTO or choice is None:
+            if choice is None:
                 return None
             if choice.state is not _CHOSE_GRAPH:
                 if choice.eager or not choice.sampling:
