@@ -23,7 +23,7 @@ import numpy as np
 import pytest
 
 from asyncgraph.cuda.core import _core_python as _core_py
-from asyncgraph.cuda.core import _fast, _fast_job, _fast_plan
+from asyncgraph.cuda.core import _fast, _fast_job, _fast_plan, _fast_replay
 from tests.fake_driver import run_scenario
 
 from .needs import compiled_core
@@ -42,6 +42,7 @@ PYTHON_TWINS: dict[str, object] = {
     "KnownKernel": _fast_plan.KnownKernel,
     "FastJob": _fast_job.FastJob,
     "FastPath": _fast.FastPath,
+    "ReplayRoute": _fast_replay.ReplayRoute,
 }
 # Classes only the compiled core has, and why.
 COMPILED_ONLY = {

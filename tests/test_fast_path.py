@@ -29,6 +29,11 @@ pytestmark = [pytest.mark.stand_in, pytest.mark.nvrtc]
 # the builtins and asyncio's they call): a change to the hot path shows here first. Six of them
 # are the steps it shares with the graph replays' fast path (``_fast_steps``, ``fitting``).
 PINNED_CALLS = {"empty": 19, "4 KiB": 20, "resident": 28}
+# The same for a graph="always" 4 KiB dispatch that replays the graph cache's graph, per core:
+# on the compiled core Backend.dispatch, PendingDispatch.__await__, the fast path's call, and the
+# graph's turn (CachedGraph.take_fast, replay_done) and the cache's count of the hit.
+PINNED_REPLAY_CALLS = {"python": 35, "compiled": 6}
+REPLAY_ROW = "4 KiB, graph='always'"
 
 
 @pytest.fixture(scope="module", params=CORES)
@@ -148,3 +153,4 @@ def test_the_fast_path_makes_few_calls(seen: dict[str, Any]) -> None:
     else:
         # Backend.dispatch, PendingDispatch.__await__, and the fast path's own call.
         assert all(calls[row]["asyncgraph"] == 3 for row in PINNED_CALLS)
+    assert calls[REPLAY_ROW]["asyncgraph"] == PINNED_REPLAY_CALLS[seen["core"]]

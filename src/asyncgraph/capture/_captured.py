@@ -18,7 +18,8 @@ from asyncgraph.buffers._resident import ResidentBuffer, storage_of
 from asyncgraph.cuda.driver._driver import check
 
 from ._graph_host import GraphHost, KernelNode
-from ._graphs import keep_alive, launch_values, let_go_of, replayed
+from ._graphs import keep_alive, launch_values, let_go_of
+from ._replayed import replayed
 
 __all__ = (
     "CapturedGraph",

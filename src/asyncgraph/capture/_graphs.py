@@ -15,7 +15,6 @@ its resident buffers, counts against ``max_in_flight``, and completes through th
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Awaitable
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -29,6 +28,7 @@ from asyncgraph.cuda.driver._driver import check
 from asyncgraph.runtime import _loop
 
 from ._graph_host import GraphHost, KernelNode
+from ._replayed import on_fast_path, replayed
 
 if TYPE_CHECKING:
     from asyncgraph.args._kernel import Kernel
@@ -43,7 +43,6 @@ __all__ = (
     "let_go_of",
     "prepare_replay",
     "record_graph",
-    "replayed",
 )
 
 
@@ -105,6 +104,7 @@ class CachedGraph:
         self._closed = False
         self._close_when_idle = False
         self._primed = False  # the pinned inputs hold the bytes of the last upload
+        self._layout = (0, 0, 0)  # what take_fast returns: set once recorded
         self.expected = 0.0  # a replay's time to completion, as the fast path learned it
         self.replays = 0
         self.resident_replays = 0
@@ -184,6 +184,9 @@ class CachedGraph:
             self._free()
             raise
         self._full_exec = drv.CUgraphExec(int(self._full.handle))
+        in_at = self._in_block.ptr if self._in_block is not None else 0
+        out_at = self._out_block.ptr - self._in_end if self._out_block is not None else 0
+        self._layout = (int(self._full.handle), int(in_at), int(out_at))
         if self._resident is not None:
             self._resident_exec = drv.CUgraphExec(int(self._resident.handle))
         keep_alive(self._buffers)
@@ -288,35 +291,46 @@ class CachedGraph:
         self._busy = True
         self._call = call
 
+    def take_fast(
+        self, args: tuple[object, ...], scalars: tuple[int, ...]
+    ) -> tuple[int, int, int] | None:
+        """Take the graph for a replay on the fast path, *args* being of the recorded kinds,
+        shapes and dtypes (its guards checked them), nothing resident; ``None``, having changed
+        nothing, when it is busy or closed, or when a scalar (at the *scalars* indices) changed
+        (the general path updates its kernel node). The caller writes the staged inputs into
+        the pinned input block and launches the full graph: returned are the addresses of that
+        graph (``CUgraphExec``), of the input block, and of the output block less the inputs'
+        bytes (where a result at staging offset ``o`` is read at ``o`` past it), 0 where none."""
+        if self._busy or self._closed or self._close_when_idle:
+            return None
+        for value, index in zip(self._scalars, scalars, strict=True):
+            if args[index] != value:
+                return None
+        self._primed = True
+        self._chosen = self._full_exec
+        self._busy = True
+        return self._layout
+
     def take_staged(
         self,
         uploads: tuple[tuple[int, int, int, bool], ...],
         scalars: tuple[int, ...],
         args: tuple[object, ...],
     ) -> bool:
-        """Take the graph for a replay on the fast path, *args* being of the recorded kinds,
-        shapes and dtypes (its guards checked them), nothing resident: the staged inputs
-        (*uploads*: ``(index, offset, nbytes, is an InOut)``) written into its pinned block;
-        ``False``, having changed nothing, when it is busy or closed, or when a scalar (at the
-        *scalars* indices) changed (the general path updates its kernel node)."""
-        if self._busy or self._closed or self._close_when_idle:
+        """:meth:`take_fast`, with the staged inputs (*uploads*: ``(index, offset, nbytes, is
+        an InOut)``) written into its pinned block here; ``False`` where that declines."""
+        if self.take_fast(args, scalars) is None:
             return False
-        for value, index in zip(self._scalars, scalars, strict=True):
-            if args[index] != value:
-                return False
         view = self._in_block.array if self._in_block is not None else None
         for index, offset, nbytes, in_out in uploads:
             array: Any = args[index]
             if in_out:
                 array = array.array
             view[offset : offset + nbytes] = array.reshape(-1).view(np.uint8)  # type: ignore[index]
-        self._primed = True
-        self._chosen = self._full_exec
         if self._up_end:
             telemetry = self._backend.telemetry
             telemetry.bytes_up += self._up_end
             telemetry.copies_up += 1
-        self._busy = True
         return True
 
     def staged_results(self, returned: tuple[tuple[Any, ...], ...]) -> tuple[Any, ...]:
@@ -382,7 +396,8 @@ class CachedGraph:
             with self._backend.ctx:
                 self._free()
             return
-        self._wake()
+        if self._waiters:
+            self._wake()
 
     def _pass_turn(self) -> None:
         if not self._busy:
@@ -445,38 +460,6 @@ def record_graph(backend: GraphHost, call: BoundCall) -> CachedGraph:
     return graph
 
 
-def replayed(
-    backend: GraphHost,
-    graph: Any,
-    call: BoundCall,
-    buffers: list[ResidentBuffer],
-    writes: tuple[bool, ...],
-) -> Awaitable[Any]:
-    """Run a replay of *graph* (ready for *call*) on *buffers*: on the backend's fast path, else
-    as a job of the general path; the awaitable gives its results."""
-    pending = _on_fast_path(backend, graph, call, buffers, writes, None, 0.0)
-    if pending is not None:
-        return pending
-    return backend.run_replay(backend.replay_job(call, graph))
-
-
-def _on_fast_path(
-    backend: GraphHost,
-    graph: Any,
-    call: BoundCall,
-    buffers: list[ResidentBuffer],
-    writes: tuple[bool, ...],
-    choice: Choice | None,
-    started: float,
-) -> Awaitable[Any] | None:
-    """:meth:`GraphHost.replay_fast`; the graph is let go of (``replay_done``) if it raises."""
-    try:
-        return backend.replay_fast(graph, call, buffers, writes, choice, started)
-    except BaseException:
-        graph.replay_done()
-        raise
-
-
 def prepare_replay(
     graph: CachedGraph, call: BoundCall, inline: bool, choice: Choice | None, started: float
 ) -> Any:
@@ -487,7 +470,7 @@ def prepare_replay(
     backend = graph._backend
     if inline:
         buffers, writes = graph._buffers, graph._writes
-        pending = _on_fast_path(backend, graph, call, buffers, writes, choice, started)
+        pending = on_fast_path(backend, graph, call, buffers, writes, choice, started)
         if pending is not None:
             return pending
     job = backend.replay_job(call, graph)

@@ -157,8 +157,9 @@ class CudaEngine:
         return fast
 
     def fast_graphs(self) -> FastReplays | None:
-        """The fast path's replays (``FastReplays``), made with it."""
-        return self.replays
+        """The fast path's replays of cached graphs (``FastReplays``), made with it; ``None``
+        where the fast path replays them itself (the compiled core's)."""
+        return None if self.fast is not None and self.fast.routes_replays else self.replays
 
     def _steer(self, call: BoundCall, choice: Any) -> None:
         # Graphs' news for the fast path: ``graph="auto"`` calls like *call* follow *choice*.
@@ -171,6 +172,9 @@ class CudaEngine:
 
     def _route_replays(self, call: BoundCall, *rest: Any) -> bool:
         # The graph cache's graphs of *call*'s signature, replayed on the fast path.
+        fast = self.fast
+        if fast is not None and fast.routes_replays:
+            return bool(fast.route(call, *rest))
         return self.replays is not None and self.replays.route(call, *rest)
 
     # -- the scheduler's predicates ----------------------------------------------------------------

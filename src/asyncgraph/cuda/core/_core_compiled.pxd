@@ -91,6 +91,8 @@ cdef class FastJob(WatchItem):
     cdef public long long ring_start
     cdef public long long ring_end
     cdef public object choice  # graph="auto"'s choice, told its cost when it completes
+    cdef public object graph  # the cached graph a replay took (None: an eager dispatch)
+    cdef uint64_t out_at  # a replay's results: its graph's pinned output block less in_end
     cdef CPlan cplan
     cdef int lane_index
 
@@ -150,6 +152,7 @@ cdef class CPlan:
     cdef uint64_t staged
     cdef double expected  # seconds from dispatch to completion, learned (_watches.learned)
     cdef object auto  # what graph="auto" chose for it (FastPath.steer), or None
+    cdef object route  # the cached graphs its dispatches replay (a ReplayRoute), or None
 
     cdef PyObject* _hold(self, value)
 
@@ -187,6 +190,7 @@ cdef class FastPath:
     cdef Py_ssize_t _cursor
     cdef Watches _watches
     cdef object _spin
+    cdef object _spin_own  # a replay's spin: until the watch's own expected end
     cdef list _idle_events
     cdef object _take_event
     cdef object _pool
@@ -209,6 +213,7 @@ cdef class FastPath:
     cdef public long long bytes_down
     cdef public long long copies_up
     cdef public long long copies_down
+    cdef public long long replays  # of cached graphs (_fast_replay.pxi)
     cdef long long _submitted  # dispatches since the last flush: none waited in a queue
     cdef HistogramC _submit_time
     cdef HistogramC _latency

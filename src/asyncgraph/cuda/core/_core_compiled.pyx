@@ -252,4 +252,5 @@ def query(event):
 include "_waiters.pxi"
 include "_watches.pxi"
 include "_fast_plan.pxi"
+include "_fast_replay.pxi"
 include "_fast.pxi"

@@ -39,6 +39,7 @@ cdef class FastPath:
             self._lane[i].tail = 0
         self._watches = watches
         self._spin = watches.spin
+        self._spin_own = _spin_own_end(watches)  # a replay's: until its expected end
         self._idle_events = events.idle
         self._take_event = events.take
         self._pool = stream_pool
@@ -55,6 +56,7 @@ cdef class FastPath:
         self._kernels = {}
         self._launchers = launchers
         self._submitted = 0
+        self.replays = 0
         _clear(&self._submit_time)
         _clear(&self._latency)
         watches.serve_fast(self)
@@ -79,6 +81,16 @@ cdef class FastPath:
         found = self._kernels.get(call.kernel)
         if found is not None:
             (<KnownKernel>found).steer(call, choice)
+
+    def route(self, call, list instances, choice, hit):
+        """Replay *instances* (the graph cache's graphs of *call*'s signature) here; see
+        ``_fast_replay.FastReplays.route`` (the same contract)."""
+        return _route(self, call, instances, choice, hit)
+
+    @property
+    def routes_replays(self):
+        """Whether this path replays the graph cache's routed graphs itself (here: yes)."""
+        return True
 
     def close(self):
         """Forget every kernel; the ring blocks to give back to the pinned pool."""
@@ -118,8 +130,8 @@ cdef class FastPath:
                 return None
             known.launcher = launcher
         auto = graph is not _NEVER and graph != _NEVER
-        if auto and (graph != _AUTO or not known.steered):
-            return None  # graphs are asked for: the general path has them
+        if auto and (graph != _ALWAYS if graph != _AUTO else not known.steered):
+            return None  # the general path checks the mode, or "auto" chose nothing here
         life = self._life
         if life.state != _OPEN:
             return None
@@ -142,8 +154,10 @@ cdef class FastPath:
         if plan is None:
             return None
         choice = plan.auto if auto else None
-        if auto and (choice is None or not choice.eager):
-            return None  # "auto" replays graphs here, or has not chosen yet
+        if auto and (graph is _ALWAYS or graph == _ALWAYS or choice is None or not choice.eager):
+            if plan.route is None:
+                return None  # no graph of it cached yet: the general path records one
+            return _replay_routed(self, plan, args, graph, t0, loop)
         # Resident buffers: live, and every unfinished use of them on one lane (or none).
         if plan.n_residents:
             if plan.n_residents > 8:
@@ -190,18 +204,7 @@ cdef class FastPath:
         if placed:  # the least busy lane not leased, ties in turn (as StreamPool.pick)
             count = self._n_lanes
             start = self._cursor
-            for k in range(count):
-                i = (start + k) % count
-                slot = self._slots[i]
-                if slot.leased:
-                    continue
-                out = slot.outstanding
-                if out == 0:
-                    lane_index = i
-                    break
-                if lane_index < 0 or out < best_out:
-                    lane_index = i
-                    best_out = out
+            lane_index = _least_busy(self)
             if lane_index < 0:
                 return None  # every lane leased
         # Room in the lane's staging ring.
@@ -387,6 +390,8 @@ cdef class FastPath:
         slot = self._slots[job.lane_index]
         slot.outstanding -= 1
         job.gpu_done = True
+        if job.graph is not None:
+            _replay_ended(job, False)
         self._dispatcher.done(job, error, None)
         return 0
 
@@ -405,7 +410,7 @@ cdef class FastPath:
         if job.failure is not None:
             error = job.failure
         if job.choice is not None and error is None:
-            job.choice.took(True, _now() - job.t_dispatch)  # "auto" measures it
+            job.choice.took(job.graph is None, _now() - job.t_dispatch)  # "auto" measures it
         if error is not None:
             outcome = error
         elif job.cplan.n_returned:
@@ -419,6 +424,8 @@ cdef class FastPath:
             lc = &self._lane[job.lane_index]
             if <uint64_t>job.ring_end > lc.tail:
                 lc.tail = job.ring_end
+        if job.graph is not None:  # a replay: its graph free for the next, its time learned
+            _replay_ended(job, type(outcome) is tuple)
         slot = self._slots[job.lane_index]
         slot.outstanding -= 1
         life = self._life
@@ -436,10 +443,11 @@ cdef class FastPath:
             self.failed += 1
         else:
             self.completed += 1
-            # The plan's time, learned, from when a waiter saw it end if one did.
-            job.cplan.expected = _learned(
-                job.cplan.expected, (job.seen if job.seen > 0.0 else now) - job.t_dispatch
-            )
+            if job.graph is None:  # a replay's time is its route's (_replay_ended)
+                # The plan's time, learned, from when a waiter saw it end if one did.
+                job.cplan.expected = _learned(
+                    job.cplan.expected, (job.seen if job.seen > 0.0 else now) - job.t_dispatch
+                )
         set_outcome(job.pending, outcome)
         return 0
 
@@ -448,8 +456,15 @@ cdef class FastPath:
         cdef CPlan plan = job.cplan
         cdef ResultC* r
         cdef Py_ssize_t k
-        cdef uint8_t* host = self._lane[job.lane_index].ring + <uint64_t>job.ring_start % _RING
+        cdef uint8_t* host
         cdef cnp.ndarray arr
+        if job.graph is not None:  # a replay's: its graph's pinned output block
+            host = <uint8_t*><uintptr_t>job.out_at
+            if plan.total > plan.in_end:
+                self.bytes_down += plan.total - plan.in_end
+                self.copies_down += 1
+        else:
+            host = self._lane[job.lane_index].ring + <uint64_t>job.ring_start % _RING
         results = []
         for k in range(plan.n_returned):
             r = &plan.returned[k]
@@ -473,7 +488,8 @@ cdef class FastPath:
         telemetry.bytes_down += self.bytes_down
         telemetry.copies_up += self.copies_up
         telemetry.copies_down += self.copies_down
-        self.dispatches = self.completed = self.failed = 0
+        telemetry.graph_replays += self.replays
+        self.dispatches = self.completed = self.failed = self.replays = 0
         self.bytes_up = self.bytes_down = self.copies_up = self.copies_down = 0
         if self._submitted:  # none waited in a queue
             telemetry.queue_wait.record_all([0.0] * self._submitted)

@@ -67,6 +67,10 @@ class FastPath:
         launcher_type: the launchers this path packs (the core's own).
     """
 
+    # The graph cache's routed replays are ``FastReplays``' here (one more call); the compiled
+    # path makes them within its own call (``route``, ``_fast_replay.pxi``).
+    routes_replays = False
+
     def __init__(
         self,
         lanes: Sequence[FastLane],
@@ -115,6 +119,11 @@ class FastPath:
         known = self._kernels.get(call.kernel)
         if known is not None:
             known.steer(call, choice)
+
+    def route(self, call: BoundCall, instances: list[Any], choice: Any, hit: Any) -> bool:
+        """Whether this path replays *instances* (the graph cache's graphs of *call*'s
+        signature) itself: not here (``routes_replays``); ``FastReplays.route`` takes them."""
+        return False
 
     def close(self) -> list[PinnedBlock]:
         """Forget every kernel; the ring blocks to give back to the pinned pool."""

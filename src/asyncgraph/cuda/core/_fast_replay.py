@@ -33,7 +33,7 @@ from asyncgraph.jobs._scheduler import JobState
 
 from ._fast_plan import K_SCALAR, FastPlan, KnownKernel, describes, eligible, fitting
 from ._fast_steps import admit, lane_after, least_busy, record_event, resolved_here, steady_loop
-from ._watches import SPIN_CAP, learned
+from ._watches import OWN_END, learned
 
 if TYPE_CHECKING:
     from asyncgraph.args._bound_args import BoundCall
@@ -162,6 +162,8 @@ class FastReplays:
         self._lanes = lanes
         self._cursor = 0  # where placement starts looking (round robin among ties)
         self._watches = watches
+        # A lone await spins until the graph's learned time is up, where that is near.
+        self._spin_own = partial(watches.spin, OWN_END)
         context = watches.context
         self._context = drv.CUcontext(context) if context else None  # current around launches
         self._idle_events: list[Any] = events.idle
@@ -278,10 +280,8 @@ class FastReplays:
             lane = least_busy(self._lanes, self._cursor)
             if lane is None:
                 return None  # every lane leased
-        # A lone await spins until the graph's learned time is up, where that is near.
         expected = graph.expected
         expect = t0 + expected if expected else 0.0
-        spin = partial(watches.spin, expect) if 0.0 < expected <= SPIN_CAP else watches.spin
         # Launched first, the bookkeeping done while it runs: nothing else runs in between.
         own = self._context  # the backend's, current for the driver calls
         pushed = own is not None and _current()[1] != own and _push(own)[0] == SUCCESS
@@ -299,7 +299,9 @@ class FastReplays:
             job = ReplayJob(self, graph, call, lane, t0)
             job.choice, job.started, job.returned = choice, started, returned
             job.id = dispatch_id = next(self._ids)
-            job.pending = pending = PendingDispatch(loop, dispatch_id, call.kernel.name, spin)
+            job.pending = pending = PendingDispatch(
+                loop, dispatch_id, call.kernel.name, self._spin_own
+            )
             job.buffers.extend(buffers)
             admit(door, self._pool, job, placed, writes)
         except BaseException:

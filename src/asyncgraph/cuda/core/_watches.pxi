@@ -299,6 +299,8 @@ cdef class Watches:
         watch = <WatchItem>lane.pending[0]
         if watch.held:
             return 0
+        if until < 0.0:  # OWN_END: the watch's own expected end, if near
+            until = watch.expect if 0.0 < watch.expect - now <= _SPIN_CAP else 0.0
         deadline = now + self.spin_window
         if until <= 0.0 and watch.expect - now > _SPIN_SKIP * self.spin_window:
             deadline = now  # expected to end well past the window: one query

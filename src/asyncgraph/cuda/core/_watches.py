@@ -43,6 +43,7 @@ __all__ = (
     "HOLD_LIMIT",
     "IDLE",
     "MIN_COMPLETIONS",
+    "OWN_END",
     "POKE_MARGIN",
     "POKE_MARGIN_LIMITS",
     "POKE_TAIL",
@@ -77,6 +78,9 @@ CATCH_UP_AFTER = 100e-6
 # long after its expected end, and never longer than SPIN_CAP.
 SPIN_SLACK = 20e-6
 SPIN_CAP = 200e-6
+# ``Watches.spin(OWN_END)``: until the lone watch's own expected end (``Watch.expect``) where
+# that is at most SPIN_CAP away (a graph replay's, whose learned time says when it ends).
+OWN_END = -1.0
 # A lone dispatch expected to end later than this many spin windows away is queried once, not
 # spun for: work already complete still resolves inline (the learned time of a short kernel may
 # include the host's delays), and a long kernel leaves the loop's thread to its waiter.
@@ -376,8 +380,9 @@ class Watches:
 
     def spin(self, until: float = 0.0) -> None:
         """Poll the only watched event right here for up to ``spin_window`` seconds, or until
-        ``SPIN_SLACK`` after *until* (its work's expected end, ``perf_counter()``) if that is
-        later, and at most ``SPIN_CAP``.
+        ``SPIN_SLACK`` after *until* (its work's expected end, ``perf_counter()``; ``OWN_END``:
+        the watch's own ``expect``, if within ``SPIN_CAP``) if that is later, and at most
+        ``SPIN_CAP``.
 
         For a lone awaited dispatch: its task asks before it yields, and if the event completes
         within the window the dispatch resolves without a trip around the event loop. With more
@@ -423,6 +428,8 @@ class Watches:
             if watch.held:
                 return
             event = watch.event
+            if until < 0.0:  # OWN_END
+                until = watch.expect if 0.0 < watch.expect - now <= SPIN_CAP else 0.0
             deadline = now + self.spin_window
             if not until and watch.expect - now > SPIN_SKIP * self.spin_window:
                 deadline = now  # expected to end well past the window: one query

@@ -1,0 +1,214 @@
+# Replays of the graph cache's graphs on the compiled fast path (included by _core_compiled.pyx
+# after _fast_plan.pxi, before _fast.pxi): the twin of _fast_replay.FastReplays.route and
+# .dispatch, within the call of FastPath.dispatch.
+#
+# A plan the graph cache routed (FastPath.route) keeps its graphs in a ReplayRoute. A
+# graph="always" dispatch of it, or a graph="auto" one whose signature chose graphs (or
+# measures a replay now), takes a free graph (CachedGraph.take_fast: its turn, its scalars
+# unchanged), writes the inputs into the graph's pinned block, launches the graph and records
+# the event, all in C; FastPath._complete reads the results out of the graph's pinned output
+# block and lets the graph go (replay_done). Anything else declines, having changed nothing.
+
+from functools import partial as _partial
+
+from asyncgraph.capture._choice import ChoiceState as _ChoiceState
+from ._watches import OWN_END as _OWN_END
+
+cdef object _ALWAYS = "always"
+cdef object _CHOSE_GRAPH = _ChoiceState.GRAPH
+
+
+cdef class ReplayRoute:
+    """The cached graphs of one signature that its ``graph="always"``/``"auto"`` dispatches
+    replay here (a plan's ``route``); the twin of ``_fast_replay.ReplayRoute``, with
+    ``expected``: a replay's time to completion, as learned here."""
+
+    cdef public list instances
+    cdef public object choice
+    cdef public tuple scalars
+    cdef public object hit
+    cdef public double expected
+
+    def __init__(self, list instances, choice, tuple scalars, hit):
+        self.instances = instances
+        self.choice = choice
+        self.scalars = scalars
+        self.hit = hit
+        self.expected = 0.0
+
+
+cdef bint _route(FastPath fp, object call, list instances, object choice, object hit) except -1:
+    """``FastPath.route``: the plan describing *call* (nothing resident) replays *instances*."""
+    cdef CPlan plan
+    cdef ReplayRoute route
+    cdef Py_ssize_t i
+    found = fp._kernels.get(call.kernel)
+    if found is None:
+        return False
+    for candidate in (<KnownKernel>found).plans:
+        plan = <CPlan>candidate
+        if plan.n_residents or not _describes(plan.plan, call):
+            continue
+        route = <ReplayRoute>plan.route if plan.route is not None else None
+        if route is None or route.instances is not instances:
+            scalars = tuple([i for i in range(plan.n_args) if plan.args[i].kind == A_SCALAR])
+            route = ReplayRoute(instances, None, scalars, hit)
+            plan.route = route
+        route.choice = choice or route.choice
+        return True
+    return False
+
+
+cdef Py_ssize_t _least_busy(FastPath fp) except -2:
+    """The least busy lane not leased, ties in turn from the cursor (as StreamPool.pick); -1
+    if every lane is leased."""
+    cdef Py_ssize_t k, i, lane_index = -1, count = fp._n_lanes, start = fp._cursor
+    cdef Py_ssize_t out, best_out = 0
+    for k in range(count):
+        i = (start + k) % count
+        slot = fp._slots[i]
+        if slot.leased:
+            continue
+        out = slot.outstanding
+        if out == 0:
+            return i
+        if lane_index < 0 or out < best_out:
+            lane_index = i
+            best_out = out
+    return lane_index
+
+
+cdef object _replay_routed(
+    FastPath fp, CPlan plan, tuple args, object graph, double t0, object loop
+):
+    """Replay a free graph of *plan*'s route for *args*: its pending result, or ``None``
+    having changed nothing (see the file's head)."""
+    cdef ReplayRoute route = <ReplayRoute>plan.route
+    cdef Watches watches = fp._watches
+    cdef Py_ssize_t i, lane_index, count = fp._n_lanes
+    cdef LaneC* lc
+    cdef FastJob job
+    cdef ArgC* a
+    cdef cnp.ndarray arr
+    cdef uint8_t* host
+    cdef int taken = 0, code
+    cdef object sampled = None, layout = None, cached = None, choice, value
+    if graph != _ALWAYS:
+        choice = route.choice
+        if choice is None:
+            return None
+        if choice.state is not _CHOSE_GRAPH:
+            if choice.eager or not choice.sampling:
+                return None  # "auto" runs eagerly now, or was forgotten
+            sampled = choice  # a replay "auto" measures, as its replays would run
+    lane_index = _least_busy(fp)
+    if lane_index < 0:
+        return None  # every lane leased
+    for cached in route.instances:
+        layout = cached.take_fast(args, route.scalars)
+        if layout is not None:
+            break
+    if layout is None:
+        return None  # every graph busy, or a scalar changed: the general path
+    exec_at, in_at, out_at = layout
+    lc = &fp._lane[lane_index]
+    # -- from here on, the replay happens: all of it, or nothing if a step raises -------------
+    job = FastJob.__new__(FastJob)
+    job.cplan = plan
+    job.call = plan.template
+    job.args = args
+    job.lane = fp._lanes[lane_index]
+    job.lane_index = lane_index
+    job.t_dispatch = t0
+    job.choice = sampled
+    job.graph = cached
+    job.out_at = <uint64_t>out_at
+    job.buffers = _EMPTY
+    slot = fp._slots[lane_index]
+    pool = fp._pool
+    try:
+        job.id = next(fp._ids)
+        job.pending = pending = new_pending(loop, job.id, plan.name, fp._spin_own)
+        admit_launched(fp._in_flight, job)
+        slot.outstanding += 1
+        taken = 1
+        pool.placements += 1
+        taken = 2
+    except BaseException:
+        if taken:
+            withdraw(fp._in_flight, job)
+            slot.outstanding -= 1
+        if taken > 1:
+            pool.placements -= 1
+        cached.replay_done()
+        raise
+    fp._cursor = (fp._cursor + 1) % count
+    fp.dispatches += 1
+    fp.replays += 1
+    cdef cydriver.CUcontext own = <cydriver.CUcontext>watches.context, current = NULL
+    cdef bint pushed = False
+    if own != NULL:
+        cydriver.cuCtxGetCurrent(&current)
+        pushed = current != own and cydriver.cuCtxPushCurrent(own) == 0
+    try:
+        if plan.has_uploads:
+            host = <uint8_t*><uintptr_t>in_at
+            for i in range(plan.n_args):
+                a = &plan.args[i]
+                if a.nbytes:
+                    value = args[i]
+                    arr = <cnp.ndarray>(value.array if a.kind == A_IN_OUT else value)
+                    memcpy(host + a.offset, cnp.PyArray_DATA(arr), a.nbytes)
+            fp.bytes_up += plan.up_end
+            fp.copies_up += 1
+        code = <int>cydriver.cuGraphLaunch(<cydriver.CUgraphExec><uintptr_t>exec_at, lc.handle)
+        if code != 0:
+            job.failure = _error_for(code, "cuGraphLaunch")  # its completion reports it
+        else:
+            cached.replays += 1
+        idle = fp._idle_events
+        event = idle.pop() if idle else fp._take_event()
+        job._event = event
+        job.ev = <cydriver.CUevent>_address(event)
+        code = <int>cydriver.cuEventRecord(job.ev, lc.handle)
+        if code != 0:
+            idle.append(event)
+            job._event = None
+            raise _error_for(code, "cuEventRecord")
+    except BaseException as exc:
+        fp._not_watched(job, exc)
+        if not isinstance(exc, Exception):
+            raise
+        return pending
+    finally:
+        if pushed:
+            cydriver.cuCtxPopCurrent(&current)
+    watches.seq += 1
+    job.seq = watches.seq
+    if route.expected > 0.0:
+        job.expect = t0 + route.expected
+    (<WatchLane>watches.lanes[lane_index]).pending.append(job)
+    watches.pending += 1
+    if not watches.poll_scheduled:
+        watches._request_poll()
+    route.hit()
+    fp._submitted += 1
+    _record_value(&fp._submit_time, _now() - t0)
+    return pending
+
+
+cdef int _replay_ended(FastJob job, bint completed) except -1:
+    """A replay of a cached graph ended: the graph free for its next replay, and, if it
+    *completed*, the route's time learned (to when a waiter saw it end, if one did)."""
+    cdef ReplayRoute route
+    job.graph.replay_done()
+    if completed and job.cplan.route is not None:
+        route = <ReplayRoute>job.cplan.route
+        took = (job.seen if job.seen > 0.0 else _now()) - job.t_dispatch
+        route.expected = _learned(route.expected, took)
+    return 0
+
+
+def _spin_own_end(Watches watches):
+    """The spin a replay's pending result asks for: until the watch's own expected end."""
+    return _partial(watches.spin, _OWN_END)
