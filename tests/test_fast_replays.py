@@ -82,3 +82,15 @@ def test_a_batchers_padded_batches_replay_one_graph_on_the_fast_path(seen: dict[
         assert batched["replays"] == batched["batches"] == 5  # each batch, one replay
     assert (fast["fast"], fast["binds"]) == (5, 0)  # on the fast path, nothing bound
     assert (general["fast"], general["binds"]) == (0, 5)
+
+
+# asyncgraph's own calls per awaited replay of a captured graph on the fast path, per core: on
+# the compiled one the replay's coroutine and the graph host's hand-off (capture._replayed,
+# Graphs, the engine), FastPath.replay, the graph's launch address, its results and its turn.
+PINNED_REPLAY_CALLS = {"compiled": 12, "python": 40}
+
+
+def test_a_captured_replay_makes_few_calls(seen: dict[str, Any]) -> None:
+    fast, general = seen["fast"]["captured"], seen["general"]["captured"]
+    assert fast["calls"] == PINNED_REPLAY_CALLS["compiled" if seen["compiled"] else "python"]
+    assert general["calls"] > fast["calls"]

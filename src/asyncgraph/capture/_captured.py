@@ -257,6 +257,11 @@ class CapturedGraph:
 
     # -- the backend's replay hooks -----------------------------------------------------------
 
+    def launch_address(self) -> int:
+        """The address of the executable graph (``CUgraphExec``), for a fast path that launches
+        it itself (and counts it in ``replays``)."""
+        return int(self._exec)
+
     def launch_on(self, handle: Any) -> None:
         """Launch the executable graph on the stream *handle* (used by the backend)."""
         check(drv.cuGraphLaunch(self._exec, handle), "cuGraphLaunch")

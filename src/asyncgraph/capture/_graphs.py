@@ -364,6 +364,11 @@ class CachedGraph:
 
     # -- the backend's replay hooks -----------------------------------------------------------
 
+    def launch_address(self) -> int:
+        """The address of the executable graph chosen for this replay (``CUgraphExec``), for a
+        fast path that launches it itself (and counts it in ``replays``)."""
+        return int(self._chosen)
+
     def launch_on(self, handle: Any) -> None:
         """Launch the graph chosen for this replay on the stream *handle* (used by the backend)."""
         check(drv.cuGraphLaunch(self._chosen, handle), "cuGraphLaunch")

@@ -158,8 +158,12 @@ class CudaEngine:
 
     def fast_graphs(self) -> FastReplays | None:
         """The fast path's replays of cached graphs (``FastReplays``), made with it; ``None``
-        where the fast path replays them itself (the compiled core's)."""
-        return None if self.fast is not None and self.fast.routes_replays else self.replays
+        where the fast path replays graphs itself (the compiled core's)."""
+        return self.replays if self._replayer() is self.replays else None
+
+    def _replayer(self) -> Any:
+        # What replays graphs on the fast path: the compiled FastPath itself, or FastReplays.
+        return self.fast if self.fast is not None and self.fast.routes_replays else self.replays
 
     def _steer(self, call: BoundCall, choice: Any) -> None:
         # Graphs' news for the fast path: ``graph="auto"`` calls like *call* follow *choice*.
@@ -167,15 +171,14 @@ class CudaEngine:
             self.fast.steer(call, choice)
 
     def _replay_fast(self, graph: Any, call: BoundCall, *rest: Any) -> PendingDispatch | None:
-        # Graphs' replays on the fast path, once there is one (``FastReplays.replay``).
-        return self.replays.replay(graph, call, *rest) if self.replays is not None else None
+        # Graphs' replays on the fast path, once there is one (``replay``).
+        replayer = self._replayer()
+        return replayer.replay(graph, call, *rest) if replayer is not None else None
 
     def _route_replays(self, call: BoundCall, *rest: Any) -> bool:
         # The graph cache's graphs of *call*'s signature, replayed on the fast path.
-        fast = self.fast
-        if fast is not None and fast.routes_replays:
-            return bool(fast.route(call, *rest))
-        return self.replays is not None and self.replays.route(call, *rest)
+        replayer = self._replayer()
+        return replayer is not None and bool(replayer.route(call, *rest))
 
     # -- the scheduler's predicates ----------------------------------------------------------------
 

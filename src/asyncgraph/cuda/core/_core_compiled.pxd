@@ -91,7 +91,8 @@ cdef class FastJob(WatchItem):
     cdef public long long ring_start
     cdef public long long ring_end
     cdef public object choice  # graph="auto"'s choice, told its cost when it completes
-    cdef public object graph  # the cached graph a replay took (None: an eager dispatch)
+    cdef public object graph  # the graph a replay launches (None: an eager dispatch)
+    cdef public double started  # where "auto"'s measure of a replay counts from (0.0: t_dispatch)
     cdef uint64_t out_at  # a replay's results: its graph's pinned output block less in_end
     cdef CPlan cplan
     cdef int lane_index

@@ -82,6 +82,11 @@ cdef class FastPath:
         if found is not None:
             (<KnownKernel>found).steer(call, choice)
 
+    def replay(self, graph, call, buffers, writes, choice=None, double started=0.0):
+        """Launch *graph*, ready to replay *call*; see ``_fast_replay.FastReplays.replay``
+        (the same contract, without a cached graph's staged results)."""
+        return _replay_graph(self, graph, call, buffers, tuple(writes), choice, started)
+
     def route(self, call, list instances, choice, hit):
         """Replay *instances* (the graph cache's graphs of *call*'s signature) here; see
         ``_fast_replay.FastReplays.route`` (the same contract)."""
@@ -107,17 +112,14 @@ cdef class FastPath:
         cdef KnownKernel known
         cdef CPlan plan = None
         cdef Watches watches = self._watches
-        cdef Py_ssize_t i, k, r, count = self._n_lanes, start = 0, lane_index = -1, best_out = 0, out
-        cdef ArgC* a
+        cdef Py_ssize_t i, r, count = self._n_lanes, start = 0, lane_index = -1
         cdef LaneC* lc
         cdef uint64_t start_at = 0, at = 0, staged
         cdef bint placed, auto
         cdef FastJob job
-        cdef object life, loop, value, buffer, dep, dep_lane, lane = None, slot, pending, choice
-        cdef PyObject* seen[8]
-        cdef Py_ssize_t n_seen = 0
+        cdef object life, loop, value, buffer, slot, pending, choice
+        cdef list uses = None
         cdef int taken = 0
-        cdef list readers
         found = self._kernels.get(kernel)
         if found is None:
             return None
@@ -160,46 +162,17 @@ cdef class FastPath:
             return _replay_routed(self, plan, args, graph, t0, loop)
         # Resident buffers: live, and every unfinished use of them on one lane (or none).
         if plan.n_residents:
-            if plan.n_residents > 8:
-                return None
+            uses = []
             for r in range(plan.n_residents):
                 i = plan.residents[r]
-                a = &plan.args[i]
                 value = args[i]
-                buffer = _into(value) if a.kind == A_INTO else value
+                buffer = _into(value) if plan.args[i].kind == A_INTO else value
                 if type(buffer) is not _ResidentBuffer:
                     return None  # the general path checks what it is
-                for k in range(n_seen):
-                    if seen[k] == <PyObject*>buffer:
-                        return None  # twice in one call: the general path orders it
-                seen[n_seen] = <PyObject*>buffer
-                n_seen += 1
-                if not is_live(self._store, self._generations, self._buffers, buffer):
-                    return None  # stale: the general path says why
-                dep_lane = _lane_of(writer_of(buffer))
-                if dep_lane is not None:
-                    if dep_lane is _ELSEWHERE:
-                        return None
-                    if lane is None:
-                        lane = dep_lane
-                    elif dep_lane is not lane:
-                        return None
-                readers = readers_of(buffer)  # TypeError, before anything changed
-                if a.write:
-                    for dep in readers:
-                        dep_lane = _lane_of(dep)
-                        if dep_lane is None:
-                            continue
-                        if dep_lane is _ELSEWHERE:
-                            return None
-                        if lane is None:
-                            lane = dep_lane
-                        elif dep_lane is not lane:
-                            return None  # uses on two streams: wait by events, the general way
-            if lane is not None:
-                lane_index = lane.index
-                if self._slots[lane_index].leased:
-                    return None
+                uses.append(buffer)
+            lane_index = _lane_after(self, uses, plan.writes)
+            if lane_index == -2:
+                return None  # stale, twice in one call, or uses elsewhere: the general way
         placed = lane_index < 0
         if placed:  # the least busy lane not leased, ties in turn (as StreamPool.pick)
             count = self._n_lanes
@@ -231,7 +204,7 @@ cdef class FastPath:
         job.id = next(self._ids)
         pending = new_pending(loop, job.id, plan.name, self._spin)
         job.pending = pending
-        job.buffers = [] if plan.n_residents else _EMPTY
+        job.buffers = uses if plan.n_residents else _EMPTY
         slot = self._slots[lane_index]
         pool = self._pool
         try:
@@ -242,11 +215,7 @@ cdef class FastPath:
                 pool.placements += 1
                 taken = 2
             if plan.n_residents:
-                for r in range(plan.n_residents):
-                    i = plan.residents[r]
-                    value = args[i]
-                    job.buffers.append(_into(value) if plan.args[i].kind == A_INTO else value)
-                track_uses(job.buffers, plan.writes, job)  # ordered by the lane (checked above)
+                track_uses(uses, plan.writes, job)  # ordered by the lane (checked above)
         except BaseException:
             withdraw(self._in_flight, job)
             if taken:
@@ -409,10 +378,15 @@ cdef class FastPath:
         job.gpu_done = True
         if job.failure is not None:
             error = job.failure
-        if job.choice is not None and error is None:
-            job.choice.took(job.graph is None, _now() - job.t_dispatch)  # "auto" measures it
+        if job.choice is not None and error is None:  # "auto" measures it
+            job.choice.took(job.graph is None, _now() - (job.started if job.started > 0.0 else job.t_dispatch))
         if error is not None:
             outcome = error
+        elif job.cplan is None:  # a graph's replay (FastPath.replay): the graph's results
+            try:
+                outcome = job.graph.results(job.call)
+            except Exception as exc:
+                outcome = exc  # whatever went wrong fails this replay, visibly
         elif job.cplan.n_returned:
             try:
                 outcome = self._results(job)

@@ -67,8 +67,9 @@ class FastPath:
         launcher_type: the launchers this path packs (the core's own).
     """
 
-    # The graph cache's routed replays are ``FastReplays``' here (one more call); the compiled
-    # path makes them within its own call (``route``, ``_fast_replay.pxi``).
+    # Graph replays are ``FastReplays``' here: the graph cache's routed ones (one more call) and
+    # those of captured and recorded graphs; the compiled path makes them within its own call
+    # (``route``, ``replay``, ``_fast_replay.pxi``).
     routes_replays = False
 
     def __init__(
@@ -124,6 +125,19 @@ class FastPath:
         """Whether this path replays *instances* (the graph cache's graphs of *call*'s
         signature) itself: not here (``routes_replays``); ``FastReplays.route`` takes them."""
         return False
+
+    def replay(
+        self,
+        graph: Any,
+        call: BoundCall,
+        buffers: Sequence[Any],
+        writes: Sequence[bool],
+        choice: Any = None,
+        started: float = 0.0,
+    ) -> PendingDispatch | None:
+        """A graph's replay launched by this path: never here (``routes_replays``), where
+        ``FastReplays.replay`` launches them; ``None``."""
+        return None
 
     def close(self) -> list[PinnedBlock]:
         """Forget every kernel; the ring blocks to give back to the pinned pool."""

@@ -1,13 +1,15 @@
-# Replays of the graph cache's graphs on the compiled fast path (included by _core_compiled.pyx
-# after _fast_plan.pxi, before _fast.pxi): the twin of _fast_replay.FastReplays.route and
-# .dispatch, within the call of FastPath.dispatch.
+# Graph replays on the compiled fast path (included by _core_compiled.pyx after _fast_plan.pxi,
+# before _fast.pxi): the twin of _fast_replay.FastReplays (route, dispatch, replay).
 #
 # A plan the graph cache routed (FastPath.route) keeps its graphs in a ReplayRoute. A
 # graph="always" dispatch of it, or a graph="auto" one whose signature chose graphs (or
 # measures a replay now), takes a free graph (CachedGraph.take_fast: its turn, its scalars
 # unchanged), writes the inputs into the graph's pinned block, launches the graph and records
-# the event, all in C; FastPath._complete reads the results out of the graph's pinned output
-# block and lets the graph go (replay_done). Anything else declines, having changed nothing.
+# the event, all in C within FastPath.dispatch; FastPath._complete reads the results out of the
+# graph's pinned output block and lets the graph go (replay_done). FastPath.replay launches a
+# graph its owner readied (a captured graph's, a recorded one's: ``ReplayedGraph``) the same
+# way, after the unfinished uses of its resident buffers; its results are the graph's own
+# (``results``). Anything else declines, having changed nothing.
 
 from functools import partial as _partial
 
@@ -84,15 +86,10 @@ cdef object _replay_routed(
     """Replay a free graph of *plan*'s route for *args*: its pending result, or ``None``
     having changed nothing (see the file's head)."""
     cdef ReplayRoute route = <ReplayRoute>plan.route
-    cdef Watches watches = fp._watches
-    cdef Py_ssize_t i, lane_index, count = fp._n_lanes
-    cdef LaneC* lc
+    cdef Py_ssize_t lane_index, count = fp._n_lanes
     cdef FastJob job
-    cdef ArgC* a
-    cdef cnp.ndarray arr
-    cdef uint8_t* host
-    cdef int taken = 0, code
-    cdef object sampled = None, layout = None, cached = None, choice, value
+    cdef int taken = 0
+    cdef object sampled = None, layout = None, cached = None, choice
     if graph != _ALWAYS:
         choice = route.choice
         if choice is None:
@@ -111,7 +108,6 @@ cdef object _replay_routed(
     if layout is None:
         return None  # every graph busy, or a scalar changed: the general path
     exec_at, in_at, out_at = layout
-    lc = &fp._lane[lane_index]
     # -- from here on, the replay happens: all of it, or nothing if a step raises -------------
     job = FastJob.__new__(FastJob)
     job.cplan = plan
@@ -119,7 +115,7 @@ cdef object _replay_routed(
     job.args = args
     job.lane = fp._lanes[lane_index]
     job.lane_index = lane_index
-    job.t_dispatch = t0
+    job.t_dispatch = job.started = t0
     job.choice = sampled
     job.graph = cached
     job.out_at = <uint64_t>out_at
@@ -144,14 +140,145 @@ cdef object _replay_routed(
         raise
     fp._cursor = (fp._cursor + 1) % count
     fp.dispatches += 1
-    fp.replays += 1
+    _launch_watched(fp, job, cached, <uint64_t>exec_at, lane_index, route.expected, plan, args,
+                    <uint64_t>in_at)
+    route.hit()
+    return pending
+
+
+cdef object _replay_graph(
+    FastPath fp, object graph, object call, object buffers, tuple writes, object choice,
+    double started,
+):
+    """``FastPath.replay``: launch *graph* (readied for *call* by its owner) after the
+    unfinished uses of *buffers* (written where *writes* says); its pending result, or
+    ``None`` having changed nothing when this is not the steady state."""
+    cdef double t0 = _now()
+    cdef Watches watches = fp._watches
+    cdef Py_ssize_t lane_index, count = fp._n_lanes
+    cdef bint placed
+    cdef int taken = 0
+    cdef FastJob job
+    cdef list uses = list(buffers) if buffers else None
+    life = fp._life
+    if life.state != _OPEN:
+        return None
+    loop = life.loop
+    if loop is None or not _runs_here(fp, loop):
+        return None
+    if (
+        watches.schedule is None
+        or watches.fault is not None
+        or watches.paused
+        or len(fp._queue)
+        or len(fp._in_flight) >= fp._max
+    ):
+        return None
+    lane_index = _lane_after(fp, uses, writes) if uses is not None else -1
+    if lane_index == -2:
+        return None  # the general path orders them
+    placed = lane_index < 0
+    if placed:
+        lane_index = _least_busy(fp)
+        if lane_index < 0:
+            return None  # every lane leased
+    exec_at = graph.launch_address()
+    # -- from here on, the replay happens: all of it, or nothing if a step raises -------------
+    job = FastJob.__new__(FastJob)
+    job.cplan = None
+    job.call = call
+    job.args = _EMPTY
+    job.lane = fp._lanes[lane_index]
+    job.lane_index = lane_index
+    job.t_dispatch = t0
+    job.started = started if started > 0.0 else t0
+    job.choice = choice
+    job.graph = graph
+    job.buffers = uses if uses is not None else _EMPTY
+    slot = fp._slots[lane_index]
+    pool = fp._pool
+    try:
+        job.id = next(fp._ids)
+        job.pending = pending = new_pending(loop, job.id, call.kernel.name, fp._spin_own)
+        admit_launched(fp._in_flight, job)
+        slot.outstanding += 1
+        taken = 1
+        if placed:
+            pool.placements += 1
+            taken = 2
+        if uses is not None:
+            track_uses(uses, writes, job)  # ordered by the lane (checked above)
+    except BaseException:
+        if taken:
+            withdraw(fp._in_flight, job)
+            slot.outstanding -= 1
+        if taken > 1:
+            pool.placements -= 1
+        raise  # the graph is let go of by the caller (capture._replayed.on_fast_path)
+    if placed:
+        fp._cursor = (fp._cursor + 1) % count
+    fp.dispatches += 1
+    _launch_watched(fp, job, graph, <uint64_t>exec_at, lane_index, graph.expected, None, _EMPTY, 0)
+    return pending
+
+
+cdef Py_ssize_t _lane_after(FastPath fp, list buffers, tuple writes) except -3:
+    """``_fast_steps.lane_after`` in C: the lane every unfinished use of *buffers* runs on, by
+    index; -1 for none; -2 when the general path must order them (a buffer closed or passed
+    twice, a use not launched yet, a download, uses on two lanes, or that lane leased)."""
+    cdef Py_ssize_t i, k, n = len(buffers)
+    cdef object lane = None, dep_lane, buffer
+    for i in range(n):
+        buffer = buffers[i]
+        if not is_live(fp._store, fp._generations, fp._buffers, buffer):
+            return -2
+        for k in range(i):
+            if buffers[k] is buffer:
+                return -2
+        uses = [writer_of(buffer)]
+        if writes[i]:
+            uses.extend(readers_of(buffer))
+        for dep in uses:
+            dep_lane = _lane_of(dep)
+            if dep_lane is None:
+                continue
+            if dep_lane is _ELSEWHERE:
+                return -2
+            if lane is None:
+                lane = dep_lane
+            elif dep_lane is not lane:
+                return -2
+    if lane is None:
+        return -1
+    if fp._slots[lane.index].leased:
+        return -2
+    return lane.index
+
+
+cdef int _launch_watched(
+    FastPath fp, FastJob job, object graph, uint64_t exec_at, Py_ssize_t lane_index,
+    double expected, CPlan plan, tuple args, uint64_t in_at,
+) except -1:
+    """Write *args*' staged inputs into the pinned block at *in_at* (where *plan* stages any),
+    launch the graph at *exec_at* on the lane, record the job's event and have the reactor
+    watch it, expecting the replay's *expected* seconds; a launch that fails is the job's
+    failure (its completion reports it), an event that cannot be recorded finishes it the
+    general way (``_not_watched``)."""
+    cdef Watches watches = fp._watches
+    cdef LaneC* lc = &fp._lane[lane_index]
+    cdef Py_ssize_t i
+    cdef ArgC* a
+    cdef cnp.ndarray arr
+    cdef uint8_t* host
+    cdef int code
+    cdef object value
     cdef cydriver.CUcontext own = <cydriver.CUcontext>watches.context, current = NULL
     cdef bint pushed = False
     if own != NULL:
         cydriver.cuCtxGetCurrent(&current)
         pushed = current != own and cydriver.cuCtxPushCurrent(own) == 0
     try:
-        if plan.has_uploads:
+        if plan is not None and plan.has_uploads:
             host = <uint8_t*><uintptr_t>in_at
             for i in range(plan.n_args):
                 a = &plan.args[i]
@@ -165,7 +292,8 @@ cdef object _replay_routed(
         if code != 0:
             job.failure = _error_for(code, "cuGraphLaunch")  # its completion reports it
         else:
-            cached.replays += 1
+            graph.replays += 1
+            fp.replays += 1
         idle = fp._idle_events
         event = idle.pop() if idle else fp._take_event()
         job._event = event
@@ -179,32 +307,36 @@ cdef object _replay_routed(
         fp._not_watched(job, exc)
         if not isinstance(exc, Exception):
             raise
-        return pending
+        return 0
     finally:
         if pushed:
             cydriver.cuCtxPopCurrent(&current)
     watches.seq += 1
     job.seq = watches.seq
-    if route.expected > 0.0:
-        job.expect = t0 + route.expected
+    if expected > 0.0:
+        job.expect = job.t_dispatch + expected
     (<WatchLane>watches.lanes[lane_index]).pending.append(job)
     watches.pending += 1
     if not watches.poll_scheduled:
         watches._request_poll()
-    route.hit()
     fp._submitted += 1
-    _record_value(&fp._submit_time, _now() - t0)
-    return pending
+    _record_value(&fp._submit_time, _now() - job.t_dispatch)
+    return 0
 
 
 cdef int _replay_ended(FastJob job, bint completed) except -1:
-    """A replay of a cached graph ended: the graph free for its next replay, and, if it
-    *completed*, the route's time learned (to when a waiter saw it end, if one did)."""
+    """A replay ended: the graph free for its next replay, and, if it *completed*, its time
+    learned (to when a waiter saw it end, if one did): the route's, or the graph's own."""
     cdef ReplayRoute route
-    job.graph.replay_done()
-    if completed and job.cplan.route is not None:
+    graph = job.graph
+    graph.replay_done()
+    if not completed:
+        return 0
+    took = (job.seen if job.seen > 0.0 else _now()) - job.t_dispatch
+    if job.cplan is None:
+        graph.expected = _learned(graph.expected, took)
+    elif job.cplan.route is not None:
         route = <ReplayRoute>job.cplan.route
-        took = (job.seen if job.seen > 0.0 else _now()) - job.t_dispatch
         route.expected = _learned(route.expected, took)
     return 0
 

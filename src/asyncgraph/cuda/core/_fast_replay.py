@@ -60,8 +60,14 @@ class ReplayedGraph(Protocol):
 
     expected: float  # seconds from launch to completion, as learned here (0.0: not yet)
 
+    replays: int  # replays launched so far
+
     def launch_on(self, handle: Any) -> None:
         """Launch the graph ready for this replay on the stream *handle*; raises if it fails."""
+        ...
+
+    def launch_address(self) -> int:
+        """The address of the executable graph ready for this replay (``CUgraphExec``)."""
         ...
 
     def results(self, call: BoundCall) -> tuple[Any, ...]:
