@@ -227,7 +227,8 @@ cdef Py_ssize_t _lane_after(FastPath fp, list buffers, tuple writes) except -3:
     index; -1 for none; -2 when the general path must order them (a buffer closed or passed
     twice, a use not launched yet, a download, uses on two lanes, or that lane leased)."""
     cdef Py_ssize_t i, k, n = len(buffers)
-    cdef object lane = None, dep_lane, buffer
+    cdef PyObject* lane = NULL  # borrowed: every lane is the backend's, held by fp._lanes
+    cdef object buffer
     for i in range(n):
         buffer = buffers[i]
         if not is_live(fp._store, fp._generations, fp._buffers, buffer):
@@ -235,24 +236,33 @@ cdef Py_ssize_t _lane_after(FastPath fp, list buffers, tuple writes) except -3:
         for k in range(i):
             if buffers[k] is buffer:
                 return -2
-        uses = [writer_of(buffer)]
+        if _join(&lane, writer_of(buffer)):
+            return -2
         if writes[i]:
-            uses.extend(readers_of(buffer))
-        for dep in uses:
-            dep_lane = _lane_of(dep)
-            if dep_lane is None:
-                continue
-            if dep_lane is _ELSEWHERE:
-                return -2
-            if lane is None:
-                lane = dep_lane
-            elif dep_lane is not lane:
-                return -2
-    if lane is None:
+            for dep in readers_of(buffer):
+                if _join(&lane, dep):
+                    return -2
+    if lane == NULL:
         return -1
-    if fp._slots[lane.index].leased:
+    i = (<object>lane).index
+    if fp._slots[i].leased:
         return -2
-    return lane.index
+    return i
+
+
+cdef inline bint _join(PyObject** lane, object use) except -1:
+    """Take the lane of a buffer's unfinished *use* into *lane* (the lane so far, or NULL):
+    true when the fast path cannot order after it (``_lane_of``'s ``_ELSEWHERE``, or a use on
+    another lane than *lane*)."""
+    cdef object dep_lane = _lane_of(use)
+    if dep_lane is None:
+        return False
+    if dep_lane is _ELSEWHERE:
+        return True
+    if lane[0] == NULL:
+        lane[0] = <PyObject*>dep_lane  # borrowed: a lane of the backend's (fp._lanes)
+        return False
+    return lane[0] != <PyObject*>dep_lane
 
 
 cdef int _launch_watched(
