@@ -112,14 +112,13 @@ cdef class FastPath:
         cdef KnownKernel known
         cdef CPlan plan = None
         cdef Watches watches = self._watches
-        cdef Py_ssize_t i, r, count = self._n_lanes, start = 0, lane_index = -1
+        cdef Py_ssize_t i, r, lane_index = -1
         cdef LaneC* lc
         cdef uint64_t start_at = 0, at = 0, staged
         cdef bint placed, auto
         cdef FastJob job
-        cdef object life, loop, value, buffer, slot, pending, choice
+        cdef object loop, value, buffer, pending, choice
         cdef list uses = None
-        cdef int taken = 0
         found = self._kernels.get(kernel)
         if found is None:
             return None
@@ -134,19 +133,8 @@ cdef class FastPath:
         auto = graph is not _NEVER and graph != _NEVER
         if auto and (graph != _ALWAYS if graph != _AUTO else not known.steered):
             return None  # the general path checks the mode, or "auto" chose nothing here
-        life = self._life
-        if life.state != _OPEN:
-            return None
-        loop = life.loop
-        if loop is None or not _runs_here(self, loop):
-            return None
-        if (
-            watches.schedule is None
-            or watches.fault is not None
-            or watches.paused
-            or len(self._queue)
-            or len(self._in_flight) >= self._max
-        ):
+        loop = _steady_loop(self)
+        if loop is None:
             return None
         # The plan's guards: the same checks a Plan makes, with no bound argument built.
         for candidate in known.plans:
@@ -175,8 +163,6 @@ cdef class FastPath:
                 return None  # stale, twice in one call, or uses elsewhere: the general way
         placed = lane_index < 0
         if placed:  # the least busy lane not leased, ties in turn (as StreamPool.pick)
-            count = self._n_lanes
-            start = self._cursor
             lane_index = _least_busy(self)
             if lane_index < 0:
                 return None  # every lane leased
@@ -205,31 +191,11 @@ cdef class FastPath:
         pending = new_pending(loop, job.id, plan.name, self._spin)
         job.pending = pending
         job.buffers = uses if plan.n_residents else _EMPTY
-        slot = self._slots[lane_index]
-        pool = self._pool
-        try:
-            admit_launched(self._in_flight, job)
-            slot.outstanding += 1
-            taken = 1
-            if placed:
-                pool.placements += 1
-                taken = 2
-            if plan.n_residents:
-                track_uses(uses, plan.writes, job)  # ordered by the lane (checked above)
-        except BaseException:
-            withdraw(self._in_flight, job)
-            if taken:
-                slot.outstanding -= 1
-            if taken > 1:
-                pool.placements -= 1
-            raise
-        if placed:
-            self._cursor = (start + 1) % count
+        _admit(self, job, placed, uses, plan.writes)
         if staged:
             lc.head = start_at + staged
             job.ring_start = start_at
             job.ring_end = start_at + staged
-        self.dispatches += 1
         # The backend's own context, current for the driver calls whatever the thread had.
         cdef cydriver.CUcontext own = <cydriver.CUcontext>watches.context, current = NULL
         cdef bint pushed = False
@@ -378,8 +344,9 @@ cdef class FastPath:
         job.gpu_done = True
         if job.failure is not None:
             error = job.failure
-        if job.choice is not None and error is None:  # "auto" measures it
-            job.choice.took(job.graph is None, _now() - (job.started if job.started > 0.0 else job.t_dispatch))
+        if job.choice is not None and error is None:  # "auto" measures it, from its start
+            now = job.started if job.started > 0.0 else job.t_dispatch
+            job.choice.took(job.graph is None, _now() - now)
         if error is not None:
             outcome = error
         elif job.cplan is None:  # a graph's replay (FastPath.replay): the graph's results

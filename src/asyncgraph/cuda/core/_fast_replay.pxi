@@ -86,9 +86,8 @@ cdef object _replay_routed(
     """Replay a free graph of *plan*'s route for *args*: its pending result, or ``None``
     having changed nothing (see the file's head)."""
     cdef ReplayRoute route = <ReplayRoute>plan.route
-    cdef Py_ssize_t lane_index, count = fp._n_lanes
+    cdef Py_ssize_t lane_index
     cdef FastJob job
-    cdef int taken = 0
     cdef object sampled = None, layout = None, cached = None, choice
     if graph != _ALWAYS:
         choice = route.choice
@@ -120,26 +119,13 @@ cdef object _replay_routed(
     job.graph = cached
     job.out_at = <uint64_t>out_at
     job.buffers = _EMPTY
-    slot = fp._slots[lane_index]
-    pool = fp._pool
     try:
         job.id = next(fp._ids)
         job.pending = pending = new_pending(loop, job.id, plan.name, fp._spin_own)
-        admit_launched(fp._in_flight, job)
-        slot.outstanding += 1
-        taken = 1
-        pool.placements += 1
-        taken = 2
+        _admit(fp, job, True, None, None)
     except BaseException:
-        if taken:
-            withdraw(fp._in_flight, job)
-            slot.outstanding -= 1
-        if taken > 1:
-            pool.placements -= 1
         cached.replay_done()
         raise
-    fp._cursor = (fp._cursor + 1) % count
-    fp.dispatches += 1
     _launch_watched(fp, job, cached, <uint64_t>exec_at, lane_index, route.expected, plan, args,
                     <uint64_t>in_at)
     route.hit()
@@ -154,25 +140,12 @@ cdef object _replay_graph(
     unfinished uses of *buffers* (written where *writes* says); its pending result, or
     ``None`` having changed nothing when this is not the steady state."""
     cdef double t0 = _now()
-    cdef Watches watches = fp._watches
-    cdef Py_ssize_t lane_index, count = fp._n_lanes
+    cdef Py_ssize_t lane_index
     cdef bint placed
-    cdef int taken = 0
     cdef FastJob job
     cdef list uses = list(buffers) if buffers else None
-    life = fp._life
-    if life.state != _OPEN:
-        return None
-    loop = life.loop
-    if loop is None or not _runs_here(fp, loop):
-        return None
-    if (
-        watches.schedule is None
-        or watches.fault is not None
-        or watches.paused
-        or len(fp._queue)
-        or len(fp._in_flight) >= fp._max
-    ):
+    loop = _steady_loop(fp)
+    if loop is None:
         return None
     lane_index = _lane_after(fp, uses, writes) if uses is not None else -1
     if lane_index == -2:
@@ -195,31 +168,62 @@ cdef object _replay_graph(
     job.choice = choice
     job.graph = graph
     job.buffers = uses if uses is not None else _EMPTY
-    slot = fp._slots[lane_index]
-    pool = fp._pool
+    job.id = next(fp._ids)
+    job.pending = pending = new_pending(loop, job.id, call.kernel.name, fp._spin_own)
+    _admit(fp, job, placed, uses, writes)  # if it raises, the caller lets the graph go
+    _launch_watched(fp, job, graph, <uint64_t>exec_at, lane_index, graph.expected, None, _EMPTY, 0)
+    return pending
+
+
+cdef inline object _steady_loop(FastPath fp):
+    """``_fast_steps.steady_loop`` in C: the backend's loop if a launch may go on the fast path
+    now (open and called on its loop, a reactor listening, no fault, no capture pausing it,
+    nothing queued and an in-flight slot free); else ``None``."""
+    cdef Watches watches = fp._watches
+    life = fp._life
+    if life.state != _OPEN:
+        return None
+    loop = life.loop
+    if loop is None or not _runs_here(fp, loop):
+        return None
+    if (
+        watches.schedule is None
+        or watches.fault is not None
+        or watches.paused
+        or len(fp._queue)
+        or len(fp._in_flight) >= fp._max
+    ):
+        return None
+    return loop
+
+
+cdef int _admit(FastPath fp, FastJob job, bint placed, list uses, tuple writes) except -1:
+    """Admit *job*, launched on its lane, through the scheduler's door: the lane's slot (and
+    the stream pool's placements, if *placed* there) count it, the uses of the resident
+    buffers *uses* (written where *writes* says) are recorded, the cursor moves on past a
+    placed lane; if a step raises, all of it is taken back."""
+    cdef int taken = 0
+    slot = fp._slots[job.lane_index]
     try:
-        job.id = next(fp._ids)
-        job.pending = pending = new_pending(loop, job.id, call.kernel.name, fp._spin_own)
         admit_launched(fp._in_flight, job)
         slot.outstanding += 1
         taken = 1
         if placed:
-            pool.placements += 1
+            fp._pool.placements += 1
             taken = 2
         if uses is not None:
-            track_uses(uses, writes, job)  # ordered by the lane (checked above)
+            track_uses(uses, writes, job)  # ordered by the lane (checked before)
     except BaseException:
+        withdraw(fp._in_flight, job)
         if taken:
-            withdraw(fp._in_flight, job)
             slot.outstanding -= 1
         if taken > 1:
-            pool.placements -= 1
-        raise  # the graph is let go of by the caller (capture._replayed.on_fast_path)
+            fp._pool.placements -= 1
+        raise
     if placed:
-        fp._cursor = (fp._cursor + 1) % count
+        fp._cursor = (fp._cursor + 1) % fp._n_lanes
     fp.dispatches += 1
-    _launch_watched(fp, job, graph, <uint64_t>exec_at, lane_index, graph.expected, None, _EMPTY, 0)
-    return pending
+    return 0
 
 
 cdef Py_ssize_t _lane_after(FastPath fp, list buffers, tuple writes) except -3:
