@@ -13,6 +13,8 @@
 - :class:`BatchFloor` is the floor of batching itself: futures resolved a batch at a time,
   with no work behind them; with a :class:`DispatchFloor`'s release, by one dispatch of a batch
   staged once (what a batcher whose per-item work cost nothing would serve).
+  :class:`RowsFloor` adds the rows' own work to that: written into staging and handed out
+  (what a batcher whose queue cost nothing would serve).
 - :func:`client_load` runs clients that each await one way *rounds* times, optionally burning
   CPU before each request, and checks every answer against numpy after the timed part;
   :func:`in_turns` runs several ways in turns, so that the machine's drift weighs on all alike.
@@ -133,6 +135,63 @@ class DispatchFloor:
             raise WrongAnswer("dispatch floor: no batch completed")
         picks = list(range(self._size))
         self._service.check(picks, list(self._last), "dispatch floor")
+
+
+class RowsFloor:
+    """The floor of a batcher that copies rows, with no queue of its own: each call awaits a
+    future of its own; once *size* calls are in, their rows are written into pinned staging
+    (one ``np.concatenate``, as ``ag.batcher`` writes them), one dispatch of the dense layer
+    runs over them, and its completion hands each caller its row of the result (a view), as
+    the batcher's answers are. No launch policy, statistics, checks of the rows or
+    cancellation.
+
+    What a batcher whose queue cost nothing would serve: :class:`DispatchFloor`'s work plus the
+    rows copied in and handed out. Every answer is checked, as the ways' are.
+    """
+
+    def __init__(self, service: Service, size: int) -> None:
+        backend, f = service.backend, service.features
+        self._backend = backend
+        self._size = size
+        # One staging array: the next batch is written only once every caller of this one got
+        # its answer, after its dispatch completed.
+        self._staged = backend.pinned_empty((size, f), np.float32)
+        self._tail = (
+            ag.Out((size, f), np.float32), service.weights, service.bias, np.int32(f),
+            np.int32(size),
+        )  # fmt: skip
+        self._grid = (size * f + BLOCK - 1) // BLOCK
+        self._futures: list[asyncio.Future[tuple[Array, ...]]] = []
+        self._rows: list[Array] = []
+
+    def __call__(self, x: Array) -> Awaitable[tuple[Array, ...]]:
+        loop = asyncio.get_running_loop()
+        future: asyncio.Future[tuple[Array, ...]] = loop.create_future()
+        futures = self._futures
+        futures.append(future)
+        self._rows.append(x)
+        if len(futures) >= self._size:
+            rows = self._rows
+            self._futures, self._rows = [], []
+            np.concatenate(rows, axis=None, out=self._staged.reshape(-1))
+            pending = self._backend.dispatch(
+                DENSE_ROWS, self._staged, *self._tail, grid=self._grid, block=BLOCK
+            )
+            pending.add_done_callback(lambda done: _hand_out(done, futures))
+        return future
+
+
+def _hand_out(done: ag.PendingDispatch, futures: list[asyncio.Future[tuple[Array, ...]]]) -> None:
+    """Each caller's row of the result of *done* (each failed with its error, if it failed)."""
+    exc = done.exception()
+    if exc is not None:
+        for future in futures:
+            if not future.done():
+                future.set_exception(exc)
+        return
+    for future, answer in zip(futures, zip(*done.result(), strict=False), strict=False):
+        if not future.done():
+            future.set_result(answer)
 
 
 class WrongAnswer(AssertionError):

@@ -21,7 +21,9 @@ Rows, on asyncio and uvloop (or the one ``--loop`` names), on the backend ``--ba
   same futures resolved by the completion of one dispatch of 64 rows staged once (what a
   batcher whose per-item work cost nothing would serve, the GPU's round trip included;
   ``BatchFloor`` with ``batch_loads.DispatchFloor``'s release, its last result checked against
-  numpy);
+  numpy); ``rows floor``, the same with each client's own row written into staging and its
+  row of the result handed back, every answer checked (what a batcher whose queue cost
+  nothing would serve: ``batch_loads.RowsFloor``);
 - the mixed load: 64 clients, each burning ``--burn-us`` of CPU before each request (the
   request's own work, holding the GIL), beside the floor (the same clients awaiting
   ``asyncio.sleep(0)`` instead of a dispatch); floor and the three ways in turns;
@@ -75,6 +77,7 @@ from benchmarks.batch_loads import (
     Array,
     BatchFloor,
     DispatchFloor,
+    RowsFloor,
     Service,
     Way,
     in_turns,
@@ -88,12 +91,13 @@ MIXED_CLIENTS = 64
 FLOOR_CLIENTS = 64  # the back-to-back load that also runs the floor
 WAYS = ("per-request", "batched", "fixed delay")
 BATCHED = ("batched", "fixed delay")  # the ways through a batcher
-FLOORS = ("floor", "batch floor", "dispatch floor")
+FLOORS = ("floor", "batch floor", "dispatch floor", "rows floor")
 REASONS = ("full", "idle", "completion", "deadline", "flush")
 STAND_IN_ENV = "ASYNCGRAPH_BENCH_STAND_IN"
-# The requests/s ratios of the back-to-back rows, (top, bottom, key), where both ways ran: the
-# last two are the most any batcher could reach over one dispatch per request there, without
-# the GPU and with it.
+# The requests/s ratios of the back-to-back rows, (top, bottom, key), where both ways ran:
+# ``rows_bound_ratio`` is the most a batcher that copies its callers' rows could reach of the
+# dispatch floor, the last two the most any batcher could reach over one dispatch per request
+# there, without the GPU and with it.
 RATIOS = (
     ("batched", "per-request", "ratio"),
     ("fixed delay", "per-request", "fixed_ratio"),
@@ -101,6 +105,8 @@ RATIOS = (
     ("batched", "batch floor", "batch_floor_ratio"),
     ("batched", "dispatch floor", "dispatch_floor_ratio"),
     ("fixed delay", "dispatch floor", "fixed_dispatch_floor_ratio"),
+    ("batched", "rows floor", "rows_floor_ratio"),
+    ("rows floor", "dispatch floor", "rows_bound_ratio"),
     ("batch floor", "per-request", "bound_ratio"),
     ("dispatch floor", "per-request", "dispatch_bound_ratio"),
 )
@@ -177,7 +183,8 @@ async def rows_on(
                     dispatched = DispatchFloor(service, n)
                     loads = {
                         "floor": _floor, "batch floor": BatchFloor(n),
-                        "dispatch floor": BatchFloor(n, dispatched.release), **ways,
+                        "dispatch floor": BatchFloor(n, dispatched.release),
+                        "rows floor": RowsFloor(service, n), **ways,
                     }  # fmt: skip
                 row = await _load(service, loads, clients=n, rounds=rounds, burn_s=0.0, pairs=pairs)
                 if n == FLOOR_CLIENTS:
