@@ -153,8 +153,10 @@ def test_where_graphs_lose_auto_settles_on_eager(seen: dict[str, Any], backend: 
     # Its graph was recorded once for the measurements, then freed.
     assert lose["captures"] == 1
     assert (lose["bytes"], lose["instances"]) == (0, 0)
-    # Settled, every dispatch takes the fast path where the backend has one.
+    # Settled, every dispatch takes the fast path where the backend has one, else runs as a
+    # plain dispatch: neither asks the graph cache any more.
     assert lose["fast_after"] == (ROUNDS if backend == "lose" else 0)
+    assert lose["misses_after"] == 0
 
 
 @pytest.mark.stand_in

@@ -365,6 +365,7 @@ class BoundCall:
     fresh: list[ResidentOutArg] | None = None  # the Out(resident=True) ones: made after bind
     foreign: bool = False  # some argument is another library's device array
     n_results: int = 0  # how many values the dispatch returns (len(returned))
+    plan: Any = None  # the plan it was bound by or made (``args._plan_cache.Plan``), if any
 
     def results(self, array_of: Callable[[StagedArg], Array]) -> tuple[Any, ...]:
         """The dispatch's result tuple: ``array_of(arg)`` for each returned array (``Out``,

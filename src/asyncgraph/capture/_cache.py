@@ -166,6 +166,9 @@ class GraphCache:
                 self._backend.sample(job, choice, started)
                 return job
             self._backend.steer(call, choice)  # it missed the fast path: maybe no plan had it
+            plan = call.plan
+            if plan is not None and not call.resident:  # (its choice's signature is its plan's)
+                plan.auto = choice  # dispatch() keeps its calls eager without asking again
             return self._miss()
         return self._replay(key, call, choice, started, inline)
 

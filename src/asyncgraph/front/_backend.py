@@ -30,6 +30,7 @@ from asyncgraph._exceptions import (
 )
 from asyncgraph.args._checks import numeric_dtype, shape_tuple
 from asyncgraph.args._kernel import check_kernel
+from asyncgraph.args._plan_cache import keeps_eager
 from asyncgraph.buffers._resident import ResidentBuffer, discard
 from asyncgraph.jobs._pending import PendingDispatch
 from asyncgraph.jobs._scheduler import Job, track_buffers
@@ -222,7 +223,7 @@ class Backend(StreamsAndGraphs, AsyncResource):
             call.make_buffers(self._new_resident, discard)
         try:
             job: Job | None = None
-            if graph != "never" and not timing:
+            if graph != "never" and not timing and not keeps_eager(call, graph):
                 chosen = self._engine.graph_job(call, graph == "always", started, after is None)
                 if isinstance(chosen, PendingDispatch):
                     return chosen  # a replay the engine launched already
