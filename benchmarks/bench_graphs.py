@@ -71,6 +71,9 @@ extern "C" __global__ void inc(float* buf, float step, int n)
 }
 """
 INC = ag.Kernel(INC_SRC, "inc")
+# The peers' 50-kernel graphs (``peer_graphs``), each as its replay (launch + synchronize), by
+# row name: each loop's run times them right after asyncgraph's replay, in the same turn.
+Replays = dict[str, Callable[[], None]]
 
 
 async def _chain(cap: Any, buf: Any, length: int, step: float = 1.0) -> Any:
@@ -82,8 +85,9 @@ async def _chain(cap: Any, buf: Any, length: int, step: float = 1.0) -> Any:
     return first
 
 
-async def chain_rows(gpu: Any, reps: int, loop_name: str) -> dict[str, float]:
-    """The 50-kernel chain: replay, eager, update, captures; the 10-kernel chain."""
+async def chain_rows(gpu: Any, reps: int, loop_name: str, peers: Replays) -> dict[str, float]:
+    """The 50-kernel chain: replay (and the *peers*' replays right after it), eager, update,
+    captures; the 10-kernel chain."""
     rows: dict[str, float] = {}
     buf = await gpu.upload(np.zeros(N, np.float32))
     async with gpu.capture() as cap:
@@ -95,7 +99,7 @@ async def chain_rows(gpu: Any, reps: int, loop_name: str) -> dict[str, float]:
     rows[f"asyncgraph 50-kernel graph, awaited replay ({loop_name})"] = await harness.time_async(
         graph.replay, reps
     )
-    for name, replay in PEERS.items():  # the same turn: the GPU's pace moves within a process
+    for name, replay in peers.items():  # the same turn: the GPU's pace moves within a process
         rows[f"{name} ({loop_name})"] = harness.time_sync(replay, reps)
 
     async def eager(length: int = CHAIN) -> None:
@@ -238,30 +242,25 @@ async def many_tasks_rows(gpu: Any, loop_name: str) -> dict[str, float]:
 CHOICES: dict[str, Any] = {}  # loop -> what graph="auto" chose for each round trip
 
 
-async def asyncgraph_rows(reps: int, loop_name: str) -> dict[str, float]:
+async def asyncgraph_rows(reps: int, loop_name: str, peers: Replays) -> dict[str, float]:
     async with ag.open_backend("cuda") as opened:
         gpu: Any = opened
         await gpu.compile(INC)
         await gpu.compile(SCALE)
         await gpu.compile(EMPTY)
-        rows = await chain_rows(gpu, reps, loop_name)
+        rows = await chain_rows(gpu, reps, loop_name, peers)
         trips, CHOICES[loop_name] = await round_trip_rows(gpu, reps, loop_name)
         rows.update(trips)
         rows.update(await many_tasks_rows(gpu, loop_name))
     return rows
 
 
-# The peers' 50-kernel graph replays (launch + synchronize), by row name, made by main() before
-# the loops run (``peer_graphs``): each loop's run times them right after asyncgraph's replay.
-PEERS: dict[str, Callable[[], None]] = {}
 RAW_REPLAY = "raw 50-kernel graph: cuGraphLaunch + stream synchronize"
 CUPY_REPLAY = "CuPy 50-kernel graph: launch + synchronize"
 TORCH_REPLAY = "PyTorch 50-op graph (x.add_): replay + synchronize"
 
 
-def peer_graphs(
-    stack: contextlib.ExitStack,
-) -> tuple[dict[str, Callable[[], None]], Callable[[], None]]:
+def peer_graphs(stack: contextlib.ExitStack) -> tuple[Replays, Callable[[], None]]:
     """The 50-kernel graph of each peer installed (raw ``cuda.bindings`` always; CuPy and
     PyTorch where importable), each as its replay: launch + synchronize; and the raw 50
     launches + synchronize. *stack* frees them."""
@@ -365,9 +364,9 @@ def _raw_graph(stack: contextlib.ExitStack) -> tuple[Callable[[], None], Callabl
     return replay, eager
 
 
-def peer_rows(reps: int, raw_eager: Callable[[], None]) -> dict[str, float]:
-    """The peers' graph replays again at the end of the run, and the raw 50 launches."""
-    rows = {f"(info) {name}, at the end": harness.time_sync(fn, reps) for name, fn in PEERS.items()}
+def peer_rows(reps: int, peers: Replays, raw_eager: Callable[[], None]) -> dict[str, float]:
+    """The *peers*' graph replays again at the end of the run, and the raw 50 launches."""
+    rows = {f"(info) {name}, at the end": harness.time_sync(fn, reps) for name, fn in peers.items()}
     rows["(info) raw 50 launches + stream synchronize"] = harness.time_sync(
         raw_eager, max(reps // 10, 50), 20
     )
@@ -470,10 +469,11 @@ def main() -> None:
     ).parse_args()
     reps = args.reps
     with contextlib.ExitStack() as stack:
-        replays, raw_eager = peer_graphs(stack)
-        PEERS.update(replays)
-        results, loops = harness.run_on_loops(lambda loop_name: asyncgraph_rows(reps, loop_name))
-        results.update(peer_rows(reps, raw_eager))
+        peers, raw_eager = peer_graphs(stack)
+        results, loops = harness.run_on_loops(
+            lambda loop_name: asyncgraph_rows(reps, loop_name, peers)
+        )
+        results.update(peer_rows(reps, peers, raw_eager))
         results.update(cupy_rows(reps))
 
     device = harness.device_name()
