@@ -516,6 +516,24 @@ def test_an_expected_time_falls_at_once_and_rises_slowly() -> None:
     assert steps == sorted(steps)
     assert steps[0] == _watches.FOLLOW_MIN
     assert steps[-1] == _watches.FOLLOW_MAX
+    # Past FOLLOW_LONG_AFTER: longer sleeps, a share of the wait, up to FOLLOW_LONG_MAX.
+    long_steps = [_watches.follow_step(t) for t in (0.11, 0.2, 1.0, 100.0)]
+    assert long_steps == sorted(long_steps)
+    assert long_steps[0] >= _watches.FOLLOW_MAX
+    assert long_steps[1] == pytest.approx(0.2 * _watches.FOLLOW_LONG_FRACTION)
+    assert long_steps[-1] == _watches.FOLLOW_LONG_MAX
+
+
+@pytest.mark.stand_in
+@pytest.mark.parametrize("core", CORES)
+def test_a_long_wait_is_followed_not_synchronized(core: str) -> None:
+    # A thread asleep in cuEventSynchronize needs blocking-sync events, whose completion
+    # reaches every query later: the waiter follows the event however long it runs.
+    seen = run_scenario("tests.fake_driver.core_scenario", core, "long_wait", streams="deferred")
+    assert seen["compiled"] == (core == "compiled")
+    assert seen["handed_off"]
+    assert seen["flag"] == 1
+    assert seen["synchronized"] == 0
 
 
 @pytest.mark.stand_in

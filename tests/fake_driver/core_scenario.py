@@ -362,6 +362,42 @@ async def expected_end() -> dict[str, Any]:
         return {"handoffs": reactor.handoffs, "pokes": reactor.pokes, "flag": int(flag)}
 
 
+async def long_wait() -> dict[str, Any]:
+    """Awaits of a 0.3 s spin kernel (deferred streams: 0.3 s of wall time), the second with
+    its time known: the waiter follows the event past ``FOLLOW_LONG_AFTER`` in longer sleeps
+    and never sleeps in ``cuEventSynchronize`` (the Python core's call of it, through the
+    bindings, is counted here)."""
+    from cuda.bindings import driver as drv
+
+    from asyncgraph.demo._spin_kernel import SPIN
+
+    synchronized: list[object] = []
+    real = drv.cuEventSynchronize
+
+    def counted(event: object) -> Any:
+        synchronized.append(event)
+        return real(event)
+
+    drv.cuEventSynchronize = counted
+    gpu: Any
+    try:
+        async with ag.open_backend("cuda") as gpu:
+            await gpu.compile(SPIN)
+            done = gpu.empty(1, np.int32)
+            reactor = gpu._cuda.device.reactor  # its counters, read by a test on purpose
+            cycles = np.int64(2e9 * 0.3)  # 0.3 s at the stand-in's clock (2 GHz)
+            for _ in range(2):
+                await gpu.dispatch(SPIN, cycles, done, grid=1, block=1)
+            (flag,) = await gpu.download(done)
+            return {
+                "handed_off": reactor.handoffs > 0,
+                "flag": int(flag),
+                "synchronized": len(synchronized),
+            }
+    finally:
+        drv.cuEventSynchronize = real
+
+
 async def stale_expectation() -> dict[str, Any]:
     """A spin kernel's plan learns 200 ms from its first await, then runs 5 ms (deferred
     streams: wall time). The second await's waiter, handed a wake time near 200 ms, follows the
@@ -435,6 +471,7 @@ SCENARIOS: dict[str, Callable[..., Any]] = {
     "expected_end": expected_end,
     "stale_expectation": stale_expectation,
     "spin_skip": spin_skip,
+    "long_wait": long_wait,
 }
 
 

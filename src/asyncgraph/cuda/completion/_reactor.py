@@ -13,8 +13,8 @@ poll, one loop iteration later, before anything that completed after it.
 While other callbacks run between polls the loop is busy and keeps polling once an iteration.
 Only when polls followed each other with nothing else to run and nothing completing for
 ``poll_window`` seconds (the loop would otherwise sleep) does each busy lane hand its oldest
-event to that lane's waiter thread, which blocks in ``cuEventSynchronize`` on a blocking-sync event
-(the thread asleep) and then wakes the loop (``_waiters``: native threads through an eventfd,
+event to that lane's waiter thread, which follows it (queries between short sleeps, the thread
+asleep in between) and then wakes the loop (``_waiters``: native threads through an eventfd,
 or Python threads through an inbox); the loop wakes once per batch and polls again, so a fault
 surfaces as the query's error, not a hang.
 
@@ -37,7 +37,7 @@ from typing import TYPE_CHECKING, Any
 from cuda.bindings import driver as drv
 
 from asyncgraph.cuda.core._choose import core
-from asyncgraph.cuda.core._waiters import Joinable, Waiters
+from asyncgraph.cuda.core._waiters import Joinable, Waiters, follow
 from asyncgraph.cuda.core._watches import (
     FAILED,
     HOLD_LIMIT,
@@ -351,9 +351,9 @@ class Reactor:
         """A waiter posted *lane* after the loop closed (on its thread, or the thread of
         :func:`~asyncgraph.runtime._inbox.kick` or ``settle``; under off_loop_lock).
 
-        No poll will ever run again: settle every watch here, in lane order, sleeping in
-        ``cuEventSynchronize`` on each event (this thread has the context current), so the
-        dispatches complete and threads blocked in ``pending.result()`` return.
+        No poll will ever run again: settle every watch here, in lane order, following each
+        event as a waiter does (``_waiters.follow``; this thread has the context current), so
+        the dispatches complete and threads blocked in ``pending.result()`` return.
         """
         with contextlib.suppress(RuntimeError):  # a paused reactor's failure asked for a poll
             self._woken(lane)
@@ -388,14 +388,14 @@ class Reactor:
                     pending = lane.pending
                     while pending:
                         watch = pending[0]
-                        code = drv.cuEventSynchronize(watch.event)[0]
+                        code = follow(watch.event)
                         pending.popleft()
                         lane.ready = 0
                         w.pending -= 1
                         if code == SUCCESS:
                             w.finish(watch, None)  # a held event stays with its waiter
                             continue
-                        error = error_for(code, "cuEventSynchronize")
+                        error = error_for(code, "cuEventQuery")
                         if is_sticky(code):
                             self.fail_all(error, first=watch)
                             return

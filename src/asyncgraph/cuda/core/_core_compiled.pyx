@@ -8,8 +8,8 @@ hot half (:class:`Watches`, ``_watches.pxi``) and the fast path (:class:`FastPat
 ``_fast.pxi``), and :class:`NativeWaiter` (``_waiters.pxi``), which only exists here.
 The driver is called straight from C, with no Python objects built for the call's arguments.
 
-:class:`NativeWaiter` runs one POSIX thread per lane. Each sleeps in ``cuEventSynchronize`` on
-the event it was handed, with no Python thread state at all, and then writes to an eventfd
+:class:`NativeWaiter` runs one POSIX thread per lane. Each follows the event it was handed
+(queries between short sleeps), with no Python thread state at all, and then writes to an eventfd
 the event loop watches (``loop.add_reader``): the loop wakes in its selector, and a completion
 never waits for the GIL to reach the loop.
 """

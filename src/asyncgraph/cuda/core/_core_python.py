@@ -10,7 +10,7 @@ knowing which one runs (``_choose`` chooses):
   the Python core adds no call of its own to an event record or query;
 - ``capture_tail``: what a capture asks ``cuStreamGetCaptureInfo``; here it is the capture's
   own function (``capture._guard``), which the compiled core writes in C;
-- ``NativeWaiter``: threads outside Python that sleep in ``cuEventSynchronize`` and wake the
+- ``NativeWaiter``: threads outside Python that follow an event until it completed and wake the
   event loop through an eventfd. It exists only compiled; here it is ``None``, and the
   reactor's waiter threads are Python threads instead (``_waiters``);
 - ``Watch``, ``WatchLane``, ``Watches``: the completion reactor's hot half (``_watches``).

@@ -39,14 +39,16 @@ cdef extern from "<sys/prctl.h>" nogil:
     enum: PR_SET_TIMERSLACK
 
 from asyncgraph.cuda.core._watches import (
-    EARLY_FRACTION, EARLY_MAX, EARLY_MIN, FOLLOW_BLOCK_AFTER, FOLLOW_FRACTION, FOLLOW_MAX,
-    FOLLOW_MIN, SPIN_BEFORE_POKE
+    EARLY_FRACTION, EARLY_MAX, EARLY_MIN, FOLLOW_FRACTION, FOLLOW_LONG_AFTER,
+    FOLLOW_LONG_FRACTION, FOLLOW_LONG_MAX, FOLLOW_MAX, FOLLOW_MIN, SPIN_BEFORE_POKE
 )
 
 cdef double _FOLLOW_MIN = FOLLOW_MIN
 cdef double _FOLLOW_MAX = FOLLOW_MAX
 cdef double _FOLLOW_FRACTION = FOLLOW_FRACTION
-cdef double _FOLLOW_BLOCK_AFTER = FOLLOW_BLOCK_AFTER
+cdef double _FOLLOW_LONG_AFTER = FOLLOW_LONG_AFTER
+cdef double _FOLLOW_LONG_FRACTION = FOLLOW_LONG_FRACTION
+cdef double _FOLLOW_LONG_MAX = FOLLOW_LONG_MAX
 cdef double _SPIN_BEFORE_POKE = SPIN_BEFORE_POKE
 cdef double _EARLY_MIN = EARLY_MIN
 cdef double _EARLY_MAX = EARLY_MAX
@@ -66,8 +68,7 @@ cdef inline double _clamp(double value, double low, double high) noexcept nogil:
 cdef cydriver.CUresult _follow(cydriver.CUevent event, double until) noexcept nogil:
     """``_waiters.follow``: wait for *event* by querying it after sleeps that grow with the time
     waited so far (``_watches.follow_step``), so the thread wakes within a small fraction of the
-    wait after the GPU finished; past ``FOLLOW_BLOCK_AFTER`` it sleeps in
-    ``cuEventSynchronize``. With *until* > 0 (a ``CLOCK_MONOTONIC`` time, ``perf_counter()``'s
+    wait after the GPU finished (past ``FOLLOW_LONG_AFTER``, in its longer steps). With *until* > 0 (a ``CLOCK_MONOTONIC`` time, ``perf_counter()``'s
     clock): only until then, in ``_watches.early_step``'s coarser steps and querying on the
     clock for the last ``SPIN_BEFORE_POKE``, returning ``CUDA_ERROR_NOT_READY`` then if it
     still runs."""
@@ -83,14 +84,14 @@ cdef cydriver.CUresult _follow(cydriver.CUevent event, double until) noexcept no
         if until > 0.0 and now >= until:
             return code
         waited = now - start
-        if waited > _FOLLOW_BLOCK_AFTER:
-            return cydriver.cuEventSynchronize(event)
         if until > 0.0:
             step = _clamp(waited * _EARLY_FRACTION, _EARLY_MIN, _EARLY_MAX)
             if step > until - now - _SPIN_BEFORE_POKE:
                 step = until - now - _SPIN_BEFORE_POKE
             if step <= 0.0:
                 continue  # the last SPIN_BEFORE_POKE: querying on the clock
+        elif waited > _FOLLOW_LONG_AFTER:
+            step = _clamp(waited * _FOLLOW_LONG_FRACTION, _FOLLOW_MAX, _FOLLOW_LONG_MAX)
         else:
             step = _clamp(waited * _FOLLOW_FRACTION, _FOLLOW_MIN, _FOLLOW_MAX)
         pause.tv_sec = <long>step
@@ -110,7 +111,7 @@ cdef struct Slot:
     int poked  # the thread woke the loop before the expected end, not taken yet
     int code
     int started
-    int waiting  # in cuEventSynchronize now
+    int waiting  # following its event now
     int exited  # the thread is past its last use of the slot but the release of Shared
     pthread_t thread
     int fd
@@ -205,7 +206,7 @@ cdef class NativeWaiter:
         lanes: how many lanes there are.
 
     A lane is handed one event at a time (:meth:`hand`); once its thread returned from
-    ``cuEventSynchronize`` the eventfd (:attr:`fd`) is readable and :meth:`take` reports the
+    following its event (``_follow``) the eventfd (:attr:`fd`) is readable and :meth:`take` reports the
     lane and the driver's code. Nothing here waits without a bound for a thread still in the
     driver: :meth:`join` takes a timeout, and a waiter collected while a thread still waits
     (a kernel that never finishes) lets that thread go on by itself, detached; the last of
@@ -305,7 +306,7 @@ cdef class NativeWaiter:
         return finished
 
     def waiting(self):
-        """How many threads wait in ``cuEventSynchronize`` now (on work not finished yet)."""
+        """How many threads follow an event now (work not finished yet)."""
         cdef int i, n = 0
         cdef Slot* slot
         for i in range(self._n):

@@ -6,9 +6,11 @@ the loop's thread (its ``woken``), with the driver's code in ``lane.last_code``.
 *follows* its event: it queries it after sleeps that grow with the time waited so far
 (``_watches.follow_step``, with a timer slack of 1 us on Linux so that short sleeps end on
 time), so it wakes within a few percent of the wait (at most ``FOLLOW_MAX``) after the GPU
-finished, whatever the kernel's length. A thread asleep in ``cuEventSynchronize`` on a
-blocking-sync event would wake 0.1 to 0.2 ms late, which is most of a short kernel; only past
-``FOLLOW_BLOCK_AFTER`` does a waiter sleep there. A hand-off may come with a wake time (the
+finished, whatever the kernel's length (past ``FOLLOW_LONG_AFTER``, within 0.4 % of it, in
+sleeps of at most ``FOLLOW_LONG_MAX``). A thread asleep in ``cuEventSynchronize`` on a
+blocking-sync event would wake 0.1 to 0.2 ms late, which is most of a short kernel, and such an
+event's completion reaches every query about 2 us later: the events are plain ones, and no
+thread sleeps in ``cuEventSynchronize``. A hand-off may come with a wake time (the
 work's expected end less ``POKE_MARGIN``): the waiter then follows the event until then, in
 coarser steps (:func:`follow` with *until*), and if it still runs *pokes* the loop (the reactor's
 ``poked``), which polls again, so that it is awake when the work ends; a loop that slept long
@@ -46,7 +48,7 @@ from asyncgraph.cuda.driver._driver import NOT_READY
 from asyncgraph.runtime._inbox import Inbox
 from asyncgraph.runtime._telemetry import logger as _log
 
-from ._watches import FOLLOW_BLOCK_AFTER, WatchLane, early_step, follow_step
+from ._watches import WatchLane, early_step, follow_step
 
 __all__ = ("Joinable", "Poke", "Waiters", "follow")
 
@@ -68,7 +70,7 @@ def follow(event: Any, until: float = 0.0) -> Any:
     With *until* (a ``perf_counter()`` time, its wake time): follow it only until then, in the
     coarser steps of ``_watches.early_step`` and querying on the clock for the last
     ``SPIN_BEFORE_POKE`` (letting go of the GIL each turn), and return ``NOT_READY`` then if it
-    still runs. Past ``FOLLOW_BLOCK_AFTER`` it waits in ``cuEventSynchronize`` either way."""
+    still runs."""
     start = time.perf_counter()
     query = drv.cuEventQuery
     sleep = time.sleep
@@ -80,8 +82,6 @@ def follow(event: Any, until: float = 0.0) -> Any:
         if until and now >= until:
             return code
         waited = now - start
-        if waited > FOLLOW_BLOCK_AFTER:
-            return drv.cuEventSynchronize(event)[0]
         sleep(early_step(waited, until - now) if until else follow_step(waited))
 
 
