@@ -154,6 +154,7 @@ class CudaEngine:
             device.lanes, device.watches, device.events, device.stream_pool, front
         )
         device.telemetry.add_source(replays.flush)
+        self.graphs.replay_fast = self._replayer().replay  # see _replay_fast
         return fast
 
     def fast_graphs(self) -> FastReplays | None:
@@ -170,10 +171,9 @@ class CudaEngine:
         if self.fast is not None:
             self.fast.steer(call, choice)
 
-    def _replay_fast(self, graph: Any, call: BoundCall, *rest: Any) -> PendingDispatch | None:
-        # Graphs' replays on the fast path, once there is one (``replay``).
-        replayer = self._replayer()
-        return replayer.replay(graph, call, *rest) if replayer is not None else None
+    def _replay_fast(self, graph: Any, call: BoundCall, *rest: Any) -> None:
+        # No fast path (yet, or any more); fast_path() hands the graphs its own replay.
+        return None
 
     def _route_replays(self, call: BoundCall, *rest: Any) -> bool:
         # The graph cache's graphs of *call*'s signature, replayed on the fast path.
@@ -466,9 +466,8 @@ class CudaEngine:
             if left:
                 device.log.warning("backend.waiters_left", threads=left, waited=bound)
         self._release_all()
-        # Return with the pinned memory (the pool's and the staging rings) released: a free
-        # still running in the background would wait for kernels of other backends and hold
-        # up their driver calls.
+        # Return with the pinned memory (the pool's and the staging rings) released: a free still
+        # running in the background would wait for other backends' kernels and hold up their calls.
         await _loop.wrap_future(PinnedPool.wait_freed())
 
     @in_context
@@ -483,6 +482,7 @@ class CudaEngine:
     def _release_all(self) -> None:
         device = self.device
         fast, self.fast = self.fast, None
+        self.graphs.replay_fast = self._replay_fast
         if fast is not None:
             for block in fast.close():  # the staging rings, idle now
                 if device.failure is None:
