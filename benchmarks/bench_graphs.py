@@ -7,10 +7,11 @@ asyncio and uvloop):
   of the same kernels captured through ``cuda.core``, CuPy's stream-captured graph
   (``graph.launch`` + synchronize) of the same kernel, and PyTorch's ``CUDAGraph.replay`` +
   synchronize of ``x.add_(1)`` (its own kernel); the same 50 launched eagerly, for reference.
-  The peers' graphs are made once and replayed in each loop's run right after asyncgraph's
-  replay, and again at the end: the GPU's pace moves within a process (on an H100, after 64
-  tasks of eager dispatches every graph's replay took about 9 µs more, CuPy's as well), so a
-  replay is compared with the peers' in the same turn;
+  The peers' graphs are made once and replayed in each loop's run in turns with asyncgraph's
+  replay (``time_async_in_turns``), and again at the end: the GPU's pace moves within a
+  process (on an H100 its clocks rise over the first replays, and after 64 tasks of eager
+  dispatches every graph's replay took about 9 µs more, CuPy's as well), so a replay is
+  compared with the peers' of the same turns;
 - where a graph pays: 10 of these kernels captured as one graph (an awaited replay) against the
   same 10 dispatched eagerly (the last awaited);
 - the round trip of bench_dispatch (upload, ``scale``, download) at 4 KiB and 1 MiB with
@@ -30,7 +31,7 @@ Targets (issue 40): ``graph="auto"`` at most 1.0x ``"never"`` at 4 KiB and 1 MiB
 the graph at most 500 µs; 64 tasks at least 60,000 replays a second (of the empty kernel's
 signature); the replay at most raw + 3 µs; and, from before, the
 replay at most 1.15x raw and faster than CuPy's and PyTorch's replays (each against the
-peers' replays of the same turn), the 50 dispatches
+peers' replays of the same turns), the 50 dispatches
 awaited eagerly at most 1.5x CuPy's 50 launches + synchronize. The 4 KiB ``"auto"`` round
 trip against CuPy's synchronous one is kept as information.
 
@@ -86,8 +87,8 @@ async def _chain(cap: Any, buf: Any, length: int, step: float = 1.0) -> Any:
 
 
 async def chain_rows(gpu: Any, reps: int, loop_name: str, peers: Replays) -> dict[str, float]:
-    """The 50-kernel chain: replay (and the *peers*' replays right after it), eager, update,
-    captures; the 10-kernel chain."""
+    """The 50-kernel chain: replay (and the *peers*' replays, in the same turns), eager,
+    update, captures; the 10-kernel chain."""
     rows: dict[str, float] = {}
     buf = await gpu.upload(np.zeros(N, np.float32))
     async with gpu.capture() as cap:
@@ -96,11 +97,15 @@ async def chain_rows(gpu: Any, reps: int, loop_name: str, peers: Replays) -> dic
     graph.upload()
     await graph.replay()
     assert np.array_equal(await gpu.download(buf), np.full(N, CHAIN, np.float32))
-    rows[f"asyncgraph 50-kernel graph, awaited replay ({loop_name})"] = await harness.time_async(
-        graph.replay, reps
+    # In turns with the peers': the GPU's pace moves within a process (its clocks rise over
+    # the first replays; after many eager dispatches every graph replays slower).
+    rows.update(
+        await harness.time_async_in_turns(
+            {f"asyncgraph 50-kernel graph, awaited replay ({loop_name})": graph.replay},
+            reps,
+            sync={f"{name} ({loop_name})": replay for name, replay in peers.items()},
+        )
     )
-    for name, replay in peers.items():  # the same turn: the GPU's pace moves within a process
-        rows[f"{name} ({loop_name})"] = harness.time_sync(replay, reps)
 
     async def eager(length: int = CHAIN) -> None:
         pending = [

@@ -63,6 +63,26 @@ async def test_time_async_in_turns_alternates_the_ways_and_returns_each_median()
     assert us == {"a": 1e6, "b": 1e6}  # each await read one tick apart
 
 
+async def test_time_async_in_turns_times_blocking_peers_in_the_same_turns() -> None:
+    order: list[str] = []
+
+    async def ours() -> None:
+        order.append("ours")
+
+    def peer() -> None:
+        order.append("peer")
+
+    ticks = iter(range(1000))
+    us = await harness.time_async_in_turns(
+        {"ours": ours}, 4, 1, sync={"peer": peer}, turns=2, clock=lambda: float(next(ticks))
+    )
+    # Warm-ups, then the blocking peer in the same turns, the order reversed in the second.
+    assert order == ["ours", "peer", "ours", "ours", "peer", "peer", "peer", "peer", "ours", "ours"]
+    assert us == {"ours": 1e6, "peer": 1e6}
+    with pytest.raises(ValueError, match="named in fns and in sync"):
+        await harness.time_async_in_turns({"x": ours}, 1, sync={"x": peer})
+
+
 def test_median_and_percentiles() -> None:
     assert harness.median_us([3e-6, 1e-6, 2e-6]) == pytest.approx(2.0)
     samples = [float(v) for v in range(101)]  # 0..100

@@ -161,26 +161,40 @@ async def time_async_in_turns(
     reps: int,
     warmup: int = 100,
     *,
+    sync: Mapping[str, Callable[[], object]] | None = None,
     turns: int = 10,
     clock: Clock = time.perf_counter,
 ) -> dict[str, float]:
     """Awaits each of *fns* *warmup* times, then times *reps* awaits of each in *turns* turns
     (each turn a share of every one's awaits, in an order that reverses from turn to turn),
-    so that the machine's drift weighs on them alike; returns each one's median µs.
+    so that the machine's drift (a GPU's clocks rising, say) weighs on them alike; returns
+    each one's median µs, by name. The functions of *sync* (peers that block) are called,
+    not awaited, in the same turns, after *fns*.
 
     In a :func:`smoke` run, at most :data:`SMOKE_REPS` awaits each, one warm-up, one turn.
+
+    Raises:
+        ValueError: a name is both in *fns* and in *sync*.
     """
+    blocking = dict(sync or {})
+    if both := fns.keys() & blocking.keys():
+        raise ValueError(f"{sorted(both)} named in fns and in sync; give each way one name")
     reps, warmup = _smoke_sized(reps, warmup)
     turns = max(1, min(turns, reps)) if not smoke() else 1
-    samples: dict[str, list[float]] = {name: [] for name in fns}
+    order = [*fns, *blocking]
+    samples: dict[str, list[float]] = {name: [] for name in order}
     for fn in fns.values():
         for _ in range(warmup):
             await fn()
-    order = list(fns)
+    for call in blocking.values():
+        samples_sync(call, 0, warmup)
     for turn in range(turns):
         share = reps * (turn + 1) // turns - reps * turn // turns
         for name in order if turn % 2 == 0 else reversed(order):
-            samples[name].extend(await samples_async(fns[name], share, 0, clock))
+            if name in blocking:
+                samples[name].extend(samples_sync(blocking[name], share, 0, clock))
+            else:
+                samples[name].extend(await samples_async(fns[name], share, 0, clock))
     return {name: median_us(values) for name, values in samples.items()}
 
 
