@@ -46,35 +46,33 @@ import contextlib
 import itertools
 import sys
 import time
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import numpy as np
-from cuda.bindings import driver as drv
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import asyncgraph as ag
 from asyncgraph.cuda.core._choose import core
 from benchmarks import harness
-from benchmarks.bench_dispatch import EMPTY, N4K, SCALE, SCALE_SRC
+from benchmarks.bench_dispatch import EMPTY, N4K, SCALE
+from benchmarks.graph_peers import (
+    CHAIN,
+    CUPY_REPLAY,
+    INC_SRC,
+    RAW_REPLAY,
+    TORCH_REPLAY,
+    N,
+    Replays,
+    cupy_rows,
+    peer_graphs,
+    peer_rows,
+)
 
-CHAIN = 50
 SHORT = 10  # the chain where a graph should pay: one launch for 10 nodes
-N = 1024
 N1M = 1 << 18  # float32 elements: 1 MiB
-INC_SRC = r"""
-extern "C" __global__ void inc(float* buf, float step, int n)
-{
-    int i = blockIdx.x * blockDim.x + threadIdx.x;
-    if (i < n) buf[i] += step;
-}
-"""
 INC = ag.Kernel(INC_SRC, "inc")
-# The peers' 50-kernel graphs (``peer_graphs``), each as its replay (launch + synchronize), by
-# row name: each loop's run times them right after asyncgraph's replay, in the same turn.
-Replays = dict[str, Callable[[], None]]
 
 
 async def _chain(cap: Any, buf: Any, length: int, step: float = 1.0) -> Any:
@@ -257,154 +255,6 @@ async def asyncgraph_rows(reps: int, loop_name: str, peers: Replays) -> dict[str
         trips, CHOICES[loop_name] = await round_trip_rows(gpu, reps, loop_name)
         rows.update(trips)
         rows.update(await many_tasks_rows(gpu, loop_name))
-    return rows
-
-
-RAW_REPLAY = "raw 50-kernel graph: cuGraphLaunch + stream synchronize"
-CUPY_REPLAY = "CuPy 50-kernel graph: launch + synchronize"
-TORCH_REPLAY = "PyTorch 50-op graph (x.add_): replay + synchronize"
-
-
-def peer_graphs(stack: contextlib.ExitStack) -> tuple[Replays, Callable[[], None]]:
-    """The 50-kernel graph of each peer installed (raw ``cuda.bindings`` always; CuPy and
-    PyTorch where importable), each as its replay: launch + synchronize; and the raw 50
-    launches + synchronize. *stack* frees them."""
-    raw_replay, raw_eager = _raw_graph(stack)
-    replays = {RAW_REPLAY: raw_replay}
-    for name, make in ((CUPY_REPLAY, _cupy_graph), (TORCH_REPLAY, _torch_graph)):
-        replay = make()
-        if replay is not None:
-            replays[name] = replay
-    return replays, raw_eager
-
-
-def _cupy_graph() -> Callable[[], None] | None:
-    """CuPy's stream-captured 50-kernel graph, as its replay (``None``: no CuPy)."""
-    try:
-        import cupy as cp
-    except ImportError:
-        return None
-    kernel = cp.RawKernel(INC_SRC, "inc")
-    stream = cp.cuda.Stream(non_blocking=True)
-    x = cp.zeros(N, dtype=cp.float32)
-    with stream:
-        kernel((4,), (256,), (x, np.float32(1), np.int32(N)))
-        stream.synchronize()
-        stream.begin_capture()
-        for _ in range(CHAIN):
-            kernel((4,), (256,), (x, np.float32(1), np.int32(N)))
-        graph = stream.end_capture()
-        graph.upload(stream)
-
-    def replay() -> None:
-        graph.launch(stream)
-        stream.synchronize()
-
-    return replay
-
-
-def _torch_graph() -> Callable[[], None] | None:
-    """PyTorch's 50-op ``CUDAGraph`` (``x.add_(1)``), as its replay (``None``: no PyTorch)."""
-    try:
-        import torch
-    except ImportError:
-        return None
-    y = torch.zeros(N, device="cuda")
-    side = torch.cuda.Stream()
-    side.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(side):
-        for _ in range(3):
-            y.add_(1.0)
-    torch.cuda.current_stream().wait_stream(side)
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        for _ in range(CHAIN):
-            y.add_(1.0)
-
-    def replay() -> None:
-        graph.replay()
-        torch.cuda.current_stream().synchronize()
-
-    return replay
-
-
-def _raw_graph(stack: contextlib.ExitStack) -> tuple[Callable[[], None], Callable[[], None]]:
-    """The raw 50-kernel graph (``cuda.core`` capture), as its replay; and the 50 launches."""
-    from cuda.core import Device, LaunchConfig, Program, ProgramOptions, StreamOptions, launch
-
-    dev = Device(0)
-    dev.set_current()
-    arch = "sm_" + "".join(map(str, dev.compute_capability))
-    kernel = (
-        Program(INC_SRC, code_type="c++", options=ProgramOptions(arch=arch))
-        .compile("cubin")
-        .get_kernel("inc")
-    )
-    stream = dev.create_stream(options=StreamOptions(nonblocking=True))
-    stack.callback(stream.close)
-    handle = drv.CUstream(int(stream.handle))
-    d_buf = drv.cuMemAlloc(4 * N)[1]
-    stack.callback(drv.cuMemFree, d_buf)
-    cfg = LaunchConfig(grid=4, block=256)
-    args = (np.uint64(int(d_buf)), np.float32(1), np.int32(N))
-    builder = stream.create_graph_builder()
-    builder.begin_building("thread_local")
-    for _ in range(CHAIN):
-        launch(builder, cfg, kernel, *args)
-    builder.end_building()
-    graph = builder.complete()
-    stack.callback(graph.close)
-    graph.upload(stream)
-    exe = drv.CUgraphExec(int(graph.handle))
-
-    def replay() -> None:
-        drv.cuGraphLaunch(exe, handle)
-        drv.cuStreamSynchronize(handle)
-
-    def eager() -> None:
-        for _ in range(CHAIN):
-            launch(stream, cfg, kernel, *args)
-        drv.cuStreamSynchronize(handle)
-
-    return replay, eager
-
-
-def peer_rows(reps: int, peers: Replays, raw_eager: Callable[[], None]) -> dict[str, float]:
-    """The *peers*' graph replays again at the end of the run, and the raw 50 launches."""
-    rows = {f"(info) {name}, at the end": harness.time_sync(fn, reps) for name, fn in peers.items()}
-    rows["(info) raw 50 launches + stream synchronize"] = harness.time_sync(
-        raw_eager, max(reps // 10, 50), 20
-    )
-    return rows
-
-
-def cupy_rows(reps: int) -> dict[str, float]:
-    try:
-        import cupy as cp
-    except ImportError:
-        return {}
-    kernel = cp.RawKernel(INC_SRC, "inc")
-    stream = cp.cuda.Stream(non_blocking=True)
-    x = cp.zeros(N, dtype=cp.float32)
-    with stream:
-
-        def eager() -> None:
-            for _ in range(CHAIN):
-                kernel((4,), (256,), (x, np.float32(1), np.int32(N)))
-            stream.synchronize()
-
-        rows = {"CuPy 50 launches + synchronize": harness.time_sync(eager, max(reps // 10, 50), 20)}
-    scale = cp.RawKernel(SCALE_SRC, "scale")
-    h = np.random.default_rng().standard_normal(N4K, dtype=np.float32)
-
-    def round_trip() -> Any:
-        d = cp.asarray(h)
-        out = cp.empty_like(d)
-        scale((4,), (256,), (d, out, np.float32(2), np.int32(N4K)))
-        return cp.asnumpy(out)
-
-    assert np.array_equal(round_trip(), 2 * h)
-    rows["CuPy 4 KiB round trip, synchronous"] = harness.time_sync(round_trip, reps)
     return rows
 
 

@@ -81,6 +81,7 @@ MODULES = {
     "batch_loads.py",
     "callback_timer.py",
     "example_service.py",
+    "graph_peers.py",
     "harness.py",
     "ray_pipelines.py",
 }
