@@ -344,10 +344,9 @@ async def catch_up() -> dict[str, Any]:
         return seen
 
 
-async def expected_end() -> dict[str, Any]:
-    """Awaits of a 20 ms spin kernel, one at a time (deferred streams: it takes 20 ms of wall
-    time): from the second on, its plan's time is known, and the waiter pokes the loop before
-    the kernel ends."""
+async def _spins(seconds: float, times: int) -> dict[str, Any]:
+    """*times* awaits, one at a time, of a spin kernel of *seconds* (deferred streams: that
+    much wall time); the reactor's hand-offs and pokes, and the kernel's done flag."""
     from asyncgraph.demo._spin_kernel import SPIN
 
     gpu: Any
@@ -355,21 +354,25 @@ async def expected_end() -> dict[str, Any]:
         await gpu.compile(SPIN)
         done = gpu.empty(1, np.int32)
         reactor = gpu._cuda.device.reactor  # its counters, read by a test on purpose
-        cycles = np.int64(2e9 * 0.02)  # 20 ms at the stand-in's clock (2 GHz)
-        for _ in range(6):
+        cycles = np.int64(2e9 * seconds)  # at the stand-in's clock (2 GHz)
+        for _ in range(times):
             await gpu.dispatch(SPIN, cycles, done, grid=1, block=1)
         (flag,) = await gpu.download(done)
         return {"handoffs": reactor.handoffs, "pokes": reactor.pokes, "flag": int(flag)}
 
 
-async def long_wait() -> dict[str, Any]:
-    """Awaits of a 0.3 s spin kernel (deferred streams: 0.3 s of wall time), the second with
-    its time known: the waiter follows the event past ``FOLLOW_LONG_AFTER`` in longer sleeps
-    and never sleeps in ``cuEventSynchronize`` (the Python core's call of it, through the
-    bindings, is counted here)."""
-    from cuda.bindings import driver as drv
+async def expected_end() -> dict[str, Any]:
+    """Awaits of a 20 ms spin kernel, one at a time: from the second on, its plan's time is
+    known, and the waiter pokes the loop before the kernel ends."""
+    return await _spins(0.02, 6)
 
-    from asyncgraph.demo._spin_kernel import SPIN
+
+async def long_wait() -> dict[str, Any]:
+    """Awaits of a 0.3 s spin kernel, the second with its time known: the waiter follows the
+    event past ``FOLLOW_LONG_AFTER`` in longer sleeps and never sleeps in
+    ``cuEventSynchronize`` (the Python core's call of it, through the bindings, is counted
+    here)."""
+    from cuda.bindings import driver as drv
 
     synchronized: list[object] = []
     real = drv.cuEventSynchronize
@@ -379,23 +382,11 @@ async def long_wait() -> dict[str, Any]:
         return real(event)
 
     drv.cuEventSynchronize = counted
-    gpu: Any
     try:
-        async with ag.open_backend("cuda") as gpu:
-            await gpu.compile(SPIN)
-            done = gpu.empty(1, np.int32)
-            reactor = gpu._cuda.device.reactor  # its counters, read by a test on purpose
-            cycles = np.int64(2e9 * 0.3)  # 0.3 s at the stand-in's clock (2 GHz)
-            for _ in range(2):
-                await gpu.dispatch(SPIN, cycles, done, grid=1, block=1)
-            (flag,) = await gpu.download(done)
-            return {
-                "handed_off": reactor.handoffs > 0,
-                "flag": int(flag),
-                "synchronized": len(synchronized),
-            }
+        seen = await _spins(0.3, 2)
     finally:
         drv.cuEventSynchronize = real
+    return {**seen, "synchronized": len(synchronized)}
 
 
 async def stale_expectation() -> dict[str, Any]:

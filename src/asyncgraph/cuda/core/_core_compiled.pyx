@@ -9,9 +9,9 @@ hot half (:class:`Watches`, ``_watches.pxi``) and the fast path (:class:`FastPat
 The driver is called straight from C, with no Python objects built for the call's arguments.
 
 :class:`NativeWaiter` runs one POSIX thread per lane. Each follows the event it was handed
-(queries between short sleeps), with no Python thread state at all, and then writes to an eventfd
-the event loop watches (``loop.add_reader``): the loop wakes in its selector, and a completion
-never waits for the GIL to reach the loop.
+(queries between short sleeps), with no Python thread state at all, and then writes to an
+eventfd the event loop watches (``loop.add_reader``): the loop wakes in its selector, and a
+completion never waits for the GIL to reach the loop.
 """
 
 from libc.stdint cimport int8_t, int16_t, int32_t, int64_t, uint8_t, uint16_t, uint32_t, uint64_t, uintptr_t

@@ -340,13 +340,13 @@ cdef class FastPath:
     cdef int _complete(self, FastJob job, object error) except -1:
         cdef LaneC* lc
         cdef object outcome, life
-        cdef double now
+        cdef double since
         job.gpu_done = True
         if job.failure is not None:
             error = job.failure
         if job.choice is not None and error is None:  # "auto" measures it, from its start
-            now = job.started if job.started > 0.0 else job.t_dispatch
-            job.choice.took(job.graph is None, _now() - now)
+            since = job.started if job.started > 0.0 else job.t_dispatch
+            job.choice.took(job.graph is None, _now() - since)
         if error is not None:
             outcome = error
         elif job.cplan is None:  # a graph's replay (FastPath.replay): the graph's results

@@ -68,10 +68,10 @@ cdef inline double _clamp(double value, double low, double high) noexcept nogil:
 cdef cydriver.CUresult _follow(cydriver.CUevent event, double until) noexcept nogil:
     """``_waiters.follow``: wait for *event* by querying it after sleeps that grow with the time
     waited so far (``_watches.follow_step``), so the thread wakes within a small fraction of the
-    wait after the GPU finished (past ``FOLLOW_LONG_AFTER``, in its longer steps). With *until* > 0 (a ``CLOCK_MONOTONIC`` time, ``perf_counter()``'s
-    clock): only until then, in ``_watches.early_step``'s coarser steps and querying on the
-    clock for the last ``SPIN_BEFORE_POKE``, returning ``CUDA_ERROR_NOT_READY`` then if it
-    still runs."""
+    wait after the GPU finished (past ``FOLLOW_LONG_AFTER``, in its longer steps). With *until*
+    > 0 (a ``CLOCK_MONOTONIC`` time, ``perf_counter()``'s clock): only until then, in
+    ``_watches.early_step``'s coarser steps and querying on the clock for the last
+    ``SPIN_BEFORE_POKE``, returning ``CUDA_ERROR_NOT_READY`` then if it still runs."""
     cdef double start = _seconds()
     cdef double now, waited, step
     cdef cydriver.CUresult code
@@ -205,8 +205,8 @@ cdef class NativeWaiter:
         context: the CUDA context (a ``cuda.bindings`` handle) the threads make current.
         lanes: how many lanes there are.
 
-    A lane is handed one event at a time (:meth:`hand`); once its thread returned from
-    following its event (``_follow``) the eventfd (:attr:`fd`) is readable and :meth:`take` reports the
+    A lane is handed one event at a time (:meth:`hand`); once its thread followed the event to
+    its end (``_follow``) the eventfd (:attr:`fd`) is readable and :meth:`take` reports the
     lane and the driver's code. Nothing here waits without a bound for a thread still in the
     driver: :meth:`join` takes a timeout, and a waiter collected while a thread still waits
     (a kernel that never finishes) lets that thread go on by itself, detached; the last of
