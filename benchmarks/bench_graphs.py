@@ -15,8 +15,9 @@ asyncio and uvloop):
 - where a graph pays: 10 of these kernels captured as one graph (an awaited replay) against the
   same 10 dispatched eagerly (the last awaited);
 - the round trip of bench_dispatch (upload, ``scale``, download) at 4 KiB and 1 MiB with
-  ``graph="auto"`` and ``graph="never"`` (``"auto"`` measures both ways during the warm-up and
-  keeps to the cheaper: what it chose, and why, is in the JSON), against CuPy's synchronous
+  ``graph="auto"`` and ``graph="never"`` (``"auto"`` measures both ways in its first turn, and
+  again after 512 replays where it chose graphs, and keeps to the cheaper: what it chose, and
+  why, is in the JSON), against CuPy's synchronous
   ``asarray`` + kernel + ``asnumpy`` at 4 KiB; for information, the 4 KiB one with
   ``graph="always"`` (a replay each time);
 - 64 tasks awaiting dispatches of one signature with ``graph="always"``, against the same with
@@ -189,6 +190,7 @@ async def round_trip_rows(gpu: Any, reps: int, loop_name: str) -> tuple[dict[str
             "reason": c.reason,
             "eager_us": None if c.eager_seconds is None else c.eager_seconds * 1e6,
             "graph_us": None if c.graph_seconds is None else c.graph_seconds * 1e6,
+            "remeasured": c.remeasured,
         }
         for c in gpu.graph_cache.statistics().choices
     ]

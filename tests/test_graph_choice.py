@@ -14,7 +14,15 @@ from typing import Any
 import pytest
 
 from asyncgraph.capture import GraphChoiceStatistics
-from asyncgraph.capture._choice import GRAPH_GAIN, SAMPLES, Choice, ChoiceState
+from asyncgraph.capture._choice import (
+    BLOCK,
+    GRAPH_GAIN,
+    REMEASURE_AFTER,
+    REMEASURE_MAX,
+    SAMPLES,
+    Choice,
+    ChoiceState,
+)
 from tests.fake_driver import run_scenario
 
 from .needs import CORES
@@ -22,29 +30,59 @@ from .needs import CORES
 US = 1e-6
 
 
-def _choice(settled: list[Choice] | None = None, samples: int = 3) -> Choice:
+def _choice(settled: list[Choice] | None = None, samples: int = 3, block: int = 3) -> Choice:
     told = settled if settled is not None else []
-    return Choice("k(float32[4]) grid (1, 1, 1) block (4, 1, 1)", told.append, samples)
+    return Choice(
+        "k(float32[4]) grid (1, 1, 1) block (4, 1, 1)", told.append, samples, block, REPLAYS
+    )
 
 
-def test_it_measures_eager_first_then_alternates() -> None:
-    choice = _choice()
+REPLAYS = 10  # replays, once settled on graphs, before measuring again (in these tests)
+
+
+def _state(choice: Choice) -> ChoiceState:
+    """*choice*'s state, read afresh (not narrowed by an earlier assertion)."""
+    return choice.state
+
+
+def _measure(choice: Choice, eager_us: float, graph_us: float) -> list[str]:
+    """Feed *choice* the cost of the way it asks for until it settles; the ways asked."""
     ways = []
-    for _ in range(6):
-        eager = choice.eager
-        ways.append("eager" if eager else "graph")
+    while choice.state is ChoiceState.MEASURING:
         assert choice.sampling
-        choice.took(eager, 10 * US)
-    assert ways == ["eager", "graph"] * 3
-    assert choice.state is not ChoiceState.MEASURING
+        ways.append("eager" if choice.eager else "graph")
+        choice.took(choice.eager, (eager_us if choice.eager else graph_us) * US)
+        assert len(ways) < 100
+    return ways
+
+
+def test_it_measures_in_blocks_eager_first_each_after_one_not_counted() -> None:
+    choice = _choice(samples=4, block=2)
+    ways = _measure(choice, 30, 10)
+    assert ways == (["eager"] * 3 + ["graph"] * 3) * 2
+    stats = choice.statistics()
+    assert (stats.eager_samples, stats.graph_samples) == (4, 4)
+
+
+def test_the_first_of_each_block_is_not_counted() -> None:
+    choice = _choice(samples=2, block=2)
+    for eager, us in ((True, 900), (True, 30), (True, 30), (False, 900), (False, 10)):
+        choice.took(eager, us * US)
+    assert choice.state is ChoiceState.MEASURING
+    choice.took(False, 10 * US)
+    assert _state(choice) is ChoiceState.GRAPH
+    eager_s, graph_s = choice.medians()
+    assert eager_s == pytest.approx(30 * US)
+    assert graph_s == pytest.approx(10 * US)
 
 
 def test_it_settles_on_graphs_where_they_save_enough() -> None:
     settled: list[Choice] = []
     choice = _choice(settled)
-    for eager_us, graph_us in ((30, 10), (31, 11), (29, 500)):  # one slow replay: the median
-        choice.took(True, eager_us * US)
-        choice.took(False, graph_us * US)
+    for us in (0, 30, 31, 29):  # the first of the block is not counted
+        choice.took(True, us * US)
+    for us in (0, 10, 11, 500):  # one slow replay: the median
+        choice.took(False, us * US)
     assert settled == [choice]
     assert choice.state is ChoiceState.GRAPH
     assert (choice.eager, choice.sampling) == (False, False)
@@ -53,7 +91,7 @@ def test_it_settles_on_graphs_where_they_save_enough() -> None:
     assert stats.choice == "graph"
     assert stats.eager_seconds == pytest.approx(30 * US)
     assert stats.graph_seconds == pytest.approx(11 * US)
-    assert (stats.eager_samples, stats.graph_samples) == (3, 3)
+    assert (stats.eager_samples, stats.graph_samples, stats.remeasured) == (3, 3, 0)
     assert stats.reason == (
         "graph: a replay took 11.0 µs, an eager dispatch 30.0 µs (medians of 3 and 3)"
     )
@@ -63,9 +101,7 @@ def test_it_settles_on_graphs_where_they_save_enough() -> None:
 def test_it_settles_on_eager_where_graphs_save_too_little(graph_us: float) -> None:
     settled: list[Choice] = []
     choice = _choice(settled)
-    for _ in range(3):
-        choice.took(True, 100 * US)
-        choice.took(False, graph_us * US)
+    _measure(choice, 100, graph_us)
     assert settled == [choice]
     assert choice.state is ChoiceState.EAGER
     assert (choice.eager, choice.sampling) == (True, False)
@@ -75,26 +111,82 @@ def test_it_settles_on_eager_where_graphs_save_too_little(graph_us: float) -> No
 
 def test_graphs_saving_just_enough_are_kept() -> None:
     choice = _choice()
-    for _ in range(3):
-        choice.took(True, 100 * US)
-        choice.took(False, 100 * GRAPH_GAIN * US)
+    _measure(choice, 100, 100 * GRAPH_GAIN)
     assert choice.state is ChoiceState.GRAPH
 
 
 def test_late_and_surplus_samples_change_nothing() -> None:
     settled: list[Choice] = []
     choice = _choice(settled)
-    for _ in range(5):  # dispatches in flight together: more eager samples than needed
+    for _ in range(6):  # dispatches in flight together: more eager samples than needed
         choice.took(True, 10 * US)
     assert choice.statistics().eager_samples == 3
     assert not choice.eager  # the replays are measured next
-    for _ in range(3):
+    choice.took(True, 1000 * US)  # an eager one still in flight: not the replays' turn
+    for _ in range(4):
         choice.took(False, 1 * US)
     assert choice.state is ChoiceState.GRAPH
     choice.took(True, 1 * US)  # a sample still in flight when it settled
     choice.took(False, 1000 * US)
     assert settled == [choice]
     assert choice.statistics().graph_seconds == pytest.approx(1 * US)
+    assert choice.statistics().eager_seconds == pytest.approx(10 * US)
+
+
+def test_a_choice_of_graphs_is_measured_again_after_its_replays() -> None:
+    settled: list[Choice] = []
+    choice = _choice(settled)
+    _measure(choice, 30, 10)
+    assert choice.state is ChoiceState.GRAPH
+    for _ in range(REPLAYS - 1):
+        choice.replayed()
+    assert choice.state is ChoiceState.GRAPH
+    choice.replayed()
+    # Measured again from scratch, eager first.
+    assert _state(choice) is ChoiceState.MEASURING
+    assert (choice.eager, choice.sampling) == (True, True)
+    assert choice.reason == "measuring again (1x): 0 of 3 eager samples, 0 of 3 replays"
+    assert choice.statistics().remeasured == 1
+    assert choice.medians() == (None, None)
+    choice.replayed()  # a replay in flight: measuring already, nothing changes
+    # This time the graphs lose: it settles on eager (the cache then frees them).
+    _measure(choice, 30, 40)
+    assert settled == [choice, choice]
+    assert _state(choice) is ChoiceState.EAGER
+    assert choice.reason == (
+        "eager: a replay took 40.0 µs, an eager dispatch 30.0 µs (medians of 3 and 3; "
+        "measured again 1x); a graph must save 10% to be kept"
+    )
+    for _ in range(3 * REPLAYS):  # settled on eager: no more measuring
+        choice.replayed()
+    assert _state(choice) is ChoiceState.EAGER
+
+
+def test_each_time_graphs_win_again_the_next_measure_waits_twice_as_long() -> None:
+    choice = _choice()
+    _measure(choice, 30, 10)
+    waits = []
+    for _ in range(4):
+        replays = 0
+        while choice.state is ChoiceState.GRAPH:
+            choice.replayed()
+            replays += 1
+        waits.append(replays)
+        _measure(choice, 30, 10)
+    assert waits == [REPLAYS, 2 * REPLAYS, 4 * REPLAYS, 8 * REPLAYS]
+    assert choice.statistics().remeasured == 4
+
+
+def test_the_wait_before_measuring_again_is_bounded() -> None:
+    choice = Choice("k() grid (1, 1, 1) block (1, 1, 1)", lambda _c: None, 1, 1, REMEASURE_MAX)
+    _measure(choice, 30, 10)
+    for _ in range(REMEASURE_MAX):
+        choice.replayed()
+    assert choice.state is ChoiceState.MEASURING
+    _measure(choice, 30, 10)
+    for _ in range(REMEASURE_MAX):
+        choice.replayed()
+    assert choice.state is ChoiceState.MEASURING  # REMEASURE_MAX again, not twice it
 
 
 def test_a_signature_that_cannot_be_recorded_settles_on_eager_at_once() -> None:
@@ -111,9 +203,7 @@ def test_a_signature_that_cannot_be_recorded_settles_on_eager_at_once() -> None:
 
 def test_a_forgotten_choice_sends_dispatches_back_to_the_cache() -> None:
     choice = _choice()
-    for _ in range(3):
-        choice.took(True, 100 * US)
-        choice.took(False, 200 * US)
+    _measure(choice, 100, 200)
     assert choice.eager
     choice.forget()
     assert choice.state is ChoiceState.FORGOTTEN
@@ -122,9 +212,18 @@ def test_a_forgotten_choice_sends_dispatches_back_to_the_cache() -> None:
 
 def test_the_measuring_reason_counts_the_samples() -> None:
     choice = Choice("k() grid (1, 1, 1) block (1, 1, 1)", lambda _c: None)
+    choice.took(True, 1 * US)  # the first of the block: not counted
     choice.took(True, 1 * US)
     assert choice.reason == f"measuring: 1 of {SAMPLES} eager samples, 0 of {SAMPLES} replays"
     assert choice.statistics().choice == "measuring"
+
+
+def test_the_defaults_take_turns_and_measure_again_rarely() -> None:
+    assert SAMPLES % BLOCK == 0
+    assert SAMPLES >= 2 * BLOCK  # at least two turns of each way
+    measured = 2 * SAMPLES + 2 * (SAMPLES // BLOCK)  # dispatches of one measurement
+    assert measured < 0.05 * REMEASURE_AFTER  # measuring again costs little beside the replays
+    assert REMEASURE_AFTER < REMEASURE_MAX
 
 
 # -- the whole backend, on the stand-in ------------------------------------------------------
@@ -172,6 +271,28 @@ def test_where_graphs_win_auto_settles_on_graphs(seen: dict[str, Any], backend: 
     assert win["hits_after"] == ROUNDS  # every dispatch replays a graph
     assert win["updates"] == 1  # the new scalar: updated in place
     assert win["instances"] == 1
+
+
+@pytest.mark.stand_in
+@pytest.mark.nvrtc
+@pytest.mark.parametrize("backend", ["win_lose", "win_lose_general", "always_win_lose"])
+def test_a_choice_of_graphs_that_turn_dearer_goes_eager_when_measured_again(
+    seen: dict[str, Any], backend: str
+) -> None:
+    seen_ = seen[backend]
+    assert seen_["right"]
+    (won,) = seen_["won"]
+    assert (won["choice"], won["remeasured"]) == ("graph", 0)
+    (scale,) = seen_["choices"]
+    assert (scale["choice"], scale["remeasured"]) == ("eager", 1)
+    assert scale["reason"].startswith("eager: a replay took ")
+    assert "measured again 1x" in scale["reason"]
+    # Measured again once the graphs had been replayed REMEASURE_AFTER times (some of them in
+    # the first ROUNDS, after the first measurement; the dispatches counted in rounds).
+    assert REMEASURE_AFTER - ROUNDS <= seen_["rounds"] <= REMEASURE_AFTER + ROUNDS
+    assert seen_["hits"] >= REMEASURE_AFTER
+    assert (seen_["bytes"], seen_["instances"]) == (0, 0)  # its graphs freed
+    assert seen_["fast_after"] == (0 if backend == "win_lose_general" else ROUNDS)
 
 
 @pytest.mark.stand_in

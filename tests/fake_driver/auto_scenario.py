@@ -4,7 +4,8 @@ one JSON line (``tests/test_graph_choice.py`` checks it on each core).
 
 The stand-in's host costs (``fake_set_host_cost``) make one way far dearer than the other, so
 which way is cheaper is never a near thing: a replay 2 ms dearer (graphs lose), then every
-eager kernel launch 2 ms dearer (graphs win).
+eager kernel launch 2 ms dearer (graphs win); and graphs winning, then losing once the
+choice is measured again.
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ from typing import Any
 import numpy as np
 
 import asyncgraph as ag
+from asyncgraph.capture._choice import REMEASURE_AFTER
 from tests.fake_driver import reset
 from tests.kernels import INC, SCALE
 
@@ -29,7 +31,13 @@ ROUNDS = 30  # dispatches of each signature: enough to measure both ways and set
 
 def _choices(gpu: Any) -> list[dict[str, Any]]:
     return [
-        {"choice": c.choice, "reason": c.reason, "eager": c.eager_samples, "graph": c.graph_samples}
+        {
+            "choice": c.choice,
+            "reason": c.reason,
+            "eager": c.eager_samples,
+            "graph": c.graph_samples,
+            "remeasured": c.remeasured,
+        }
         for c in gpu.graph_cache.statistics().choices
     ]
 
@@ -99,6 +107,43 @@ async def graphs_win(gpu: Any) -> dict[str, Any]:
     }
 
 
+async def graphs_win_then_lose(gpu: Any, always_first: bool = False) -> dict[str, Any]:
+    """Graphs win, then replays turn 2 ms dearer: after REMEASURE_AFTER replays "auto" measures
+    again, settles on eager and frees its graphs. *always_first*: the signature's graph is
+    recorded by graph="always" dispatches first ("auto" adopts it)."""
+    gpu.graph_cache.clear()
+    _lib.fake_set_host_cost(b"launch", DEAR_US)
+    x = np.arange(N, dtype=np.float32)
+    for _ in range(3 if always_first else 0):
+        await gpu.dispatch(
+            SCALE, x, ag.Out(N, np.float32), np.float32(2), np.int32(N), grid=4, block=256,
+            graph="always",
+        )  # fmt: skip
+    right = await _round_trips(gpu, x, 2.0)
+    won = _choices(gpu)
+    _lib.fake_set_host_cost(b"launch", 0.0)
+    _lib.fake_set_host_cost(b"graph_launch", DEAR_US)
+    rounds = 0
+    while gpu.graph_cache.statistics().chose_graph and rounds < 2 * REMEASURE_AFTER:
+        right = right and await _round_trips(gpu, x, 2.0)
+        rounds += ROUNDS
+    before = gpu.telemetry.snapshot().fast_path_dispatches
+    right = right and await _round_trips(gpu, x, 2.0)
+    fast = gpu.telemetry.snapshot().fast_path_dispatches - before
+    stats = gpu.graph_cache.statistics()
+    _lib.fake_set_host_cost(b"graph_launch", 0.0)
+    return {
+        "right": right,
+        "won": won,
+        "choices": _choices(gpu),
+        "rounds": rounds,
+        "hits": stats.hits,
+        "fast_after": fast,
+        "bytes": stats.bytes,
+        "instances": stats.instances,
+    }
+
+
 async def never_and_always(gpu: Any) -> dict[str, Any]:
     """Dispatches with graph="never" and "always" keep to it whatever "auto" chose."""
     gpu.graph_cache.clear()
@@ -137,6 +182,8 @@ async def main() -> dict[str, Any]:
         await gpu.compile(INC)
         seen["lose"] = await graphs_lose(gpu)
         seen["win"] = await graphs_win(gpu)
+        seen["win_lose"] = await graphs_win_then_lose(gpu)
+        seen["always_win_lose"] = await graphs_win_then_lose(gpu, always_first=True)
         seen["modes"] = await never_and_always(gpu)
         seen["cleared"] = _cleared(gpu)
     async with ag.open_backend("cuda", fast_path_enabled=False) as gpu:
@@ -144,6 +191,7 @@ async def main() -> dict[str, Any]:
         await gpu.compile(INC)
         seen["lose_general"] = await graphs_lose(gpu)
         seen["win_general"] = await graphs_win(gpu)
+        seen["win_lose_general"] = await graphs_win_then_lose(gpu)
     return seen
 
 

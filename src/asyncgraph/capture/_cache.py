@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections import OrderedDict
+from functools import partial
 from typing import TYPE_CHECKING, Any
 
 import attrs
@@ -64,7 +65,7 @@ class _Entry:
 
     def __init__(self, choice: Choice | None) -> None:
         self.instances: list[CachedGraph] = []
-        self.choice = choice  # the "auto" choice it was recorded for (None: "always")
+        self.choice = choice  # the "auto" choice its replays count for (None: only "always")
         self.routed = False  # the fast path was asked to replay them (GraphHost.route_replays)
 
 
@@ -74,10 +75,11 @@ class GraphCache:
     A signature is the kernel, each argument's kind with its shape and dtype (a scalar's dtype,
     a resident buffer's identity) and the launch shape. ``"always"`` records a
     :class:`CachedGraph` on first sight and replays it from then on. ``"auto"`` measures: once
-    a signature has been dispatched ``repeats`` times, its next dispatches alternate between
+    a signature has been dispatched ``repeats`` times, its next dispatches take turns between
     eager dispatches and replays of a recorded graph, each timed from the ``dispatch()`` call to
-    its completion, and then keep to the cheaper (``asyncgraph.capture._choice``; the choice is
-    made for the shapes, so it holds for other resident buffers of the same dtypes too). Each
+    its completion, and then keep to the cheaper, a choice of graphs being measured again now
+    and then (``asyncgraph.capture._choice``; the choice is made for the shapes, so it holds
+    for other resident buffers of the same dtypes too). Each
     signature keeps up to ``instances`` graphs, one per concurrent dispatch, so equal-shape
     requests do not queue behind one executable. Changed scalars update the graph's kernel node
     in place.
@@ -205,10 +207,13 @@ class GraphCache:
         entry = self._entries.get(key)
         if entry is None:
             entry = self._entries[key] = _Entry(choice)
+        elif entry.choice is None and choice is not None:  # recorded for "always" first
+            entry.choice = choice
+            entry.routed = False  # the fast path learns the choice too
         self._entries.move_to_end(key)
         graph = next((g for g in entry.instances if not g.is_busy), None)
         if graph is not None:
-            self.hit()
+            self.hit(entry)
         elif len(entry.instances) >= self.max_instances:
             return self._miss()
         else:
@@ -226,14 +231,17 @@ class GraphCache:
         job = prepare_replay(graph, call, inline, sampled, started)
         self._updates += backend.telemetry.graph_updates > updates
         if not entry.routed:
-            backend.route_replays(call, entry.instances, choice, self.hit)
+            backend.route_replays(call, entry.instances, entry.choice, partial(self.hit, entry))
             entry.routed = True
         return job
 
-    def hit(self) -> None:
-        """Count a replay of a cached graph (the fast path's too)."""
+    def hit(self, entry: _Entry) -> None:
+        """Count a replay of one of *entry*'s graphs (the fast path's too); ``"auto"``'s choice
+        counts it towards measuring again."""
         self._hits += 1
         self._backend.telemetry.graph_cache_hits += 1
+        if entry.choice is not None:
+            entry.choice.replayed()
 
     def _settled(self, choice: Choice) -> None:
         """*choice* settled: on eager, its graphs are freed (they will not be replayed)."""
