@@ -303,9 +303,10 @@ def test_cuda_leases_graphs_and_large_transfers(
             # A leased stream, awaited without blocking.
             async with gpu.stream() as lease:
                 await lease.synchronize()
-            # Cached graphs for a repeated signature.
+            # Cached graphs for a repeated signature ("auto" replays one once its first turn of
+            # eager samples is over).
             x = rng.random(4096, dtype=np.float32)
-            for i in range(4):
+            for i in range(12):
                 (out,) = await gpu.dispatch(
                     SCALE, x, ag.Out(4096, np.float32), np.float32(i), np.int32(4096),
                     grid=16, block=256, graph="auto",
