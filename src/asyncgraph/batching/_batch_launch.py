@@ -22,6 +22,8 @@ takes its rows with :meth:`first`.
 from __future__ import annotations
 
 import bisect
+from collections.abc import Callable
+from functools import partial
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -108,7 +110,8 @@ class BatchLauncher:
         # The dispatch's arguments after the inputs, by batch size: the outputs, the shared
         # arguments and the size (made once per size).
         self._tails: dict[int, tuple[object, ...]] = {}
-        self._alone: tuple[object, object, tuple[object, ...]] | None = None  # launch_alone's
+        # launch_alone's dispatch of one row and its arguments after the inputs (made once).
+        self._alone: tuple[Callable[..., PendingDispatch], tuple[object, ...]] | None = None
         # Whether iterating the outputs together yields each caller's rows (each a view).
         self._by_row = bool(outputs) and all(row.shape for row in outputs)
 
@@ -162,12 +165,12 @@ class BatchLauncher:
                 views.append(value[None])
             else:
                 alone = self._alone
-                if alone is None:  # the launch shape and tail of one row, made once
-                    shape = check_launch_shape(self._kernel, 1, self._launch(1))
-                    alone = self._alone = (*shape, self._tail(1))
-                grid, block, tail = alone
+                if alone is None:  # the dispatch of one row, its launch shape bound, made once
+                    grid, block = check_launch_shape(self._kernel, 1, self._launch(1))
+                    alone = self._alone = (self._dispatcher(grid, block), self._tail(1))
+                dispatch, tail = alone
                 views.extend(tail)
-                return self._dispatch(views, grid, block), None
+                return dispatch(*views), None
         size = self._buckets[0] if self._buckets else 1
         return self.launch([rows], size)
 
@@ -204,13 +207,14 @@ class BatchLauncher:
         staging = self._take()
         args = self._stack(staging, items, size)
         args.extend(self._tail(size))
-        return self._dispatch(args, grid, block), staging
+        return self._dispatcher(grid, block)(*args), staging
 
-    def _dispatch(self, args: list[Any], grid: object, block: object) -> PendingDispatch:
-        """The kernel's dispatch of *args* (the launch shape as ``launch`` returned it)."""
-        return self._backend.dispatch(
+    def _dispatcher(self, grid: object, block: object) -> Callable[..., PendingDispatch]:
+        """The kernel's dispatch with the launch shape (as ``launch`` returned it) bound: called
+        with the arguments."""
+        return partial(
+            self._backend.dispatch,
             self._kernel,
-            *args,
             grid=grid,  # type: ignore[arg-type]  # checked by dispatch
             block=block,  # type: ignore[arg-type]
             shared_mem=self._shared_mem,
