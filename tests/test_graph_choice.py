@@ -19,6 +19,7 @@ from asyncgraph.capture._choice import (
     GRAPH_GAIN,
     REMEASURE_AFTER,
     REMEASURE_MAX,
+    REPLAYS_TOLD_EVERY,
     SAMPLES,
     Choice,
     ChoiceState,
@@ -224,6 +225,16 @@ def test_the_defaults_take_turns_and_measure_again_rarely() -> None:
     measured = 2 * SAMPLES + 2 * (SAMPLES // BLOCK)  # dispatches of one measurement
     assert measured < 0.05 * REMEASURE_AFTER  # measuring again costs little beside the replays
     assert REMEASURE_AFTER < REMEASURE_MAX
+    assert REMEASURE_AFTER % REPLAYS_TOLD_EVERY == 0  # the fast path's bulk count meets it
+
+
+def test_replays_told_in_bulk_count_as_many() -> None:
+    choice = _choice()
+    _measure(choice, 30, 10)
+    choice.replayed(REPLAYS - 1)
+    assert choice.state is ChoiceState.GRAPH
+    choice.replayed(1)
+    assert _state(choice) is ChoiceState.MEASURING
 
 
 # -- the whole backend, on the stand-in ------------------------------------------------------

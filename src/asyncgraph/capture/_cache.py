@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 from collections import OrderedDict
-from functools import partial
 from typing import TYPE_CHECKING, Any
 
 import attrs
@@ -65,7 +64,7 @@ class _Entry:
 
     def __init__(self, choice: Choice | None) -> None:
         self.instances: list[CachedGraph] = []
-        self.choice = choice  # the "auto" choice its replays count for (None: only "always")
+        self.choice = choice  # the "auto" choice it was recorded for (None: only "always")
         self.routed = False  # the fast path was asked to replay them (GraphHost.route_replays)
 
 
@@ -213,7 +212,9 @@ class GraphCache:
         self._entries.move_to_end(key)
         graph = next((g for g in entry.instances if not g.is_busy), None)
         if graph is not None:
-            self.hit(entry)
+            self.hit()
+            if choice is not None:
+                choice.replayed()  # (the fast path counts its own replays: ReplayRoute)
         elif len(entry.instances) >= self.max_instances:
             return self._miss()
         else:
@@ -231,17 +232,14 @@ class GraphCache:
         job = prepare_replay(graph, call, inline, sampled, started)
         self._updates += backend.telemetry.graph_updates > updates
         if not entry.routed:
-            backend.route_replays(call, entry.instances, entry.choice, partial(self.hit, entry))
+            backend.route_replays(call, entry.instances, entry.choice, self.hit)
             entry.routed = True
         return job
 
-    def hit(self, entry: _Entry) -> None:
-        """Count a replay of one of *entry*'s graphs (the fast path's too); ``"auto"``'s choice
-        counts it towards measuring again."""
+    def hit(self) -> None:
+        """Count a replay of a cached graph (the fast path's too)."""
         self._hits += 1
         self._backend.telemetry.graph_cache_hits += 1
-        if entry.choice is not None:
-            entry.choice.replayed()
 
     def _settled(self, choice: Choice) -> None:
         """*choice* settled: on eager, its graphs are freed (they will not be replayed)."""

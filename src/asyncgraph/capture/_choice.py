@@ -17,7 +17,7 @@ signature repeated, it measures both ways and settles on the cheaper:
   dispatches run eagerly, and on the fast path (which reads :attr:`Choice.eager` and nothing
   else) without any bookkeeping of the cache. The decision is final.
 - ``GRAPH``: the graph's median was at most :data:`GRAPH_GAIN` times the eager one. The
-  dispatches replay graphs, and each replay is counted (:meth:`Choice.replayed`): after
+  dispatches replay graphs, and their replays are counted (:meth:`Choice.replayed`): after
   :data:`REMEASURE_AFTER` of them the signature is measured again from scratch, so a choice
   made on a few noisy samples, or on a machine whose pace changed, does not hold for good.
   Each time graphs win again, the next re-measurement waits twice as many replays, up to
@@ -48,6 +48,7 @@ __all__ = (
     "GRAPH_GAIN",
     "REMEASURE_AFTER",
     "REMEASURE_MAX",
+    "REPLAYS_TOLD_EVERY",
     "SAMPLES",
     "Choice",
     "ChoiceState",
@@ -66,6 +67,9 @@ GRAPH_GAIN = 0.9
 # graphs win again, up to REMEASURE_MAX.
 REMEASURE_AFTER = 512
 REMEASURE_MAX = 1 << 16
+# The fast path counts a choice's replays itself and tells it (Choice.replayed) every this many,
+# so that a replay costs no call for the count.
+REPLAYS_TOLD_EVERY = 64
 
 
 class ChoiceState(enum.Enum):
@@ -178,11 +182,12 @@ class Choice:
             return
         self._advance(seconds=seconds)
 
-    def replayed(self) -> None:
-        """A dispatch of the signature replayed a graph: counted towards measuring again, once
-        settled on graphs."""
+    def replayed(self, count: int = 1) -> None:
+        """*count* dispatches of the signature replayed a graph: counted towards measuring
+        again, once settled on graphs (the fast path tells them every
+        :data:`REPLAYS_TOLD_EVERY`)."""
         if self.state is ChoiceState.GRAPH:
-            self._replays += 1
+            self._replays += count
             if self._replays >= self._remeasure_after:
                 self._advance(remeasure=True)
 

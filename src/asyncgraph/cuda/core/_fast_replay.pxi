@@ -9,15 +9,18 @@
 # graph's pinned output block and lets the graph go (replay_done). FastPath.replay launches a
 # graph its owner readied (a captured graph's, a recorded one's: ``ReplayedGraph``) the same
 # way, after the unfinished uses of its resident buffers; its results are the graph's own
-# (``results``). Anything else declines, having changed nothing.
+# (``results``). Anything else declines, having changed nothing. A route counts the replays of
+# "auto"'s choice of graphs and tells the choice every REPLAYS_TOLD_EVERY (``Choice.replayed``).
 
 from functools import partial as _partial
 
 from asyncgraph.capture._choice import ChoiceState as _ChoiceState
+from asyncgraph.capture._choice import REPLAYS_TOLD_EVERY as _TOLD_EVERY_
 from ._watches import OWN_END as _OWN_END
 
 cdef object _ALWAYS = "always"
 cdef object _CHOSE_GRAPH = _ChoiceState.GRAPH
+cdef Py_ssize_t _TOLD_EVERY = _TOLD_EVERY_
 
 
 cdef class ReplayRoute:
@@ -30,6 +33,7 @@ cdef class ReplayRoute:
     cdef public tuple scalars
     cdef public object hit
     cdef public double expected
+    cdef public Py_ssize_t uncounted
 
     def __init__(self, list instances, choice, tuple scalars, hit):
         self.instances = instances
@@ -37,6 +41,7 @@ cdef class ReplayRoute:
         self.scalars = scalars
         self.hit = hit
         self.expected = 0.0
+        self.uncounted = 0
 
 
 cdef bint _route(FastPath fp, object call, list instances, object choice, object hit) except -1:
@@ -88,7 +93,7 @@ cdef object _replay_routed(
     cdef ReplayRoute route = <ReplayRoute>plan.route
     cdef Py_ssize_t lane_index
     cdef FastJob job
-    cdef object sampled = None, layout = None, cached = None, choice
+    cdef object sampled = None, layout = None, cached = None, choice, counted = None
     if graph != _ALWAYS:
         choice = route.choice
         if choice is None:
@@ -97,6 +102,8 @@ cdef object _replay_routed(
             if choice.eager or not choice.sampling:
                 return None  # "auto" runs eagerly now, or was forgotten
             sampled = choice  # a replay "auto" measures, as its replays would run
+        else:
+            counted = choice  # a choice of graphs, told its replays in bulk
     lane_index = _least_busy(fp)
     if lane_index < 0:
         return None  # every lane leased
@@ -129,6 +136,11 @@ cdef object _replay_routed(
     _launch_watched(fp, job, cached, <uint64_t>exec_at, lane_index, route.expected, plan, args,
                     <uint64_t>in_at)
     route.hit()
+    if counted is not None:
+        route.uncounted += 1
+        if route.uncounted >= _TOLD_EVERY:
+            route.uncounted = 0
+            counted.replayed(_TOLD_EVERY)
     return pending
 
 

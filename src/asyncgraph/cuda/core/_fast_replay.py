@@ -26,7 +26,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 from cuda.bindings import driver as drv
 
-from asyncgraph.capture._choice import ChoiceState
+from asyncgraph.capture._choice import REPLAYS_TOLD_EVERY, ChoiceState
 from asyncgraph.cuda.driver._driver import SUCCESS
 from asyncgraph.jobs._pending import PendingDispatch
 from asyncgraph.jobs._scheduler import JobState
@@ -234,6 +234,7 @@ class FastReplays:
             return None
         route = plan.route
         sampled: Any = None  # "auto"'s choice, told this replay's cost
+        counted: Any = None  # "auto"'s choice of graphs, told its replays in bulk
         if graph != _ALWAYS:
             choice = route.choice
             if choice is None:
@@ -242,6 +243,8 @@ class FastReplays:
                 if choice.eager or not choice.sampling:
                     return None  # "auto" runs eagerly now, or was forgotten
                 sampled = choice  # a replay "auto" measures, as its replays would run
+            else:
+                counted = choice
         for cached in route.instances:
             if cached.take_staged(plan.uploads, route.scalars, args):
                 break
@@ -254,8 +257,13 @@ class FastReplays:
             raise
         if pending is None:
             cached.replay_done()  # not the steady state: the general path takes it again
-        else:
-            route.hit()
+            return None
+        route.hit()
+        if counted is not None:
+            route.uncounted += 1
+            if route.uncounted >= REPLAYS_TOLD_EVERY:
+                route.uncounted = 0
+                counted.replayed(REPLAYS_TOLD_EVERY)
         return pending
 
     def replay(
@@ -390,7 +398,7 @@ class ReplayRoute:
     the fast path (a ``FastPlan``'s ``route``): the graph cache's instances of it (its own
     list), and ``"auto"``'s choice for it, if any."""
 
-    __slots__ = ("choice", "hit", "instances", "scalars")
+    __slots__ = ("choice", "hit", "instances", "scalars", "uncounted")
 
     def __init__(
         self, instances: list[Any], choice: Any, scalars: tuple[int, ...], hit: Callable[[], None]
@@ -399,3 +407,4 @@ class ReplayRoute:
         self.choice = choice
         self.scalars = scalars  # the indices of the scalar arguments
         self.hit = hit  # counts a replay in the graph cache's statistics
+        self.uncounted = 0  # replays of the choice of graphs not told it yet (REPLAYS_TOLD_EVERY)
