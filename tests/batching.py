@@ -106,3 +106,31 @@ async def until(condition: Callable[[], bool]) -> None:
     with anyio.fail_after(10):
         while not condition():  # polls plain counters: no event to await
             await anyio.lowlevel.checkpoint()
+
+
+TWO_SRC = r"""
+extern "C" __global__ void two_rows(const float* a, const float* b, float* c, float* d, int n)
+{
+    int i = blockIdx.x * blockDim.x + threadIdx.x;
+    if (i < n) c[i] = 2.0f * a[i];
+    if (i < n * 6) d[i] = b[i] + a[i / 6];
+}
+"""
+
+
+def _two_rows(a: Array, b: Array, c: Array, d: Array, n: np.int32) -> None:
+    rows = int(n)
+    a1, c1 = a.reshape(rows), c.reshape(rows)
+    np.multiply(a1, 2.0, out=c1)
+    np.add(b.reshape(rows, 2, 3), a1[:, None, None], out=d.reshape(rows, 2, 3))
+
+
+def make_two(backend: ag.Backend, *, max_delay: float) -> ag.Batcher:
+    """A batcher of two inputs and two outputs: a value per item (``a``) and a 2 x 3 block
+    (``b``); it answers ``2 * a`` and ``b + a``, up to 4 items a batch."""
+    return ag.batcher(
+        backend, ag.Kernel(TWO_SRC, "two_rows", host=_two_rows),
+        inputs=[ag.Row((), np.float32), ag.Row((2, 3), np.float32)],
+        outputs=[ag.Row((), np.float32), ag.Row((2, 3), np.float32)],
+        launch=lambda n: ((n * 6 + 255) // 256, 256), max_size=4, max_delay=max_delay,
+    )  # fmt: skip

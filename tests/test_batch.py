@@ -28,6 +28,7 @@ from .batching import (
     Callers,
     F,
     make,
+    make_two,
     row,
     until,
     want,
@@ -681,34 +682,12 @@ async def test_on_close_hooks_run_once_while_the_backend_still_takes_work() -> N
     assert seen == [False]
 
 
-TWO_SRC = r"""
-extern "C" __global__ void two_rows(const float* a, const float* b, float* c, float* d, int n)
-{
-    int i = blockIdx.x * blockDim.x + threadIdx.x;
-    if (i < n) c[i] = 2.0f * a[i];
-    if (i < n * 6) d[i] = b[i] + a[i / 6];
-}
-"""
-
-
-def _two_rows(a: Array, b: Array, c: Array, d: Array, n: np.int32) -> None:
-    rows = int(n)
-    a1, c1 = a.reshape(rows), c.reshape(rows)
-    np.multiply(a1, 2.0, out=c1)
-    np.add(b.reshape(rows, 2, 3), a1[:, None, None], out=d.reshape(rows, 2, 3))
-
-
 def test_rows_of_one_value_and_of_two_dimensions(loop: Any) -> None:
     # A value per item (a numpy scalar or a 0-d array) comes back as a 0-d view; a row of two
     # dimensions, contiguous or not, is stacked in order and comes back as its own view.
     async def body() -> None:
         async with ag.open_backend("host") as backend:
-            batch = ag.batcher(
-                backend, ag.Kernel(TWO_SRC, "two_rows", host=_two_rows),
-                inputs=[ag.Row((), np.float32), ag.Row((2, 3), np.float32)],
-                outputs=[ag.Row((), np.float32), ag.Row((2, 3), np.float32)],
-                launch=lambda n: ((n * 6 + 255) // 256, 256), max_size=4, max_delay=HOUR,
-            )  # fmt: skip
+            batch = make_two(backend, max_delay=HOUR)
             values: list[Any] = [
                 np.float32(1),
                 np.array(2, np.float32),

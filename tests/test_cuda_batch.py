@@ -68,3 +68,28 @@ async def test_concurrent_callers_get_their_rows(
     else:
         assert stats.padded_rows == 0
     await resident_bias.aclose()
+
+
+async def test_many_puts_a_callers_rows_in_one_batch(gpu: Any, rng: np.random.Generator) -> None:
+    bias = rng.standard_normal(F, dtype=np.float32)
+    resident_bias = await gpu.upload(bias)
+    a = np.float32(-0.5)
+    batcher = ag.batcher(
+        gpu, AFFINE,
+        inputs=[ag.Row((F,), np.float32)], outputs=[ag.Row((F,), np.float32)],
+        shared=(resident_bias, a, np.int32(F)),
+        launch=lambda n: ((n * F + 255) // 256, 256),
+        max_size=8,
+    )  # fmt: skip
+    async with batcher:
+        one = rng.standard_normal(F, dtype=np.float32)
+        (y,) = await batcher(one)  # a batch of one: the next idle caller would go alone
+        np.testing.assert_allclose(y, a * one + bias, rtol=1e-6, atol=1e-6)
+        for k in (3, 8, 11):
+            x = rng.standard_normal((k, F), dtype=np.float32)
+            (ys,) = await batcher.many(x)
+            assert ys.shape == (k, F)
+            np.testing.assert_allclose(ys, a * x + bias, rtol=1e-6, atol=1e-6)
+    stats = batcher.statistics()
+    assert (stats.items, stats.batches) == (1 + 3 + 8 + 11, 1 + 1 + 1 + 2)
+    await resident_bias.aclose()

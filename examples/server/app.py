@@ -261,23 +261,13 @@ def _dense_input(body: dict[str, Any]) -> Array:
 
 
 async def _batched(batcher: ag.Batcher, x: Array) -> Array:
-    """Each row of *x* through the batcher, all at once: it takes one row per call."""
-    if len(x) == 1:  # no task for one row
+    """The rows of *x* through the batcher: one row in one call (dispatched at once when the
+    batcher is idle), several in one ``many()`` call, which puts them in one batch."""
+    if len(x) == 1:
         (y,) = await batcher(x[0])
         return y[None]
-    ys: list[Array] = [x[0]] * len(x)
-
-    async def one(i: int) -> None:
-        (ys[i],) = await batcher(x[i])
-
-    try:
-        async with anyio.create_task_group() as tasks:
-            for i in range(len(x)):
-                tasks.start_soon(one, i)
-    except ExceptionGroup as group:
-        # The rows of a request go in one batch and fail alike: answer as for one dispatch.
-        raise group.exceptions[0] from None
-    return np.stack(ys)
+    (ys,) = await batcher.many(x)
+    return ys
 
 
 async def saxpy(request: Request) -> Response:

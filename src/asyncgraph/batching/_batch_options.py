@@ -157,9 +157,8 @@ class ItemChecker:
         """
         rows = self._rows
         if len(items) != len(rows):
-            want = ", ".join(f"{r.dtype}{list(r.shape)}" for r in rows)
             raise DispatchError(
-                f"{self._owner} takes {len(rows)} arrays per item ({want}), "
+                f"{self._owner} takes {len(rows)} arrays per item ({self._layout()}), "
                 f"got {len(items)} — pass one row of each input per call"
             )
         for k, (value, row) in enumerate(zip(items, rows, strict=True)):
@@ -171,6 +170,10 @@ class ItemChecker:
             ):
                 continue
             self._refuse(k, value, row)
+
+    def _layout(self) -> str:
+        """The rows of an item, as messages give them: ``float32[4], int32[]``."""
+        return ", ".join(f"{r.dtype}{list(r.shape)}" for r in self._rows)
 
     def _refuse(self, k: int, value: object, row: Row) -> None:
         where = self._where[k]
@@ -202,6 +205,49 @@ class ItemChecker:
             f"{where} has shape {value.shape}; the batcher takes {want}, one row per call — "
             "call it once per row (rows of one call are not split)"
         )
+
+    def stacked(self, arrays: tuple[object, ...]) -> int:
+        """How many items *arrays* hold: one numpy array per input row, of its dtype, holding
+        the items' rows stacked (shape ``(k, *row.shape)``, the same ``k >= 1`` for each).
+
+        Raises:
+            DispatchError: the number of arrays is wrong.
+            ArgumentTypeError: an array is not a numpy array, or of another dtype.
+            ShapeMismatchError: an array's shape is not ``(k, *row.shape)``, or ``k`` differs.
+        """
+        rows = self._rows
+        if len(arrays) != len(rows):
+            raise DispatchError(
+                f"{self._owner}.many() takes {len(rows)} arrays ({self._layout()} rows, "
+                f"stacked), got "
+                f"{len(arrays)} — pass the items' rows of each input as one array"
+            )
+        count = 0
+        for k, (value, row) in enumerate(zip(arrays, rows, strict=True)):
+            where, want = self._where[k], f"{row.dtype} rows of shape {row.shape}, stacked"
+            if not isinstance(value, np.ndarray) or is_masked(value):
+                raise ArgumentTypeError(
+                    f"{where} is {describe_value(value)}; many() takes {want} in one numpy "
+                    "array — convert it with np.asarray() (np.ma.getdata() for a masked one)"
+                )
+            if value.dtype != row.dtype:
+                raise ArgumentTypeError(
+                    f"{where} is {describe_value(value)}; many() takes {want} — pass "
+                    f"x.astype(np.{row.dtype})"
+                )
+            if value.shape[1:] != row.shape or not value.shape or value.shape[0] < 1:
+                dims = ", ".join(["k", *map(str, row.shape)]) + ("," if not row.shape else "")
+                raise ShapeMismatchError(
+                    f"{where} has shape {value.shape}; many() takes {want}: shape ({dims}) "
+                    "with k >= 1 items"
+                )
+            if count and value.shape[0] != count:
+                raise ShapeMismatchError(
+                    f"{where} holds {value.shape[0]} items and {self._where[0]} {count}; "
+                    "pass as many rows of each input"
+                )
+            count = value.shape[0]
+        return count
 
 
 def kernel_item_checker(kernel: Kernel, rows: Sequence[Row]) -> ItemChecker:

@@ -8,6 +8,9 @@ batcher's batches is in flight, see ``docs/batching.md``); ``_batch_launch``'s
 ``backend.pinned_empty``, runs one dispatch over the batch and hands each caller its own row of
 each output (reusing the staging).
 
+``batcher.many(*inputs)`` adds several items of one caller in one call (each input's rows
+stacked): they join the batch collecting together, never the lone path below.
+
 While callers come one at a time, a caller that finds the batcher idle dispatches its batch of
 one itself and awaits the dispatch in its own task (``BatchQueue.alone``): it then costs what
 ``await backend.dispatch(...)`` does, the lone await's spin on CUDA included, instead of a
@@ -23,7 +26,7 @@ from __future__ import annotations
 import weakref
 from asyncio import _get_running_loop
 from collections.abc import Callable, Sequence
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, cast
 
 import numpy as np
 
@@ -50,9 +53,10 @@ class Batcher(AsyncResource):
     """Collects concurrent callers' rows into batches and runs one dispatch per batch.
 
     Made by :func:`asyncgraph.batcher`. ``await batcher(*rows)`` returns a tuple with the
-    caller's row of each output. It belongs to the event loop it is first called on, like its
-    backend. ``async with`` or ``await batcher.aclose()`` flushes it and refuses new calls;
-    closing the backend flushes it too.
+    caller's row of each output; ``await batcher.many(*inputs)`` adds several items at once.
+    It belongs to the event loop it is first called on, like its backend. ``async with`` or
+    ``await batcher.aclose()`` flushes it and refuses new calls; closing the backend flushes it
+    too.
     """
 
     def __init__(
@@ -190,6 +194,52 @@ class Batcher(AsyncResource):
         except BaseException:
             queue.leave(waiter)
             raise
+
+    async def many(self, *inputs: object) -> tuple[Array, ...]:
+        """Add several items at once (a request of several rows); return their output rows.
+
+        ``await batcher.many(x)`` with *x* of shape ``(k, *row.shape)`` adds its *k* rows as *k*
+        items in the call, together: they go in one batch (with other callers' items), or in
+        as few as ``max_size`` allows, never one alone ahead of the others. It costs one call,
+        where *k* calls of ``batcher(row)`` would need a task each to be in the same batch.
+
+        Args:
+            inputs: one numpy array per input: the items' rows of that input, stacked.
+
+        Returns:
+            One array per output, of shape ``(k, *row.shape)``: the items' output rows, in
+            order (copies).
+
+        Raises:
+            DispatchError: the arrays do not hold the batcher's rows (``ArgumentTypeError``
+                for a wrong type or dtype, ``ShapeMismatchError`` for a wrong shape or
+                differing counts); refused to this caller alone, nothing added.
+            BackendClosedError: the batcher or its backend is closed.
+            UnsupportedError: the call is not on the batcher's event loop.
+            Exception: whatever a batch's dispatch failed with. If the caller stops waiting,
+                its items that did not launch yet leave their batch.
+        """
+        loop: Any = _get_running_loop()
+        queue = self._queue
+        try:
+            count = self._check.stacked(inputs)
+            if not queue.takes(loop):
+                self._check_backend()
+                loop = queue.loop_for_use()
+        except Exception:
+            await _loop.sleep(0)  # a checkpoint, also for a refusal
+            raise
+        arrays = cast("tuple[Array, ...]", inputs)  # checked: numpy arrays of k rows each
+        waiters: list[Any] = []
+        try:
+            for i in range(count):
+                waiters.append(queue.add(loop, tuple(array[i] for array in arrays)))
+            answers = [await waiter for waiter in waiters]
+        except BaseException:
+            for waiter in waiters:
+                queue.leave(waiter)  # (nothing for those launched already)
+            raise
+        return tuple(np.stack(rows) for rows in zip(*answers, strict=True))
 
     def _fit(self, rows: tuple[object, ...]) -> bool:
         """Whether *rows* are exactly an ndarray of each input row's dtype and shape."""
