@@ -47,6 +47,7 @@ import contextlib
 import itertools
 import sys
 import time
+from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any
 
@@ -59,6 +60,7 @@ from asyncgraph.cuda.core._choose import core
 from benchmarks import harness
 from benchmarks.bench_dispatch import EMPTY, N4K, SCALE
 from benchmarks.graph_peers import (
+    BARE_REPLAY,
     CHAIN,
     CUPY_REPLAY,
     INC_SRC,
@@ -85,7 +87,9 @@ async def _chain(cap: Any, buf: Any, length: int, step: float = 1.0) -> Any:
     return first
 
 
-async def chain_rows(gpu: Any, reps: int, loop_name: str, peers: Replays) -> dict[str, float]:
+async def chain_rows(
+    gpu: Any, reps: int, loop_name: str, peers: Replays, bare: Callable[[], Awaitable[None]]
+) -> dict[str, float]:
     """The 50-kernel chain: replay (and the *peers*' replays, in the same turns), eager,
     update, captures; the 10-kernel chain."""
     rows: dict[str, float] = {}
@@ -100,7 +104,10 @@ async def chain_rows(gpu: Any, reps: int, loop_name: str, peers: Replays) -> dic
     # the first replays; after many eager dispatches every graph replays slower).
     rows.update(
         await harness.time_async_in_turns(
-            {f"asyncgraph 50-kernel graph, awaited replay ({loop_name})": graph.replay},
+            {
+                f"asyncgraph 50-kernel graph, awaited replay ({loop_name})": graph.replay,
+                f"{BARE_REPLAY} ({loop_name})": bare,
+            },
             reps,
             sync={f"{name} ({loop_name})": replay for name, replay in peers.items()},
         )
@@ -247,13 +254,15 @@ async def many_tasks_rows(gpu: Any, loop_name: str) -> dict[str, float]:
 CHOICES: dict[str, Any] = {}  # loop -> what graph="auto" chose for each round trip
 
 
-async def asyncgraph_rows(reps: int, loop_name: str, peers: Replays) -> dict[str, float]:
+async def asyncgraph_rows(
+    reps: int, loop_name: str, peers: Replays, bare: Callable[[], Awaitable[None]]
+) -> dict[str, float]:
     async with ag.open_backend("cuda") as opened:
         gpu: Any = opened
         await gpu.compile(INC)
         await gpu.compile(SCALE)
         await gpu.compile(EMPTY)
-        rows = await chain_rows(gpu, reps, loop_name, peers)
+        rows = await chain_rows(gpu, reps, loop_name, peers, bare)
         trips, CHOICES[loop_name] = await round_trip_rows(gpu, reps, loop_name)
         rows.update(trips)
         rows.update(await many_tasks_rows(gpu, loop_name))
@@ -326,9 +335,9 @@ def main() -> None:
     ).parse_args()
     reps = args.reps
     with contextlib.ExitStack() as stack:
-        peers, raw_eager = peer_graphs(stack)
+        peers, raw_eager, bare = peer_graphs(stack)
         results, loops = harness.run_on_loops(
-            lambda loop_name: asyncgraph_rows(reps, loop_name, peers)
+            lambda loop_name: asyncgraph_rows(reps, loop_name, peers, bare)
         )
         results.update(peer_rows(reps, peers, raw_eager))
         results.update(cupy_rows(reps))
@@ -337,6 +346,13 @@ def main() -> None:
     core_name = "compiled" if core.COMPILED else "python"
     targets = targets_of(results, loops)
     info: dict[str, float] = {}
+    for loop_name in loops:
+        least = results[f"{BARE_REPLAY} ({loop_name})"]
+        for peer, peer_row in (("raw", RAW_REPLAY), ("CuPy", CUPY_REPLAY)):
+            if f"{peer_row} ({loop_name})" in results:
+                info[f"(info) bare awaited replay - {peer} graph replay, µs ({loop_name})"] = (
+                    least - results[f"{peer_row} ({loop_name})"]
+                )
     if "CuPy 4 KiB round trip, synchronous" in results:
         for loop_name in loops:
             auto = results[f"asyncgraph 4 KiB round trip, graph='auto' ({loop_name})"]

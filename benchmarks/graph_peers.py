@@ -1,6 +1,7 @@
 """The peers of ``bench_graphs``: the same 50-kernel chain as a raw ``cuda.core`` graph, a CuPy
 graph and a PyTorch graph, each made once and timed as its replay (launch + synchronize); CuPy's
-50 launches and its 4 KiB round trip.
+50 launches and its 4 KiB round trip; and the least an awaited replay can do (``bare``): the raw
+graph's launch, an event recorded after it and queried until done, in a coroutine.
 
 The chain: ``inc`` over 1024 floats (:data:`INC_SRC`), :data:`CHAIN` times.
 """
@@ -8,7 +9,7 @@ The chain: ``inc`` over 1024 floats (:data:`INC_SRC`), :data:`CHAIN` times.
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from typing import Any
 
 import numpy as np
@@ -33,19 +34,22 @@ Replays = dict[str, Callable[[], None]]
 RAW_REPLAY = "raw 50-kernel graph: cuGraphLaunch + stream synchronize"
 CUPY_REPLAY = "CuPy 50-kernel graph: launch + synchronize"
 TORCH_REPLAY = "PyTorch 50-op graph (x.add_): replay + synchronize"
+BARE_REPLAY = "(info) bare awaited replay of the raw graph: launch, event, query loop"
 
 
-def peer_graphs(stack: contextlib.ExitStack) -> tuple[Replays, Callable[[], None]]:
+def peer_graphs(
+    stack: contextlib.ExitStack,
+) -> tuple[Replays, Callable[[], None], Callable[[], Awaitable[None]]]:
     """The 50-kernel graph of each peer installed (raw ``cuda.bindings`` always; CuPy and
-    PyTorch where importable), each as its replay: launch + synchronize; and the raw 50
-    launches + synchronize. *stack* frees them."""
-    raw_replay, raw_eager = _raw_graph(stack)
+    PyTorch where importable), each as its replay: launch + synchronize; the raw 50
+    launches + synchronize; and the raw graph's bare awaited replay. *stack* frees them."""
+    raw_replay, raw_eager, bare = _raw_graph(stack)
     replays = {RAW_REPLAY: raw_replay}
     for name, make in ((CUPY_REPLAY, _cupy_graph), (TORCH_REPLAY, _torch_graph)):
         replay = make()
         if replay is not None:
             replays[name] = replay
-    return replays, raw_eager
+    return replays, raw_eager, bare
 
 
 def _cupy_graph() -> Callable[[], None] | None:
@@ -98,8 +102,11 @@ def _torch_graph() -> Callable[[], None] | None:
     return replay
 
 
-def _raw_graph(stack: contextlib.ExitStack) -> tuple[Callable[[], None], Callable[[], None]]:
-    """The raw 50-kernel graph (``cuda.core`` capture), as its replay; and the 50 launches."""
+def _raw_graph(
+    stack: contextlib.ExitStack,
+) -> tuple[Callable[[], None], Callable[[], None], Callable[[], Awaitable[None]]]:
+    """The raw 50-kernel graph (``cuda.core`` capture), as its replay; the 50 launches; and
+    its bare awaited replay."""
     from cuda.core import Device, LaunchConfig, Program, ProgramOptions, StreamOptions, launch
 
     dev = Device(0)
@@ -136,7 +143,18 @@ def _raw_graph(stack: contextlib.ExitStack) -> tuple[Callable[[], None], Callabl
             launch(stream, cfg, kernel, *args)
         drv.cuStreamSynchronize(handle)
 
-    return replay, eager
+    event = drv.cuEventCreate(drv.CUevent_flags.CU_EVENT_DISABLE_TIMING)[1]
+    stack.callback(drv.cuEventDestroy, event)
+    not_ready = drv.CUresult.CUDA_ERROR_NOT_READY
+
+    async def bare() -> None:
+        # No pool, no admission, no result, no yield to the loop: an awaitable can do no less.
+        drv.cuGraphLaunch(exe, handle)
+        drv.cuEventRecord(event, handle)
+        while drv.cuEventQuery(event)[0] == not_ready:
+            pass
+
+    return replay, eager, bare
 
 
 def peer_rows(reps: int, peers: Replays, raw_eager: Callable[[], None]) -> dict[str, float]:
