@@ -18,6 +18,7 @@ from asyncgraph.capture._choice import (
     BLOCK,
     GRAPH_GAIN,
     REMEASURE_AFTER,
+    REMEASURE_FIRST,
     REMEASURE_MAX,
     REPLAYS_TOLD_EVERY,
     SAMPLES,
@@ -224,8 +225,33 @@ def test_the_defaults_take_turns_and_measure_again_rarely() -> None:
     assert SAMPLES >= 2 * BLOCK  # at least two turns of each way
     measured = 2 * SAMPLES + 2 * (SAMPLES // BLOCK)  # dispatches of one measurement
     assert measured < 0.05 * REMEASURE_AFTER  # measuring again costs little beside the replays
-    assert REMEASURE_AFTER < REMEASURE_MAX
-    assert REMEASURE_AFTER % REPLAYS_TOLD_EVERY == 0  # the fast path's bulk count meets it
+    assert measured < 0.5 * REMEASURE_FIRST  # once, soon after the first choice
+    assert REMEASURE_FIRST < REMEASURE_AFTER < REMEASURE_MAX
+    # The fast path's bulk count meets both.
+    assert REMEASURE_FIRST % REPLAYS_TOLD_EVERY == 0
+    assert REMEASURE_AFTER % REPLAYS_TOLD_EVERY == 0
+
+
+def test_a_first_choice_of_graphs_is_checked_soon_then_rarely() -> None:
+    # The first samples come while the signature is new: a choice of graphs made on them is
+    # measured again after REMEASURE_FIRST replays, then after REMEASURE_AFTER, doubling.
+    choice = Choice("k() grid (1, 1, 1) block (1, 1, 1)", lambda _c: None, 1, 1)
+    waits = []
+    for _ in range(4):
+        _measure(choice, 30, 10)
+        replays = 0
+        while choice.state is ChoiceState.GRAPH:
+            choice.replayed(REPLAYS_TOLD_EVERY)  # as the fast path tells them
+            replays += REPLAYS_TOLD_EVERY
+        waits.append(replays)
+    assert waits == [REMEASURE_FIRST, REMEASURE_AFTER, 2 * REMEASURE_AFTER, 4 * REMEASURE_AFTER]
+    # A choice of graphs that the first check finds wrong goes eager there.
+    choice = Choice("k() grid (1, 1, 1) block (1, 1, 1)", lambda _c: None, 1, 1)
+    _measure(choice, 30, 10)
+    choice.replayed(REMEASURE_FIRST)
+    _measure(choice, 10, 30)
+    assert choice.state is ChoiceState.EAGER
+    assert choice.reason.endswith("measured again 1x); a graph must save 10% to be kept")
 
 
 def test_replays_told_in_bulk_count_as_many() -> None:
@@ -298,10 +324,10 @@ def test_a_choice_of_graphs_that_turn_dearer_goes_eager_when_measured_again(
     assert (scale["choice"], scale["remeasured"]) == ("eager", 1)
     assert scale["reason"].startswith("eager: a replay took ")
     assert "measured again 1x" in scale["reason"]
-    # Measured again once the graphs had been replayed REMEASURE_AFTER times (some of them in
+    # Measured again once the graphs had been replayed REMEASURE_FIRST times (some of them in
     # the first ROUNDS, after the first measurement; the dispatches counted in rounds).
-    assert REMEASURE_AFTER - ROUNDS <= seen_["rounds"] <= REMEASURE_AFTER + ROUNDS
-    assert seen_["hits"] >= REMEASURE_AFTER
+    assert REMEASURE_FIRST - ROUNDS <= seen_["rounds"] <= REMEASURE_FIRST + ROUNDS
+    assert seen_["hits"] >= REMEASURE_FIRST
     assert (seen_["bytes"], seen_["instances"]) == (0, 0)  # its graphs freed
     assert seen_["fast_after"] == (0 if backend == "win_lose_general" else ROUNDS)
 

@@ -108,7 +108,7 @@ async def graphs_win(gpu: Any) -> dict[str, Any]:
 
 
 async def graphs_win_then_lose(gpu: Any, always_first: bool = False) -> dict[str, Any]:
-    """Graphs win, then replays turn 2 ms dearer: after REMEASURE_AFTER replays "auto" measures
+    """Graphs win, then replays turn 2 ms dearer: after REMEASURE_FIRST replays "auto" measures
     again, settles on eager and frees its graphs. *always_first*: the signature's graph is
     recorded by graph="always" dispatches first ("auto" adopts it)."""
     gpu.graph_cache.clear()

@@ -17,11 +17,12 @@ signature repeated, it measures both ways and settles on the cheaper:
   dispatches run eagerly, and on the fast path (which reads :attr:`Choice.eager` and nothing
   else) without any bookkeeping of the cache. The decision is final.
 - ``GRAPH``: the graph's median was at most :data:`GRAPH_GAIN` times the eager one. The
-  dispatches replay graphs, and their replays are counted (:meth:`Choice.replayed`): after
-  :data:`REMEASURE_AFTER` of them the signature is measured again from scratch, so a choice
-  made on a few noisy samples, or on a machine whose pace changed, does not hold for good.
-  Each time graphs win again, the next re-measurement waits twice as many replays, up to
-  :data:`REMEASURE_MAX`.
+  dispatches replay graphs, and their replays are counted (:meth:`Choice.replayed`): the first
+  time after :data:`REMEASURE_FIRST` of them, then after :data:`REMEASURE_AFTER`, the signature
+  is measured again from scratch, so a choice made on a few noisy samples (the first ones come
+  while the signature is new: its pools cold, the GPU's clocks rising), or on a machine whose
+  pace changed, does not hold for good. Each time graphs win again after that, the next
+  re-measurement waits twice as many replays, up to :data:`REMEASURE_MAX`.
 
 ``GraphCache.clear()`` forgets a choice, and the signature is measured again once it repeats.
 
@@ -47,6 +48,7 @@ __all__ = (
     "BLOCK",
     "GRAPH_GAIN",
     "REMEASURE_AFTER",
+    "REMEASURE_FIRST",
     "REMEASURE_MAX",
     "REPLAYS_TOLD_EVERY",
     "SAMPLES",
@@ -63,8 +65,10 @@ BLOCK = 4
 # A graph is chosen only where its median cost is at most this fraction of the eager one: an
 # eager dispatch holds no graph memory, and a near tie is noise.
 GRAPH_GAIN = 0.9
-# Replays of a signature settled on graphs before it is measured again; doubled each time
-# graphs win again, up to REMEASURE_MAX.
+# Replays of a signature settled on graphs before it is measured again: first REMEASURE_FIRST
+# (a choice made while the signature was new is checked soon), then REMEASURE_AFTER, doubled
+# each time graphs win again, up to REMEASURE_MAX.
+REMEASURE_FIRST = 64
 REMEASURE_AFTER = 512
 REMEASURE_MAX = 1 << 16
 # The fast path counts a choice's replays itself and tells it (Choice.replayed) every this many,
@@ -126,7 +130,10 @@ class Choice:
             signature settled on eager).
         samples: samples of each way before deciding.
         block: samples of one way in a row (after one not counted) before the other's turn.
-        remeasure_after: replays, once settled on graphs, before measuring again.
+        remeasure_after: replays, once settled on graphs, before measuring again (doubled
+            each time graphs win again).
+        remeasure_first: replays before the first measurement again, where fewer than
+            *remeasure_after*.
     """
 
     __slots__ = (
@@ -137,6 +144,7 @@ class Choice:
         "_replays",
         "_samples",
         "_settled",
+        "_wait",
         "_warming",
         "eager",
         "reason",
@@ -153,12 +161,14 @@ class Choice:
         samples: int = SAMPLES,
         block: int = BLOCK,
         remeasure_after: int = REMEASURE_AFTER,
+        remeasure_first: int = REMEASURE_FIRST,
     ) -> None:
         self.signature = signature
         self._settled = settled
         self._samples = samples
         self._block = block
         self._remeasure_after = remeasure_after
+        self._wait = min(remeasure_first, remeasure_after)  # replays before measuring again
         self._replays = 0  # replays since settling on graphs
         self._eager: list[float] = []
         self._graph: list[float] = []
@@ -188,7 +198,7 @@ class Choice:
         :data:`REPLAYS_TOLD_EVERY`)."""
         if self.state is ChoiceState.GRAPH:
             self._replays += count
-            if self._replays >= self._remeasure_after:
+            if self._replays >= self._wait:
                 self._advance(remeasure=True)
 
     def unrecordable(self, why: str) -> None:
@@ -211,7 +221,9 @@ class Choice:
             return
         if remeasure:
             self.remeasured += 1
-            self._remeasure_after = min(2 * self._remeasure_after, REMEASURE_MAX)
+            if self._wait >= self._remeasure_after:  # (not the first, earlier check)
+                self._remeasure_after = min(2 * self._remeasure_after, REMEASURE_MAX)
+            self._wait = self._remeasure_after
             self._replays = 0
             self._eager.clear()
             self._graph.clear()
