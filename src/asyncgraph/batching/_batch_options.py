@@ -219,8 +219,7 @@ class ItemChecker:
         if len(arrays) != len(rows):
             raise DispatchError(
                 f"{self._owner}.many() takes {len(rows)} arrays ({self._layout()} rows, "
-                f"stacked), got "
-                f"{len(arrays)} — pass the items' rows of each input as one array"
+                f"stacked), got {len(arrays)} — pass the items' rows of each input as one array"
             )
         count = 0
         for k, (value, row) in enumerate(zip(arrays, rows, strict=True)):
@@ -235,7 +234,7 @@ class ItemChecker:
                     f"{where} is {describe_value(value)}; many() takes {want} — pass "
                     f"x.astype(np.{row.dtype})"
                 )
-            if value.shape[1:] != row.shape or not value.shape or value.shape[0] < 1:
+            if not value.shape or value.shape[0] < 1 or value.shape[1:] != row.shape:
                 dims = ", ".join(["k", *map(str, row.shape)]) + ("," if not row.shape else "")
                 raise ShapeMismatchError(
                     f"{where} has shape {value.shape}; many() takes {want}: shape ({dims}) "
