@@ -8,6 +8,7 @@ launches it. The adaptive policy, the default, is tested in ``test_batch_policy.
 
 from __future__ import annotations
 
+import re
 from typing import Any
 
 import anyio
@@ -610,6 +611,37 @@ async def test_options_are_checked_when_the_batcher_is_made(host: ag.Backend) ->
     with pytest.raises(ag.ShapeMismatchError):
         ag.Row((0,), np.float32)
     assert ag.Row((), np.int32).shape == ()
+
+
+@pytest.mark.parametrize("shared_mem", ["x", -1, None, 1.5, True, 10**9])
+async def test_a_bad_shared_mem_is_refused_when_the_batcher_is_made(
+    host: ag.Backend, shared_mem: object
+) -> None:
+    # It was accepted, and every call then failed with the dispatch's DispatchError.
+    kernel = ag.Kernel(AFFINE_SRC, "affine_rows", host=Affine())
+    ins, outs = [ag.Row((F,), np.float32)], [ag.Row((F,), np.float32)]
+    bound = host.limits.max_shared_mem
+    with pytest.raises(
+        ag.DispatchError,
+        match=rf"^batcher\(shared_mem={re.escape(repr(shared_mem))}\); pass the bytes of "
+        rf"dynamic shared memory per block as an int between 0 and {bound} \(this backend's "
+        r"bound\)$",
+    ):
+        ag.batcher(
+            host, kernel, inputs=ins, outputs=outs, shared=(BIAS, A, np.int32(F)),
+            launch=lambda n: (n, 32), shared_mem=shared_mem,  # type: ignore[arg-type]  # the point
+        )  # fmt: skip
+
+
+async def test_a_batcher_passes_its_shared_mem_to_each_dispatch(host: ag.Backend) -> None:
+    kernel = ag.Kernel(AFFINE_SRC, "affine_rows", host=Affine())
+    batch = ag.batcher(
+        host, kernel, inputs=[ag.Row((F,), np.float32)], outputs=[ag.Row((F,), np.float32)],
+        shared=(BIAS, A, np.int32(F)), launch=lambda n: (n, 32), shared_mem=np.int64(1024),
+    )  # fmt: skip
+    (out,) = await batch(row(1))
+    await batch.aclose()
+    np.testing.assert_allclose(out, want(1))
 
 
 async def test_a_max_size_that_could_never_be_allocated_is_refused_when_made(

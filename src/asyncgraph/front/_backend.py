@@ -45,6 +45,7 @@ from ._streams_graphs import StreamsAndGraphs
 from ._wiring import assemble
 
 if TYPE_CHECKING:
+    from asyncgraph.args._arguments import LaunchLimits
     from asyncgraph.args._bound_args import BoundCall
     from asyncgraph.args._kernel import Kernel
 
@@ -120,6 +121,11 @@ class Backend(StreamsAndGraphs, AsyncResource):
     def failure(self) -> DeviceFaultError | None:
         """The device fault that failed this backend, or ``None`` while it is healthy."""
         return self._engine.failure
+
+    @property
+    def limits(self) -> LaunchLimits:
+        """The launch limits ``dispatch()`` checks grid, block and ``shared_mem`` against."""
+        return self._engine.limits
 
     @property
     def outstanding(self) -> int:
