@@ -714,6 +714,21 @@ async def test_on_close_hooks_run_once_while_the_backend_still_takes_work() -> N
     assert seen == [False]
 
 
+@pytest.mark.parametrize("hook", [None, 42, "flush"])
+async def test_on_close_refuses_what_it_cannot_call_at_the_call(hook: object) -> None:
+    # It was accepted, and failed only as the close ran it (a logged backend.on_close_failed).
+    async with ag.open_backend("host") as backend:
+        with pytest.raises(
+            ag.ArgumentTypeError,
+            match=rf"^on_close\({re.escape(repr(hook))}\): pass a function of no arguments, "
+            r"called as the backend's first aclose\(\) begins$",
+        ):
+            backend.on_close(hook)  # type: ignore[arg-type]  # the point
+        with capture_logs() as logs:
+            await backend.aclose()
+    assert [e for e in logs if e["event"] == "backend.on_close_failed"] == []
+
+
 def test_rows_of_one_value_and_of_two_dimensions(loop: Any) -> None:
     # A value per item (a numpy scalar or a 0-d array) comes back as a 0-d view; a row of two
     # dimensions, contiguous or not, is stacked in order and comes back as its own view.

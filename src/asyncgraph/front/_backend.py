@@ -69,7 +69,8 @@ class Backend(StreamsAndGraphs, AsyncResource):
         options: the :class:`BackendOptions` it was opened with.
         telemetry: its counters; ``backend.telemetry.snapshot()`` reads them.
         on_close: ``on_close(hook)`` calls ``hook()`` as the first ``aclose()`` begins, while
-            the backend still takes work; it returns a function that unregisters the hook.
+            the backend still takes work; it returns a function that unregisters the hook
+            (anything but a callable is refused with :class:`ArgumentTypeError`).
         call_in_turn: ``call_in_turn(fn)`` calls ``fn(None)`` once a dispatch finds room in
             the queue, in line with ``submit()`` (``fn(error)`` if the backend closes first);
             it returns a function that gives the place up. A batcher's batches wait so.
@@ -465,8 +466,8 @@ class Backend(StreamsAndGraphs, AsyncResource):
                 to completion first, since its memory cannot be freed before.
 
         Raises:
-            TypeError: *timeout* is not a number of seconds.
-            ValueError: *timeout* is negative.
+            ArgumentTypeError: *timeout* is not a number of seconds (a ``TypeError``).
+            DispatchError: *timeout* is negative or NaN (a ``ValueError``).
             UnsupportedError: the backend's event loop is another one, and still open.
         """
         await self._lifecycle.aclose(timeout)
