@@ -232,7 +232,11 @@ async def test_compile_takes_a_kernel_on_cuda() -> None:
     ("bad", "error", "message"),
     [
         ("1", ag.ArgumentTypeError, r"^aclose\(timeout='1'\): pass a number of seconds, or None$"),
-        (True, ag.ArgumentTypeError, r"^aclose\(timeout=True\): pass a number of seconds, or None$"),
+        (
+            True,
+            ag.ArgumentTypeError,
+            r"^aclose\(timeout=True\): pass a number of seconds, or None$",
+        ),
         (-1, ag.DispatchError, r"^aclose\(timeout=-1\): pass a number of seconds >= 0, or None$"),
         (float("nan"), ag.DispatchError, r"^aclose\(timeout=nan\): pass a number of seconds >= 0"),
     ],
