@@ -451,8 +451,6 @@ def _nothing() -> None:
 
 def _check_timeout(timeout: object) -> None:
     if isinstance(timeout, bool) or not isinstance(timeout, numbers.Real):
-        raise ArgumentTypeError(
-            f"aclose(timeout={timeout!r}): pass a number of seconds, or None"
-        )
+        raise ArgumentTypeError(f"aclose(timeout={timeout!r}): pass a number of seconds, or None")
     if not float(timeout) >= 0:  # NaN too
         raise DispatchError(f"aclose(timeout={timeout!r}): pass a number of seconds >= 0, or None")
