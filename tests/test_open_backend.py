@@ -164,6 +164,43 @@ def test_cli_durations_are_in_ms_past_10000_us(seconds: float, shown: str) -> No
     assert duration(seconds) == shown
 
 
+@pytest.mark.parametrize(
+    ("device", "message"),
+    [
+        ("bogus", "device='bogus' is not a device asyncgraph knows; pass 'auto', 'host', "),
+        pytest.param("cuda", "device='cuda' needs CUDA, but ", marks=no_cuda),
+    ],
+)
+def test_cli_demo_with_a_device_it_cannot_open_says_why_and_exits_2(
+    capsys: pytest.CaptureFixture[str], device: str, message: str
+) -> None:
+    # A 27- and a 30-line traceback before; the same as bench --device now.
+    with pytest.raises(SystemExit) as exit_info:
+        main(["demo", "--device", device, "--dispatches", "3"])
+    assert exit_info.value.code == 2
+    out, err = capsys.readouterr()
+    assert out == ""
+    assert "Traceback" not in err
+    (line,) = [line for line in err.splitlines() if "error:" in line]
+    assert line.startswith(f"python -m asyncgraph demo: error: {message}")
+
+
+def test_cli_help_is_plain_text_and_names_every_option(capsys: pytest.CaptureFixture[str]) -> None:
+    # The description was the module's docstring, reST double backticks and all.
+    with pytest.raises(SystemExit):
+        main(["--help"])
+    top = capsys.readouterr().out
+    assert "``" not in top
+    assert "info | demo | bench" in top
+    with pytest.raises(SystemExit):
+        main(["demo", "--help"])
+    demo_help = capsys.readouterr().out
+    # --dispatches had no help line of its own.
+    assert "concurrent dispatches to run, the three kernels in turn (default 1200)" in " ".join(
+        demo_help.split()
+    )
+
+
 def test_cli_demo_fails_on_a_mismatch(
     capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
 ) -> None:
