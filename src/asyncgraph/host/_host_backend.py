@@ -39,6 +39,7 @@ from ._workers import Workers
 
 if TYPE_CHECKING:
     from asyncgraph.args._kernel import Kernel
+    from asyncgraph.capture._cache import GraphCacheStatistics
     from asyncgraph.front._engine_protocols import Links, Stores
     from asyncgraph.front._fast_front import FastFront
     from asyncgraph.front._lease import StreamLease
@@ -46,7 +47,7 @@ if TYPE_CHECKING:
     from asyncgraph.jobs._pending import PendingDispatch
     from asyncgraph.runtime._finished import Finished
 
-__all__ = ("HostBackend", "HostEngine")
+__all__ = ("HostBackend", "HostEngine", "HostGraphCache")
 
 # Copies larger than this run in a worker thread rather than on the loop's thread.
 _INLINE_COPY_BYTES = 1 << 20
@@ -138,6 +139,47 @@ class HostBackend(Backend):
 
     def __init__(self, options: BackendOptions) -> None:
         super().__init__("host", options, lambda links: HostEngine(options, links))
+        self._graph_cache = HostGraphCache()
+
+    @property
+    def graph_cache(self) -> HostGraphCache:
+        """The CUDA backend's cache of recorded graphs, as the host has it: always empty (every
+        dispatch runs its host function), so code that reads ``backend.graph_cache`` runs on
+        either backend."""
+        return self._graph_cache
+
+
+class HostGraphCache:
+    """``backend.graph_cache`` on the host backend, which records no graphs: its statistics
+    are zeros, and :meth:`clear` has nothing to free."""
+
+    __slots__ = ()
+
+    def __repr__(self) -> str:
+        return "<HostGraphCache signatures=0 bytes=0 hits=0 misses=0 choices=0>"
+
+    def statistics(self) -> GraphCacheStatistics:
+        """Zeros, in the CUDA backend's :class:`~asyncgraph.capture.GraphCacheStatistics`."""
+        # Here, not at the top: the graphs' modules load cuda.core, which the host needs not.
+        from asyncgraph.capture._cache import GraphCacheStatistics
+
+        return GraphCacheStatistics(
+            hits=0,
+            misses=0,
+            captures=0,
+            updates=0,
+            evictions=0,
+            bytes=0,
+            signatures=0,
+            instances=0,
+            measuring=0,
+            chose_eager=0,
+            chose_graph=0,
+            choices=(),
+        )
+
+    def clear(self) -> None:
+        """Nothing to free."""
 
 
 class HostEngine:
