@@ -549,8 +549,14 @@ def test_closing_the_backend_fails_a_batch_waiting_for_room_as_it_fails_submit(
             "backend host was closed while a batch of 'affine_rows' waited for room in its "
             "queue (max_queued)"
         ] * 2
+        # Failed, never launched: it was counted in batches, items and launched.deadline.
         stats = batch.statistics()
-        assert (stats.batches, stats.failed_batches, stats.waiting_for_room) == (1, 1, 0)
+        assert (stats.batches, stats.items, stats.failed_batches) == (0, 0, 1)
+        assert (stats.waiting_for_room, stats.pending, stats.in_flight) == (0, 0, 0)
+        assert stats.launched == ag.BatchLaunches(
+            full=0, idle=0, completion=0, deadline=0, flush=0
+        )
+        assert (stats.waiting.count, stats.mean_fill) == (0, 0.0)
         assert [n for n, _ in host.batches] == [1, 1]
 
     run(loop, body)

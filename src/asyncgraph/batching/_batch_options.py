@@ -96,7 +96,9 @@ class BatcherStatistics:
     """What a batcher did so far, frozen when ``Batcher.statistics()`` was called.
 
     Attributes:
-        batches: batches launched (dispatched, or refused by the backend).
+        batches: batches launched (dispatched, or refused by the backend's dispatch); a batch
+            the backend's close failed while it waited for room is no launch, only a failed
+            batch.
         items: items in those batches.
         padded_rows: zero rows added to reach a bucket size (0 without buckets).
         mean_fill: mean over batches of items / capacity (``max_size``, or the bucket size
