@@ -553,9 +553,7 @@ def test_closing_the_backend_fails_a_batch_waiting_for_room_as_it_fails_submit(
         stats = batch.statistics()
         assert (stats.batches, stats.items, stats.failed_batches) == (0, 0, 1)
         assert (stats.waiting_for_room, stats.pending, stats.in_flight) == (0, 0, 0)
-        assert stats.launched == ag.BatchLaunches(
-            full=0, idle=0, completion=0, deadline=0, flush=0
-        )
+        assert stats.launched == ag.BatchLaunches(full=0, idle=0, completion=0, deadline=0, flush=0)
         assert (stats.waiting.count, stats.mean_fill) == (0, 0.0)
         assert [n for n, _ in host.batches] == [1, 1]
 
