@@ -641,7 +641,7 @@ async def test_a_batcher_passes_its_shared_mem_to_each_dispatch(host: ag.Backend
     kernel = ag.Kernel(AFFINE_SRC, "affine_rows", host=Affine())
     batch = ag.batcher(
         host, kernel, inputs=[ag.Row((F,), np.float32)], outputs=[ag.Row((F,), np.float32)],
-        shared=(BIAS, A, np.int32(F)), launch=lambda n: (n, 32), shared_mem=np.int64(1024),
+        shared=(BIAS, A, np.int32(F)), launch=lambda n: (n, 32), shared_mem=1024,
     )  # fmt: skip
     (out,) = await batch(row(1))
     await batch.aclose()

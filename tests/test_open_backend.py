@@ -71,12 +71,14 @@ _INT_FIELDS = [
 def test_a_bad_option_value_raises_an_error_of_the_tree(field: str, what: str) -> None:
     # A bare ValueError before: errors.md promises every error derives from AsyncGraphError.
     bad = 0 if what.startswith("a positive") else -1
+    given: dict[str, Any] = {field: bad}
     with pytest.raises(
         ag.DispatchError, match=rf"^BackendOptions\.{field} must be {what}, got {bad}$"
     ) as raised:
-        ag.open_backend("host", **{field: bad})
+        ag.open_backend("host", **given)
     assert isinstance(raised.value, ValueError)
-    for wrong in ("4", 2.0, True):
+    wrongs: list[Any] = ["4", 2.0, True]
+    for wrong in wrongs:
         with pytest.raises(
             ag.ArgumentTypeError,
             match=rf"^BackendOptions\.{field} must be {what}, got {re.escape(repr(wrong))}$",
@@ -88,11 +90,13 @@ def test_a_bad_option_value_raises_an_error_of_the_tree(field: str, what: str) -
 @pytest.mark.parametrize("field", ["poll_window", "spin_window"])
 def test_a_bad_window_raises_an_error_of_the_tree(field: str) -> None:
     what = rf"^BackendOptions\.{field} must be a non-negative number of seconds, got "
-    for bad in (-1, float("nan")):
+    bads: list[Any] = [-1, float("nan")]
+    for bad in bads:
         with pytest.raises(ag.DispatchError, match=rf"{what}{bad}$"):
             ag.BackendOptions(**{field: bad})
+    text: dict[str, Any] = {field: "1"}
     with pytest.raises(ag.ArgumentTypeError, match=rf"{what}'1'$"):
-        ag.BackendOptions(**{field: "1"})
+        ag.BackendOptions(**text)
 
 
 def test_options_of_the_wrong_form_are_refused_with_what_to_pass() -> None:
