@@ -8,6 +8,7 @@ launches it. The adaptive policy, the default, is tested in ``test_batch_policy.
 
 from __future__ import annotations
 
+import re
 from typing import Any
 
 import anyio
@@ -548,8 +549,12 @@ def test_closing_the_backend_fails_a_batch_waiting_for_room_as_it_fails_submit(
             "backend host was closed while a batch of 'affine_rows' waited for room in its "
             "queue (max_queued)"
         ] * 2
+        # Failed, never launched: it was counted in batches, items and launched.deadline.
         stats = batch.statistics()
-        assert (stats.batches, stats.failed_batches, stats.waiting_for_room) == (1, 1, 0)
+        assert (stats.batches, stats.items, stats.failed_batches) == (0, 0, 1)
+        assert (stats.waiting_for_room, stats.pending, stats.in_flight) == (0, 0, 0)
+        assert stats.launched == ag.BatchLaunches(full=0, idle=0, completion=0, deadline=0, flush=0)
+        assert (stats.waiting.count, stats.mean_fill) == (0, 0.0)
         assert [n for n, _ in host.batches] == [1, 1]
 
     run(loop, body)
@@ -610,6 +615,37 @@ async def test_options_are_checked_when_the_batcher_is_made(host: ag.Backend) ->
     with pytest.raises(ag.ShapeMismatchError):
         ag.Row((0,), np.float32)
     assert ag.Row((), np.int32).shape == ()
+
+
+@pytest.mark.parametrize("shared_mem", ["x", -1, None, 1.5, True, 10**9])
+async def test_a_bad_shared_mem_is_refused_when_the_batcher_is_made(
+    host: ag.Backend, shared_mem: object
+) -> None:
+    # It was accepted, and every call then failed with the dispatch's DispatchError.
+    kernel = ag.Kernel(AFFINE_SRC, "affine_rows", host=Affine())
+    ins, outs = [ag.Row((F,), np.float32)], [ag.Row((F,), np.float32)]
+    bound = host.limits.max_shared_mem
+    with pytest.raises(
+        ag.DispatchError,
+        match=rf"^batcher\(shared_mem={re.escape(repr(shared_mem))}\); pass the bytes of "
+        rf"dynamic shared memory per block as an int between 0 and {bound} \(this backend's "
+        r"bound\)$",
+    ):
+        ag.batcher(
+            host, kernel, inputs=ins, outputs=outs, shared=(BIAS, A, np.int32(F)),
+            launch=lambda n: (n, 32), shared_mem=shared_mem,  # type: ignore[arg-type]  # the point
+        )  # fmt: skip
+
+
+async def test_a_batcher_passes_its_shared_mem_to_each_dispatch(host: ag.Backend) -> None:
+    kernel = ag.Kernel(AFFINE_SRC, "affine_rows", host=Affine())
+    batch = ag.batcher(
+        host, kernel, inputs=[ag.Row((F,), np.float32)], outputs=[ag.Row((F,), np.float32)],
+        shared=(BIAS, A, np.int32(F)), launch=lambda n: (n, 32), shared_mem=1024,
+    )  # fmt: skip
+    (out,) = await batch(row(1))
+    await batch.aclose()
+    np.testing.assert_allclose(out, want(1))
 
 
 async def test_a_max_size_that_could_never_be_allocated_is_refused_when_made(
@@ -680,6 +716,21 @@ async def test_on_close_hooks_run_once_while_the_backend_still_takes_work() -> N
     await backend.aclose()
     await backend.aclose()
     assert seen == [False]
+
+
+@pytest.mark.parametrize("hook", [None, 42, "flush"])
+async def test_on_close_refuses_what_it_cannot_call_at_the_call(hook: object) -> None:
+    # It was accepted, and failed only as the close ran it (a logged backend.on_close_failed).
+    async with ag.open_backend("host") as backend:
+        with pytest.raises(
+            ag.ArgumentTypeError,
+            match=rf"^on_close\({re.escape(repr(hook))}\): pass a function of no arguments, "
+            r"called as the backend's first aclose\(\) begins$",
+        ):
+            backend.on_close(hook)  # type: ignore[arg-type]  # the point
+        with capture_logs() as logs:
+            await backend.aclose()
+    assert [e for e in logs if e["event"] == "backend.on_close_failed"] == []
 
 
 def test_rows_of_one_value_and_of_two_dimensions(loop: Any) -> None:

@@ -16,6 +16,7 @@ from typing import Any
 
 import numpy as np
 import pytest
+import structlog
 
 import asyncgraph as ag
 from asyncgraph.__main__ import main
@@ -78,6 +79,19 @@ def test_bench_prints_asyncgraph_rows_and_why_each_peer_was_skipped(
     assert f"json           {tmp_path / 'out.json'}" in out
     assert not any(line.startswith("plot") for line in out.splitlines())  # --no-plot
     assert "[##############################]  12/12  done" in err  # the progress bar, on stderr
+
+
+def test_bench_prints_the_table_first_and_no_routine_log_lines(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # structlog's backend.opened and backend.closed lines came on stdout before the table.
+    logging = structlog.get_config()
+    assert bench("--json", str(tmp_path / "out.json"), "--no-plot") == 0
+    out, err = capsys.readouterr()
+    assert out.startswith("asyncgraph bench on host (host), asyncio, ")
+    assert "backend.opened" not in out + err
+    assert "backend.closed" not in out + err
+    assert structlog.get_config() == logging  # as it found it
 
 
 def test_bench_json_has_the_documented_structure(tmp_path: Path) -> None:

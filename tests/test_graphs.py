@@ -4,12 +4,13 @@ from __future__ import annotations
 
 import asyncio
 import threading
+from typing import Any
 
 import numpy as np
 import pytest
 
 import asyncgraph as ag
-from asyncgraph.capture import CaptureLock, CaptureMode, CaptureStatus
+from asyncgraph.capture import CaptureLock, CaptureMode, CaptureStatus, GraphCacheStatistics
 
 from .kernels import SCALE
 
@@ -101,3 +102,24 @@ async def test_the_host_backend_has_no_graphs(host: ag.Backend) -> None:
             block=4,
             graph="yes",
         )
+
+
+async def test_graph_cache_metrics_read_the_same_on_the_host_backend(host: ag.Backend) -> None:
+    # graphs.md's metrics code crashed on the host backend: it had no graph_cache.
+    def metrics(backend: Any) -> dict[str, int]:
+        stats = backend.graph_cache.statistics()
+        return {"hits": stats.hits, "misses": stats.misses, "bytes": stats.bytes}
+
+    x = np.ones(4, np.float32)
+    for _ in range(4):
+        await host.dispatch(
+            SCALE, x, ag.Out(4, np.float32), np.float32(2), np.int32(4), grid=1, block=4,
+            graph="auto",
+        )  # fmt: skip
+    assert metrics(host) == {"hits": 0, "misses": 0, "bytes": 0}  # the host records no graphs
+    cache: Any = host.graph_cache  # type: ignore[attr-defined]  # not on every ag.Backend
+    stats = cache.statistics()
+    assert isinstance(stats, GraphCacheStatistics)
+    assert (stats.signatures, stats.instances, stats.choices) == (0, 0, ())
+    cache.clear()  # nothing to free, no error
+    assert repr(cache) == "<HostGraphCache signatures=0 bytes=0 hits=0 misses=0 choices=0>"

@@ -67,9 +67,21 @@ def test_unknown_kernel_name_is_a_compile_error() -> None:
 @pytest.mark.parametrize(
     ("kwargs", "message"),
     [
-        ({"source": "", "name": "k"}, r"^Kernel source must be a non-empty str of CUDA C\+\+$"),
+        (
+            {"source": "", "name": "k"},
+            r"^Kernel source must be a non-empty str of CUDA C\+\+, got ''$",
+        ),
+        (
+            {"source": None, "name": "k"},
+            r"^Kernel source must be a non-empty str of CUDA C\+\+, got NoneType$",
+        ),
         ({"source": "k", "name": "1k"}, r"^Kernel name must be a C identifier, got '1k'$"),
-        ({"source": "k", "name": "k", "host": 3}, r"^Kernel host= must be callable, got int$"),
+        ({"source": "k", "name": None}, r"^Kernel name must be a C identifier, got None$"),
+        (
+            {"source": "k", "name": "k", "host": 42},
+            r"^Kernel host= must be callable, got int; pass the function the host backend runs, "
+            r"or None$",
+        ),
         (
             {"source": "k", "name": "k", "options": ["-O3"]},
             r"^Kernel options= must be a mapping of cuda.core ProgramOptions keywords, got list$",
@@ -77,8 +89,10 @@ def test_unknown_kernel_name_is_a_compile_error() -> None:
     ],
 )
 def test_bad_declarations(kwargs: dict[str, object], message: str) -> None:
-    with pytest.raises(TypeError, match=message):
+    # An error of the tree (it was a bare TypeError), still a TypeError.
+    with pytest.raises(ag.ArgumentTypeError, match=message) as raised:
         ag.Kernel(**kwargs)  # type: ignore[arg-type]  # deliberately wrong types
+    assert isinstance(raised.value, TypeError)
 
 
 def test_repr_shows_the_signature() -> None:
@@ -117,7 +131,7 @@ class _AsyncCallable:
 )
 def test_host_functions_that_would_never_run_are_refused(host: object, what: str) -> None:
     with pytest.raises(
-        TypeError,
+        ag.ArgumentTypeError,
         match=rf"^Kernel host= must be a plain function, got {what}, whose body the host backend "
         r"would never run — write a plain def that writes into its output arguments and returns "
         r"None$",

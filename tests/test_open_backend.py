@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import re
 from typing import Any
 
+import attrs
 import numpy as np
 import pytest
 import structlog
@@ -54,14 +56,75 @@ def test_unknown_device_forms(device: object) -> None:
         ag.open_backend(device)  # type: ignore[arg-type]  # deliberately wrong
 
 
-def test_options_are_validated() -> None:
-    with pytest.raises(ValueError, match=r"^BackendOptions.streams must be a positive int, got 0$"):
-        ag.BackendOptions(streams=0)
-    with pytest.raises(ValueError, match=r"^BackendOptions.poll_window must be a non-negative"):
-        ag.BackendOptions(poll_window=-1)
-    with pytest.raises(TypeError, match=r"^pass either options=BackendOptions\(...\) or its"):
+_INT_FIELDS = [
+    ("streams", "a positive int"),
+    ("host_workers", "a positive int or None"),
+    ("max_in_flight", "a positive int"),
+    ("max_queued", "a positive int or None"),
+    ("pinned_pool_bytes", "a non-negative int"),
+    ("graph_cache_bytes", "a non-negative int"),
+    ("graph_repeats", "a positive int"),
+]
+
+
+@pytest.mark.parametrize(("field", "what"), _INT_FIELDS)
+def test_a_bad_option_value_raises_an_error_of_the_tree(field: str, what: str) -> None:
+    # A bare ValueError before: errors.md promises every error derives from AsyncGraphError.
+    bad = 0 if what.startswith("a positive") else -1
+    given: dict[str, Any] = {field: bad}
+    with pytest.raises(
+        ag.DispatchError, match=rf"^BackendOptions\.{field} must be {what}, got {bad}$"
+    ) as raised:
+        ag.open_backend("host", **given)
+    assert isinstance(raised.value, ValueError)
+    wrongs: list[Any] = ["4", 2.0, True]
+    for wrong in wrongs:
+        with pytest.raises(
+            ag.ArgumentTypeError,
+            match=rf"^BackendOptions\.{field} must be {what}, got {re.escape(repr(wrong))}$",
+        ) as typed:
+            ag.BackendOptions(**{field: wrong})
+        assert isinstance(typed.value, TypeError)
+
+
+@pytest.mark.parametrize("field", ["poll_window", "spin_window"])
+def test_a_bad_window_raises_an_error_of_the_tree(field: str) -> None:
+    what = rf"^BackendOptions\.{field} must be a non-negative number of seconds, got "
+    bads: list[Any] = [-1, float("nan")]
+    for bad in bads:
+        with pytest.raises(ag.DispatchError, match=rf"{what}{bad}$"):
+            ag.BackendOptions(**{field: bad})
+    text: dict[str, Any] = {field: "1"}
+    with pytest.raises(ag.ArgumentTypeError, match=rf"{what}'1'$"):
+        ag.BackendOptions(**text)
+
+
+def test_options_of_the_wrong_form_are_refused_with_what_to_pass() -> None:
+    # options={...} failed with AttributeError: 'dict' object has no attribute 'max_queued'.
+    with pytest.raises(
+        ag.ArgumentTypeError,
+        match=r"^open_backend\(options=\{'host_workers': 2\}\): pass "
+        r"options=asyncgraph\.BackendOptions\(host_workers=2\), or the fields as keywords$",
+    ):
+        ag.open_backend("host", options={"host_workers": 2})  # type: ignore[arg-type]  # the point
+    with pytest.raises(
+        ag.ArgumentTypeError,
+        match=r"^open_group\(options=4\): pass options=asyncgraph\.BackendOptions\(\.\.\.\), "
+        r"or the fields as keywords$",
+    ):
+        ag.open_group(["host"], options=4)  # type: ignore[arg-type]  # the point
+    with pytest.raises(
+        ag.ArgumentTypeError,
+        match=r"^open_backend\(\) takes options=BackendOptions\(\.\.\.\) or its fields as "
+        r"keywords, not both$",
+    ):
         ag.open_backend("host", options=ag.BackendOptions(), streams=2)
-    with pytest.raises(TypeError, match="unexpected keyword argument 'stream'"):
+    fields = ", ".join(sorted(f.name for f in attrs.fields(ag.BackendOptions)))
+    with pytest.raises(
+        ag.ArgumentTypeError,
+        match=rf"^open_backend\(stream=\.\.\.\): BackendOptions has no such field; its "
+        rf"fields are {fields}$",
+    ):
         ag.open_backend("host", stream=2)
 
 
@@ -103,6 +166,43 @@ def test_cli_durations_are_in_ms_past_10000_us(seconds: float, shown: str) -> No
     from asyncgraph.__main__ import duration
 
     assert duration(seconds) == shown
+
+
+@pytest.mark.parametrize(
+    ("device", "message"),
+    [
+        ("bogus", "device='bogus' is not a device asyncgraph knows; pass 'auto', 'host', "),
+        pytest.param("cuda", "device='cuda' needs CUDA, but ", marks=no_cuda),
+    ],
+)
+def test_cli_demo_with_a_device_it_cannot_open_says_why_and_exits_2(
+    capsys: pytest.CaptureFixture[str], device: str, message: str
+) -> None:
+    # A 27- and a 30-line traceback before; the same as bench --device now.
+    with pytest.raises(SystemExit) as exit_info:
+        main(["demo", "--device", device, "--dispatches", "3"])
+    assert exit_info.value.code == 2
+    out, err = capsys.readouterr()
+    assert out == ""
+    assert "Traceback" not in err
+    (line,) = [line for line in err.splitlines() if "error:" in line]
+    assert line.startswith(f"python -m asyncgraph demo: error: {message}")
+
+
+def test_cli_help_is_plain_text_and_names_every_option(capsys: pytest.CaptureFixture[str]) -> None:
+    # The description was the module's docstring, reST double backticks and all.
+    with pytest.raises(SystemExit):
+        main(["--help"])
+    top = capsys.readouterr().out
+    assert "``" not in top
+    assert "info | demo | bench" in top
+    with pytest.raises(SystemExit):
+        main(["demo", "--help"])
+    demo_help = capsys.readouterr().out
+    # --dispatches had no help line of its own.
+    assert "concurrent dispatches to run, the three kernels in turn (default 1200)" in " ".join(
+        demo_help.split()
+    )
 
 
 def test_cli_demo_fails_on_a_mismatch(

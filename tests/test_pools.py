@@ -175,7 +175,10 @@ def test_release_errors_and_close() -> None:
     pool = PinnedPool(1 << 20, FakeAllocator())
     a, b = pool.acquire(10), pool.acquire(10)
     pool.release(a)
-    with pytest.raises(ValueError, match=r"is not in use in this pool$"):
+    with pytest.raises(
+        ag.DispatchError,
+        match=r"is not in use in this pool; release each block once, to the pool that lent it$",
+    ):
         pool.release(a)
     pool.close()
     pool.release(b)  # released after close: freed, not cached
@@ -210,10 +213,29 @@ def test_placement_prefers_idle_streams() -> None:
     rr: StreamPool[str] = StreamPool(["a", "b"], placement="round_robin")
     rr.lanes[0].outstanding = 100
     assert [rr.pick().stream for _ in range(4)] == ["a", "b", "a", "b"]
-    with pytest.raises(ValueError, match="placement must be"):
+    with pytest.raises(
+        ag.DispatchError,
+        match=r"^StreamPool\(placement='random'\); placement must be 'least_outstanding' or "
+        r"'round_robin'$",
+    ):
         StreamPool(["a"], placement="random")
-    with pytest.raises(ValueError, match="at least one stream"):
+    with pytest.raises(
+        ag.DispatchError, match=r"^StreamPool\(\[\]\); a stream pool needs at least one stream$"
+    ):
         StreamPool([])
+
+
+@pytest.mark.parametrize(
+    ("cap", "error", "message"),
+    [
+        (-1, ag.DispatchError, r"^PinnedPool\(cap_bytes=-1\); pass a number of bytes >= 0$"),
+        ("1", ag.ArgumentTypeError, r"^PinnedPool\(cap_bytes='1'\); pass a number of bytes$"),
+    ],
+)
+def test_a_pinned_pool_refuses_a_bad_cap(cap: object, error: type[Exception], message: str) -> None:
+    # A bare ValueError (and a TypeError of the comparison) before.
+    with pytest.raises(error, match=message):
+        PinnedPool(cap, FakeAllocator())  # type: ignore[arg-type]  # the point
 
 
 async def test_leases_are_bounded_fifo_and_exclusive() -> None:
@@ -244,7 +266,10 @@ async def test_leases_are_bounded_fifo_and_exclusive() -> None:
     pool.give_back(second)
     stats = pool.statistics()
     assert (stats.leased, stats.waiting, stats.leases_granted) == (0, 0, 6)
-    with pytest.raises(ValueError, match=r"is not leased$"):
+    with pytest.raises(
+        ag.DispatchError,
+        match=r"is not leased; give each lease back once, to the pool that lent it$",
+    ):
         pool.give_back(second)
 
 

@@ -93,12 +93,16 @@ def _warnings_only() -> Iterator[None]:
             structlog.reset_defaults()
 
 
-def demo(device: str, dispatches: int) -> int:
-    """Run the demo; exit status 1 on any mismatch."""
+def demo(device: str, dispatches: int, parser: argparse.ArgumentParser) -> int:
+    """Run the demo; exit status 1 on any mismatch, 2 (with the reason) if *device* cannot be
+    opened."""
     from asyncgraph.demo._demo import TOLERANCE, demo_main
 
-    with _warnings_only():
-        report = asyncio.run(demo_main(device, dispatches))
+    try:
+        with _warnings_only():
+            report = asyncio.run(demo_main(device, dispatches))
+    except (UnsupportedError, DeviceUnavailableError) as exc:
+        parser.error(str(exc))
     print(f"backend        {report.backend}")
     print(f"dispatches     {report.dispatches} concurrent (saxpy, block_sum, laplace2d)")
     print(f"throughput     {report.rate:,.0f} dispatches/s ({report.seconds:.3f} s)")
@@ -132,7 +136,8 @@ def bench(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
         parser.error("--reps must be at least 1")
     settings = BenchSettings.scaled(QUICK_REPS if args.quick else args.reps)
     try:
-        report = run(args.device, settings, PEER_ROWS, sys.stderr, args.loop)
+        with _warnings_only():  # the progress bar on stderr, the table alone on stdout
+            report = run(args.device, settings, PEER_ROWS, sys.stderr, args.loop)
     except (UnsupportedError, DeviceUnavailableError) as exc:
         parser.error(str(exc))
     print(format_report(report))
@@ -194,14 +199,22 @@ def _bench_parser(
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of ``python -m asyncgraph`` and the ``asyncgraph`` script."""
-    parser = argparse.ArgumentParser(prog="python -m asyncgraph", description=__doc__)
+    parser = argparse.ArgumentParser(
+        prog="python -m asyncgraph",
+        description="asyncgraph's command line: python -m asyncgraph info | demo | bench",
+    )
     sub = parser.add_subparsers(dest="command", required=True)
     sub.add_parser("info", help="versions, CUDA driver and devices, the backend 'auto' picks")
     demo_parser = sub.add_parser(
         "demo", help="run many concurrent dispatches of three kernels and check each result"
     )
     demo_parser.add_argument("--device", default="auto", help="auto, host, cuda, cuda:N")
-    demo_parser.add_argument("--dispatches", type=int, default=1200)
+    demo_parser.add_argument(
+        "--dispatches",
+        type=int,
+        default=1200,
+        help="concurrent dispatches to run, the three kernels in turn (default 1200)",
+    )
     bench_parser = _bench_parser(sub)
     args = parser.parse_args(argv)
     if args.command == "info":
@@ -209,8 +222,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.command == "bench":
         return bench(args, bench_parser)
     if args.dispatches < 1:
-        parser.error("--dispatches must be at least 1")
-    return demo(args.device, args.dispatches)
+        demo_parser.error("--dispatches must be at least 1")
+    return demo(args.device, args.dispatches, demo_parser)
 
 
 if __name__ == "__main__":

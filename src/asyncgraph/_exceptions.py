@@ -8,7 +8,7 @@ working for callers who do not know this library::
      ├─ CudaError(code, name, call)       a driver call failed; code kept as data
      │   └─ DeviceFaultError             sticky fault (illegal address...): all CUDA backends fail
      ├─ CompileError(log)
-     ├─ DispatchError (ValueError)       bad arguments to dispatch/upload/empty
+     ├─ DispatchError (ValueError)       bad arguments (to dispatch, options, a Kernel...)
      │   ├─ ArgumentTypeError (TypeError) an argument of the wrong kind or dtype
      │   └─ ShapeMismatchError           shapes that do not fit
      ├─ HostFunctionError                a kernel's host= function broke its contract
@@ -104,14 +104,16 @@ class CompileError(AsyncGraphError):
 
 
 class DispatchError(AsyncGraphError, ValueError):
-    """Arguments of a dispatch (or upload, or launch shape) are invalid.
+    """Arguments of a dispatch (or upload, or launch shape) are invalid; or an argument of
+    another call of the library is (a ``BackendOptions`` field, ``aclose(timeout=)``...).
 
     Raised by ``dispatch()`` itself, before any work starts; the backend stays usable.
     """
 
 
 class ArgumentTypeError(DispatchError, TypeError):
-    """An argument is of a kind or dtype the kernel cannot take."""
+    """An argument is of a kind or dtype the kernel cannot take; or an argument of another
+    call of the library is of the wrong type (``Kernel(source=None)``, ``on_close(42)``)."""
 
 
 class ShapeMismatchError(DispatchError):

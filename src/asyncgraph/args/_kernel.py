@@ -218,8 +218,9 @@ class Kernel:
     Raises:
         CompileError: *source* declares no ``__global__`` function called *name* (one the
             parameter reader cannot read, behind a macro or a template, is taken on trust).
-        TypeError: an argument is not of the type documented above; *host* is an ``async def``,
-            a generator or an async generator function, whose body a call would not run.
+        ArgumentTypeError: an argument is not of the type documented above (an empty
+            *source* included); *host* is an ``async def``, a generator or an async generator
+            function, whose body a call would not run. It is a ``TypeError``.
     """
 
     __slots__ = ("_options", "host", "name", "params", "source")
@@ -233,20 +234,24 @@ class Kernel:
         options: Mapping[str, Any] | None = None,
     ) -> None:
         if not isinstance(source, str) or not source.strip():
-            raise TypeError("Kernel source must be a non-empty str of CUDA C++")
+            got = repr(source) if isinstance(source, str) else type(source).__name__
+            raise ArgumentTypeError(f"Kernel source must be a non-empty str of CUDA C++, got {got}")
         if not isinstance(name, str) or not _IDENT.fullmatch(name):
-            raise TypeError(f"Kernel name must be a C identifier, got {name!r}")
+            raise ArgumentTypeError(f"Kernel name must be a C identifier, got {name!r}")
         if host is not None and not callable(host):
-            raise TypeError(f"Kernel host= must be callable, got {type(host).__name__}")
+            raise ArgumentTypeError(
+                f"Kernel host= must be callable, got {type(host).__name__}; pass the function "
+                "the host backend runs, or None"
+            )
         never = _never_runs(host) if host is not None else None
         if never is not None:
-            raise TypeError(
+            raise ArgumentTypeError(
                 f"Kernel host= must be a plain function, got {never}, whose body the host "
                 "backend would never run — write a plain def that writes into its output "
                 "arguments and returns None"
             )
         if options is not None and not isinstance(options, Mapping):
-            raise TypeError(
+            raise ArgumentTypeError(
                 "Kernel options= must be a mapping of cuda.core ProgramOptions keywords, "
                 f"got {type(options).__name__}"
             )

@@ -96,7 +96,9 @@ class BatcherStatistics:
     """What a batcher did so far, frozen when ``Batcher.statistics()`` was called.
 
     Attributes:
-        batches: batches launched (dispatched, or refused by the backend).
+        batches: batches launched (dispatched, or refused by the backend's dispatch); a batch
+            the backend's close failed while it waited for room is no launch, only a failed
+            batch.
         items: items in those batches.
         padded_rows: zero rows added to reach a bucket size (0 without buckets).
         mean_fill: mean over batches of items / capacity (``max_size``, or the bucket size
@@ -352,8 +354,12 @@ def check_options(
     policy: object,
     buckets: object,
     graph: object,
+    shared_mem: object,
+    max_shared_mem: int,
 ) -> tuple[tuple[Row, ...], tuple[Row, ...], tuple[object, ...], tuple[int, ...]]:
     """Check the options of ``batcher()``; return the inputs, outputs, shared and buckets.
+
+    *max_shared_mem* is the backend's bound on *shared_mem* (its launch limits).
 
     Raises:
         ArgumentTypeError: an option is of the wrong type.
@@ -380,6 +386,11 @@ def check_options(
     size = check_launch_options("batcher", max_size, max_delay, policy)[0]
     if graph not in GRAPH_CHOICES:
         raise DispatchError(f"batcher(graph={graph!r}); pass 'never', 'auto' or 'always'")
+    if not is_int(shared_mem) or not 0 <= shared_mem <= max_shared_mem:
+        raise DispatchError(
+            f"batcher(shared_mem={shared_mem!r}); pass the bytes of dynamic shared memory per "
+            f"block as an int between 0 and {max_shared_mem} (this backend's bound)"
+        )
     sizes: tuple[int, ...] = ()
     if buckets is not None:
         if not isinstance(buckets, Sequence) or not all(is_int(b) and b >= 1 for b in buckets):

@@ -382,13 +382,16 @@ class BatchQueue:
 
     def _launch(self, batch: _Batch, refused: BaseException | None = None) -> None:
         """Launch *batch* through the runner, whose end answers its callers (or fail them with
-        *refused*, the reason it cannot launch)."""
+        *refused*, the reason it cannot launch: then it counts as failed, never launched)."""
         batch.launched = True
         if batch.timer is not None:
             batch.timer.cancel()
         if self._open is batch:
             self._open = None
         futures = batch.futures
+        if refused is not None:
+            self._fail(futures, refused)
+            return
         n = len(futures)
         size, capacity = self._runner.sizes(n)
         now = perf_counter()
@@ -399,9 +402,6 @@ class BatchQueue:
         self._fill += n / capacity
         self._reasons[batch.reason] += 1
         self._lone = n == 1
-        if refused is not None:
-            self._fail(futures, refused)
-            return
         self._in_flight += 1
         try:
             launch_id = self._runner.run(

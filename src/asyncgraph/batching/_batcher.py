@@ -345,7 +345,8 @@ def batcher(
         buckets: batch sizes to pad up to (with zero rows), so that ``graph="auto"`` replays
             one CUDA graph per bucket; the largest must be at least *max_size*.
         graph: passed to each dispatch: ``"never"``, ``"auto"`` or ``"always"``.
-        shared_mem: bytes of dynamic shared memory per block, passed to each dispatch.
+        shared_mem: bytes of dynamic shared memory per block, passed to each dispatch (an int
+            from 0 to the backend's bound, ``backend.limits.max_shared_mem``, checked here).
 
     Returns:
         The batcher: ``await batcher(*rows)`` returns the caller's row of each output.
@@ -367,10 +368,21 @@ def batcher(
             f"backend {backend.name} is closed; open a new one with asyncgraph.open_backend()"
         )
     ins, outs, args, sizes = check_options(
-        kernel, inputs, outputs, shared, launch, max_size, max_delay, policy, buckets, graph
+        kernel,
+        inputs,
+        outputs,
+        shared,
+        launch,
+        max_size,
+        max_delay,
+        policy,
+        buckets,
+        graph,
+        shared_mem,
+        backend.limits.max_shared_mem,
     )
     size = int(max_size)
     launcher = BatchLauncher(
-        backend, kernel, ins, outs, args, launch, size, sizes, graph, shared_mem
+        backend, kernel, ins, outs, args, launch, size, sizes, graph, int(shared_mem)
     )
     return Batcher(backend, kernel, ins, launcher, size, float(max_delay), policy)

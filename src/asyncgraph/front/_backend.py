@@ -45,6 +45,7 @@ from ._streams_graphs import StreamsAndGraphs
 from ._wiring import assemble
 
 if TYPE_CHECKING:
+    from asyncgraph.args._arguments import LaunchLimits
     from asyncgraph.args._bound_args import BoundCall
     from asyncgraph.args._kernel import Kernel
 
@@ -68,7 +69,8 @@ class Backend(StreamsAndGraphs, AsyncResource):
         options: the :class:`BackendOptions` it was opened with.
         telemetry: its counters; ``backend.telemetry.snapshot()`` reads them.
         on_close: ``on_close(hook)`` calls ``hook()`` as the first ``aclose()`` begins, while
-            the backend still takes work; it returns a function that unregisters the hook.
+            the backend still takes work; it returns a function that unregisters the hook
+            (anything but a callable is refused with :class:`ArgumentTypeError`).
         call_in_turn: ``call_in_turn(fn)`` calls ``fn(None)`` once a dispatch finds room in
             the queue, in line with ``submit()`` (``fn(error)`` if the backend closes first);
             it returns a function that gives the place up. A batcher's batches wait so.
@@ -120,6 +122,11 @@ class Backend(StreamsAndGraphs, AsyncResource):
     def failure(self) -> DeviceFaultError | None:
         """The device fault that failed this backend, or ``None`` while it is healthy."""
         return self._engine.failure
+
+    @property
+    def limits(self) -> LaunchLimits:
+        """The launch limits ``dispatch()`` checks grid, block and ``shared_mem`` against."""
+        return self._engine.limits
 
     @property
     def outstanding(self) -> int:
@@ -459,8 +466,8 @@ class Backend(StreamsAndGraphs, AsyncResource):
                 to completion first, since its memory cannot be freed before.
 
         Raises:
-            TypeError: *timeout* is not a number of seconds.
-            ValueError: *timeout* is negative.
+            ArgumentTypeError: *timeout* is not a number of seconds (a ``TypeError``).
+            DispatchError: *timeout* is negative or NaN (a ``ValueError``).
             UnsupportedError: the backend's event loop is another one, and still open.
         """
         await self._lifecycle.aclose(timeout)

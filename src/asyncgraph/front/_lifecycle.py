@@ -18,7 +18,13 @@ import weakref
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, Final
 
-from asyncgraph._exceptions import BackendClosedError, DeviceFaultError, UnsupportedError
+from asyncgraph._exceptions import (
+    ArgumentTypeError,
+    BackendClosedError,
+    DeviceFaultError,
+    DispatchError,
+    UnsupportedError,
+)
 from asyncgraph.runtime import _inbox, _loop, _poison
 
 if TYPE_CHECKING:
@@ -139,7 +145,15 @@ class Lifecycle:
 
         Returns:
             A function that unregisters *hook* (harmless once it ran).
+
+        Raises:
+            ArgumentTypeError: *hook* is not callable.
         """
+        if not callable(hook):
+            raise ArgumentTypeError(
+                f"on_close({hook!r}): pass a function of no arguments, called as "
+                "the backend's first aclose() begins"
+            )
         key = next(self._hook_ids)
         self._on_close[key] = hook
 
@@ -437,6 +451,6 @@ def _nothing() -> None:
 
 def _check_timeout(timeout: object) -> None:
     if isinstance(timeout, bool) or not isinstance(timeout, numbers.Real):
-        raise TypeError(f"aclose(timeout={timeout!r}): pass a number of seconds, or None")
+        raise ArgumentTypeError(f"aclose(timeout={timeout!r}): pass a number of seconds, or None")
     if not float(timeout) >= 0:  # NaN too
-        raise ValueError(f"aclose(timeout={timeout!r}): pass a number of seconds >= 0, or None")
+        raise DispatchError(f"aclose(timeout={timeout!r}): pass a number of seconds >= 0, or None")

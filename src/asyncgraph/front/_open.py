@@ -12,10 +12,11 @@ from asyncgraph._exceptions import ArgumentTypeError, DeviceUnavailableError, Gr
 from asyncgraph.runtime._telemetry import logger
 
 from ._detect import probe_cuda
-from ._options import BackendOptions
+from ._options import resolve_options
 
 if TYPE_CHECKING:
     from ._backend import Backend
+    from ._options import BackendOptions
 
 __all__ = ("group_devices", "open_backend")
 
@@ -87,11 +88,11 @@ def open_backend(
     Raises:
         DeviceUnavailableError: CUDA was asked for and no driver or device (or not that one)
             was found, or *device* is not a known form.
-        TypeError: both *options* and keywords were given, or an unknown keyword.
+        ArgumentTypeError: both *options* and keywords were given, *options* is not a
+            :class:`BackendOptions`, or a keyword is no field of it.
+        DispatchError: an option's value is wrong (``host_workers=0``).
     """
-    if options is not None and option_kwargs:
-        raise TypeError("pass either options=BackendOptions(...) or its fields as keywords")
-    opts = options if options is not None else BackendOptions(**option_kwargs)
+    opts = resolve_options("open_backend", options, option_kwargs)
     kind, ordinal = _parse_device(device)
     if kind in ("auto", "cuda"):
         probe = probe_cuda()

@@ -6,28 +6,36 @@ from typing import Any
 
 import attrs
 
-__all__ = ("BackendOptions",)
+from asyncgraph._exceptions import ArgumentTypeError, DispatchError
+
+__all__ = ("BackendOptions", "resolve_options")
+
+
+def _int_field(attribute: attrs.Attribute[Any], value: object, least: int, none: bool) -> None:
+    """Refuse *value* for an int field of at least *least* (or ``None`` where *none*)."""
+    if none and value is None:
+        return
+    what = "a positive int" if least == 1 else "a non-negative int"
+    if none:
+        what += " or None"
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise ArgumentTypeError(f"BackendOptions.{attribute.name} must be {what}, got {value!r}")
+    if value < least:
+        raise DispatchError(f"BackendOptions.{attribute.name} must be {what}, got {value!r}")
 
 
 def _positive(_inst: object, attribute: attrs.Attribute[int], value: int) -> None:
-    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-        raise ValueError(f"BackendOptions.{attribute.name} must be a positive int, got {value!r}")
+    _int_field(attribute, value, 1, none=False)
 
 
 def _optional_positive(
     _inst: object, attribute: attrs.Attribute[int | None], value: object
 ) -> None:
-    if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 1):
-        raise ValueError(
-            f"BackendOptions.{attribute.name} must be a positive int or None, got {value!r}"
-        )
+    _int_field(attribute, value, 1, none=True)
 
 
 def _non_negative(_inst: object, attribute: attrs.Attribute[int], value: int) -> None:
-    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
-        raise ValueError(
-            f"BackendOptions.{attribute.name} must be a non-negative int, got {value!r}"
-        )
+    _int_field(attribute, value, 0, none=False)
 
 
 @attrs.frozen(kw_only=True)
@@ -65,6 +73,10 @@ class BackendOptions:
         fast_path_enabled: launch the steady state of dispatches in one call of the dispatch
             core (CUDA backend; see ``docs/core.md``). ``False`` runs every dispatch the
             general way, for comparison; results and errors are the same either way.
+
+    Raises:
+        ArgumentTypeError: a sized field is not an int (or a window not a number).
+        DispatchError: a sized field or a window is out of its range (``host_workers=0``).
     """
 
     streams: int = attrs.field(default=4, validator=_positive)
@@ -85,8 +97,46 @@ class BackendOptions:
     @poll_window.validator
     @spin_window.validator
     def _check_window(self, attribute: attrs.Attribute[float], value: float) -> None:
-        if not isinstance(value, int | float) or isinstance(value, bool) or value < 0:
-            raise ValueError(
-                f"BackendOptions.{attribute.name} must be a non-negative number of seconds, "
-                f"got {value!r}"
+        what = f"BackendOptions.{attribute.name} must be a non-negative number of seconds"
+        if not isinstance(value, int | float) or isinstance(value, bool):
+            raise ArgumentTypeError(f"{what}, got {value!r}")
+        if not value >= 0:  # NaN too
+            raise DispatchError(f"{what}, got {value!r}")
+
+
+def resolve_options(call: str, options: object, option_kwargs: dict[str, Any]) -> BackendOptions:
+    """The options of ``open_backend()`` or ``open_group()`` (named by *call*): *options*, or a
+    :class:`BackendOptions` made of the keywords.
+
+    Raises:
+        ArgumentTypeError: both were given, *options* is not a :class:`BackendOptions` (a dict
+            say), or a keyword is no field of it.
+        DispatchError: a field's value is wrong.
+    """
+    if options is not None and option_kwargs:
+        raise ArgumentTypeError(
+            f"{call}() takes options=BackendOptions(...) or its fields as keywords, not both"
+        )
+    if options is not None:
+        if not isinstance(options, BackendOptions):
+            fields = (
+                ", ".join(f"{k}={v!r}" for k, v in options.items())
+                if isinstance(options, dict)
+                else "..."
             )
+            raise ArgumentTypeError(
+                f"{call}(options={options!r}): pass options=asyncgraph.BackendOptions({fields}), "
+                "or the fields as keywords"
+            )
+        return options
+    unknown = sorted(set(option_kwargs) - _FIELDS)
+    if unknown:
+        named = ", ".join(f"{name}=..." for name in unknown)
+        raise ArgumentTypeError(
+            f"{call}({named}): BackendOptions has no such field; its fields are "
+            f"{', '.join(sorted(_FIELDS))}"
+        )
+    return BackendOptions(**option_kwargs)
+
+
+_FIELDS = frozenset(field.name for field in attrs.fields(BackendOptions))

@@ -4,7 +4,8 @@ It is the backend ``open_backend("auto")`` picks where no CUDA device is found, 
 reference the CUDA backend is tested against. User code never runs on the event loop's thread:
 host functions run in a pool of ``options.host_workers`` worker threads (one per CPU core by
 default), outputs are zero-filled before they run, inputs reach them read-only, and completions
-return to the loop in batches.
+return to the loop in batches. The workers are daemon threads (``_workers``): one that never
+returns does not hold the process's exit.
 """
 
 from __future__ import annotations
@@ -16,7 +17,6 @@ import math
 import os
 import threading
 from collections.abc import Awaitable, Callable
-from concurrent.futures import ThreadPoolExecutor
 from contextlib import AbstractAsyncContextManager
 from time import perf_counter
 from typing import TYPE_CHECKING, Any, cast
@@ -35,8 +35,11 @@ from asyncgraph.runtime import _inbox, _loop
 from asyncgraph.runtime._inbox import Inbox
 from asyncgraph.runtime._telemetry import PoolCounters
 
+from ._workers import Workers
+
 if TYPE_CHECKING:
     from asyncgraph.args._kernel import Kernel
+    from asyncgraph.capture._cache import GraphCacheStatistics
     from asyncgraph.front._engine_protocols import Links, Stores
     from asyncgraph.front._fast_front import FastFront
     from asyncgraph.front._lease import StreamLease
@@ -44,7 +47,7 @@ if TYPE_CHECKING:
     from asyncgraph.jobs._pending import PendingDispatch
     from asyncgraph.runtime._finished import Finished
 
-__all__ = ("HostBackend", "HostEngine")
+__all__ = ("HostBackend", "HostEngine", "HostGraphCache")
 
 # Copies larger than this run in a worker thread rather than on the loop's thread.
 _INLINE_COPY_BYTES = 1 << 20
@@ -136,6 +139,47 @@ class HostBackend(Backend):
 
     def __init__(self, options: BackendOptions) -> None:
         super().__init__("host", options, lambda links: HostEngine(options, links))
+        self._graph_cache = HostGraphCache()
+
+    @property
+    def graph_cache(self) -> HostGraphCache:
+        """The CUDA backend's cache of recorded graphs, as the host has it: always empty (every
+        dispatch runs its host function), so code that reads ``backend.graph_cache`` runs on
+        either backend."""
+        return self._graph_cache
+
+
+class HostGraphCache:
+    """``backend.graph_cache`` on the host backend, which records no graphs: its statistics
+    are zeros, and :meth:`clear` has nothing to free."""
+
+    __slots__ = ()
+
+    def __repr__(self) -> str:
+        return "<HostGraphCache signatures=0 bytes=0 hits=0 misses=0 choices=0>"
+
+    def statistics(self) -> GraphCacheStatistics:
+        """Zeros, in the CUDA backend's :class:`~asyncgraph.capture.GraphCacheStatistics`."""
+        # Here, not at the top: the graphs' modules load cuda.core, which the host needs not.
+        from asyncgraph.capture._cache import GraphCacheStatistics
+
+        return GraphCacheStatistics(
+            hits=0,
+            misses=0,
+            captures=0,
+            updates=0,
+            evictions=0,
+            bytes=0,
+            signatures=0,
+            instances=0,
+            measuring=0,
+            chose_eager=0,
+            chose_graph=0,
+            choices=(),
+        )
+
+    def clear(self) -> None:
+        """Nothing to free."""
 
 
 class HostEngine:
@@ -155,9 +199,7 @@ class HostEngine:
         workers = options.host_workers
         if workers is None:
             workers = os.cpu_count() or 1
-        self._executor = ThreadPoolExecutor(
-            max_workers=workers, thread_name_prefix="asyncgraph-host"
-        )
+        self._workers = Workers(workers, "asyncgraph-host")
         self._inbox: Inbox[tuple[_HostJob, Any, float | None]] | None = None
         self._sink = links.sink
         links.log.debug("backend.opened", kind=self.kind, workers=workers)
@@ -224,7 +266,7 @@ class HostEngine:
         inbox = self._inbox
         if inbox is None:
             inbox = self._inbox = Inbox(self._sink.loop, self._on_done)
-        self._executor.submit(self._run, cast(_HostJob, job), inbox)
+        self._workers.submit(functools.partial(self._run, cast(_HostJob, job), inbox))
 
     def release(self, job: Job) -> None:
         """A host job holds nothing before it runs."""
@@ -409,15 +451,16 @@ class HostEngine:
 
     async def shutdown(self) -> None:
         """Stop the workers (nothing runs on them any more)."""
-        await self._sink.loop.run_in_executor(None, self._executor.shutdown)
+        await self._sink.loop.run_in_executor(None, self._workers.shutdown)
 
     def shutdown_now(self) -> None:
         """Stop the workers without a loop."""
-        self._executor.shutdown(wait=False)
+        self._workers.shutdown_now()
 
     def release_unclosed(self) -> None:
-        """Stop the workers of a backend dropped without closing."""
-        self._executor.shutdown(wait=False)
+        """Stop the workers of a backend dropped without closing (a host function that never
+        returns keeps its thread, a daemon: not the process's exit)."""
+        self._workers.shutdown_now()
 
 
 def _wait_all(pendings: list[PendingDispatch]) -> None:

@@ -28,7 +28,7 @@ from typing import Any, Protocol, runtime_checkable
 import attrs
 import numpy as np
 
-from asyncgraph._exceptions import AllocationError
+from asyncgraph._exceptions import AllocationError, ArgumentTypeError, DispatchError
 from asyncgraph.runtime._poison import fault_from, process_fault
 
 from ._abandon import abandon
@@ -236,8 +236,10 @@ class PinnedPool:
     def __init__(
         self, cap_bytes: int, allocate: Callable[[int], tuple[Any, int]] | None = None
     ) -> None:
+        if isinstance(cap_bytes, bool) or not isinstance(cap_bytes, int):
+            raise ArgumentTypeError(f"PinnedPool(cap_bytes={cap_bytes!r}); pass a number of bytes")
         if cap_bytes < 0:
-            raise ValueError(f"cap_bytes must be >= 0, got {cap_bytes}")
+            raise DispatchError(f"PinnedPool(cap_bytes={cap_bytes}); pass a number of bytes >= 0")
         self._cap = cap_bytes
         self._allocate = allocate if allocate is not None else _legacy_pinned_allocator()
         # Idle blocks by size class; the OrderedDict keeps release order for trimming.
@@ -312,7 +314,10 @@ class PinnedPool:
     def release(self, block: PinnedBlock) -> None:
         """Take back a block whose last copy completed; cache it or free it over the cap."""
         if self._in_use.pop(id(block), None) is None:
-            raise ValueError(f"{block!r} is not in use in this pool")
+            raise DispatchError(
+                f"{block!r} is not in use in this pool; release each block once, to the pool "
+                "that lent it"
+            )
         self._bytes_in_use -= block.size
         if self._closed or block.size > self._cap:
             if self._abandoned:

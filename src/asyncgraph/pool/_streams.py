@@ -19,6 +19,7 @@ from typing import Any, Final, Generic, Protocol, TypeVar, runtime_checkable
 
 import attrs
 
+from asyncgraph._exceptions import DispatchError
 from asyncgraph.runtime import _loop
 
 __all__ = ("StreamLane", "StreamPool", "StreamPoolProtocol", "StreamPoolStatistics")
@@ -100,9 +101,12 @@ class StreamPool(Generic[T]):
 
     def __init__(self, streams: Sequence[T], placement: str = LEAST_OUTSTANDING) -> None:
         if not streams:
-            raise ValueError("a stream pool needs at least one stream")
+            raise DispatchError("StreamPool([]); a stream pool needs at least one stream")
         if placement not in (LEAST_OUTSTANDING, ROUND_ROBIN):
-            raise ValueError(f"placement must be {LEAST_OUTSTANDING!r} or {ROUND_ROBIN!r}")
+            raise DispatchError(
+                f"StreamPool(placement={placement!r}); placement must be "
+                f"{LEAST_OUTSTANDING!r} or {ROUND_ROBIN!r}"
+            )
         self.lanes = [StreamLane(i, s) for i, s in enumerate(streams)]
         self._placement = placement
         self._next = 0
@@ -196,7 +200,9 @@ class StreamPool(Generic[T]):
     def give_back(self, lane: StreamLane[T]) -> None:
         """End a lease; the longest waiter gets the lane."""
         if not lane.leased:
-            raise ValueError(f"{lane!r} is not leased")
+            raise DispatchError(
+                f"{lane!r} is not leased; give each lease back once, to the pool that lent it"
+            )
         lane.leased = False
         self._leased -= 1
         while self._waiters:

@@ -20,6 +20,8 @@ import attrs
 import numpy as np
 import structlog
 
+from asyncgraph._exceptions import DispatchError
+
 __all__ = (
     "BUCKET_BOUNDS",
     "Histogram",
@@ -78,9 +80,14 @@ class HistogramSnapshot:
 
         Returns 0.0 for an empty histogram. The answer is the bucket's upper bound, clamped to
         the observed min and max, so it is within one bucket width (12 %) of the true value.
+
+        Raises:
+            DispatchError: *q* is not between 0 and 1.
         """
         if not 0.0 <= q <= 1.0:
-            raise ValueError(f"quantile q must be between 0 and 1, got {q}")
+            raise DispatchError(
+                f"quantile q must be between 0 and 1, got {q}; pass 0.99 for the 99th percentile"
+            )
         if self.count == 0:
             return 0.0
         rank = q * self.count

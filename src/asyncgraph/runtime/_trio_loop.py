@@ -3,7 +3,8 @@
 ``TrioToken.run_sync_soon`` runs callbacks (from any thread), :class:`TrioFuture` parks and
 reschedules trio tasks, and tasks are trio system tasks; a system task per watched file
 descriptor stands in for ``add_reader``, and one per deadline for ``_deadline``'s timer and
-checks (:meth:`TrioLoop.call_at_deadline`). ``_loop`` chooses between this and asyncio.
+checks (:meth:`TrioLoop.call_at_deadline`). ``run_in_executor`` runs in a thread pool of the
+run's, shut down as the run's main task returns. ``_loop`` chooses between this and asyncio.
 """
 
 from __future__ import annotations
@@ -199,6 +200,7 @@ class TrioLoop:
         self._token = token
         self._closed = False
         self._executor: concurrent.futures.ThreadPoolExecutor | None = None
+        self._ending = False  # the run's main task returned: its executor was shut down
         self._readers: dict[int, Any] = {}  # fd -> the cancel scope of the task watching it
 
     def __repr__(self) -> str:
@@ -296,18 +298,44 @@ class TrioLoop:
     def run_in_executor(
         self, executor: concurrent.futures.Executor | None, fn: Callable[..., T], *args: Any
     ) -> asyncio.Future[T]:
+        own = executor is None
         if executor is None:
-            if self._executor is None:
-                self._executor = concurrent.futures.ThreadPoolExecutor(
+            executor = self._executor
+            if executor is None:
+                executor = self._executor = concurrent.futures.ThreadPoolExecutor(
                     thread_name_prefix="asyncgraph-trio"
                 )
-            executor = self._executor
+                if not self._ending:
+                    import trio
+
+                    trio.lowlevel.spawn_system_task(
+                        self._shut_at_end, name="asyncgraph-executor-end"
+                    )
         future = executor.submit(fn, *args)
+        if own and self._ending:  # work of a close that outlasts the main task
+            self._end_executor()  # its thread ends once the work is done
         wrapped: asyncio.Future[T] = self.create_future()
         future.add_done_callback(
             lambda done: self.call_soon_threadsafe(copy_outcome, done, wrapped)
         )
         return wrapped
+
+    async def _shut_at_end(self) -> None:
+        """A system task: trio cancels it as the run's main task returns, which shuts the
+        run's executor down, so its idle threads do not outlive ``trio.run()``."""
+        import trio
+
+        try:
+            await trio.sleep_forever()
+        finally:
+            self._ending = True
+            self._end_executor()
+
+    def _end_executor(self) -> None:
+        """Shut the executor down without waiting: each thread ends once its work is done."""
+        executor, self._executor = self._executor, None
+        if executor is not None:
+            executor.shutdown(wait=False)
 
 
 def _nothing() -> None:

@@ -34,7 +34,7 @@ from asyncgraph.args._checks import check_upload
 from asyncgraph.buffers._resident import ResidentBuffer
 from asyncgraph.front._backend import Backend
 from asyncgraph.front._open import group_devices, open_backend
-from asyncgraph.front._options import BackendOptions
+from asyncgraph.front._options import BackendOptions, resolve_options
 from asyncgraph.pool import PinnedPool
 from asyncgraph.runtime._poison import process_fault
 from asyncgraph.runtime._resource import AsyncResource
@@ -84,11 +84,11 @@ def open_group(
         GroupError: no devices, or a string other than ``"cuda:*"``.
         DeviceUnavailableError: ``"cuda:*"`` and no CUDA device is found, or a device is not
             of a form ``open_backend`` takes.
-        TypeError: both *options* and keywords were given, or an unknown keyword.
+        ArgumentTypeError: both *options* and keywords were given, *options* is not a
+            :class:`BackendOptions`, or a keyword is no field of it.
+        DispatchError: an option's value is wrong.
     """
-    if options is not None and option_kwargs:
-        raise TypeError("pass either options=BackendOptions(...) or its fields as keywords")
-    opts = options if options is not None else BackendOptions(**option_kwargs)
+    opts = resolve_options("open_group", options, option_kwargs)
     return DeviceGroup(group_devices(devices), opts)
 
 
