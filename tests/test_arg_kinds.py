@@ -36,13 +36,15 @@ from asyncgraph.args._arguments import (
     register_kind,
 )
 from asyncgraph.args._bound_args import Arg, DeviceArg, ResidentOutArg, ScalarArg
+from asyncgraph.scale._replicated import Replicated
 
 from .kernels import SCALE
 from .needs import compiled_core
 
 # The codes the fast paths of both cores know how to guard, stage and pass.
 HANDLED = {"scalar", "in", "in_out", "out", "resident", "into"}
-# The kinds bind() may give a value: those of the table, and those of kind_of() for the others.
+# The kinds bind() may give a value: those of the table (Replicated's module, imported above,
+# adds its kind as it loads), and those of kind_of() for the others.
 ALL_KINDS = {*KINDS.values(), DEVICE_ARRAY, PYTHON_NUMBER, UNKNOWN}
 
 
@@ -132,7 +134,7 @@ async def test_values_find_their_kind(host: ag.Backend) -> None:
     ]
     for value, kind in exact:
         assert KINDS[type(value)] is kind, value
-    assert KINDS[ag.Replicated] is REPLICATED
+    assert KINDS[Replicated] is REPLICATED
     assert kind_of(np.ones(2).view(_Subarray)) is ARRAY
     assert kind_of(np.ma.masked_array([1.0])) is ARRAY  # refused when bound: it is masked
     for number in (True, 1, 1.0, 1j):

@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import ast
 import importlib
 import types
+from pathlib import Path
 
 import pytest
 
@@ -22,12 +24,41 @@ def test_every_exported_name_exists() -> None:
 
 
 def test_every_public_attribute_is_exported() -> None:
+    for name in ag.__all__:  # the names load when first used (tests/test_imports.py)
+        getattr(ag, name)
     public = {
         name
         for name, value in vars(ag).items()
         if not name.startswith("_") and not isinstance(value, types.ModuleType)
     }
     assert public - set(ag.__all__) == set()
+
+
+def _typing_imports(path: Path) -> dict[str, str]:
+    """``name -> module`` of the imports under ``if typing.TYPE_CHECKING:`` in *path*."""
+    names: dict[str, str] = {}
+    for node in ast.parse(path.read_text(encoding="utf-8")).body:
+        if isinstance(node, ast.If) and ast.unparse(node.test) == "typing.TYPE_CHECKING":
+            for statement in node.body:
+                if isinstance(statement, ast.ImportFrom) and statement.module is not None:
+                    names.update((alias.name, statement.module) for alias in statement.names)
+    return names
+
+
+def test_what_a_type_checker_sees_is_what_a_name_loads() -> None:
+    # The package's names load lazily; a type checker reads them from the typing-only imports.
+    # Both must name the same object, and together with the error tree cover __all__.
+    typed = _typing_imports(Path(ag.__file__))
+    for name, module in typed.items():
+        assert getattr(ag, name) is getattr(importlib.import_module(module), name), name
+    errors = {name for name in ag.__all__ if name.endswith("Error")}
+    assert set(typed) | errors | {"__version__"} == set(ag.__all__)
+
+
+def test_an_unknown_name_is_an_attribute_error() -> None:
+    with pytest.raises(AttributeError, match=r"^module 'asyncgraph' has no attribute 'Kernal'$"):
+        _ = ag.Kernal  # type: ignore[attr-defined]  # the misspelling is the test
+    assert set(ag.__all__) <= set(dir(ag))
 
 
 def test_both_batchers_and_what_they_return_are_exported() -> None:

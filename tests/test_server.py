@@ -16,7 +16,7 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import AsyncIterator, Iterable, Iterator
 from pathlib import Path
 from types import SimpleNamespace
 from typing import IO, Any
@@ -150,6 +150,73 @@ async def test_bad_requests_get_a_clear_answer_and_the_service_goes_on(server: s
         assert good.json() == {"z": [2.5, 4.5]}
 
 
+def _exchange(url: str, head: str, parts: Iterable[bytes]) -> tuple[int, dict[str, str], Any]:
+    """Send a request's *head* and then *parts* of its body on a socket of its own, without
+    finishing the body, and read the answer until the server closes the connection: its
+    status, headers and JSON body."""
+    host, port = url.removeprefix("http://").split(":")
+    with socket.create_connection((host, int(port)), timeout=60) as sock:
+        sock.sendall(head.replace("\n", "\r\n").encode() + b"\r\n")
+        for part in parts:
+            sock.sendall(part)
+        answer = b""
+        while chunk := sock.recv(65536):  # a timeout here: the server kept the connection open
+            answer += chunk
+    status_line, _, rest = answer.partition(b"\r\n")
+    header_block, _, body = rest.partition(b"\r\n\r\n")
+    lines = header_block.decode().splitlines()
+    headers = {
+        name.strip().lower(): value.strip()
+        for name, _, value in (line.partition(":") for line in lines)
+    }
+    return int(status_line.split()[1]), headers, json.loads(body)
+
+
+def _post_head(path: str, framing: str) -> str:
+    return f"POST {path} HTTP/1.1\nHost: service\nContent-Type: application/json\n{framing}\n"
+
+
+def test_a_body_larger_than_the_endpoint_takes_gets_413_before_it_is_read(server: str) -> None:
+    app = _load_module("app")
+    # A Content-Length past the bound: the answer comes though only 8 of its bytes were sent.
+    declared = 25_600_000
+    status, headers, body = _exchange(
+        server, _post_head("/v1/dense", f"Content-Length: {declared}"), [b'{"x": [[']
+    )
+    assert (status, headers["connection"]) == (413, "close")
+    assert body == {
+        "error": f"the body must be at most {app.MAX_DENSE_BODY} bytes; this one has {declared}"
+    }
+    # A chunked body of no declared length: refused once it passes the bound, though it never
+    # ended (no last chunk was sent). Its last byte is the one past the bound: uvicorn closes
+    # the connection at once, and a connection closed with bytes unread is reset by the
+    # system, which can lose the answer on its way.
+    payload = b"[" * app.MAX_DENSE_BODY
+    pieces = [payload[at : at + 65536] for at in range(0, len(payload), 65536)] + [b"]"]
+    chunks = [b"%x\r\n%b\r\n" % (len(piece), piece) for piece in pieces]
+    status, headers, body = _exchange(
+        server, _post_head("/v1/dense", "Transfer-Encoding: chunked"), chunks
+    )
+    assert (status, headers["connection"]) == (413, "close")
+    assert body == {"error": f"the body must be at most {app.MAX_DENSE_BODY} bytes"}
+    # The largest valid request stays well within the bound (every number in full, indented).
+    largest = {"x": [[-1.1754943508222875e-38] * app.FEATURES] * app.MAX_ROWS}
+    assert len(json.dumps(largest, indent=2)) < app.MAX_DENSE_BODY
+    with httpx.Client(base_url=server) as client:
+        good = client.post("/v1/dense", content=json.dumps(largest, indent=2).encode())
+    assert good.status_code == 200, good.text
+
+
+async def test_a_body_nested_too_deep_to_parse_gets_400(server: str) -> None:
+    deep = b"[" * 100_000 + b"]" * 100_000
+    async with httpx.AsyncClient(base_url=server) as client:
+        for path, body in (("/v1/dense", deep), ("/v1/saxpy", b'{"a": 2.0, "x": ' + deep + b"}")):
+            bad = await client.post(path, content=body)
+            assert (bad.status_code, bad.json()) == (400, {"error": "the body must be JSON"})
+        good = await client.post("/v1/saxpy", json={"a": 2.0, "x": [1.0], "y": [0.5]})
+        assert good.json() == {"z": [2.5]}
+
+
 async def test_health_keeps_the_loop_turns_of_a_window_and_refuses_a_bad_one(server: str) -> None:
     async with httpx.AsyncClient(base_url=server) as client:
         everything = (await client.get("/health")).json()["loop_turn_ms"]
@@ -233,13 +300,13 @@ async def test_at_most_max_active_requests_read_their_bodies_while_any_number_wa
     reading: list[int] = []
     most = 0
 
-    async def body() -> bytes:
+    async def stream() -> AsyncIterator[bytes]:
         nonlocal most
         reading.append(1)
         most = max(most, len(reading))
         await anyio.sleep(0.01)
         reading.pop()
-        return b'{"a": 2.0, "x": [1.0, 2.0], "y": [0.5, 0.5]}'
+        yield b'{"a": 2.0, "x": [1.0, 2.0], "y": [0.5, 0.5]}'
 
     class Backend:
         """Holds every dispatch until released; *all_held* once ten are held."""
@@ -263,7 +330,7 @@ async def test_at_most_max_active_requests_read_their_bodies_while_any_number_wa
 
     backend = Backend()
     state = SimpleNamespace(active=anyio.Semaphore(app.max_active()), backend=backend)
-    request = SimpleNamespace(state=state, body=body)
+    request = SimpleNamespace(state=state, headers={}, stream=stream)
     answers: list[Any] = []
 
     async def one() -> None:

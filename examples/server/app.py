@@ -23,6 +23,11 @@ batcher needs the rows of many requests waiting together to fill its batches. A 
 writes its answer as soon as its result arrives; the results a loop iteration hands over are
 bounded already (a batch's rows, the completions of one drain).
 
+A body is read only up to the largest the endpoint takes (its most numbers, each written in up
+to ``NUMBER_BYTES`` bytes): a larger one gets 413 before it is read whole, at once when its
+``Content-Length`` says so, else as soon as the bytes read pass the bound (a chunked body). A
+body that does not parse as JSON gets 400, one nested too deep for the parser included.
+
 Endpoints:
     POST /v1/dense   ``{"x": [[256 floats], ...]}`` (1 to 64 rows) -> ``{"y": relu(x @ W + b)}``
     POST /v1/saxpy   ``{"a": 2.0, "x": [...], "y": [...]}`` -> ``{"z": a * x + y}``
@@ -65,6 +70,13 @@ MAX_ROWS = 64
 MAX_SAXPY = 1 << 20
 BLOCK = 256
 FLOAT32_MAX = float(np.finfo(np.float32).max)
+# The most bytes a number of a valid request takes in its body, with its separator and
+# indentation: a float32 in full is at most 23 characters ("-1.1754943508222875e-38"), an
+# integer within float32's range 39 digits; json.dumps(indent=2) adds up to 8.
+NUMBER_BYTES = 48
+# The largest body each endpoint takes: its most numbers, and room for the keys and brackets.
+MAX_DENSE_BODY = 4096 + MAX_ROWS * FEATURES * NUMBER_BYTES
+MAX_SAXPY_BODY = 4096 + (2 * MAX_SAXPY + 1) * NUMBER_BYTES
 
 # The dense layer for a batch of rows, in the argument order ag.batcher calls it: the stacked
 # rows, the output, the shared arguments (weights, bias, features), then the number of rows.
@@ -161,6 +173,10 @@ class BadRequest(Exception):
     """The request's body is not what the endpoint takes; the message says what is."""
 
 
+class TooLarge(Exception):
+    """The request's body is larger than the largest the endpoint takes; it was not read whole."""
+
+
 class Unprocessable(Exception):
     """The request was valid but its answer is not (a result that overflows float32)."""
 
@@ -194,10 +210,25 @@ def _finite(result: Array) -> Array:
     return result
 
 
-async def _body(request: Request) -> dict[str, Any]:
+async def _body(request: Request, limit: int) -> dict[str, Any]:
+    """The request's JSON object, its body read up to *limit* bytes.
+
+    A body larger than *limit* raises :class:`TooLarge` before it is read whole: at once when
+    its ``Content-Length`` says so, else (a chunked body) as soon as the bytes read pass it.
+    """
+    declared = request.headers.get("content-length", "")
+    if declared.isdigit() and int(declared) > limit:
+        raise TooLarge(f"the body must be at most {limit} bytes; this one has {declared}")
+    chunks: list[bytes] = []
+    size = 0
+    async for chunk in request.stream():
+        size += len(chunk)
+        if size > limit:
+            raise TooLarge(f"the body must be at most {limit} bytes")
+        chunks.append(chunk)
     try:
-        body = json.loads(await request.body())
-    except ValueError:
+        body = json.loads(b"".join(chunks))
+    except (ValueError, RecursionError):  # RecursionError: arrays or objects nested too deep
         raise BadRequest("the body must be JSON") from None
     if not isinstance(body, dict):
         raise BadRequest("the body must be a JSON object")
@@ -233,7 +264,7 @@ async def dense(request: Request) -> Response:
     """relu(x @ W + b) for each row of x, with W and b resident on the backend."""
     state = request.state
     async with state.active:  # the request's own work: reading and checking the body
-        x = _dense_input(await _body(request))
+        x = _dense_input(await _body(request, MAX_DENSE_BODY))
     batcher: ag.Batcher | None = state.dense_rows
     if batcher is not None:
         y = await _batched(batcher, x)
@@ -274,7 +305,7 @@ async def saxpy(request: Request) -> Response:
     """a * x + y, elementwise."""
     state = request.state
     async with state.active:  # the request's own work: reading and checking the body
-        x, y, a = _saxpy_input(await _body(request))
+        x, y, a = _saxpy_input(await _body(request, MAX_SAXPY_BODY))
     n = x.size
     (z,) = await state.backend.dispatch(
         SAXPY,
@@ -364,6 +395,11 @@ async def bad_request(request: Request, exc: Exception) -> Response:
     return JSONResponse({"error": str(exc)}, status_code=400)
 
 
+async def too_large(request: Request, exc: Exception) -> Response:
+    # The rest of the body was never read: close the connection rather than read it to reuse it.
+    return JSONResponse({"error": str(exc)}, status_code=413, headers={"connection": "close"})
+
+
 async def unprocessable(request: Request, exc: Exception) -> Response:
     return JSONResponse({"error": str(exc)}, status_code=422)
 
@@ -427,6 +463,7 @@ app = Starlette(
     ],
     exception_handlers={
         BadRequest: bad_request,
+        TooLarge: too_large,
         Unprocessable: unprocessable,
         ag.DispatchError: refused,
     },

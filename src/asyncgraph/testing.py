@@ -24,23 +24,23 @@ import os
 from collections.abc import AsyncIterator, Callable
 from typing import TYPE_CHECKING, Any
 
-import numpy as np
 import pytest
-
-from asyncgraph.args._arguments import InOut, Out
-from asyncgraph.args._kernel import Kernel
-from asyncgraph.buffers._resident import ResidentBuffer
-from asyncgraph.front._open import open_backend
-from asyncgraph.host._host_backend import host_return_error
 
 from ._exceptions import ArgumentTypeError, UnsupportedError
 
 if TYPE_CHECKING:
+    import numpy as np
+
+    from asyncgraph.args._kernel import Kernel
     from asyncgraph.front._backend import Backend
 
-__all__ = ("assert_matches_host", "reference")
+    Array = np.ndarray[Any, Any]
 
-Array = np.ndarray[Any, Any]
+# Installing asyncgraph loads this plugin into every pytest run of the environment, most of
+# which never use it: loading it imports pytest and the error tree alone. numpy and the rest of
+# asyncgraph are imported by the helpers and fixtures, when a test uses one.
+
+__all__ = ("assert_matches_host", "reference")
 
 _DEVICE_ENV = "ASYNCGRAPH_TEST_DEVICE"
 _REQUIRE_CUDA_ENV = "ASYNCGRAPH_REQUIRE_CUDA"
@@ -75,6 +75,12 @@ def reference(kernel: Kernel, *args: object) -> tuple[Array, ...]:
         HostFunctionError: the host function returned something other than ``None`` (or its
             own output arrays), as a dispatch on the host backend would fail.
     """
+    import numpy as np
+
+    from asyncgraph.args._arguments import InOut, Out
+    from asyncgraph.args._kernel import Kernel
+    from asyncgraph.host._host_backend import host_return_error
+
     if not isinstance(kernel, Kernel):
         raise ArgumentTypeError(f"reference() takes an asyncgraph.Kernel first, got {kernel!r}")
     if kernel.host is None:
@@ -158,6 +164,10 @@ async def assert_matches_host(
             "function with itself; run on a CUDA backend (--asyncgraph-device cuda), or pass "
             "allow_host=True to run the dispatch anyway"
         )
+    import numpy as np
+
+    from asyncgraph.buffers._resident import ResidentBuffer
+
     expected = reference(kernel, *args)
     got = await backend.dispatch(kernel, *args, grid=grid, block=block, shared_mem=shared_mem)
     arrays: list[Array] = []
@@ -301,6 +311,8 @@ def _async_fixture(**kwargs: Any) -> Callable[[Any], Any]:
 @_async_fixture()
 async def backend(asyncgraph_device: str) -> AsyncIterator[Backend]:
     """A backend opened for one test and closed after it (waiting for its work)."""
+    from asyncgraph.front._open import open_backend
+
     async with open_backend(asyncgraph_device) as opened:
         yield opened
 
@@ -312,5 +324,7 @@ async def session_backend(asyncgraph_device: str) -> AsyncIterator[Backend]:
     A backend belongs to the event loop it is first used on, so tests using this fixture run in
     the session's loop: mark them ``@pytest.mark.asyncio(loop_scope="session")``.
     """
+    from asyncgraph.front._open import open_backend
+
     async with open_backend(asyncgraph_device) as opened:
         yield opened

@@ -2,8 +2,15 @@
 
 from __future__ import annotations
 
-from asyncgraph._exceptions import DeviceFaultError, DeviceUnavailableError
-from asyncgraph.cuda.driver._driver import check, is_sticky
+import operator
+from typing import SupportsIndex
+
+from asyncgraph._exceptions import (
+    ArgumentTypeError,
+    DeviceFaultError,
+    DeviceUnavailableError,
+    DispatchError,
+)
 from asyncgraph.runtime import _poison
 
 __all__ = ("reset_device",)
@@ -30,19 +37,43 @@ def reset_device(device: int = 0) -> None:
     failed stay failed.
 
     Raises:
-        DeviceUnavailableError: there is no such device.
+        ArgumentTypeError: *device* is not an int (a ``bool`` included).
+        DispatchError: *device* is negative.
+        DeviceUnavailableError: there is no CUDA driver, or no such device.
         DeviceFaultError: the driver still reports the fault after the reset; restart the
             process.
         CudaError: the driver refused the reset.
     """
-    from cuda.bindings import driver as drv
+    ordinal = _ordinal(device)
+    where = f"reset_device(device={ordinal})"
+    try:
+        # cuda-python loads only now: importing asyncgraph loads none of it.
+        from cuda.bindings import driver as drv
 
-    check(drv.cuInit(0), "cuInit")
-    count = check(drv.cuDeviceGetCount(), "cuDeviceGetCount")
-    if not 0 <= device < count:
+        from asyncgraph.cuda.driver._driver import check, is_sticky
+
+        (code,) = drv.cuInit(0)
+    except Exception as exc:  # cuda.pathfinder raises when libcuda is not on the machine
+        text = str(exc).strip()
+        detail = text.splitlines()[0] if text else type(exc).__name__
         raise DeviceUnavailableError(
-            f"there is no CUDA device {device}; this machine has {count} (0 to {count - 1})"
+            f"{where}: no CUDA driver library (libcuda) was found, so there is no GPU to "
+            f"reset: {detail}"
+        ) from exc
+    if code != drv.CUresult.CUDA_SUCCESS:
+        raise DeviceUnavailableError(
+            f"{where}: the CUDA driver cannot be used here (cuInit failed with {code.name}), "
+            "so there is no GPU to reset"
         )
+    count = check(drv.cuDeviceGetCount(), "cuDeviceGetCount")
+    if count == 0:
+        raise DeviceUnavailableError(f"{where}: the CUDA driver reports no device on this machine")
+    if ordinal >= count:
+        have = "device 0" if count == 1 else f"0 to {count - 1}"
+        raise DeviceUnavailableError(
+            f"{where}: there is no CUDA device {ordinal}; this machine has {count} ({have})"
+        )
+    device = ordinal
     handle = check(drv.cuDeviceGet(device), "cuDeviceGet")
     check(drv.cuDevicePrimaryCtxReset(handle), "cuDevicePrimaryCtxReset")
     # The reset leaves the primary context uninitialised; retaining it initialises it again
@@ -61,3 +92,18 @@ def reset_device(device: int = 0) -> None:
     check((code,), "cuDevicePrimaryCtxRetain")
     check(drv.cuCtxSetCurrent(context), "cuCtxSetCurrent")
     _poison.clear()  # the device came back: new backends may open
+
+
+def _ordinal(device: object) -> int:
+    """*device* as a device ordinal, checked before any driver call."""
+    if isinstance(device, bool) or not isinstance(device, SupportsIndex):
+        raise ArgumentTypeError(
+            f"reset_device(device={device!r}): pass the device's ordinal, an int (0 is the "
+            "first GPU)"
+        )
+    ordinal = operator.index(device)
+    if ordinal < 0:
+        raise DispatchError(
+            f"reset_device(device={ordinal}): a device ordinal is 0 or more (0 is the first GPU)"
+        )
+    return ordinal
