@@ -30,6 +30,11 @@ out the moment a run's error shows it: no run is placed there afterwards. A new 
 Ray for the same resources takes its slot, the old one stopped, and runs the pool's ``setup``
 before it takes runs; runs wait for it when no other actor is live. ``max_replacements`` bounds
 the replacements (past it the pool stays smaller), and :meth:`ActorPool.snapshot` tells them.
+
+An actor alive but useless (its event loop blocked by a synchronous call, a deadlock) shows no
+error: the pool probes every live actor on its event loop every ``health_check_period``
+seconds, and takes out, as a failed one, an actor that does not answer within
+``health_check_timeout`` seconds; it is stopped at once, and the runs in flight on it fail.
 """
 
 from __future__ import annotations
@@ -38,6 +43,7 @@ import asyncio
 import contextlib
 import functools
 import inspect
+import math
 import time
 from collections.abc import Iterator
 from typing import Any
@@ -48,6 +54,7 @@ from asyncgraph.runtime._telemetry import logger
 from asyncgraph.scale._ray_actor import ActorInfo as ActorInfo
 from asyncgraph.scale._ray_actor import Pipeline, describe, failure_of
 from asyncgraph.scale._ray_actor import Worker as Worker
+from asyncgraph.scale._ray_health import HealthCheck
 from asyncgraph.scale._ray_slots import (
     Closing,
     Effects,
@@ -90,6 +97,8 @@ def open_actor_pool(
     start_timeout: float | None = 60.0,
     setup: Pipeline | None = None,
     max_replacements: int | None = 8,
+    health_check_period: float | None = 10.0,
+    health_check_timeout: float | None = 30.0,
 ) -> ActorPool:
     """A pool of *size* Ray actors, each with a backend on *device*, opened by ``async with``.
 
@@ -113,11 +122,20 @@ def open_actor_pool(
         max_replacements: how many actors the pool may start in place of failed ones over its
             life (a failed start counts), so that a fault that comes back does not restart
             actors forever; past it a failed actor's slot stays empty. ``None``: no bound.
+        health_check_period: seconds between two health checks of each live actor, a probe
+            answered on the actor's event loop; ``None`` (or *health_check_timeout*
+            ``None``): no health check.
+        health_check_timeout: seconds an actor has to answer a health check; one that does
+            not is taken out as a failed one ("it did not answer a health check in 30 s"),
+            stopped at once (its runs in flight fail) and replaced.
 
     Raises:
         GroupError: *size* is not a positive int, *num_gpus* not a number of 0 or more,
-            *start_timeout* not a positive number, *setup* not an async function, or
-            *max_replacements* not an int of 0 or more.
+            *start_timeout* not a positive number, *setup* not an async function,
+            *max_replacements* not an int of 0 or more, or *health_check_period* or
+            *health_check_timeout* not a positive, finite number of seconds.
+        ArgumentTypeError: *health_check_period* or *health_check_timeout* is not a number
+            (nor ``None``).
     """
     if isinstance(size, bool) or not isinstance(size, int) or size < 1:
         raise GroupError(f"open_actor_pool({size!r}): pass a positive number of actors")
@@ -149,11 +167,37 @@ def open_actor_pool(
             f"open_actor_pool(max_replacements={max_replacements!r}): pass a whole number of "
             "replacements, 0 or more (0: never replace an actor), or None for no bound"
         )
+    for name, seconds in (
+        ("health_check_period", health_check_period),
+        ("health_check_timeout", health_check_timeout),
+    ):
+        _check_seconds(name, seconds)
     # An actor that names any resource keeps one CPU for its whole life unless num_cpus says
     # otherwise (Ray's rule; without any, it asks for none): ask for none unless told.
     actor_options = {"num_gpus": num_gpus, "num_cpus": 0, **(actor_options or {})}
-    starter = Starter(device, options or BackendOptions(), actor_options, start_timeout, setup)
-    return ActorPool(size, starter, max_replacements)
+    starter = Starter(
+        size, device, options or BackendOptions(), actor_options, start_timeout, setup
+    )
+    health = None
+    if health_check_period is not None and health_check_timeout is not None:
+        health = (float(health_check_period), float(health_check_timeout))
+    return ActorPool(size, starter, max_replacements, health)
+
+
+def _check_seconds(name: str, seconds: object) -> None:
+    """Refuse a health check's *seconds* that are not a positive, finite number, nor ``None``."""
+    if seconds is None:
+        return
+    if isinstance(seconds, bool) or not isinstance(seconds, int | float):
+        raise ArgumentTypeError(
+            f"open_actor_pool({name}={seconds!r}): pass a number of seconds (a float or an "
+            f"int), or None to turn the health check off; got {type(seconds).__name__}"
+        )
+    if not (seconds > 0 and math.isfinite(seconds)):
+        raise GroupError(
+            f"open_actor_pool({name}={seconds!r}): pass a positive, finite number of seconds, "
+            "or None to turn the health check off"
+        )
 
 
 def is_async(fn: object) -> bool:
@@ -184,16 +228,32 @@ def _buffers_refused(caught: type[Exception], message: str) -> Iterator[None]:
         raise NotPicklableError(message) from buffer_error
 
 
+def _note_why_stopped(error: Exception, actor: PoolActor) -> None:
+    """Add to a run's *error* why the pool stopped its *actor*, when the error is the actor's
+    end and the pool took it out for another reason (a health check it did not answer)."""
+    why = actor.out_of_service
+    if why is not None and failure_of(error) not in (None, why):
+        error.add_note(f"actor {actor.slot} of the pool was taken out and stopped: {why}")
+
+
 class ActorPool(AsyncResource):
     """Ray actors with a backend each; :meth:`run` sends a pipeline to the least busy one.
 
     Made by :func:`open_actor_pool`; open it with ``async with`` (or :meth:`open`).
     """
 
-    def __init__(self, size: int, starter: Starter, max_replacements: int | None) -> None:
+    def __init__(
+        self,
+        size: int,
+        starter: Starter,
+        max_replacements: int | None,
+        health: tuple[float, float] | None = None,
+    ) -> None:
         self._size = size
         self._starter = starter
         self._max_replacements = max_replacements
+        self._health = health  # the health check's period and timeout, or None: none
+        self._health_check: HealthCheck | None = None  # probing while the pool is open
         self._table: SlotTable | None = None  # made when the pool opens
         self._closing = False
         self._closed = False
@@ -221,9 +281,13 @@ class ActorPool(AsyncResource):
         """
         if self._table is not None or self._closing:
             raise GroupError("a pool opens once; make another with open_actor_pool()")
-        self._starter.refuse_what_cannot_fit(self._size)
+        self._starter.refuse_what_cannot_fit()
         started = await self._starter.start(range(self._size))
-        self._table = SlotTable(started, self._max_replacements)
+        table = self._table = SlotTable(started, self._max_replacements)
+        if self._health is not None:
+            period, timeout = self._health
+            check = self._health_check = HealthCheck(period, timeout, table.live, self._failed)
+            check.start()
         return self
 
     def __len__(self) -> int:
@@ -315,7 +379,11 @@ class ActorPool(AsyncResource):
             "worker.backend.download(buffer)' from the pipeline instead, or keep the buffer in "
             "worker.state",
         ):
-            return await asyncio.shield(future)
+            try:
+                return await asyncio.shield(future)
+            except Exception as exc:
+                _note_why_stopped(exc, actor)
+                raise
 
     async def broadcast(self, pipeline: Pipeline, *args: Any, **kwargs: Any) -> list[Any]:
         """Run *pipeline* on every actor at once (to load state into each); the results in
@@ -373,6 +441,11 @@ class ActorPool(AsyncResource):
             if waiter in self._changed:
                 self._changed.remove(waiter)
 
+    def _failed(self, event: Failed) -> None:
+        """A health check found an actor out of service."""
+        if self._table is not None and not self._closing:
+            self._apply(self._table.advance(event))
+
     def _finished(self, actor: PoolActor, sent: float, done: asyncio.Future[Any]) -> None:
         """A run's done callback: count it, and take its actor out if its error says so."""
         self._running.discard(done)
@@ -407,7 +480,8 @@ class ActorPool(AsyncResource):
         import ray
 
         if start.failed is not None:
-            await start.failed.wait_idle(DRAIN_SECONDS)
+            if start.drain:
+                await start.failed.wait_idle(DRAIN_SECONDS)
             ray.kill(start.failed.handle)
         event: Started | StartFailed
         try:
@@ -428,6 +502,8 @@ class ActorPool(AsyncResource):
         import ray
 
         self._closing = True
+        if self._health_check is not None:
+            await self._health_check.stop()
         table = self._table
         if table is not None:
             self._apply(table.advance(Closing()))

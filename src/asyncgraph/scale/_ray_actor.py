@@ -42,6 +42,8 @@ class ActorInfo:
             first; a replacement that failed to start counts).
         replaced: why the actor before it in its slot was replaced (``"its process died:
             ..."``); ``None`` for the pool's first actors.
+        node_id: the Ray node it runs on (``ray.get_runtime_context().get_node_id()``, as
+            ``ray.nodes()`` names it), so that a pool's spread over a cluster shows.
     """
 
     index: int
@@ -52,6 +54,7 @@ class ActorInfo:
     pci_bus_id: str | None = None
     generation: int = 0
     replaced: str | None = None
+    node_id: str | None = None
 
 
 @attrs.define
@@ -97,7 +100,14 @@ class BackendActor:
             backend=backend.name,
             pci_bus_id=_pci_bus_id(backend.name),
             generation=self._generation,
+            node_id=ray.get_runtime_context().get_node_id(),
         )
+
+    async def check_health(self) -> DeviceFaultError | None:
+        """The pool's health check: answered on the actor's event loop (a loop that does not
+        turn does not answer); the fault that failed its backend, or ``None``."""
+        backend = self._backend
+        return None if backend is None else backend.failure
 
     async def run(self, pipeline: Pipeline, *args: Any, **kwargs: Any) -> Any:
         """``await pipeline(worker, *args, **kwargs)`` with this actor's backend.
