@@ -173,21 +173,24 @@ async def test_a_fault_a_pipeline_hid_is_seen_with_no_run(
 def test_bad_health_check_arguments_are_refused(name: str) -> None:
     from asyncgraph.ray import open_actor_pool
 
+    def pool(seconds: Any) -> Any:
+        return open_actor_pool(1, **{name: seconds})
+
     for bad in ("10", True, [1.0]):
         with pytest.raises(
             ag.ArgumentTypeError,
             match=rf"^open_actor_pool\({name}=.+\): pass a number of seconds \(a float or an "
             r"int\), or None to turn the health check off; got (str|bool|list)$",
-        ) as caught:
-            open_actor_pool(1, **{name: bad})
-        assert isinstance(caught.value, TypeError)
-    for bad in (0, -1.0, float("nan"), float("inf")):
+        ) as wrong_type:
+            pool(bad)
+        assert isinstance(wrong_type.value, TypeError)
+    for value in (0, -1.0, float("nan"), float("inf")):
         with pytest.raises(
             ag.GroupError,
             match=rf"^open_actor_pool\({name}=.+\): pass a positive, finite number of seconds, "
             r"or None to turn the health check off$",
-        ) as caught:
-            open_actor_pool(1, **{name: bad})
-        assert isinstance(caught.value, ValueError)
-    open_actor_pool(1, **{name: None})
-    open_actor_pool(1, **{name: 1})
+        ) as wrong_value:
+            pool(value)
+        assert isinstance(wrong_value.value, ValueError)
+    pool(None)
+    pool(1)
