@@ -40,21 +40,17 @@ seconds, and takes out, as a failed one, an actor that does not answer within
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import functools
-import inspect
-import math
 import time
-from collections.abc import Iterator
 from typing import Any
 
 from asyncgraph.front._options import BackendOptions
 from asyncgraph.runtime._resource import AsyncResource
 from asyncgraph.runtime._telemetry import logger
 from asyncgraph.scale._ray_actor import ActorInfo as ActorInfo
-from asyncgraph.scale._ray_actor import Pipeline, describe, failure_of
+from asyncgraph.scale._ray_actor import Pipeline, buffers_refused, describe, failure_of, is_async
 from asyncgraph.scale._ray_actor import Worker as Worker
-from asyncgraph.scale._ray_health import HealthCheck
+from asyncgraph.scale._ray_health import HealthCheck, check_seconds
 from asyncgraph.scale._ray_slots import (
     Closing,
     Effects,
@@ -70,7 +66,7 @@ from asyncgraph.scale._ray_snapshot import Replacement as Replacement
 from asyncgraph.scale._ray_snapshot import SlotSnapshot as SlotSnapshot
 from asyncgraph.scale._ray_start import Starter, retrieve
 
-from ._exceptions import ArgumentTypeError, BackendClosedError, GroupError, NotPicklableError
+from ._exceptions import ArgumentTypeError, BackendClosedError, GroupError
 
 __all__ = (
     "ActorInfo",
@@ -171,7 +167,7 @@ def open_actor_pool(
         ("health_check_period", health_check_period),
         ("health_check_timeout", health_check_timeout),
     ):
-        _check_seconds(name, seconds)
+        check_seconds(name, seconds)
     # An actor that names any resource keeps one CPU for its whole life unless num_cpus says
     # otherwise (Ray's rule; without any, it asks for none): ask for none unless told.
     actor_options = {"num_gpus": num_gpus, "num_cpus": 0, **(actor_options or {})}
@@ -182,50 +178,6 @@ def open_actor_pool(
     if health_check_period is not None and health_check_timeout is not None:
         health = (float(health_check_period), float(health_check_timeout))
     return ActorPool(size, starter, max_replacements, health)
-
-
-def _check_seconds(name: str, seconds: object) -> None:
-    """Refuse a health check's *seconds* that are not a positive, finite number, nor ``None``."""
-    if seconds is None:
-        return
-    if isinstance(seconds, bool) or not isinstance(seconds, int | float):
-        raise ArgumentTypeError(
-            f"open_actor_pool({name}={seconds!r}): pass a number of seconds (a float or an "
-            f"int), or None to turn the health check off; got {type(seconds).__name__}"
-        )
-    if not (seconds > 0 and math.isfinite(seconds)):
-        raise GroupError(
-            f"open_actor_pool({name}={seconds!r}): pass a positive, finite number of seconds, "
-            "or None to turn the health check off"
-        )
-
-
-def is_async(fn: object) -> bool:
-    """Whether *fn* is an async function: ``async def``, a ``functools.partial`` of one, or an
-    object whose ``__call__`` is one."""
-    return inspect.iscoroutinefunction(fn) or inspect.iscoroutinefunction(
-        getattr(fn, "__call__", None)  # noqa: B004  # an async __call__, not callable()
-    )
-
-
-def _not_picklable(exc: BaseException) -> NotPicklableError | None:
-    """The :class:`NotPicklableError` behind Ray's error *exc*, if that is what it wraps: an
-    actor's result that held a resident buffer (``RayTaskError.cause``), or an argument that
-    did (Ray's ``TypeError``, chained)."""
-    cause = getattr(exc, "cause", None) or exc.__cause__
-    return cause if isinstance(cause, NotPicklableError) else None
-
-
-@contextlib.contextmanager
-def _buffers_refused(caught: type[Exception], message: str) -> Iterator[None]:
-    """Raise :class:`NotPicklableError` with *message* for a *caught* error of Ray's that one
-    wraps (a resident buffer went to or came from an actor); let any other through."""
-    try:
-        yield
-    except caught as exc:
-        if (buffer_error := _not_picklable(exc)) is None:
-            raise
-        raise NotPicklableError(message) from buffer_error
 
 
 def _note_why_stopped(error: Exception, actor: PoolActor) -> None:
@@ -361,7 +313,7 @@ class ActorPool(AsyncResource):
                 f"{type(pipeline).__name__} {name}"
             )
         actor = await self._actor_for(index)
-        with _buffers_refused(
+        with buffers_refused(
             TypeError,
             f"pool.run({name}, ...) got a resident buffer among its arguments; it lives on a "
             "backend of this process, not on the actors': pass its contents ('await "
@@ -372,7 +324,7 @@ class ActorPool(AsyncResource):
         actor.sent()
         self._running.add(future)
         future.add_done_callback(functools.partial(self._finished, actor, time.monotonic()))
-        with _buffers_refused(
+        with buffers_refused(
             Exception,
             f"pipeline {name} on actor {actor.slot} sent a resident buffer out of the actor (in "
             "its result, say); a resident buffer lives on its actor's backend: return 'await "

@@ -14,15 +14,18 @@ from __future__ import annotations
 
 import asyncio
 import functools
+import math
 import time
 from collections.abc import Callable
 from typing import Any
+
+from asyncgraph._exceptions import ArgumentTypeError, GroupError
 
 from ._ray_actor import failure_of
 from ._ray_slots import Failed, PoolActor
 from ._ray_start import retrieve
 
-__all__ = ("HealthCheck",)
+__all__ = ("HealthCheck", "check_seconds")
 
 
 class HealthCheck:
@@ -109,3 +112,19 @@ class HealthCheck:
         if reason is not None:
             since = self._clock() - self._answered.get(actor, self._clock())
             self._failed(Failed(actor, reason, since, drain))
+
+
+def check_seconds(name: str, seconds: object) -> None:
+    """Refuse a health check's *seconds* that are not a positive, finite number, nor ``None``."""
+    if seconds is None:
+        return
+    if isinstance(seconds, bool) or not isinstance(seconds, int | float):
+        raise ArgumentTypeError(
+            f"open_actor_pool({name}={seconds!r}): pass a number of seconds (a float or an "
+            f"int), or None to turn the health check off; got {type(seconds).__name__}"
+        )
+    if not (seconds > 0 and math.isfinite(seconds)):
+        raise GroupError(
+            f"open_actor_pool({name}={seconds!r}): pass a positive, finite number of seconds, "
+            "or None to turn the health check off"
+        )
