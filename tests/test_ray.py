@@ -69,7 +69,11 @@ async def test_each_actor_gets_its_own_gpu(local_ray: Any) -> None:
 
     async with open_actor_pool(2, device="host") as pool:
         infos = pool.infos
+        slots = pool.snapshot().slots
     assert [i.index for i in infos] == [0, 1]
+    (node,) = [n["NodeID"] for n in local_ray.nodes() if n["Alive"]]
+    assert [i.node_id for i in infos] == [node, node]
+    assert [s.node_id for s in slots] == [node, node]
     assert len({i.pid for i in infos}) == 2
     assert sorted(str(i.gpu_ids[0]) for i in infos) == ["0", "1"]
     assert sorted(str(i.cuda_visible_devices) for i in infos) == ["0", "1"]

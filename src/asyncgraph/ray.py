@@ -30,24 +30,27 @@ out the moment a run's error shows it: no run is placed there afterwards. A new 
 Ray for the same resources takes its slot, the old one stopped, and runs the pool's ``setup``
 before it takes runs; runs wait for it when no other actor is live. ``max_replacements`` bounds
 the replacements (past it the pool stays smaller), and :meth:`ActorPool.snapshot` tells them.
+
+An actor alive but useless (its event loop blocked by a synchronous call, a deadlock) shows no
+error: the pool probes every live actor on its event loop every ``health_check_period``
+seconds, and takes out, as a failed one, an actor that does not answer within
+``health_check_timeout`` seconds; it is stopped at once, and the runs in flight on it fail.
 """
 
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import functools
-import inspect
 import time
-from collections.abc import Iterator
 from typing import Any
 
 from asyncgraph.front._options import BackendOptions
 from asyncgraph.runtime._resource import AsyncResource
 from asyncgraph.runtime._telemetry import logger
 from asyncgraph.scale._ray_actor import ActorInfo as ActorInfo
-from asyncgraph.scale._ray_actor import Pipeline, describe, failure_of
+from asyncgraph.scale._ray_actor import Pipeline, buffers_refused, describe, failure_of, is_async
 from asyncgraph.scale._ray_actor import Worker as Worker
+from asyncgraph.scale._ray_health import HealthCheck, check_seconds
 from asyncgraph.scale._ray_slots import (
     Closing,
     Effects,
@@ -63,7 +66,7 @@ from asyncgraph.scale._ray_snapshot import Replacement as Replacement
 from asyncgraph.scale._ray_snapshot import SlotSnapshot as SlotSnapshot
 from asyncgraph.scale._ray_start import Starter, retrieve
 
-from ._exceptions import ArgumentTypeError, BackendClosedError, GroupError, NotPicklableError
+from ._exceptions import ArgumentTypeError, BackendClosedError, GroupError
 
 __all__ = (
     "ActorInfo",
@@ -90,6 +93,8 @@ def open_actor_pool(
     start_timeout: float | None = 60.0,
     setup: Pipeline | None = None,
     max_replacements: int | None = 8,
+    health_check_period: float | None = 10.0,
+    health_check_timeout: float | None = 30.0,
 ) -> ActorPool:
     """A pool of *size* Ray actors, each with a backend on *device*, opened by ``async with``.
 
@@ -113,11 +118,20 @@ def open_actor_pool(
         max_replacements: how many actors the pool may start in place of failed ones over its
             life (a failed start counts), so that a fault that comes back does not restart
             actors forever; past it a failed actor's slot stays empty. ``None``: no bound.
+        health_check_period: seconds between two health checks of each live actor, a probe
+            answered on the actor's event loop; ``None`` (or *health_check_timeout*
+            ``None``): no health check.
+        health_check_timeout: seconds an actor has to answer a health check; one that does
+            not is taken out as a failed one ("it did not answer a health check in 30 s"),
+            stopped at once (its runs in flight fail) and replaced.
 
     Raises:
         GroupError: *size* is not a positive int, *num_gpus* not a number of 0 or more,
-            *start_timeout* not a positive number, *setup* not an async function, or
-            *max_replacements* not an int of 0 or more.
+            *start_timeout* not a positive number, *setup* not an async function,
+            *max_replacements* not an int of 0 or more, or *health_check_period* or
+            *health_check_timeout* not a positive, finite number of seconds.
+        ArgumentTypeError: *health_check_period* or *health_check_timeout* is not a number
+            (nor ``None``).
     """
     if isinstance(size, bool) or not isinstance(size, int) or size < 1:
         raise GroupError(f"open_actor_pool({size!r}): pass a positive number of actors")
@@ -149,39 +163,29 @@ def open_actor_pool(
             f"open_actor_pool(max_replacements={max_replacements!r}): pass a whole number of "
             "replacements, 0 or more (0: never replace an actor), or None for no bound"
         )
+    for name, seconds in (
+        ("health_check_period", health_check_period),
+        ("health_check_timeout", health_check_timeout),
+    ):
+        check_seconds(name, seconds)
     # An actor that names any resource keeps one CPU for its whole life unless num_cpus says
     # otherwise (Ray's rule; without any, it asks for none): ask for none unless told.
     actor_options = {"num_gpus": num_gpus, "num_cpus": 0, **(actor_options or {})}
-    starter = Starter(device, options or BackendOptions(), actor_options, start_timeout, setup)
-    return ActorPool(size, starter, max_replacements)
-
-
-def is_async(fn: object) -> bool:
-    """Whether *fn* is an async function: ``async def``, a ``functools.partial`` of one, or an
-    object whose ``__call__`` is one."""
-    return inspect.iscoroutinefunction(fn) or inspect.iscoroutinefunction(
-        getattr(fn, "__call__", None)  # noqa: B004  # an async __call__, not callable()
+    starter = Starter(
+        size, device, options or BackendOptions(), actor_options, start_timeout, setup
     )
+    health = None
+    if health_check_period is not None and health_check_timeout is not None:
+        health = (float(health_check_period), float(health_check_timeout))
+    return ActorPool(size, starter, max_replacements, health)
 
 
-def _not_picklable(exc: BaseException) -> NotPicklableError | None:
-    """The :class:`NotPicklableError` behind Ray's error *exc*, if that is what it wraps: an
-    actor's result that held a resident buffer (``RayTaskError.cause``), or an argument that
-    did (Ray's ``TypeError``, chained)."""
-    cause = getattr(exc, "cause", None) or exc.__cause__
-    return cause if isinstance(cause, NotPicklableError) else None
-
-
-@contextlib.contextmanager
-def _buffers_refused(caught: type[Exception], message: str) -> Iterator[None]:
-    """Raise :class:`NotPicklableError` with *message* for a *caught* error of Ray's that one
-    wraps (a resident buffer went to or came from an actor); let any other through."""
-    try:
-        yield
-    except caught as exc:
-        if (buffer_error := _not_picklable(exc)) is None:
-            raise
-        raise NotPicklableError(message) from buffer_error
+def _note_why_stopped(error: Exception, actor: PoolActor) -> None:
+    """Add to a run's *error* why the pool stopped its *actor*, when the error is the actor's
+    end and the pool took it out for another reason (a health check it did not answer)."""
+    why = actor.out_of_service
+    if why is not None and failure_of(error) not in (None, why):
+        error.add_note(f"actor {actor.slot} of the pool was taken out and stopped: {why}")
 
 
 class ActorPool(AsyncResource):
@@ -190,10 +194,18 @@ class ActorPool(AsyncResource):
     Made by :func:`open_actor_pool`; open it with ``async with`` (or :meth:`open`).
     """
 
-    def __init__(self, size: int, starter: Starter, max_replacements: int | None) -> None:
+    def __init__(
+        self,
+        size: int,
+        starter: Starter,
+        max_replacements: int | None,
+        health: tuple[float, float] | None = None,
+    ) -> None:
         self._size = size
         self._starter = starter
         self._max_replacements = max_replacements
+        self._health = health  # the health check's period and timeout, or None: none
+        self._health_check: HealthCheck | None = None  # probing while the pool is open
         self._table: SlotTable | None = None  # made when the pool opens
         self._closing = False
         self._closed = False
@@ -221,9 +233,13 @@ class ActorPool(AsyncResource):
         """
         if self._table is not None or self._closing:
             raise GroupError("a pool opens once; make another with open_actor_pool()")
-        self._starter.refuse_what_cannot_fit(self._size)
+        self._starter.refuse_what_cannot_fit()
         started = await self._starter.start(range(self._size))
-        self._table = SlotTable(started, self._max_replacements)
+        table = self._table = SlotTable(started, self._max_replacements)
+        if self._health is not None:
+            period, timeout = self._health
+            check = self._health_check = HealthCheck(period, timeout, table.live, self._failed)
+            check.start()
         return self
 
     def __len__(self) -> int:
@@ -297,7 +313,7 @@ class ActorPool(AsyncResource):
                 f"{type(pipeline).__name__} {name}"
             )
         actor = await self._actor_for(index)
-        with _buffers_refused(
+        with buffers_refused(
             TypeError,
             f"pool.run({name}, ...) got a resident buffer among its arguments; it lives on a "
             "backend of this process, not on the actors': pass its contents ('await "
@@ -308,14 +324,18 @@ class ActorPool(AsyncResource):
         actor.sent()
         self._running.add(future)
         future.add_done_callback(functools.partial(self._finished, actor, time.monotonic()))
-        with _buffers_refused(
+        with buffers_refused(
             Exception,
             f"pipeline {name} on actor {actor.slot} sent a resident buffer out of the actor (in "
             "its result, say); a resident buffer lives on its actor's backend: return 'await "
             "worker.backend.download(buffer)' from the pipeline instead, or keep the buffer in "
             "worker.state",
         ):
-            return await asyncio.shield(future)
+            try:
+                return await asyncio.shield(future)
+            except Exception as exc:
+                _note_why_stopped(exc, actor)
+                raise
 
     async def broadcast(self, pipeline: Pipeline, *args: Any, **kwargs: Any) -> list[Any]:
         """Run *pipeline* on every actor at once (to load state into each); the results in
@@ -373,6 +393,11 @@ class ActorPool(AsyncResource):
             if waiter in self._changed:
                 self._changed.remove(waiter)
 
+    def _failed(self, event: Failed) -> None:
+        """A health check found an actor out of service."""
+        if self._table is not None and not self._closing:
+            self._apply(self._table.advance(event))
+
     def _finished(self, actor: PoolActor, sent: float, done: asyncio.Future[Any]) -> None:
         """A run's done callback: count it, and take its actor out if its error says so."""
         self._running.discard(done)
@@ -407,7 +432,8 @@ class ActorPool(AsyncResource):
         import ray
 
         if start.failed is not None:
-            await start.failed.wait_idle(DRAIN_SECONDS)
+            if start.drain:
+                await start.failed.wait_idle(DRAIN_SECONDS)
             ray.kill(start.failed.handle)
         event: Started | StartFailed
         try:
@@ -428,6 +454,8 @@ class ActorPool(AsyncResource):
         import ray
 
         self._closing = True
+        if self._health_check is not None:
+            await self._health_check.stop()
         table = self._table
         if table is not None:
             self._apply(table.advance(Closing()))

@@ -4,25 +4,38 @@
 :class:`Worker`. When its backend has failed, a run fails with a :class:`DeviceFaultError` (the
 pipeline's own error chained to it, if it raised another), so that the pool can tell from the
 error alone that the actor is out of service: :func:`failure_of` reads it, and a Ray error that
-says the actor's process died. Any other error is the run's own.
+says the actor's process died. Any other error is the run's own. :func:`buffers_refused` tells
+a resident buffer that tried to travel with a run from Ray's error for it, and :func:`is_async`
+what a pipeline must be.
 """
 
 from __future__ import annotations
 
+import contextlib
+import inspect
 import os
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Iterator
 from typing import TYPE_CHECKING, Any
 
 import attrs
 
-from asyncgraph._exceptions import BackendClosedError, DeviceFaultError
+from asyncgraph._exceptions import BackendClosedError, DeviceFaultError, NotPicklableError
 from asyncgraph.front._open import open_backend
 
 if TYPE_CHECKING:
     from asyncgraph.front._backend import Backend
     from asyncgraph.front._options import BackendOptions
 
-__all__ = ("ActorInfo", "BackendActor", "Pipeline", "Worker", "describe", "failure_of")
+__all__ = (
+    "ActorInfo",
+    "BackendActor",
+    "Pipeline",
+    "Worker",
+    "buffers_refused",
+    "describe",
+    "failure_of",
+    "is_async",
+)
 
 Pipeline = Callable[..., Awaitable[Any]]
 
@@ -42,6 +55,8 @@ class ActorInfo:
             first; a replacement that failed to start counts).
         replaced: why the actor before it in its slot was replaced (``"its process died:
             ..."``); ``None`` for the pool's first actors.
+        node_id: the Ray node it runs on (``ray.get_runtime_context().get_node_id()``, as
+            ``ray.nodes()`` names it), so that a pool's spread over a cluster shows.
     """
 
     index: int
@@ -52,6 +67,7 @@ class ActorInfo:
     pci_bus_id: str | None = None
     generation: int = 0
     replaced: str | None = None
+    node_id: str | None = None
 
 
 @attrs.define
@@ -97,7 +113,14 @@ class BackendActor:
             backend=backend.name,
             pci_bus_id=_pci_bus_id(backend.name),
             generation=self._generation,
+            node_id=ray.get_runtime_context().get_node_id(),
         )
+
+    async def check_health(self) -> DeviceFaultError | None:
+        """The pool's health check: answered on the actor's event loop (a loop that does not
+        turn does not answer); the fault that failed its backend, or ``None``."""
+        backend = self._backend
+        return None if backend is None else backend.failure
 
     async def run(self, pipeline: Pipeline, *args: Any, **kwargs: Any) -> Any:
         """``await pipeline(worker, *args, **kwargs)`` with this actor's backend.
@@ -180,3 +203,31 @@ def failure_of(error: BaseException) -> str | None:
     if isinstance(error, DeviceFaultError):
         return f"its backend failed: {describe(error)}"
     return None
+
+
+def is_async(fn: object) -> bool:
+    """Whether *fn* is an async function: ``async def``, a ``functools.partial`` of one, or an
+    object whose ``__call__`` is one."""
+    return inspect.iscoroutinefunction(fn) or inspect.iscoroutinefunction(
+        getattr(fn, "__call__", None)  # noqa: B004  # an async __call__, not callable()
+    )
+
+
+def _not_picklable(exc: BaseException) -> NotPicklableError | None:
+    """The :class:`NotPicklableError` behind Ray's error *exc*, if that is what it wraps: an
+    actor's result that held a resident buffer (``RayTaskError.cause``), or an argument that
+    did (Ray's ``TypeError``, chained)."""
+    cause = getattr(exc, "cause", None) or exc.__cause__
+    return cause if isinstance(cause, NotPicklableError) else None
+
+
+@contextlib.contextmanager
+def buffers_refused(caught: type[Exception], message: str) -> Iterator[None]:
+    """Raise :class:`NotPicklableError` with *message* for a *caught* error of Ray's that one
+    wraps (a resident buffer went to or came from an actor); let any other through."""
+    try:
+        yield
+    except caught as exc:
+        if (buffer_error := _not_picklable(exc)) is None:
+            raise
+        raise NotPicklableError(message) from buffer_error

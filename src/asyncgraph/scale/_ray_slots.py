@@ -3,8 +3,9 @@
 A pool of *size* actors has *size* slots. A slot is ``LIVE`` (its actor takes runs),
 ``REPLACING`` (its actor failed; a new one is starting) or ``GONE`` (its actor failed and
 ``max_replacements`` is spent, or the pool closed while it was replacing). Every change of a
-slot's state is made by :meth:`SlotTable.advance`, on one of four events: an actor failed, a
-replacement started, a replacement failed to start, the pool closes. It returns the
+slot's state is made by :meth:`SlotTable.advance`, on one of four events: an actor failed (a
+run's error or a health check said so), a replacement started, a replacement failed to start,
+the pool closes. It returns the
 :class:`Effects` to carry out (replacements to start, actors to stop, events to log, waiting
 runs to wake), which the pool does outside it. The pool asks everything else through
 predicates (:meth:`SlotTable.choose`, :meth:`SlotTable.is_settled`, ...).
@@ -57,6 +58,7 @@ class PoolActor:
     runs_ok: int = 0
     runs_failed: int = 0
     runs_lost: int = 0  # failed with an error that says the actor is out of service
+    out_of_service: str | None = None  # why the pool took it out, once it did
     _idle: list[asyncio.Future[None]] = attrs.field(factory=list, init=False)
 
     def sent(self) -> None:
@@ -98,11 +100,14 @@ class PoolActor:
 
 @attrs.frozen
 class Failed:
-    """A run's error said that *actor* is out of service, *detected_after* s after it was sent."""
+    """A run's error, or a health check, said that *actor* is out of service, *detected_after*
+    s after the run was sent (after the actor last answered a health check); *drain*: let the
+    runs in flight on it end before it is stopped (not for an actor that does not answer)."""
 
     actor: PoolActor
     reason: str
     detected_after: float
+    drain: bool = True
 
 
 @attrs.frozen
@@ -134,12 +139,13 @@ Event = Failed | Started | StartFailed | Closing
 
 @attrs.frozen
 class Start:
-    """Start actor *generation* for *slot*; first let the runs in flight on *failed* end (for
-    a while) and stop it, if given."""
+    """Start actor *generation* for *slot*; first stop *failed*, if given, letting the runs in
+    flight on it end (for a while) if *drain*."""
 
     slot: int
     generation: int
     failed: PoolActor | None
+    drain: bool = True
 
 
 @attrs.define
@@ -297,6 +303,7 @@ class SlotTable:
                     state=slot.state.value,
                     generation=slot.actor.generation,
                     pid=slot.actor.info.pid if is_live else None,
+                    node_id=slot.actor.info.node_id if is_live else None,
                     in_flight=slot.actor.in_flight,
                     runs_ok=sum(actor.runs_ok for actor in mine),
                     runs_failed=sum(actor.runs_failed for actor in mine),
@@ -328,7 +335,10 @@ class SlotTable:
         if isinstance(event, Failed):
             slot = self._slots[event.actor.slot]
             if slot.actor is event.actor and slot.state is _State.LIVE:
-                self._replace(slot, event.reason, now, event.detected_after, event.actor, effects)
+                event.actor.out_of_service = event.reason
+                self._replace(
+                    slot, event.reason, now, event.detected_after, event.actor, effects, event.drain
+                )
         elif isinstance(event, Started):
             slot, actor = self._slots[event.slot], event.actor
             attempt = slot.attempt
@@ -392,6 +402,7 @@ class SlotTable:
         detected_after: float | None,
         failed: PoolActor | None,
         effects: Effects,
+        drain: bool = True,
     ) -> None:
         """Part of :meth:`advance`: *slot*'s actor is out (*failed*, or its replacement did
         not start): replace it, or, past ``max_replacements`` (or closing), leave it gone."""
@@ -429,4 +440,4 @@ class SlotTable:
         attempt.outcome = "starting"
         slot.generations += 1
         slot.state, slot.attempt, slot.why = _State.REPLACING, attempt, reason
-        effects.starts.append(Start(slot.index, attempt.generation, failed))
+        effects.starts.append(Start(slot.index, attempt.generation, failed, drain))

@@ -26,15 +26,16 @@ class Replacement:
         generation: the generation of the actor started to replace it (for ``"not
             replaced"``, of the one that would have been).
         reason: why the actor was taken out: ``"its process died: ActorDiedError: ..."``,
-            ``"its backend failed: DeviceFaultError: ..."``, or ``"its replacement did not
-            start: ..."`` for a second try.
+            ``"its backend failed: DeviceFaultError: ..."``, ``"it did not answer a health
+            check in 30 s"``, or ``"its replacement did not start: ..."`` for a second try.
         outcome: ``"starting"`` (under way), ``"replaced"`` (the new actor takes runs),
             ``"start failed"`` (the new actor did not start, or its setup failed; ``error``
             says why), ``"not replaced"`` (``max_replacements`` was spent: the slot is gone)
             or ``"cancelled"`` (the pool closed first).
         detected_after: seconds from sending the run whose error showed the failure to seeing
-            that error (an upper bound of how long the failure went unseen); ``None`` for a
-            second try.
+            that error, or, for a failure a health check showed, from the actor's last answer
+            to a health check (or from its first being checked) to the check that showed it:
+            an upper bound of how long the failure went unseen; ``None`` for a second try.
         seconds: seconds from seeing the failure to the new actor taking runs (failed tries
             before it included); ``None`` unless ``"replaced"``.
         runs_lost: runs on the failed actor that failed with an error saying it is out of
@@ -62,6 +63,7 @@ class SlotSnapshot:
             is starting) or ``"gone"`` (its actor failed and was not replaced).
         generation: the generation of its actor (the one that failed, unless live).
         pid: its live actor's process, else ``None``.
+        node_id: the Ray node of its live actor, else ``None``.
         in_flight: runs in flight on its actor (on the failed one, while replacing).
         runs_ok: runs that succeeded on its actors, all generations.
         runs_failed: runs that failed on its actors, all generations.
@@ -72,6 +74,7 @@ class SlotSnapshot:
     state: SlotStateName
     generation: int
     pid: int | None
+    node_id: str | None
     in_flight: int
     runs_ok: int
     runs_failed: int

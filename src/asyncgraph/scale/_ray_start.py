@@ -3,7 +3,8 @@
 :class:`Starter` knows how the pool's actors are made (the same Ray options and resources for
 every one, the first ones and each replacement alike), refuses a pool the cluster can never
 hold, starts actors within the pool's ``start_timeout`` (saying what Ray reports free when they
-do not come) and runs the pool's setup pipeline on each before it takes runs. An actor that
+do not come, or that the cluster can no longer hold the pool when a node left) and runs the
+pool's setup pipeline on each before it takes runs. An actor that
 fails to start, or whose start is cancelled, is stopped before the error goes on.
 """
 
@@ -54,6 +55,18 @@ def _amounts(resources: Resources, names: list[str]) -> str:
     return ", ".join(f"{_amount(n, resources.get(n, 0.0))} {n}" for n in names)
 
 
+def _room(demand: Resources, nodes: list[Resources]) -> int:
+    """How many actors asking for *demand* the *nodes* can hold (each from one node)."""
+    return sum(
+        min(int(have.get(name, 0.0) / amount + 1e-9) for name, amount in demand.items())
+        for have in nodes
+    )
+
+
+def _nodes(count: int) -> str:
+    return f"{count} node{'s' * (count != 1)}"
+
+
 def _ray_resources() -> tuple[list[Resources], Resources, Resources]:
     """What Ray reports now: each live node's resources, the cluster's, and those free."""
     import ray
@@ -67,6 +80,7 @@ class Starter:
     """Makes and starts the pool's actors, each asking Ray for the same resources.
 
     Args:
+        size: the pool's actors.
         device: what each actor's backend opens.
         options: each backend's options.
         actor_options: Ray's actor options (``num_gpus`` included).
@@ -76,12 +90,14 @@ class Starter:
 
     def __init__(
         self,
+        size: int,
         device: str | int,
         options: BackendOptions,
         actor_options: dict[str, Any],
         start_timeout: float | None,
         setup: Pipeline | None,
     ) -> None:
+        self._size = size
         self._device = device
         self._options = options
         self._actor_options = actor_options
@@ -90,18 +106,20 @@ class Starter:
         self._demand = _demand(actor_options)
         self._remote: Any = None
 
-    def refuse_what_cannot_fit(self, size: int) -> None:
-        """Raise :class:`GroupError` if the Ray cluster's live nodes can never hold *size*
+    def _counted(self) -> bool:
+        """Whether the fit of the pool is checked: it asks for resources, and places its actors
+        by Ray's default (a ``scheduling_strategy``, a placement group say, is not modelled)."""
+        return bool(self._demand) and "scheduling_strategy" not in self._actor_options
+
+    def refuse_what_cannot_fit(self) -> None:
+        """Raise :class:`GroupError` if the Ray cluster's live nodes can never hold the pool's
         actors (an actor's resources come from one node); no check where ``actor_options``
         gives a ``scheduling_strategy`` (a placement group, say), which it does not model."""
-        demand = self._demand
-        if not demand or "scheduling_strategy" in self._actor_options:
+        if not self._counted():
             return
+        demand, size = self._demand, self._size
         nodes, total, _ = _ray_resources()
-        room = sum(
-            min(int(have.get(name, 0.0) / amount + 1e-9) for name, amount in demand.items())
-            for have in nodes
-        )
+        room = _room(demand, nodes)
         if room >= size:
             return
         names = list(demand)
@@ -110,7 +128,7 @@ class Starter:
         raise GroupError(
             f"open_actor_pool({size}) asks Ray for {size} actor{'s' * (size != 1)} of "
             f"{_amounts(demand, names)} each, "
-            f"but its cluster has {has} on {len(nodes)} node{'s' * (len(nodes) != 1)}, room "
+            f"but its cluster has {has} on {_nodes(len(nodes))}, room "
             f"for {room or 'none'} of them; {fewer} less of each, or add nodes"
         )
 
@@ -159,15 +177,27 @@ class Starter:
                 raise error
         if waiting:
             names = list(self._demand) or ["CPU"]
-            _, total, now = _ray_resources()
+            nodes, total, now = _ray_resources()
+            timeout = self._start_timeout or 0.0  # waiting is empty when there is no limit
+            late = (
+                f"{len(waiting)} of {len(actors)} actors of the pool did not start within "
+                f"{timeout:g} s (start_timeout)"
+            )
+            if self._counted() and (room := _room(self._demand, nodes)) < self._size:
+                has = {n: sum(node.get(n, 0.0) for node in nodes) for n in names}
+                raise StartTimeoutError(
+                    f"{late}: the cluster can no longer hold the pool (a node left, say), of "
+                    f"{self._size} actors of {_amounts(self._demand, names)} each: its live "
+                    f"nodes have {_amounts(has, names)} on {_nodes(len(nodes))}, room for "
+                    f"{room or 'none'} of them; the actors that did not start were stopped. "
+                    "Add nodes, or open a smaller pool"
+                )
             free = ", ".join(
                 f"{_amount(n, now.get(n, 0.0))} of {_amount(n, total.get(n, 0.0))} {n}"
                 for n in names
             )
-            timeout = self._start_timeout or 0.0  # waiting is empty when there is no limit
             raise StartTimeoutError(
-                f"{len(waiting)} of {len(actors)} actors of the pool did not start within "
-                f"{timeout:g} s (start_timeout); each asks for "
+                f"{late}; each asks for "
                 f"{_amounts(self._demand, names)}, and Ray reports free now: {free}. Other "
                 "actors or tasks hold what they need, or they are slow to start; the pool's "
                 "actors were stopped. Free the resources, open fewer actors, or give a longer "
