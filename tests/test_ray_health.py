@@ -93,7 +93,9 @@ async def test_a_hung_actor_is_taken_out_and_replaced(local_ray: Any) -> None:
             assert (replacement.reason, replacement.outcome) == (HUNG, "replaced")
             assert replacement.runs_lost == 2
             assert replacement.detected_after is not None
-            assert TIMEOUT <= replacement.detected_after <= PERIOD + TIMEOUT + 1
+            # At least the timeout (uvloop's timers may fire a millisecond early), at most the
+            # bound.
+            assert TIMEOUT - 0.01 <= replacement.detected_after <= PERIOD + TIMEOUT + 1
             info = pool.infos[1]
             assert (info.index, info.generation, info.replaced) == (1, 1, HUNG)
             assert info.pid != old_pid
