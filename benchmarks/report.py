@@ -157,12 +157,22 @@ def device_of(path: Path, stem: str) -> str:
     return path.stem.removeprefix(f"{stem}-")
 
 
-def provenance(data: Mapping[str, Any]) -> tuple[str, str, str]:
-    """(commit, date, driver) a results file records; ``"not recorded"`` where it does not."""
+_DRIVER = re.compile(r"\bdriver (\d{3}\.\d+(?:\.\d+)?)\b")
+
+
+def provenance(data: Mapping[str, Any], path: Path | None = None) -> tuple[str, str, str]:
+    """(commit, date, driver) a results file records; ``"not recorded"`` where it does not.
+
+    The driver is the JSON's, else the one the text table beside it (*path* with ``.txt``)
+    names in its first lines."""
     recorded = data.get("recorded") or {}
     commit = data.get("measured_commit") or recorded.get("commit") or "not recorded"
     date = str(recorded.get("date") or "not recorded")[:10]
     driver = data.get("driver") or recorded.get("driver")
+    text = path.with_suffix(".txt") if path is not None else None
+    if driver is None and text is not None and text.exists():
+        found = _DRIVER.search("\n".join(text.read_text(encoding="utf-8").splitlines()[:5]))
+        driver = found.group(1) if found else None
     if driver is None and "driver_api" in data:
         api = int(data["driver_api"])
         driver = f"CUDA {api // 1000}.{api % 1000 // 10}"
@@ -333,7 +343,7 @@ def benchmark_section(stem: str, title: str, what: str, page: str) -> list[str]:
         device = str(data.get("device", device_of(path, stem)))
         if device_of(path, stem).endswith("-x2") and not device.startswith("2"):
             device = f"2 x {device}"
-        commit, date, driver = provenance(data)
+        commit, date, driver = provenance(data, path)
         measured = f"{device}, driver {driver}, {date}, commit `{commit}`: {_link(path)}"
         lines.append(f"- {measured}" if len(files) > 1 else f"Measured on {measured}.")
         source = device if len(files) > 1 else ""
@@ -365,7 +375,7 @@ def headline() -> tuple[list[str], dict[str, dict[str, float]]]:
         found = results_files(f"{HEADLINE}_{loop}")
         for path in found:
             data = json.loads(path.read_text(encoding="utf-8"))
-            commit, date, driver = provenance(data)
+            commit, date, driver = provenance(data, path)
             meta.append(
                 f"- {data['device']}, driver {driver}, {loop}, {date}, "
                 f"commit `{commit}`: {_link(path)}"

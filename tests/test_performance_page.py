@@ -85,3 +85,12 @@ def test_a_labels_loop_becomes_a_column() -> None:
     )
     assert header == ["asyncio", "uvloop"]
     assert body == [["x <= 1", "0.500 ✓", "1.500 ✗"]]
+
+
+def test_the_driver_comes_from_the_json_else_from_the_table_beside_it(tmp_path: Path) -> None:
+    path = tmp_path / "bench_x-NVIDIA-H100.json"
+    recorded = {"recorded": {"commit": "a" * 40, "date": "2026-11-27T17:46:45+00:00"}}
+    assert report.provenance(recorded, path) == ("a" * 40, "2026-11-27", "not recorded")
+    path.with_suffix(".txt").write_text("bench_x on one NVIDIA H100 (driver 580.159.04)\n")
+    assert report.provenance(recorded, path)[2] == "580.159.04"
+    assert report.provenance({**recorded, "driver": "13.0"}, path)[2] == "CUDA 13.0"
