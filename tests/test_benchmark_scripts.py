@@ -84,6 +84,7 @@ MODULES = {
     "graph_peers.py",
     "harness.py",
     "ray_pipelines.py",
+    "report.py",  # writes docs/performance.md from the results (tests/test_performance_page.py)
 }
 
 

@@ -220,7 +220,8 @@ class ActorPool(AsyncResource):
         A pool that the cluster's live nodes can never hold (more GPUs, CPUs, memory or custom
         resources than they have, counting that each actor takes its share from one node) is
         refused at once, before any actor starts, unless ``actor_options`` gives a
-        ``scheduling_strategy`` (a placement group, say), which this check does not model.
+        ``scheduling_strategy`` (a placement group, say), which this check does not model. On
+        any error, every actor started is stopped.
 
         Raises:
             GroupError: the pool was opened before, or the cluster can never hold it (the
@@ -228,8 +229,6 @@ class ActorPool(AsyncResource):
             StartTimeoutError: the actors did not all start within ``start_timeout`` (taken by
                 other work, or slow to start); the message says what Ray reports free.
             Exception: what an actor raised while opening its backend, or the setup raised.
-
-            On any error, every actor started is stopped.
         """
         if self._table is not None or self._closing:
             raise GroupError("a pool opens once; make another with open_actor_pool()")

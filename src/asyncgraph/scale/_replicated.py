@@ -55,8 +55,8 @@ class GroupSnapshot:
         members: ``(member name, its TelemetrySnapshot)`` in member order.
         failed: ``(member index, member name, why)`` of each member that failed (its device
             fault) or was closed; the group places no work there.
-        dispatches, dispatches_completed, dispatches_failed, in_flight, queued, bytes_up,
-            bytes_down: the members' counters added up.
+        dispatches: the members' counter added up, as are ``dispatches_completed``,
+            ``dispatches_failed``, ``in_flight``, ``queued``, ``bytes_up`` and ``bytes_down``.
         copy_routes: ``(from index, to index, route)`` for each ordered pair of members, as
             the group found them when it opened (``Backend.copy_route``): ``"device"``,
             ``"peer"`` (between GPUs, directly), ``"staged"`` (between GPUs, through host
