@@ -323,7 +323,7 @@ _PASS = r"pass 'cuda:\*' or a list of devices such as \['cuda:0', 'cuda:1'\]"
         (b"cuda:*", ag.ArgumentTypeError, rf"^open_group\(b'cuda:\*'\): {_PASS} \(\['host', "
          r"'host'\] for host backends\)$"),
         (["host", None], ag.DeviceUnavailableError, r"^device=None is not a device asyncgraph "
-         r"knows; pass 'auto', 'host', 'cuda', 'cuda:N' or an int N$"),
+         r"knows; pass 'auto', 'host', 'cuda', 'cuda:N' or an int N >= 0$"),
     ],
 )  # fmt: skip
 def test_bad_device_lists_are_refused(devices: Any, error: type, message: str) -> None:

@@ -50,7 +50,7 @@ def test_forcing_cuda_without_it_raises(device: str | int) -> None:
         ag.open_backend(device)
 
 
-@pytest.mark.parametrize("device", ["tpu", "cuda:x", "", None, 1.5])
+@pytest.mark.parametrize("device", ["tpu", "cuda:x", "cuda:-1", "", None, 1.5, -1, True])
 def test_unknown_device_forms(device: object) -> None:
     with pytest.raises(ag.DeviceUnavailableError, match=r"is not a device asyncgraph knows; "):
         ag.open_backend(device)  # type: ignore[arg-type]  # deliberately wrong

@@ -23,7 +23,7 @@ __all__ = ("group_devices", "open_backend")
 
 def _parse_device(device: object) -> tuple[str, int]:
     """``"auto"``, ``"host"``, ``"cuda"``, ``"cuda:N"`` or ``N`` -> (kind, ordinal)."""
-    if isinstance(device, int) and not isinstance(device, bool):
+    if isinstance(device, int) and not isinstance(device, bool) and device >= 0:
         return ("cuda", device)
     if isinstance(device, str):
         text = device.strip().lower()
@@ -33,7 +33,7 @@ def _parse_device(device: object) -> tuple[str, int]:
             return ("cuda", int(text[5:]))
     raise DeviceUnavailableError(
         f"device={device!r} is not a device asyncgraph knows; pass 'auto', 'host', 'cuda', "
-        "'cuda:N' or an int N"
+        "'cuda:N' or an int N >= 0"
     )
 
 
