@@ -14,6 +14,7 @@ import contextlib
 import math
 import time
 from collections.abc import Awaitable, Callable
+from functools import partial
 from typing import Any, Protocol
 
 import numpy as np
@@ -37,7 +38,7 @@ class Hold(Protocol):
         ...
 
 
-def _inc(backend: Any, target: object, **steer: Any) -> ag.PendingDispatch:
+def _inc(backend: ag.Backend, target: object, **steer: Any) -> ag.PendingDispatch:
     return backend.dispatch(INC, target, np.float32(1), np.int32(N), grid=1, block=N, **steer)
 
 
@@ -53,7 +54,7 @@ async def order(backend: Any, hold: Hold) -> dict[str, Any]:
     for i, priority in enumerate(["low", "normal", "high", "low", "high", "normal", None]):
         name = f"{priority}{i}"
         p = _inc(backend, ag.InOut(np.zeros(N, np.float32)), priority=priority)
-        p.add_done_callback(lambda _p, name=name: started.append(name))
+        p.add_done_callback(partial(_append, started, name))
         pending.append(p)
     queued = backend.telemetry.snapshot().queued
     hold.release()
@@ -66,6 +67,10 @@ async def order(backend: Any, hold: Hold) -> dict[str, Any]:
         "waits": {name: h.count for name, h in snap.queue_wait_by_class.items()},
         "latencies": {name: h.count for name, h in snap.completion_latency_by_class.items()},
     }
+
+
+def _append(seen: list[str], name: str, _pending: ag.PendingDispatch) -> None:
+    seen.append(name)
 
 
 async def aging(backend: Any, hold: Hold) -> dict[str, Any]:
@@ -85,18 +90,19 @@ async def aging(backend: Any, hold: Hold) -> dict[str, Any]:
             started.append(name)
             if len(pending) < total:
                 high()
+            elif len(started) == total + 1:
+                finished.set()
 
         p.add_done_callback(done)
 
+    finished = asyncio.Event()
     low = _inc(backend, ag.InOut(np.zeros(N, np.float32)), priority="low")
-    low.add_done_callback(lambda _p: started.append("low"))
+    low.add_done_callback(partial(_append, started, "low"))
     for _ in range(4):
         high()
     hold.release()
     await low
-    while len(pending) < total or not all(p.done() for p in pending):
-        await asyncio.sleep(0.001)
-    await asyncio.sleep(0)
+    await asyncio.wait_for(finished.wait(), 30)
     return {"aging": AGING, "total": total, "before_low": started.index("low"), "n": len(started)}
 
 
@@ -175,8 +181,8 @@ async def abandoned(backend: Any, hold: Hold) -> dict[str, Any]:
     waiter.cancel()
     await asyncio.gather(*tasks, waiter, return_exceptions=True)
     hold.release()
-    while not (forget.done() and with_callback.done()):
-        await asyncio.sleep(0.001)
+    await forget  # it ran while nobody awaited it
+    await with_callback
     return {
         "one_left": one_left,
         "error": type(p.exception()).__name__,

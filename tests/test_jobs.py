@@ -37,9 +37,10 @@ class HostHold:
             'extern "C" __global__ void hold(float* buf, float step, int n) {}', "hold", host=wait
         )
         buf = np.zeros(N, np.float32)
-        return backend.dispatch(
+        pending: ag.PendingDispatch = backend.dispatch(
             kernel, buf, np.float32(1), np.int32(N), grid=1, block=N, priority=priority
         )
+        return pending
 
     def release(self) -> None:
         self._go.set()
@@ -164,8 +165,9 @@ def test_backend_options_refuse_a_bad_default_class_or_deadline() -> None:
 
 
 async def test_the_default_class_and_deadline_come_from_the_options() -> None:
-    options = {"max_in_flight": 1, "host_workers": 1, "default_priority": "low"}
-    async with ag.open_backend("host", queue_timeout=0.02, **options) as backend:
+    async with ag.open_backend(
+        "host", max_in_flight=1, host_workers=1, default_priority="low", queue_timeout=0.02
+    ) as backend:
         hold = HostHold()
         hold.take(backend, "high")
         late = _inc(backend, ag.InOut(np.zeros(N, np.float32)))

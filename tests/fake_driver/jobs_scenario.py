@@ -63,7 +63,7 @@ async def _streams() -> dict[str, Any]:
     """The CUDA priority of each class's streams, and the class of the lane each runs on."""
     async with ag.open_backend("cuda", max_in_flight=1) as gpu:
         await gpu.compile(INC)
-        device = gpu._engine.device
+        device = gpu._engine.device  # type: ignore[attr-defined]  # the CUDA engine's
         least, greatest = drv.cuCtxGetStreamPriorityRange()[1:]
         seen: dict[str, Any] = {"range": [least, greatest], "priorities": {}, "lanes": {}}
         for name, lanes in zip(PRIORITIES, device.class_lanes, strict=True):

@@ -77,6 +77,7 @@ class BatchLauncher:
         "_shared",
         "_shared_mem",
         "_spare",
+        "_steer",
         "_tails",
     )
 
@@ -93,6 +94,7 @@ class BatchLauncher:
         graph: str,
         shared_mem: int,
         keep: int = 4,
+        steer: dict[str, Any] | None = None,
     ) -> None:
         self._backend = backend
         self._kernel = kernel
@@ -106,6 +108,7 @@ class BatchLauncher:
         self._graph = graph
         self._shared_mem = shared_mem
         self._keep = keep
+        self._steer = steer or {}  # each batch's priority class and queue deadline
         self._spare: list[list[Array]] = []
         # The dispatch's arguments after the inputs, by batch size: the outputs, the shared
         # arguments and the size (made once per size).
@@ -219,6 +222,7 @@ class BatchLauncher:
             block=block,  # type: ignore[arg-type]
             shared_mem=self._shared_mem,
             graph=self._graph,
+            **self._steer,
         )
 
     def answers(self, results: tuple[Array, ...], n: int) -> Any:

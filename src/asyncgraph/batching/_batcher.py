@@ -33,6 +33,7 @@ import numpy as np
 from asyncgraph._exceptions import ArgumentTypeError, BackendClosedError, QueueFullError
 from asyncgraph.front._backend import Backend
 from asyncgraph.runtime import _loop
+from asyncgraph.runtime._priority import check_priority, check_queue_timeout
 from asyncgraph.runtime._resource import AsyncResource
 from asyncgraph.runtime._telemetry import logger
 
@@ -316,6 +317,8 @@ def batcher(
     buckets: Sequence[int] | None = None,
     graph: str = "never",
     shared_mem: int = 0,
+    priority: str | None = None,
+    queue_timeout: float | None = None,
 ) -> Batcher:
     """Make a :class:`Batcher`: concurrent calls with one row each, one dispatch per batch.
 
@@ -347,6 +350,9 @@ def batcher(
         graph: passed to each dispatch: ``"never"``, ``"auto"`` or ``"always"``.
         shared_mem: bytes of dynamic shared memory per block, passed to each dispatch (an int
             from 0 to the backend's bound, ``backend.limits.max_shared_mem``, checked here).
+        priority: the priority class of each batch's dispatch (``None``: the backend's).
+        queue_timeout: each batch's dispatch's queue deadline (``None``: the backend's); a
+            batch that waits it out fails its callers with :class:`QueueTimeoutError`.
 
     Returns:
         The batcher: ``await batcher(*rows)`` returns the caller's row of each output.
@@ -382,7 +388,11 @@ def batcher(
         backend.limits.max_shared_mem,
     )
     size = int(max_size)
+    steer = {"priority": priority, "queue_timeout": queue_timeout}
+    if priority is not None:
+        check_priority(priority, "batcher()")
+    check_queue_timeout(queue_timeout, "batcher()")
     launcher = BatchLauncher(
-        backend, kernel, ins, outs, args, launch, size, sizes, graph, int(shared_mem)
+        backend, kernel, ins, outs, args, launch, size, sizes, graph, int(shared_mem), steer=steer
     )
     return Batcher(backend, kernel, ins, launcher, size, float(max_delay), policy)
