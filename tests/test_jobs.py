@@ -199,3 +199,25 @@ def test_class_priorities_stay_inside_the_range_whichever_way_it_runs(
     priorities = class_priorities(least, greatest)
     assert priorities == expected
     assert all(min(least, greatest) <= p <= max(least, greatest) for p in priorities)
+
+
+async def test_a_batchers_class_and_queue_deadline_apply_to_its_batches() -> None:
+    from tests.batching import Affine, F, make
+
+    async with ag.open_backend("host", max_in_flight=1, host_workers=1) as backend:
+        with pytest.raises(
+            ag.DispatchError, match=r"^batcher\(\): priority='top'; pass 'high', 'normal' or 'low'$"
+        ):
+            make(backend, Affine(), priority="top")
+        rows = make(backend, Affine(), max_size=2, queue_timeout=0.02, priority="low")
+        hold = HostHold()
+        held = hold.take(backend)
+        calls = [rows(np.full(F, i, np.float32)) for i in range(2)]
+        import asyncio
+
+        results = await asyncio.gather(*calls, return_exceptions=True)
+        assert [type(r).__name__ for r in results] == ["QueueTimeoutError"] * 2
+        hold.release()
+        await held
+        assert backend.telemetry.snapshot().dispatches_timed_out == 1
+        await rows.aclose()

@@ -6,6 +6,7 @@ import numpy as np
 import pytest
 
 import asyncgraph as ag
+from tests.batching import Affine, F, make
 from tests.jobs_scenarios import N, _inc
 
 trace = pytest.importorskip("opentelemetry.trace")
@@ -66,3 +67,28 @@ async def test_without_a_provider_no_span_is_made() -> None:
     async with ag.open_backend("host") as backend:
         assert backend._steer.tracer is None  # the global provider is not set in the tests
         await _inc(backend, ag.InOut(np.zeros(N, np.float32)))
+
+
+async def test_a_batch_is_a_span_linking_its_callers(spans: tuple[object, object]) -> None:
+    import asyncio
+
+    provider, exporter = spans
+    tracer = provider.get_tracer("test")  # type: ignore[attr-defined]
+    async with ag.open_backend("host", tracer_provider=provider) as backend:
+        rows = make(backend, Affine(), max_size=3, priority="low")
+
+        async def call(i: int) -> object:
+            with tracer.start_as_current_span(f"request {i}"):
+                return await rows(np.full(F, i, np.float32))
+
+        requests = await asyncio.gather(*(call(i) for i in range(3)))
+        await rows.aclose()
+    assert len(requests) == 3
+    finished = exporter.get_finished_spans()  # type: ignore[attr-defined]
+    by_name = {s.name: s for s in finished}
+    batch = by_name["asyncgraph.batch"]
+    request_ids = {by_name[f"request {i}"].context.span_id for i in range(3)}
+    assert {link.context.span_id for link in batch.links} == request_ids
+    dispatch = by_name["asyncgraph.dispatch"]
+    assert dispatch.parent.span_id == batch.context.span_id
+    assert dispatch.attributes["asyncgraph.priority"] == "low"

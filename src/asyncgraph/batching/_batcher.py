@@ -147,6 +147,9 @@ class Batcher(AsyncResource):
         else:
             fits = self._fit(rows)
         queue = self._queue
+        traced = self._launcher.tracer is not None
+        if traced:  # its batch's span links the caller's
+            self._launcher.remember(rows)
         waiter = queue.join(loop, rows) if fits else None
         if waiter is None:  # not checked, or not on the queue's loop: the checks
             if not (fits and queue.takes(loop)):
@@ -155,11 +158,15 @@ class Batcher(AsyncResource):
                     self._check_backend()
                     loop = queue.loop_for_use()
                 except Exception:
+                    if traced:
+                        self._launcher.forget(rows)
                     await _loop.sleep(0)  # a checkpoint, also for a refusal
                     raise
             waiter = ALONE if queue.launch_alone(loop) else queue.add(loop, rows)
         if waiter is ALONE:  # its batch of one (counted), dispatched and awaited here
             launcher = self._launcher
+            if traced:  # dispatched in the caller's context: its span is the dispatch's parent
+                launcher.forget(rows)
             try:
                 pending, staging = launcher.launch_alone(rows)
             except QueueFullError:  # no room in the backend's queue: in line, as any batch
@@ -195,6 +202,9 @@ class Batcher(AsyncResource):
         except BaseException:
             queue.leave(waiter)
             raise
+        finally:
+            if traced:
+                self._launcher.forget(rows)
 
     async def many(self, *inputs: object) -> tuple[Array, ...]:
         """Add several items at once (a request of several rows); return their output rows.
@@ -393,6 +403,17 @@ def batcher(
         check_priority(priority, "batcher()")
     check_queue_timeout(queue_timeout, "batcher()")
     launcher = BatchLauncher(
-        backend, kernel, ins, outs, args, launch, size, sizes, graph, int(shared_mem), steer=steer
+        backend,
+        kernel,
+        ins,
+        outs,
+        args,
+        launch,
+        size,
+        sizes,
+        graph,
+        int(shared_mem),
+        steer=steer,
+        tracer=backend.tracer,
     )
     return Batcher(backend, kernel, ins, launcher, size, float(max_delay), policy)

@@ -129,6 +129,12 @@ class Backend(StreamsAndGraphs, ResidentBuffers, AsyncResource):
         return self._lifecycle.state != OPEN
 
     @property
+    def tracer(self) -> Any:
+        """The OpenTelemetry tracer of this backend's dispatch spans, or ``None`` (no spans:
+        ``BackendOptions.tracer_provider``, ``docs/jobs.md``)."""
+        return self._steer.tracer
+
+    @property
     def failure(self) -> DeviceFaultError | None:
         """The device fault that failed this backend, or ``None`` while it is healthy."""
         return self._engine.failure

@@ -13,7 +13,16 @@ from typing import Any
 
 from asyncgraph._exceptions import UnsupportedError, WithdrawnError
 
-__all__ = ("SPAN_NAME", "batch_span", "finished", "launched", "start", "tracer_for")
+__all__ = (
+    "SPAN_NAME",
+    "batch_span",
+    "caller",
+    "current",
+    "finished",
+    "launched",
+    "start",
+    "tracer_for",
+)
 
 SPAN_NAME = "asyncgraph.dispatch"
 
@@ -77,9 +86,23 @@ def finished(span: Any, outcome: object) -> None:
     span.end()
 
 
+def caller() -> Any:
+    """The span context of the caller's current span (for a batch's span to link)."""
+    from opentelemetry import trace
+
+    return trace.get_current_span().get_span_context()
+
+
+def current(span: Any) -> Any:
+    """A context manager making *span* the current one (without ending it)."""
+    from opentelemetry import trace
+
+    return trace.use_span(span, end_on_exit=False)
+
+
 def batch_span(tracer: Any, callers: list[Any], size: int) -> Any:
     """A started span ``asyncgraph.batch`` linking the spans of the batch's *callers* (their
-    span contexts, as :func:`caller_context` took them)."""
+    span contexts, as :func:`caller` took them)."""
     from opentelemetry.trace import Link
 
     links = [Link(context) for context in callers if context is not None and context.is_valid]
