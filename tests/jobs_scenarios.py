@@ -198,7 +198,8 @@ async def _wait(p: ag.PendingDispatch) -> None:
 
 async def dependent(backend: Any, hold: Hold) -> dict[str, Any]:
     """A queued dispatch that later work depends on (a dispatch, a download of a buffer it
-    writes) is not withdrawn, by cancel() or its deadline; the last of a chain is."""
+    writes) is not withdrawn, by cancel() or its deadline; nor one that writes a buffer after
+    a use of it that has not finished (the last of the chain: it follows one still queued)."""
     buffer = await backend.upload(np.zeros(N, np.float32))
     other = await backend.upload(np.zeros(N, np.float32))
     hold.take(backend)
@@ -208,14 +209,13 @@ async def dependent(backend: Any, hold: Hold) -> dict[str, Any]:
     read = _inc(backend, other)
     download = asyncio.ensure_future(backend.download(other))
     await asyncio.sleep(0.05)  # past first's deadline
-    refused = [first.cancel(), second.cancel(), read.cancel()]
-    last = third.cancel()
+    refused = [first.cancel(), second.cancel(), read.cancel(), third.cancel()]
     hold.release()
     await first
     await second
+    await third
     return {
         "refused": refused,
-        "last": last,
         "value": await _value(backend, buffer),
         "downloaded": float((await download)[0]),
     }

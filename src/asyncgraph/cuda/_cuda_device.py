@@ -21,7 +21,7 @@ from asyncgraph.cuda.core._choose import core
 from asyncgraph.cuda.driver._context import OwnContext
 from asyncgraph.cuda.driver._driver import check
 from asyncgraph.cuda.driver._events import EventPool
-from asyncgraph.cuda.driver._priorities import device_priorities
+from asyncgraph.cuda.driver._priorities import class_streams, device_priorities
 from asyncgraph.cuda.launch._lanes import SCRATCH_BYTES, Lane
 from asyncgraph.cuda.launch._stream_order import chained_lane
 from asyncgraph.cuda.memory._spares import Spares
@@ -145,7 +145,7 @@ class Device:
                 self.class_lanes.append(self.lanes[: len(streams)])
                 continue
             lanes = []
-            for _ in range(max(1, options.streams // 2)):
+            for _ in range(class_streams(options.streams)):
                 stream = device.create_stream(options=by_class[rank])
                 slot = StreamLane(len(self.lanes), stream, reserved=True)  # off the fast path
                 lanes.append(Lane(self, slot, self.memory.reserve(SCRATCH_BYTES, stream), rank))

@@ -44,7 +44,8 @@ class BackendOptions:
     """How a backend is sized and what it plugs in.
 
     Attributes:
-        streams: CUDA streams dispatches are spread over (CUDA backend only).
+        streams: CUDA streams dispatches of the default priority class are spread over (CUDA
+            backend only); each other class has a quarter as many (at least one) of its own.
         host_workers: worker threads that run ``host=`` functions on the host backend;
             ``None`` (the default) means one per CPU core (``os.cpu_count()``).
         max_in_flight: dispatches submitted and not yet completed, at most; further dispatches

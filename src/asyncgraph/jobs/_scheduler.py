@@ -31,10 +31,11 @@ from collections.abc import Callable
 from time import perf_counter
 from typing import TYPE_CHECKING, Any, Protocol
 
-from asyncgraph.buffers._resident import readers_of, track, writer_of
+from asyncgraph.buffers._resident import track
 from asyncgraph.runtime._priority import NORMAL
 
 from ._classes import ClassQueue
+from ._withdrawal import kept_by_order
 
 if TYPE_CHECKING:
     from asyncgraph.args._bound_args import BoundCall
@@ -302,7 +303,7 @@ class Scheduler:
     def withdraw(self, job: Job, error: BaseException) -> tuple[bool, list[Effect]]:
         """Withdraw *job* if it has not launched and no later work depends on it: it fails
         with *error*, releasing what it holds. Whether it was withdrawn, and the effects."""
-        if job.state not in _WITHDRAWABLE or self._depended_on(job):
+        if job.state not in _WITHDRAWABLE or kept_by_order(job, _DONE):
             return False, []
         self._finish(job, error, release=True)
         return True, self._advance()
@@ -345,11 +346,6 @@ class Scheduler:
             if getattr(dep, "state", None) is _QUEUED:
                 return self._queued_dep(dep)  # type: ignore[arg-type]  # a queued Job
         return job
-
-    def _depended_on(self, job: Job) -> bool:
-        """Whether a later use (a dispatch, download or copy) depends on a buffer *job* writes."""
-        written = [arg.buffer for arg in job.call.args if arg.buffer is not None and arg.writes]
-        return any(writer_of(b) is not job or bool(readers_of(b)) for b in written)
 
     def _admit(self, job: Job) -> None:
         job.t_submit = perf_counter()

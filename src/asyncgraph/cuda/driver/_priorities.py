@@ -15,7 +15,7 @@ from asyncgraph.runtime._priority import PRIORITIES
 
 from ._driver import check
 
-__all__ = ("class_priorities", "device_priorities")
+__all__ = ("class_priorities", "class_streams", "device_priorities")
 
 
 def class_priorities(least: int, greatest: int) -> tuple[int, ...]:
@@ -26,6 +26,13 @@ def class_priorities(least: int, greatest: int) -> tuple[int, ...]:
     middle = least + int((greatest - least) / 2)  # towards least, whichever way the range runs
     by_class = {"high": greatest, "normal": middle, "low": least}
     return tuple(by_class[name] for name in PRIORITIES)
+
+
+def class_streams(streams: int) -> int:
+    """Streams of each class other than the default one, for *streams* of the default class
+    (``BackendOptions.streams``): a quarter, at least one. Few, since the fast path, which
+    keeps off them, steps over each of them when it places a dispatch."""
+    return max(1, streams // 4)
 
 
 def device_priorities() -> tuple[int, ...]:
