@@ -53,6 +53,7 @@ SCRIPTS: dict[str, tuple[str, list[str], bool]] = {
         ],
         True,
     ),
+    "bench_priority.py": (STAND_IN, [], True),
     "bench_ray.py": (HOST, ["--device", "host"], True),
     "bench_reactor.py": (STAND_IN, [], True),
     "bench_resident.py": (STAND_IN, [], True),

@@ -16,16 +16,19 @@ from asyncgraph.cuda.launch._staging_plan import CudaJob
 from asyncgraph.jobs._scheduler import JobState
 from asyncgraph.pool import StreamLane
 from asyncgraph.runtime._finished import Download
+from asyncgraph.runtime._priority import HIGH, LOW, NORMAL
 
 KERNEL = ag.Kernel('extern "C" __global__ void k(float* x) {}', "k")
 
 
 class FakeLane:
-    """A lane as the launch code reads it: its stream slot and handle."""
+    """A lane as the launch code reads it: its stream slot, handle and priority class."""
 
-    def __init__(self, name: str) -> None:
-        self.slot: StreamLane[None] = StreamLane(0, None)
+    def __init__(self, name: str, rank: int = NORMAL) -> None:
+        # A lane of another class than the default one is reserved, as the device makes it.
+        self.slot: StreamLane[None] = StreamLane(0, None, reserved=rank != NORMAL)
         self.handle = f"stream {name}"
+        self.rank = rank
 
 
 def _launched(lane: FakeLane | None, event: object = "event") -> CudaJob:
@@ -71,6 +74,15 @@ def test_a_leased_lane_is_not_followed() -> None:
     lane = FakeLane("leased")
     lane.slot.leased = True
     assert _launch.chained_lane([_launched(lane)]) is None
+
+
+def test_a_dispatch_follows_its_uses_only_on_a_lane_of_its_own_class() -> None:
+    high, low = FakeLane("high", HIGH), FakeLane("low", LOW)
+    assert _launch.chained_lane([_launched(high)], HIGH) is cast(Any, high)
+    assert _launch.chained_lane([_launched(low), _launched(low)], LOW) is cast(Any, low)
+    assert _launch.chained_lane([_launched(high)], NORMAL) is None  # waits for it instead
+    assert _launch.chained_lane([_launched(low)], HIGH) is None
+    assert _launch.chained_lane([_launched(A)], HIGH) is None
 
 
 def test_only_uses_on_other_streams_are_waited_for(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -15,7 +15,6 @@ freed; ``done()``, ``result()``, ``exception()`` of a pending result, and its sl
 from __future__ import annotations
 
 import asyncio
-from collections import deque
 from collections.abc import Callable, Iterator
 from types import ModuleType
 from typing import Any, cast
@@ -312,7 +311,7 @@ DOOR_STEPS: list[tuple[str, int, str]] = [
 def _doors_run(doors: Doors) -> list[Any]:
     """Each of :data:`DOOR_STEPS` through *doors* on a fresh ``FastDoor``: what it returned,
     the jobs in flight, and each job's state and outcome after it."""
-    door = FastDoor({}, deque(), [], 4)
+    door = FastDoor({}, {}, [], 4)
     jobs = {i: doors["FastJob"](i, JobState.QUEUED) for i in (1, 2, 3, 4)}
     error = ValueError("failed")
     seen: list[Any] = []
@@ -320,7 +319,7 @@ def _doors_run(doors: Doors) -> list[Any]:
         door.queue.clear()
         door.parked.clear()
         if waiting == "queued":
-            door.queue.append(cast(Any, "a queued job"))
+            door.queue[0] = cast(Any, "a queued job")
         elif waiting == "parked":
             door.parked.append(cast(Any, "a parked job"))
         if operation == "admit":

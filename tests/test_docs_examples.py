@@ -139,7 +139,8 @@ def _arrays() -> dict[str, Any]:
 def _names(page: str) -> dict[str, Any]:
     """The names a page's examples use without defining them, as its text describes them."""
     names: dict[str, Any] = {"ag": ag, "np": np, "asyncio": asyncio}
-    if page in {"README.md", "quickstart.md", "reliability.md", "serving.md", "testing.md"}:
+    pages = {"README.md", "quickstart.md", "reliability.md", "serving.md", "testing.md", "jobs.md"}
+    if page in pages:
         names |= _arrays() | {"SAXPY": SAXPY, "saxpy": SAXPY, "REDUCE": REDUCE}
         names["n"] = np.int32(names["n"])
         names["assert_matches_host"] = assert_matches_host

@@ -102,3 +102,35 @@ async def test_registering_twice_in_one_registry_is_refused(host: ag.Backend) ->
     registry.register(BackendCollector(host))
     with pytest.raises(ValueError, match="Duplicated timeseries"):
         registry.register(BackendCollector(host))
+
+
+async def test_queue_wait_latency_and_withdrawals_are_labelled_by_class() -> None:
+    from prometheus_client import CollectorRegistry
+
+    from tests.jobs_scenarios import N, _inc
+    from tests.test_jobs import HostHold
+
+    async with ag.open_backend("host", max_in_flight=1) as backend:
+        hold = HostHold()
+        held = hold.take(backend)
+        low = _inc(backend, ag.InOut(np.zeros(N, np.float32)), priority="low")
+        late = _inc(backend, ag.InOut(np.zeros(N, np.float32)), queue_timeout=0)
+        gone = _inc(backend, ag.InOut(np.zeros(N, np.float32)))
+        assert gone.cancel()
+        with pytest.raises(ag.QueueTimeoutError):
+            await late
+        hold.release()
+        await held
+        await low
+        registry = CollectorRegistry()
+        registry.register(BackendCollector(backend))
+
+        def value(name: str, **labels: str) -> float | None:
+            return registry.get_sample_value(f"asyncgraph_{name}", {"backend": "host", **labels})
+
+        assert value("class_queue_wait_seconds_count", priority="low") == 1
+        assert value("class_queue_wait_seconds_count", priority="normal") == 1  # the held one
+        assert value("class_completion_latency_seconds_count", priority="normal") == 3
+        assert value("class_completion_latency_seconds_count", priority="high") == 0
+        assert value("dispatches_withdrawn_total", reason="cancelled") == 1
+        assert value("dispatches_withdrawn_total", reason="queue_timeout") == 1

@@ -360,3 +360,21 @@ def test_the_batch_delay_is_read_in_microseconds(monkeypatch: pytest.MonkeyPatch
         monkeypatch.setenv("EXAMPLE_BATCH_DELAY_US", bad)
         with pytest.raises(SystemExit, match="EXAMPLE_BATCH_DELAY_US"):
             app.batch_delay()
+
+
+async def test_a_request_names_its_class_and_queue_deadline_in_headers(server: str) -> None:
+    body = {"a": 2.0, "x": [1.0, 2.0], "y": [0.5, 0.5]}
+    async with httpx.AsyncClient(base_url=server) as client:
+        steered = {"x-priority": "high", "x-queue-timeout": "5"}
+        good = await client.post("/v1/saxpy", json=body, headers=steered)
+        assert good.json() == {"z": [2.5, 4.5]}
+        bad = await client.post("/v1/saxpy", json=body, headers={"x-priority": "urgent"})
+        assert (bad.status_code, bad.json()) == (
+            422,
+            {"error": "dispatch(): priority='urgent'; pass 'high', 'normal' or 'low'"},
+        )
+        bad = await client.post("/v1/saxpy", json=body, headers={"x-queue-timeout": "soon"})
+        assert (bad.status_code, bad.json()) == (
+            400,
+            {"error": "x-queue-timeout must be a number of seconds"},
+        )

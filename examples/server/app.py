@@ -316,8 +316,24 @@ async def saxpy(request: Request) -> Response:
         np.int32(n),
         grid=(n + BLOCK - 1) // BLOCK,
         block=BLOCK,
+        **_steering(request),
     )
     return JSONResponse({"z": _finite(z).tolist()})
+
+
+def _steering(request: Request) -> dict[str, Any]:
+    """The request's class and queue deadline (docs/jobs.md): headers ``x-priority`` (high,
+    normal or low; asyncgraph refuses others with a 422) and ``x-queue-timeout`` (seconds a
+    dispatch may wait for a slot; past it the answer is a 503). A disconnect that cancels the
+    handler withdraws its dispatch if it is still queued."""
+    steer: dict[str, Any] = {"priority": request.headers.get("x-priority")}
+    timeout = request.headers.get("x-queue-timeout")
+    if timeout is not None:
+        try:
+            steer["queue_timeout"] = float(timeout)
+        except ValueError:
+            raise BadRequest("x-queue-timeout must be a number of seconds") from None
+    return steer
 
 
 def _saxpy_input(body: dict[str, Any]) -> tuple[Array, Array, float]:
@@ -404,6 +420,11 @@ async def unprocessable(request: Request, exc: Exception) -> Response:
     return JSONResponse({"error": str(exc)}, status_code=422)
 
 
+async def busy(request: Request, exc: Exception) -> Response:
+    # The dispatch waited its queue deadline for a slot and was withdrawn: nothing ran.
+    return JSONResponse({"error": str(exc)}, status_code=503, headers={"retry-after": "1"})
+
+
 async def refused(request: Request, exc: Exception) -> Response:
     # asyncgraph validated the dispatch and started nothing; the message says what was wrong.
     return JSONResponse({"error": str(exc)}, status_code=422)
@@ -466,6 +487,7 @@ app = Starlette(
         TooLarge: too_large,
         Unprocessable: unprocessable,
         ag.DispatchError: refused,
+        ag.QueueTimeoutError: busy,
     },
     lifespan=lifespan,
 )

@@ -22,10 +22,12 @@ from ._exceptions import GroupError as GroupError
 from ._exceptions import HostFunctionError as HostFunctionError
 from ._exceptions import NotPicklableError as NotPicklableError
 from ._exceptions import QueueFullError as QueueFullError
+from ._exceptions import QueueTimeoutError as QueueTimeoutError
 from ._exceptions import ShapeMismatchError as ShapeMismatchError
 from ._exceptions import StaleBufferError as StaleBufferError
 from ._exceptions import StartTimeoutError as StartTimeoutError
 from ._exceptions import UnsupportedError as UnsupportedError
+from ._exceptions import WithdrawnError as WithdrawnError
 
 if typing.TYPE_CHECKING:
     from asyncgraph.args._arguments import InOut as InOut
@@ -145,6 +147,7 @@ __all__ = (
     "PendingDispatch",
     "ProcessFault",
     "QueueFullError",
+    "QueueTimeoutError",
     "Replicated",
     "ResidentBuffer",
     "Row",
@@ -154,6 +157,7 @@ __all__ = (
     "StreamLease",
     "TelemetrySnapshot",
     "UnsupportedError",
+    "WithdrawnError",
     "__version__",
     "batch",
     "batcher",

@@ -15,6 +15,8 @@ working for callers who do not know this library::
      ├─ BatchFunctionError               a function batched by batch() broke its contract
      ├─ AllocationError (MemoryError)    device or pinned memory exhausted after trimming caches
      ├─ QueueFullError                   BackendOptions.max_queued dispatches already queued
+     ├─ WithdrawnError                   a queued dispatch was withdrawn before it launched
+     │   └─ QueueTimeoutError (TimeoutError) it waited out its queue_timeout
      ├─ CaptureError
      ├─ StaleBufferError                 a freed, reused or foreign resident buffer
      ├─ DeviceUnavailableError           no CUDA driver or device where one was required
@@ -43,10 +45,12 @@ __all__ = (
     "HostFunctionError",
     "NotPicklableError",
     "QueueFullError",
+    "QueueTimeoutError",
     "ShapeMismatchError",
     "StaleBufferError",
     "StartTimeoutError",
     "UnsupportedError",
+    "WithdrawnError",
 )
 
 
@@ -145,6 +149,23 @@ class QueueFullError(AsyncGraphError):
 
     Nothing was started; the backend stays usable. ``await backend.submit(...)`` waits for
     room instead of raising: that wait is the backpressure a server applies to its callers.
+    """
+
+
+class WithdrawnError(AsyncGraphError):
+    """A dispatch was withdrawn before it launched: ``pending.cancel()`` returned ``True``, or
+    every task that awaited it was cancelled.
+
+    Its kernel never ran and what it held was released; awaiting it, ``result()`` and
+    ``exception()`` give this error. The backend stays usable.
+    """
+
+
+class QueueTimeoutError(WithdrawnError, TimeoutError):
+    """A dispatch waited its ``queue_timeout`` for an in-flight slot and was withdrawn.
+
+    Nothing of it reached the device; what it held was released. Raise ``queue_timeout``, lower
+    the load, or give the dispatch a higher ``priority`` (``docs/jobs.md``).
     """
 
 

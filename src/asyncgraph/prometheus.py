@@ -46,6 +46,13 @@ _COUNTERS: tuple[tuple[str, str, str, dict[str, str]], ...] = (
     ),
     ("dispatches_completed", "dispatches_completed", "Dispatches that completed.", {}),
     ("dispatches_failed", "dispatches_failed", "Dispatches that completed with an error.", {}),
+    (
+        "dispatches_withdrawn",
+        "dispatches_withdrawn",
+        "Dispatches withdrawn before they launched, by why.",
+        {"reason": "cancelled"},
+    ),
+    ("dispatches_withdrawn", "dispatches_timed_out", "", {"reason": "queue_timeout"}),
     ("transferred_bytes", "bytes_up", "Bytes copied to or from the backend.", {"direction": "up"}),
     ("transferred_bytes", "bytes_down", "", {"direction": "down"}),
     ("copies", "copies_up", "Copies to or from the backend.", {"direction": "up"}),
@@ -97,6 +104,21 @@ _HISTOGRAMS: tuple[tuple[str, str, str], ...] = (
     ("submit_seconds", "submit_time", "Seconds the host spent submitting a dispatch."),
     ("completion_latency_seconds", "completion_latency", "Seconds from dispatch() to completion."),
     ("device_time_seconds", "device_time", "Kernel time of dispatches made with timing=True."),
+)
+
+
+# Per priority class (a ``priority`` label): the snapshot's mapping of class to histogram.
+_CLASS_HISTOGRAMS: tuple[tuple[str, str, str], ...] = (
+    (
+        "class_queue_wait_seconds",
+        "queue_wait_by_class",
+        "Seconds from dispatch() to submission, by priority class.",
+    ),
+    (
+        "class_completion_latency_seconds",
+        "completion_latency_by_class",
+        "Seconds from dispatch() to completion, by priority class.",
+    ),
 )
 
 
@@ -157,6 +179,17 @@ class BackendCollector(Collector):
             for backend, snapshot in snapshots:
                 values: HistogramSnapshot = getattr(snapshot, field)
                 histogram.add_metric([backend], _buckets(values), sum_value=values.sum)
+            yield histogram
+        for name, field, documentation in _CLASS_HISTOGRAMS:
+            histogram = HistogramMetricFamily(
+                f"asyncgraph_{name}", documentation, labels=["backend", "priority"]
+            )
+            for backend, snapshot in snapshots:
+                by_class: dict[str, HistogramSnapshot] = getattr(snapshot, field)
+                for priority, values in by_class.items():
+                    histogram.add_metric(
+                        [backend, priority], _buckets(values), sum_value=values.sum
+                    )
             yield histogram
 
     @staticmethod

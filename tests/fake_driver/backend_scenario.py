@@ -428,7 +428,9 @@ async def pending_slots() -> dict[str, Any]:
             unset = [
                 name
                 for name in PendingDispatch.__slots__
-                if name not in ("__weakref__", "_traceback") and not hasattr(pending, name)
+                # _traceback: set on failure; _withdraw: on a dispatch that may be withdrawn
+                if name not in ("__weakref__", "_traceback", "_withdraw")
+                and not hasattr(pending, name)
             ]
             await pending
         return {"unset": unset, "type": type(pending).__name__,

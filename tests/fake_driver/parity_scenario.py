@@ -37,7 +37,8 @@ INVALID_VALUE = 1  # not sticky: the backend goes on
 # Telemetry that counts (the histograms measure time, which differs from run to run: of them,
 # only how many values each holds is compared).
 TIMED = {"queue_wait", "submit_time", "completion_latency", "device_time"}
-COUNTS = [f.name for f in attrs.fields(TelemetrySnapshot) if f.name not in TIMED]
+BY_CLASS = {"queue_wait_by_class", "completion_latency_by_class"}  # class -> histogram
+COUNTS = [f.name for f in attrs.fields(TelemetrySnapshot) if f.name not in TIMED | BY_CLASS]
 
 
 def _scale(gpu: Any, x: Any) -> Any:
@@ -68,7 +69,15 @@ def _uses(buffer: Any) -> list[Any]:
 def _counts(gpu: Any) -> dict[str, Any]:
     snapshot = gpu.telemetry.snapshot()
     counts = {name: getattr(snapshot, name) for name in COUNTS}
-    return counts | {f"{name} values": getattr(snapshot, name).count for name in sorted(TIMED)}
+    by_class = {
+        f"{name} values": {c: h.count for c, h in getattr(snapshot, name).items()}
+        for name in sorted(BY_CLASS)
+    }
+    return (
+        counts
+        | {f"{name} values": getattr(snapshot, name).count for name in sorted(TIMED)}
+        | by_class
+    )
 
 
 async def _outcome(call: Callable[[], Awaitable[Any]]) -> list[Any]:

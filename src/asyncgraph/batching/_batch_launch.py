@@ -29,6 +29,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from asyncgraph.args._arguments import Out
+from asyncgraph.runtime import _tracing
 
 from ._batch_options import check_launch_shape
 
@@ -66,6 +67,7 @@ class BatchLauncher:
         "_backend",
         "_buckets",
         "_by_row",
+        "_callers",
         "_capacity",
         "_graph",
         "_inputs",
@@ -77,7 +79,9 @@ class BatchLauncher:
         "_shared",
         "_shared_mem",
         "_spare",
+        "_steer",
         "_tails",
+        "tracer",
     )
 
     def __init__(
@@ -93,6 +97,8 @@ class BatchLauncher:
         graph: str,
         shared_mem: int,
         keep: int = 4,
+        steer: dict[str, Any] | None = None,
+        tracer: Any = None,
     ) -> None:
         self._backend = backend
         self._kernel = kernel
@@ -106,6 +112,9 @@ class BatchLauncher:
         self._graph = graph
         self._shared_mem = shared_mem
         self._keep = keep
+        self._steer = steer or {}  # each batch's priority class and queue deadline
+        self.tracer = tracer  # while tracing: each batch is a span linking its callers'
+        self._callers: dict[int, Any] = {}  # their span contexts, by id of their item
         self._spare: list[list[Array]] = []
         # The dispatch's arguments after the inputs, by batch size: the outputs, the shared
         # arguments and the size (made once per size).
@@ -140,10 +149,29 @@ class BatchLauncher:
         Raises:
             Exception: whatever the staging or the dispatch raised.
         """
-        pending, staging = self.launch(items, size)
         n = len(items)
+        if self.tracer is None:
+            pending, staging = self.launch(items, size)
+        else:  # a span linking the callers', current while the batch's dispatch is made
+            callers = [self._callers.pop(id(item), None) for item in items]
+            span = _tracing.batch_span(self.tracer, callers, n)
+            try:
+                with _tracing.current(span):
+                    pending, staging = self.launch(items, size)
+            except BaseException:
+                span.end()
+                raise
+            pending.add_done_callback(lambda _done: span.end())
         pending.add_done_callback(lambda finished: self._end(finished, staging, n, done))
         return pending.dispatch_id
+
+    def remember(self, item: tuple[object, ...]) -> None:
+        """While tracing: the caller's span context, for the span of *item*'s batch to link."""
+        self._callers[id(item)] = _tracing.caller()
+
+    def forget(self, item: tuple[object, ...]) -> None:
+        """*item* left its batch, or its batch launched: forget its caller's context."""
+        self._callers.pop(id(item), None)
 
     def launch_alone(self, rows: tuple[object, ...]) -> tuple[PendingDispatch, list[Array] | None]:
         """Dispatch one caller's *rows* as a batch of one: the rows themselves, each as a view
@@ -219,6 +247,7 @@ class BatchLauncher:
             block=block,  # type: ignore[arg-type]
             shared_mem=self._shared_mem,
             graph=self._graph,
+            **self._steer,
         )
 
     def answers(self, results: tuple[Array, ...], n: int) -> Any:

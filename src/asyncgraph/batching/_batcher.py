@@ -33,6 +33,7 @@ import numpy as np
 from asyncgraph._exceptions import ArgumentTypeError, BackendClosedError, QueueFullError
 from asyncgraph.front._backend import Backend
 from asyncgraph.runtime import _loop
+from asyncgraph.runtime._priority import check_priority, check_queue_timeout
 from asyncgraph.runtime._resource import AsyncResource
 from asyncgraph.runtime._telemetry import logger
 
@@ -146,6 +147,9 @@ class Batcher(AsyncResource):
         else:
             fits = self._fit(rows)
         queue = self._queue
+        traced = self._launcher.tracer is not None
+        if traced:  # its batch's span links the caller's
+            self._launcher.remember(rows)
         waiter = queue.join(loop, rows) if fits else None
         if waiter is None:  # not checked, or not on the queue's loop: the checks
             if not (fits and queue.takes(loop)):
@@ -154,11 +158,15 @@ class Batcher(AsyncResource):
                     self._check_backend()
                     loop = queue.loop_for_use()
                 except Exception:
+                    if traced:
+                        self._launcher.forget(rows)
                     await _loop.sleep(0)  # a checkpoint, also for a refusal
                     raise
             waiter = ALONE if queue.launch_alone(loop) else queue.add(loop, rows)
         if waiter is ALONE:  # its batch of one (counted), dispatched and awaited here
             launcher = self._launcher
+            if traced:  # dispatched in the caller's context: its span is the dispatch's parent
+                launcher.forget(rows)
             try:
                 pending, staging = launcher.launch_alone(rows)
             except QueueFullError:  # no room in the backend's queue: in line, as any batch
@@ -194,6 +202,9 @@ class Batcher(AsyncResource):
         except BaseException:
             queue.leave(waiter)
             raise
+        finally:
+            if traced:
+                self._launcher.forget(rows)
 
     async def many(self, *inputs: object) -> tuple[Array, ...]:
         """Add several items at once (a request of several rows); return their output rows.
@@ -316,6 +327,8 @@ def batcher(
     buckets: Sequence[int] | None = None,
     graph: str = "never",
     shared_mem: int = 0,
+    priority: str | None = None,
+    queue_timeout: float | None = None,
 ) -> Batcher:
     """Make a :class:`Batcher`: concurrent calls with one row each, one dispatch per batch.
 
@@ -347,6 +360,9 @@ def batcher(
         graph: passed to each dispatch: ``"never"``, ``"auto"`` or ``"always"``.
         shared_mem: bytes of dynamic shared memory per block, passed to each dispatch (an int
             from 0 to the backend's bound, ``backend.limits.max_shared_mem``, checked here).
+        priority: the priority class of each batch's dispatch (``None``: the backend's).
+        queue_timeout: each batch's dispatch's queue deadline (``None``: the backend's); a
+            batch that waits it out fails its callers with :class:`QueueTimeoutError`.
 
     Returns:
         The batcher: ``await batcher(*rows)`` returns the caller's row of each output.
@@ -382,7 +398,22 @@ def batcher(
         backend.limits.max_shared_mem,
     )
     size = int(max_size)
+    steer = {"priority": priority, "queue_timeout": queue_timeout}
+    if priority is not None:
+        check_priority(priority, "batcher()")
+    check_queue_timeout(queue_timeout, "batcher()")
     launcher = BatchLauncher(
-        backend, kernel, ins, outs, args, launch, size, sizes, graph, int(shared_mem)
+        backend,
+        kernel,
+        ins,
+        outs,
+        args,
+        launch,
+        size,
+        sizes,
+        graph,
+        int(shared_mem),
+        steer=steer,
+        tracer=backend.tracer,
     )
     return Batcher(backend, kernel, ins, launcher, size, float(max_delay), policy)

@@ -21,12 +21,15 @@ from asyncgraph.cuda.core._choose import core
 from asyncgraph.cuda.driver._context import OwnContext
 from asyncgraph.cuda.driver._driver import check
 from asyncgraph.cuda.driver._events import EventPool
+from asyncgraph.cuda.driver._priorities import class_streams, device_priorities
 from asyncgraph.cuda.launch._lanes import SCRATCH_BYTES, Lane
+from asyncgraph.cuda.launch._stream_order import chained_lane
 from asyncgraph.cuda.memory._spares import Spares
 from asyncgraph.pool import HostPool, PinnedPool, StreamLane, StreamOrderedDeviceMemory, StreamPool
 from asyncgraph.pool._abandon import abandon
 from asyncgraph.runtime import _poison
 from asyncgraph.runtime._poison import POISONING_CODES
+from asyncgraph.runtime._priority import NORMAL, PRIORITIES
 from asyncgraph.runtime._telemetry import PoolCounters, Telemetry
 
 if TYPE_CHECKING:
@@ -48,7 +51,11 @@ class Device:
             made current around the backend's driver calls.
         limits: the launch limits dispatches are checked against.
         arch: e.g. ``"sm_90"``; name: e.g. ``"NVIDIA H100 80GB HBM3"``.
-        lanes: one :class:`Lane` per stream of ``stream_pool``, by index.
+        lanes: one :class:`Lane` per stream of ``stream_pool``, by index, then those of the
+            other priority classes (``class_lanes``), which the fast path and leases keep off.
+        class_lanes: the lanes of each priority class, by rank (``PRIORITIES`` order): the
+            default class's are ``stream_pool``'s; each class's streams have its CUDA priority
+            (``stream_priorities``, from ``cuda/driver/_priorities``).
         wait_lanes: the lanes awaited foreign work completes on (``_foreign_work``), after them.
         foreign: waits for, and ordering with, other libraries' streams and events.
         watches: what the reactor watches, per lane (the core's ``Watches``).
@@ -89,7 +96,12 @@ class Device:
         self.context = drv.CUcontext(int(device.context.handle))
         self.ctx = OwnContext(self.context)
         stream_options = StreamOptions(nonblocking=True)
-        streams = [device.create_stream(options=stream_options) for _ in range(options.streams)]
+        self.stream_priorities = device_priorities()
+        by_class = [
+            StreamOptions(nonblocking=True, priority=priority)
+            for priority in self.stream_priorities
+        ]
+        streams = [device.create_stream(options=by_class[NORMAL]) for _ in range(options.streams)]
         self.stream_pool: StreamPool[Any] = StreamPool(streams)
         self.alloc_stream = device.create_stream(options=stream_options)
         self.owns_memory = options.device_memory is None
@@ -127,6 +139,18 @@ class Device:
             Lane(self, slot, self.memory.reserve(SCRATCH_BYTES, slot.stream))
             for slot in self.stream_pool.lanes
         ]
+        self.class_lanes: list[list[Lane]] = []
+        for rank in range(len(PRIORITIES)):
+            if rank == NORMAL:
+                self.class_lanes.append(self.lanes[: len(streams)])
+                continue
+            lanes = []
+            for _ in range(class_streams(options.streams)):
+                stream = device.create_stream(options=by_class[rank])
+                slot = StreamLane(len(self.lanes), stream, reserved=True)  # off the fast path
+                lanes.append(Lane(self, slot, self.memory.reserve(SCRATCH_BYTES, stream), rank))
+                self.lanes.append(lanes[-1])
+            self.class_lanes.append(lanes)
         # Streams of their own that awaited foreign work completes on (``_foreign_work``): the
         # reactor's lanes after the pool's, outside the pool, so no dispatch waits behind it.
         n = len(self.lanes)
@@ -231,6 +255,21 @@ class Device:
             self._no_leases = self.loop.create_future()
             await self._no_leases
 
+    # -- placement -----------------------------------------------------------------------------
+
+    def lane_for(self, job: Any) -> Lane:
+        """The lane *job* launches on: that of the uses it depends on when they all run on one
+        lane of its class (ordered by the stream alone), else its class's least busy lane."""
+        lane = chained_lane(job.deps, job.priority) if job.deps else None
+        return lane if lane is not None else self.placed(job.priority)
+
+    def placed(self, rank: int) -> Lane:
+        """The least busy lane of the class of *rank* (the default class's: ``stream_pool``'s
+        placement, which keeps off leased lanes)."""
+        if rank == NORMAL:
+            return self.lanes[self.stream_pool.pick().index]
+        return min(self.class_lanes[rank], key=lambda lane: lane.slot.outstanding)
+
     # -- memory --------------------------------------------------------------------------------
 
     def trim(self) -> None:
@@ -314,7 +353,8 @@ class Device:
         self.spares.release(self.alloc_stream)  # abandoned, after a fault
         self.closed = True
         waits = [lane.stream for lane in self.wait_lanes]
-        for stream in [*self.stream_pool.streams, self.alloc_stream, *waits, *extra_streams]:
+        own = [lane.stream for lane in self.lanes]  # the pool's and the other classes'
+        for stream in [*own, self.alloc_stream, *waits, *extra_streams]:
             stream.close()
         if self.owns_memory:
             if self.failure is None:

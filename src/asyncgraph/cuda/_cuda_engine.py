@@ -27,7 +27,6 @@ from asyncgraph.cuda.launch._kernel_launch import Launches
 from asyncgraph.cuda.launch._kernel_loading import Kernels
 from asyncgraph.cuda.launch._staged import SmallPath
 from asyncgraph.cuda.launch._staging_plan import BIG_COPY, CudaJob, dep_event, plan
-from asyncgraph.cuda.launch._stream_order import chained_lane
 from asyncgraph.cuda.launch._streamed import StreamedPath
 from asyncgraph.cuda.memory._peer_copies import route
 from asyncgraph.cuda.memory._storage import Storage
@@ -263,10 +262,7 @@ class CudaEngine:
         if cuda_job.streamed:
             self.streamed.launch(cuda_job)
             return
-        # After uses on one stream, the job goes on that stream: ordered without a wait.
-        lane = chained_lane(job.deps) if job.deps else None
-        if lane is None:
-            lane = device.lanes[device.stream_pool.pick().index]
+        lane = device.lane_for(job)  # after uses on one lane of its class: that lane
         if cuda_job.replay is not None:
             self.small.launch_replay(cuda_job, lane)
         else:

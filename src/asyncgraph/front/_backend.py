@@ -17,6 +17,7 @@ import itertools
 import sys
 import warnings
 from collections.abc import Callable, Generator
+from functools import partial
 from time import perf_counter
 from typing import TYPE_CHECKING, Any, Final, NoReturn, cast
 
@@ -28,19 +29,21 @@ from asyncgraph._exceptions import (
     QueueFullError,
     UnsupportedError,
 )
-from asyncgraph.args._checks import numeric_dtype, shape_tuple
 from asyncgraph.args._kernel import check_kernel
 from asyncgraph.args._plan_cache import keeps_eager
 from asyncgraph.buffers._resident import ResidentBuffer, discard
-from asyncgraph.jobs._pending import PendingDispatch
+from asyncgraph.jobs._pending import PendingDispatch, set_withdraw
 from asyncgraph.jobs._scheduler import Job, track_buffers
 from asyncgraph.runtime import _loop
+from asyncgraph.runtime._priority import NORMAL
 from asyncgraph.runtime._resource import AsyncResource
 from asyncgraph.runtime._telemetry import logger
 
 from ._engine_protocols import GraphFront, Links
 from ._fast_front import FrontEngine
 from ._lifecycle import CLOSED, OPEN, Lifecycle
+from ._resident_api import ResidentBuffers
+from ._steering import Steering
 from ._streams_graphs import StreamsAndGraphs
 from ._wiring import assemble
 
@@ -54,10 +57,11 @@ if TYPE_CHECKING:
 __all__ = ("Backend",)
 
 _NEVER: Final = "never"
+_NORMAL: Final = "normal"
 _GRAPH_CHOICES: Final = (_NEVER, "auto", "always")
 
 
-class Backend(StreamsAndGraphs, AsyncResource):
+class Backend(StreamsAndGraphs, ResidentBuffers, AsyncResource):
     """A place to run kernels: a CUDA device, or the host in worker threads.
 
     Open one with :func:`asyncgraph.open_backend`. A backend is an async resource: use
@@ -86,6 +90,7 @@ class Backend(StreamsAndGraphs, AsyncResource):
         log = self._log = logger.bind(device=name)
         self._ids = itertools.count(1)
         self._max_queued = options.max_queued or sys.maxsize
+        steer = self._steer = Steering(options)  # checked before anything opens
         parts = assemble(
             name,
             options,
@@ -107,8 +112,13 @@ class Backend(StreamsAndGraphs, AsyncResource):
         self.on_close = life.on_close  # hooks run as aclose() begins (a batcher's flush)
         self.call_in_turn = life.call_in_turn  # submit()'s wait with no task (a batch's)
         self._transfers = parts.transfers
-        self._fast = parts.fast  # the steady state of dispatch() in one call (CUDA)
-        self._fast_graphs = parts.fast_graphs  # and of a cached graph's replay
+        ResidentBuffers.__init__(
+            self, parts.transfers, self._new_resident, engine.host_array, self._loop_for_use
+        )
+        # The steady state of dispatch() in one call (CUDA), and of a cached graph's replay:
+        # for dispatches of the default class alone, without deadline or span.
+        self._fast = parts.fast if steer.plain else None
+        self._fast_graphs = parts.fast_graphs if steer.plain else None
         self._plans = parts.plans
 
     # -- state ---------------------------------------------------------------------------------
@@ -117,6 +127,12 @@ class Backend(StreamsAndGraphs, AsyncResource):
     def is_closed(self) -> bool:
         """Whether ``aclose()`` was called (the backend may still be finishing work)."""
         return self._lifecycle.state != OPEN
+
+    @property
+    def tracer(self) -> Any:
+        """The OpenTelemetry tracer of this backend's dispatch spans, or ``None`` (no spans:
+        ``BackendOptions.tracer_provider``, ``docs/jobs.md``)."""
+        return self._steer.tracer
 
     @property
     def failure(self) -> DeviceFaultError | None:
@@ -171,6 +187,8 @@ class Backend(StreamsAndGraphs, AsyncResource):
         timing: bool = False,
         graph: str = "never",
         after: object = None,
+        priority: str | None = None,
+        queue_timeout: float | None = None,
     ) -> PendingDispatch:
         """Launch *kernel* on *args* and return at once; ``await`` the result for the outputs.
 
@@ -192,6 +210,12 @@ class Backend(StreamsAndGraphs, AsyncResource):
             after: a CUDA stream or event of another library (see :meth:`wait`), or a list of
                 them: the dispatch runs after the work enqueued on them before this call,
                 ordered on the GPU, with no host round trip (CUDA backend).
+            priority: its class, ``"high"``, ``"normal"`` or ``"low"``: queued dispatches start
+                in class order, and on CUDA each class has streams of its CUDA priority;
+                ``None``: ``BackendOptions.default_priority`` (``docs/jobs.md``).
+            queue_timeout: seconds it may wait for an in-flight slot; then it is withdrawn and
+                fails with :class:`QueueTimeoutError`. ``None``: ``BackendOptions.queue_timeout``;
+                ``math.inf``: no bound.
 
         Returns:
             A :class:`PendingDispatch`; ``await`` it for one result per ``Out``/``InOut``.
@@ -207,7 +231,12 @@ class Backend(StreamsAndGraphs, AsyncResource):
             DeviceFaultError: the backend failed earlier with a device fault.
         """
         fast = self._fast
-        if fast is not None and after is None:
+        if (
+            fast is not None
+            and after is None
+            and queue_timeout is None
+            and (priority is None or priority == _NORMAL)
+        ):
             pending = fast(kernel, args, grid, block, shared_mem, timing, graph)
             if pending is None and graph is not _NEVER and self._fast_graphs is not None:
                 pending = self._fast_graphs(kernel, args, grid, block, shared_mem, timing, graph)
@@ -225,13 +254,16 @@ class Backend(StreamsAndGraphs, AsyncResource):
             raise ArgumentTypeError(f"timing={timing!r}; pass True or False")
         if graph not in _GRAPH_CHOICES:
             raise ArgumentTypeError(f"graph={graph!r}; pass 'never', 'auto' or 'always'")
+        rank, timeout = self._steer.resolve(priority, queue_timeout, "dispatch()")
         call = self._plans.bind(kernel, args, grid, block, shared_mem, True)
         if call.fresh is not None:  # Out(..., resident=True): make the buffers now
             call.make_buffers(self._new_resident, discard)
         try:
             job: Job | None = None
             if graph != "never" and not timing and not keeps_eager(call, graph):
-                chosen = self._engine.graph_job(call, graph == "always", started, after is None)
+                plain = self._steer.plain and rank == NORMAL and timeout is None
+                inline = after is None and plain
+                chosen = self._engine.graph_job(call, graph == "always", started, inline)
                 if isinstance(chosen, PendingDispatch):
                     return chosen  # a replay the engine launched already
                 job = chosen
@@ -247,17 +279,23 @@ class Backend(StreamsAndGraphs, AsyncResource):
                 self._engine.release(job)
                 call.discard_buffers(discard)
                 raise
-        return self._enqueue_job(job, loop)
+        job.priority = rank
+        return self._enqueue_job(job, loop, timeout)
 
-    def _enqueue_job(self, job: Job, loop: asyncio.AbstractEventLoop) -> PendingDispatch:
-        """Number *job*, order it after the uses of its buffers, and schedule it."""
+    def _enqueue_job(
+        self, job: Job, loop: asyncio.AbstractEventLoop, timeout: float | None = None
+    ) -> PendingDispatch:
+        """Number *job*, order it after the uses of its buffers, and schedule it (withdrawn
+        if it waits *timeout* seconds for a slot)."""
         job.id = dispatch_id = next(self._ids)
         pending = job.pending = PendingDispatch(loop, dispatch_id, job.call.kernel.name)
         job.t_dispatch = perf_counter()
         if job.call.resident:
             track_buffers(job)
         self.telemetry.dispatches += 1
-        self._dispatcher.add(job)
+        self._steer.start_span(job, self.name)
+        set_withdraw(pending, partial(self._dispatcher.withdraw, job))
+        self._dispatcher.add(job, timeout)
         return pending
 
     async def submit(
@@ -270,6 +308,8 @@ class Backend(StreamsAndGraphs, AsyncResource):
         timing: bool = False,
         graph: str = "never",
         after: object = None,
+        priority: str | None = None,
+        queue_timeout: float | None = None,
     ) -> PendingDispatch:
         """Like :meth:`dispatch`, but first wait while ``max_queued`` dispatches are queued.
 
@@ -301,6 +341,8 @@ class Backend(StreamsAndGraphs, AsyncResource):
                 timing=timing,
                 graph=graph,
                 after=after,
+                priority=priority,
+                queue_timeout=queue_timeout,
             )
         finally:
             if room and self._scheduler.queued < self._max_queued:
@@ -321,71 +363,8 @@ class Backend(StreamsAndGraphs, AsyncResource):
 
     # -- resident buffers ----------------------------------------------------------------------
 
-    async def upload(self, array: np.ndarray[Any, Any]) -> ResidentBuffer:
-        """Copy *array* into a new resident buffer on this backend.
-
-        Raises:
-            DispatchError: *array* is not a non-empty, C-contiguous numeric numpy array.
-            BackendClosedError: the backend is closed, or was closed while the array was copied
-                (the copy is freed).
-        """
-        self._loop_for_use()
-        return await self._transfers.upload(array)
-
-    def empty(self, shape: int | tuple[int, ...], dtype: object) -> ResidentBuffer:
-        """Allocate a resident buffer; its contents are undefined until written.
-
-        Raises:
-            ShapeMismatchError: the shape is not a tuple of positive ints.
-            ArgumentTypeError: the dtype is not numeric.
-            AllocationError: the device is out of memory even after the caches were trimmed.
-            BackendClosedError: the backend is closed.
-        """
-        self._loop_for_use()
-        shape_t = shape_tuple(shape, "empty()")
-        dt = numeric_dtype(dtype, "empty()")
-        return self._new_resident(shape_t, dt)
-
     def _new_resident(self, shape: tuple[int, ...], dtype: np.dtype[Any]) -> ResidentBuffer:
         return self._store.add(self._engine.alloc_storage(shape, dtype), shape, dtype)
-
-    def pinned_empty(self, shape: int | tuple[int, ...], dtype: object) -> np.ndarray[Any, Any]:
-        """A numpy array in page-locked host memory, for inputs that go up without a copy.
-
-        Dispatching a pinned array (or a view of one) uploads it straight from its memory,
-        skipping the copy into staging; results of 1 MiB or more come back in pinned memory
-        too, so a pipeline of dispatches copies nothing on the host. The memory comes from the
-        backend's pinned pool and returns there when the array is garbage-collected. Its
-        contents are undefined until written. The host backend returns an ordinary array.
-
-        Raises:
-            ShapeMismatchError: the shape is not a tuple of positive ints.
-            ArgumentTypeError: the dtype is not numeric.
-            AllocationError: pinned memory is exhausted.
-            BackendClosedError: the backend is closed.
-        """
-        self._loop_for_use()
-        shape_t = shape_tuple(shape, "pinned_empty()")
-        dt = numeric_dtype(dtype, "pinned_empty()")
-        return self._engine.host_array(shape_t, dt)
-
-    async def download(
-        self, buffer: ResidentBuffer, out: np.ndarray[Any, Any] | None = None
-    ) -> np.ndarray[Any, Any]:
-        """Copy a resident buffer back into a new numpy array, or into *out*.
-
-        Waits for dispatches in flight that write the buffer, so it reads what they wrote.
-        Reusing an *out* array whose pages were touched before saves the page faults of a new
-        array, which bound large downloads.
-
-        Raises:
-            StaleBufferError: the buffer is closed or from another backend.
-            ArgumentTypeError: *out* is not a writable, C-contiguous numpy array.
-            ShapeMismatchError: *out* has another shape or dtype than the buffer.
-            BackendClosedError: the backend is closed.
-        """
-        self._loop_for_use()
-        return await self._transfers.download(buffer, out)
 
     async def copy(self, buffer: ResidentBuffer, to: Backend | None = None) -> ResidentBuffer:
         """A new resident buffer holding a copy of *buffer* (which lives on this backend), on

@@ -7,6 +7,7 @@ from typing import Any
 import attrs
 
 from asyncgraph._exceptions import ArgumentTypeError, DispatchError
+from asyncgraph.runtime._priority import check_priority, check_queue_timeout
 
 __all__ = ("BackendOptions", "resolve_options")
 
@@ -43,7 +44,8 @@ class BackendOptions:
     """How a backend is sized and what it plugs in.
 
     Attributes:
-        streams: CUDA streams dispatches are spread over (CUDA backend only).
+        streams: CUDA streams dispatches of the default priority class are spread over (CUDA
+            backend only); each other class has a quarter as many (at least one) of its own.
         host_workers: worker threads that run ``host=`` functions on the host backend;
             ``None`` (the default) means one per CPU core (``os.cpu_count()``).
         max_in_flight: dispatches submitted and not yet completed, at most; further dispatches
@@ -70,6 +72,14 @@ class BackendOptions:
             dispatches against replays of a graph it records).
         nvtx_enabled: mark each dispatch with NVTX ranges for Nsight Systems (needs the
             ``nvtx`` package, extra ``nvtx``); see ``docs/observability.md``.
+        default_priority: the priority class of a dispatch that names none: ``"high"``,
+            ``"normal"`` (the default) or ``"low"`` (``docs/jobs.md``).
+        queue_timeout: seconds a dispatch that passes no ``queue_timeout`` may wait for an
+            in-flight slot before it is withdrawn with :class:`QueueTimeoutError`; ``None``
+            (the default) waits as long as it takes.
+        tracer_provider: an OpenTelemetry ``TracerProvider`` whose tracer makes a span of
+            each dispatch; ``None`` (the default): the global provider, if one is set when
+            the backend opens (extra ``otel``; ``docs/jobs.md``).
         fast_path_enabled: launch the steady state of dispatches in one call of the dispatch
             core (CUDA backend; see ``docs/core.md``). ``False`` runs every dispatch the
             general way, for comparison; results and errors are the same either way.
@@ -93,6 +103,9 @@ class BackendOptions:
     graph_repeats: int = attrs.field(default=2, validator=_positive)
     nvtx_enabled: bool = False
     fast_path_enabled: bool = True
+    default_priority: str = attrs.field(default="normal")
+    queue_timeout: float | None = attrs.field(default=None)
+    tracer_provider: Any = None
 
     @poll_window.validator
     @spin_window.validator
@@ -102,6 +115,16 @@ class BackendOptions:
             raise ArgumentTypeError(f"{what}, got {value!r}")
         if not value >= 0:  # NaN too
             raise DispatchError(f"{what}, got {value!r}")
+
+    @default_priority.validator
+    def _check_priority(self, _attribute: attrs.Attribute[str], value: str) -> None:
+        check_priority(value, "BackendOptions")
+
+    @queue_timeout.validator
+    def _check_queue_timeout(
+        self, _attribute: attrs.Attribute[float | None], value: object
+    ) -> None:
+        check_queue_timeout(value, "BackendOptions")
 
 
 def resolve_options(call: str, options: object, option_kwargs: dict[str, Any]) -> BackendOptions:

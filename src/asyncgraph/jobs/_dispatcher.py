@@ -19,10 +19,13 @@ from collections.abc import Callable
 from time import perf_counter
 from typing import TYPE_CHECKING, Any, Generic, TypeVar
 
+from asyncgraph._exceptions import QueueTimeoutError, WithdrawnError
 from asyncgraph.buffers._resident import untrack
+from asyncgraph.runtime import _tracing
+from asyncgraph.runtime._deadline import call_at_deadline
 
-from ._pending import set_outcome
-from ._scheduler import Effect, Job, Scheduler, Step
+from ._pending import set_outcome, set_withdraw
+from ._scheduler import Effect, Job, JobState, Scheduler, Step
 
 if TYPE_CHECKING:
     from asyncgraph.args._kernel import Kernel
@@ -40,6 +43,7 @@ _LAUNCH = Step.LAUNCH
 _RESOLVE = Step.RESOLVE
 _COMPILE = Step.COMPILE
 _STAGE = Step.STAGE
+_QUEUED = JobState.QUEUED
 
 
 class Dispatcher(Generic[E]):
@@ -106,9 +110,14 @@ class Dispatcher(Generic[E]):
 
     # -- events from the front -----------------------------------------------------------------
 
-    def add(self, job: Job) -> None:
-        """A numbered job with its pending result: schedule it."""
+    def add(self, job: Job, queue_timeout: float | None = None) -> None:
+        """A numbered job with its pending result: schedule it; if it is queued, withdraw it
+        once it waited *queue_timeout* seconds for a slot (``None``: as long as it takes)."""
         effects = self.scheduler.add(job)
+        if queue_timeout is not None and job.state is _QUEUED:
+            job.timer = call_at_deadline(
+                self._loop, queue_timeout, self._expire, job, queue_timeout
+            )
         if len(effects) == 1 and not self._running and effects[0][0] is _LAUNCH:
             # The common case, without the general loop: launch it. What its launch caused
             # (a failure's effects, parked jobs now ready) then runs the general way.
@@ -123,6 +132,32 @@ class Dispatcher(Generic[E]):
                     self._after(self.scheduler)
             return
         self._run(effects)
+
+    def withdraw(self, job: Job, abandoned: bool) -> bool:
+        """Withdraw *job* if it has not launched and nothing depends on it (``cancel()``, or
+        its last awaiter cancelled: *abandoned*); whether it was."""
+        why = "every task awaiting it was cancelled" if abandoned else "cancel() was called"
+        error = WithdrawnError(
+            f"dispatch #{job.id} of {job.call.kernel.name!r} was withdrawn before it launched "
+            f"({why}); its kernel did not run"
+        )
+        withdrawn, effects = self.scheduler.withdraw(job, error)
+        if withdrawn:
+            self._telemetry.dispatches_withdrawn += 1
+            self._run(effects)
+        return withdrawn
+
+    def _expire(self, job: Job, queue_timeout: float) -> None:
+        job.timer = None
+        error = QueueTimeoutError(
+            f"dispatch #{job.id} of {job.call.kernel.name!r} waited its queue_timeout of "
+            f"{queue_timeout:g} s for an in-flight slot and was withdrawn; its kernel did not run "
+            "— raise queue_timeout, lower the load, or give it a higher priority"
+        )
+        withdrawn, effects = self.scheduler.expired(job, error)
+        if withdrawn:
+            self._telemetry.dispatches_timed_out += 1
+            self._run(effects)
 
     def drop_queued(self, error: Callable[[Job], BaseException]) -> None:
         """Perform :meth:`Scheduler.drop_queued` (closing)."""
@@ -211,7 +246,13 @@ class Dispatcher(Generic[E]):
     def _launch(self, job: Job) -> None:
         t0 = perf_counter()
         telemetry = self._telemetry
-        telemetry.queue_wait.record(job.t_submit - job.t_dispatch)
+        telemetry.class_queue_wait[job.priority].record(job.t_submit - job.t_dispatch)
+        if job.timer is not None:
+            job.timer.cancel()
+            job.timer = None
+        set_withdraw(job.pending, None)  # launched: no more to withdraw
+        if job.span is not None:
+            _tracing.launched(job.span)
         nvtx = self._nvtx
         name = job.call.kernel.name
         if nvtx is not None:
@@ -236,8 +277,18 @@ class Dispatcher(Generic[E]):
             self._nvtx.end_dispatch(job.nvtx_range)
         telemetry = self._telemetry
         latency = perf_counter() - job.t_dispatch
-        telemetry.completion_latency.record(latency)
         outcome = job.outcome
+        if not isinstance(job, Job):  # a fast path's job reported here: of the default class
+            telemetry.completion_latency.record(latency)  # type: ignore[unreachable]  # see above
+        else:
+            telemetry.class_latency[job.priority].record(latency)
+            if job.timer is not None:
+                job.timer.cancel()
+                job.timer = None
+            set_withdraw(job.pending, None)
+            if job.span is not None:
+                _tracing.finished(job.span, outcome)
+                job.span = None
         device_time = job.device_time
         if isinstance(outcome, BaseException):
             telemetry.dispatches_failed += 1

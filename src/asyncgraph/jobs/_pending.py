@@ -12,7 +12,14 @@ from typing import Any
 from asyncgraph._exceptions import UnsupportedError
 from asyncgraph.runtime import _inbox, _loop
 
-__all__ = ("PENDING_FIELDS", "PENDING_STATES", "PendingDispatch", "set_outcome", "set_spin")
+__all__ = (
+    "PENDING_FIELDS",
+    "PENDING_STATES",
+    "PendingDispatch",
+    "set_outcome",
+    "set_spin",
+    "set_withdraw",
+)
 
 _PENDING = 0
 _DONE = 1
@@ -53,9 +60,13 @@ class PendingDispatch:
     ``await pending`` returns a tuple with one result per ``Out``/``InOut`` argument, in
     argument order: a numpy array, or the resident buffer for ``Out(into=buffer)``.
 
-    Cancelling a task that awaits a dispatch does not cancel the GPU work: the dispatch runs to
-    completion and releases its buffers only after its work finished. Any number of tasks may
-    await one dispatch, and code on other threads may block on :meth:`result`.
+    A dispatch that has not launched yet (queued behind others) can be withdrawn:
+    :meth:`cancel` does it, and so does cancelling every task that awaits it, when no done
+    callback or thread waits on it too; it then fails with :class:`WithdrawnError` and its
+    kernel never runs. Once launched, cancelling a task that awaits it cancels only that wait:
+    the dispatch runs to completion and releases its buffers only after its work finished.
+    Any number of tasks may await one dispatch, and code on other threads may block on
+    :meth:`result`.
 
     Created by ``Backend.dispatch``; there is no public constructor.
     """
@@ -71,6 +82,7 @@ class PendingDispatch:
         "_state",
         "_traceback",
         "_waiters",
+        "_withdraw",
         "dispatch_id",
         "kernel_name",
     )
@@ -78,6 +90,9 @@ class PendingDispatch:
     # The failure's traceback as it was when the dispatch failed, set by set_outcome (not in
     # __init__: a dispatch that succeeds never pays for it). Each raise starts from it again.
     _traceback: TracebackType | None
+    # How to withdraw the dispatch while it has not launched (set_withdraw; never set for one
+    # that launched in the call, as the fast path's do): ``withdraw(abandoned)`` -> withdrawn.
+    _withdraw: Callable[[bool], bool] | None
 
     def __init__(
         self,
@@ -151,6 +166,19 @@ class PendingDispatch:
             return exc
         return None
 
+    def cancel(self) -> bool:
+        """Withdraw the dispatch if it has not launched yet, as ``concurrent.futures``'
+        ``Future.cancel()`` does.
+
+        Returns:
+            ``True`` if it was withdrawn: its kernel never runs, what it held is released, and
+            awaiting it raises :class:`WithdrawnError`. ``False`` if it launched already,
+            completed, or later work depends on a buffer it writes (``docs/jobs.md``): it
+            then runs to completion.
+        """
+        withdraw = getattr(self, "_withdraw", None)
+        return self._state == _PENDING and withdraw is not None and withdraw(False)
+
     def add_done_callback(self, fn: Callable[[PendingDispatch], object]) -> None:
         """Call ``fn(pending)`` on the event loop's thread once the dispatch completes.
 
@@ -173,6 +201,7 @@ class PendingDispatch:
                 self._waiters = [waiter]
             else:
                 self._waiters.append(waiter)
+            cancelled = False
             try:
                 yield from waiter
             except (RuntimeError, TypeError):
@@ -184,9 +213,14 @@ class PendingDispatch:
                         "pending.result() from another thread"
                     ) from None
                 raise
+            except BaseException:
+                cancelled = True  # the awaiting task was cancelled (asyncio or trio)
+                raise
             finally:
                 if self._state == _PENDING and self._waiters is not None:
                     self._waiters.remove(waiter)
+                    if cancelled and not self._waiters:
+                        _abandoned(self)
         if self._state == _FAILED:
             raise self._outcome.with_traceback(self._traceback)
         return self._outcome  # type: ignore[no-any-return]  # a tuple, set by set_outcome
@@ -264,6 +298,20 @@ def set_outcome(
                 loop.call_soon(fn, pending)
         except RuntimeError:
             pass
+
+
+def _abandoned(pending: PendingDispatch) -> None:
+    """The last task awaiting *pending* was cancelled: withdraw it, unless a done callback or
+    a thread still waits for it."""
+    withdraw = getattr(pending, "_withdraw", None)
+    if withdraw is not None and pending._callbacks is None and pending._event is None:
+        withdraw(True)
+
+
+def set_withdraw(pending: PendingDispatch, withdraw: Callable[[bool], bool] | None) -> None:
+    """Let :meth:`PendingDispatch.cancel` withdraw *pending* with *withdraw* (``None``: no
+    more; its job launched or finished)."""
+    pending._withdraw = withdraw
 
 
 def set_spin(pending: PendingDispatch, spin: Callable[[], None] | None) -> None:

@@ -6,8 +6,10 @@ A dispatch is a :class:`Job` that moves through explicit states::
        │           │            │          │            │              │
        └───────────┴────────────┴──────────┴────────────┴──────────────┴──▶ DONE (failed)
 
-(each of COMPILING, STAGING and PARKED is skipped when it is not needed). The scheduler owns the
-queue, the in-flight bound, the parked jobs and the jobs waiting for their kernel to compile.
+(each of COMPILING, STAGING and PARKED is skipped when it is not needed); a job not launched
+may be withdrawn (``cancel()``, its awaiters cancelled, its queue deadline) unless later work
+depends on it. The scheduler owns the queue (by class, with aging: ``_classes``), the
+in-flight bound, the parked jobs and the jobs waiting for their kernel to compile.
 Its event methods (:meth:`Scheduler.add`, :meth:`~Scheduler.compiled`, :meth:`~Scheduler.done`
 and the others) only record what happened; each then runs :meth:`Scheduler._advance`, the one
 transition function, which decides every move and returns the effects to perform, in order
@@ -25,12 +27,15 @@ from __future__ import annotations
 
 import contextlib
 import enum
-from collections import deque
 from collections.abc import Callable
 from time import perf_counter
 from typing import TYPE_CHECKING, Any, Protocol
 
 from asyncgraph.buffers._resident import track
+from asyncgraph.runtime._priority import NORMAL
+
+from ._classes import ClassQueue
+from ._withdrawal import kept_by_order
 
 if TYPE_CHECKING:
     from asyncgraph.args._bound_args import BoundCall
@@ -89,9 +94,13 @@ class Job:
         "nvtx_range",
         "outcome",
         "pending",
+        "priority",
+        "span",
+        "stamp",
         "state",
         "t_dispatch",
         "t_submit",
+        "timer",
         "timing",
     )
 
@@ -108,6 +117,10 @@ class Job:
         self.nvtx_range: Any = None  # the NVTX range of its life, with nvtx_enabled
         self.outcome: tuple[Any, ...] | BaseException | None = None
         self.device_time: float | None = None
+        self.priority = NORMAL  # its class's rank (_priority), set by the front
+        self.stamp = 0  # the queue's aging clock when it was queued (_classes)
+        self.timer: Any = None  # its queue deadline's timer, while one is set
+        self.span: Any = None  # its trace span, while tracing (runtime/_tracing)
 
     def __repr__(self) -> str:
         return f"<Job #{self.id} {self.call.kernel.name!r} {self.state.value}>"
@@ -166,13 +179,13 @@ class Scheduler:
     def __init__(self, runner: Runner, max_in_flight: int) -> None:
         self._runner = runner
         self._max = max_in_flight
-        self._queue: deque[Job] = deque()
+        self._queue: ClassQueue[Job] = ClassQueue()
         self._in_flight: dict[int, Job] = {}
         self._parked: list[Job] = []
         self._compiling: dict[Kernel, list[Job]] = {}
         self._out: list[Effect] = []  # effects decided since the last _advance() returned
         # The one way an engine's fast path changes what this scheduler holds (FastDoor).
-        self.fast_door = FastDoor(self._in_flight, self._queue, self._parked, max_in_flight)
+        self.fast_door = FastDoor(self._in_flight, self._queue.jobs, self._parked, max_in_flight)
 
     def __repr__(self) -> str:
         return (
@@ -192,9 +205,13 @@ class Scheduler:
         """Jobs waiting for an in-flight slot."""
         return len(self._queue)
 
+    def queued_by_class(self) -> tuple[int, ...]:
+        """Jobs waiting for an in-flight slot, per class (``PRIORITIES`` order)."""
+        return self._queue.counts()
+
     def is_idle(self) -> bool:
         """Whether no job is queued or in flight."""
-        return not self._in_flight and not self._queue
+        return not self._in_flight and not self._queue.jobs
 
     def has_parked(self) -> bool:
         """Whether some job waits for a use it depends on."""
@@ -213,14 +230,14 @@ class Scheduler:
     def add(self, job: Job) -> list[Effect]:
         """A new dispatch (numbered, with its pending result)."""
         job.state = _QUEUED
-        if not self._queue and len(self._in_flight) < self._max:
+        if not self._queue.jobs and len(self._in_flight) < self._max:
             # The common case, without the general pass: admit and route it.
             job.t_submit = perf_counter()
             self._in_flight[job.id] = job
             self._route(job)
             out, self._out = self._out, []
             return out
-        self._queue.append(job)
+        self._queue.push(job)
         return self._advance()
 
     def compiled(
@@ -264,7 +281,7 @@ class Scheduler:
             job.state = _DONE
             job.outcome = outcome
             job.device_time = device_time
-            if not self._queue and not self._parked and not self._out:
+            if not self._queue.jobs and not self._parked and not self._out:
                 return [(_RESOLVE_STEP, job)]
             self._out.append((_RESOLVE_STEP, job))
             return self._advance()
@@ -279,11 +296,23 @@ class Scheduler:
 
     def drop_queued(self, error: Callable[[Job], BaseException]) -> list[Effect]:
         """Fail every job still queued (closing): none of them started."""
-        queue = self._queue
-        while queue:
-            job = queue.popleft()
+        for job in list(self._queue.jobs.values()):
             self._finish(job, error(job), release=True)
         return self._advance()
+
+    def withdraw(self, job: Job, error: BaseException) -> tuple[bool, list[Effect]]:
+        """Withdraw *job* if it has not launched and no later work depends on it: it fails
+        with *error*, releasing what it holds. Whether it was withdrawn, and the effects."""
+        if job.state not in _WITHDRAWABLE or kept_by_order(job, _DONE):
+            return False, []
+        self._finish(job, error, release=True)
+        return True, self._advance()
+
+    def expired(self, job: Job, error: BaseException) -> tuple[bool, list[Effect]]:
+        """*job*'s queue deadline passed: :meth:`withdraw` it if it still waits for a slot."""
+        if job.state is not _QUEUED:
+            return False, []
+        return self.withdraw(job, error)
 
     def abandon_waiting(self, error: Callable[[Job], BaseException]) -> list[Effect]:
         """Fail every admitted job that has not launched (its loop ended: nothing resumes it)."""
@@ -297,8 +326,11 @@ class Scheduler:
     def _advance(self) -> list[Effect]:
         """Decide every move the last event allows; return the effects, in order."""
         queue = self._queue
-        while queue and len(self._in_flight) < self._max:
-            self._admit(queue.popleft())
+        while queue.jobs and len(self._in_flight) < self._max:
+            job = self._queued_dep(queue.next())
+            queue.remove(job)
+            queue.admitted(job)
+            self._admit(job)
         if self._parked:
             ready = self._runner.is_ready
             for job in [job for job in self._parked if ready(job)]:
@@ -307,6 +339,13 @@ class Scheduler:
                 self._out.append((_LAUNCH_STEP, job))
         out, self._out = self._out, []
         return out
+
+    def _queued_dep(self, job: Job) -> Job:
+        """The first queued job *job* depends on (recursively), else *job*: first admitted."""
+        for dep in job.deps:
+            if getattr(dep, "state", None) is _QUEUED:
+                return self._queued_dep(dep)  # type: ignore[arg-type]  # a queued Job
+        return job
 
     def _admit(self, job: Job) -> None:
         job.t_submit = perf_counter()
@@ -339,7 +378,9 @@ class Scheduler:
         if state is _DONE:
             return  # already finished (a failure raced with a normal completion)
         self._in_flight.pop(job.id, None)
-        if state is _PARKED:
+        if state is _QUEUED:
+            self._queue.remove(job)
+        elif state is _PARKED:
             self._parked.remove(job)
         elif state is _COMPILING:
             waiting = self._compiling.get(job.call.kernel)
@@ -367,16 +408,15 @@ class FastDoor:
 
     The fast path (the dispatch core's ``FastPath``) takes the two common transitions of
     :meth:`Scheduler.add` and :meth:`Scheduler.done` without the general pass: a job admitted
-    at once and launched, and that job's completion while nothing waits. :meth:`admit_launched`
-    and :meth:`complete_launched` are those transitions, exactly as the scheduler's own branches
-    make them, and with :meth:`withdraw` (an admission taken back) the only changes anything
-    outside :class:`Scheduler` makes to its jobs' states and containers. The compiled core has a
-    C copy of each, of the same name and doing the same (``cuda/core/_doors.pxi``).
+    at once and launched, and that job's completion while nothing waits. These two and
+    :meth:`withdraw` (an admission taken back) are the only changes anything outside
+    :class:`Scheduler` makes to its jobs' states and containers. The compiled core has a C copy
+    of each, of the same name and doing the same (``cuda/core/_doors.pxi``).
 
     Attributes (the scheduler's own containers, never rebound; read only outside the
     scheduler and these methods):
         in_flight: the admitted jobs by number, oldest first.
-        queue: the jobs waiting for an in-flight slot.
+        queue: the jobs waiting for an in-flight slot, of every class, by number.
         parked: the jobs waiting for a use they depend on.
         limit: the in-flight bound.
     """
@@ -384,7 +424,7 @@ class FastDoor:
     __slots__ = ("in_flight", "limit", "parked", "queue")
 
     def __init__(
-        self, in_flight: dict[int, Job], queue: deque[Job], parked: list[Job], limit: int
+        self, in_flight: dict[int, Job], queue: dict[int, Job], parked: list[Job], limit: int
     ) -> None:
         self.in_flight = in_flight
         self.queue = queue
@@ -427,6 +467,7 @@ class FastDoor:
 
 
 _WAITING = frozenset((_COMPILING, _STAGING, _PARKED))
+_WITHDRAWABLE = frozenset((_QUEUED, _COMPILING, _PARKED))  # not staging: threads copy for it
 
 
 def track_buffers(job: Job) -> None:

@@ -37,16 +37,17 @@ class StreamLane(Generic[T]):
         index: position in the pool.
         stream: the stream object (a ``cuda.core.Stream`` on CUDA).
         outstanding: dispatches placed on it and not completed.
-        leased: whether it is leased out exclusively.
+        leased: whether it is leased out exclusively (for good when made *reserved*: a lane
+            its owner keeps for work of its own, outside a pool's placement and leases).
     """
 
     __slots__ = ("index", "leased", "outstanding", "stream")
 
-    def __init__(self, index: int, stream: T) -> None:
+    def __init__(self, index: int, stream: T, reserved: bool = False) -> None:
         self.index = index
         self.stream = stream
         self.outstanding = 0
-        self.leased = False
+        self.leased = reserved
 
     def __repr__(self) -> str:
         state = "leased" if self.leased else f"{self.outstanding} outstanding"

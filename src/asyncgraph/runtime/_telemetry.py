@@ -22,6 +22,8 @@ import structlog
 
 from asyncgraph._exceptions import DispatchError
 
+from ._priority import NORMAL, PRIORITIES
+
 __all__ = (
     "BUCKET_BOUNDS",
     "Histogram",
@@ -102,6 +104,21 @@ class HistogramSnapshot:
     def mean(self) -> float:
         """The mean value in seconds (0.0 when empty)."""
         return self.sum / self.count if self.count else 0.0
+
+    def merged(self, *others: HistogramSnapshot) -> HistogramSnapshot:
+        """One histogram of this one's values and *others*' (of the same buckets)."""
+        parts = [h for h in (self, *others) if h.count]
+        if not parts:
+            return self
+        counts = np.sum([h.counts for h in parts], axis=0)
+        return HistogramSnapshot(
+            count=sum(h.count for h in parts),
+            sum=sum(h.sum for h in parts),
+            min=min(h.min for h in parts),
+            max=max(h.max for h in parts),
+            bounds=self.bounds,
+            counts=tuple(int(n) for n in counts),
+        )
 
     def __repr__(self) -> str:
         if not self.count:
@@ -212,7 +229,10 @@ class TelemetrySnapshot:
             state in one call of the dispatch core; see ``docs/core.md``), graph replays
             included.
         dispatches_completed: dispatches that completed successfully.
-        dispatches_failed: dispatches that completed with an error.
+        dispatches_failed: dispatches that completed with an error (withdrawn ones too).
+        dispatches_withdrawn: dispatches withdrawn before they launched: ``cancel()``, or every
+            task awaiting them cancelled (``docs/jobs.md``).
+        dispatches_timed_out: dispatches withdrawn when their ``queue_timeout`` ran out.
         in_flight: dispatches submitted and not yet completed.
         queued: dispatches waiting for an in-flight slot.
         bytes_up: bytes copied into the backend's memory (uploads and dispatch inputs).
@@ -237,6 +257,9 @@ class TelemetrySnapshot:
         queue_wait: seconds from ``dispatch()`` to submission.
         submit_time: seconds the host spent submitting a dispatch.
         completion_latency: seconds from ``dispatch()`` to completion.
+        queue_wait_by_class: ``queue_wait`` per priority class (``"high"``, ``"normal"``,
+            ``"low"``), of the dispatches that were submitted.
+        completion_latency_by_class: ``completion_latency`` per priority class.
         device_time: kernel time of dispatches made with ``timing=True``.
     """
 
@@ -244,6 +267,8 @@ class TelemetrySnapshot:
     fast_path_dispatches: int
     dispatches_completed: int
     dispatches_failed: int
+    dispatches_withdrawn: int
+    dispatches_timed_out: int
     in_flight: int
     queued: int
     bytes_up: int
@@ -269,13 +294,17 @@ class TelemetrySnapshot:
     submit_time: HistogramSnapshot
     completion_latency: HistogramSnapshot
     device_time: HistogramSnapshot
+    queue_wait_by_class: dict[str, HistogramSnapshot]
+    completion_latency_by_class: dict[str, HistogramSnapshot]
 
 
 class Telemetry:
     """The counters and histograms of one backend.
 
     Counters are bumped by the backend on the event loop's thread; read them through
-    :meth:`snapshot`.
+    :meth:`snapshot`. ``queue_wait`` and ``completion_latency`` hold the default class's
+    values (``"normal"``, the fast path's too); ``class_queue_wait[rank]`` and
+    ``class_latency[rank]`` are each class's, the default class's being those two.
     """
 
     __slots__ = (
@@ -286,6 +315,8 @@ class Telemetry:
         "buffer_copy_bytes",
         "bytes_down",
         "bytes_up",
+        "class_latency",
+        "class_queue_wait",
         "compile_cache_hits",
         "compile_cache_misses",
         "completion_latency",
@@ -295,6 +326,8 @@ class Telemetry:
         "dispatches",
         "dispatches_completed",
         "dispatches_failed",
+        "dispatches_timed_out",
+        "dispatches_withdrawn",
         "fast_path_dispatches",
         "graph_cache_hits",
         "graph_cache_misses",
@@ -320,6 +353,8 @@ class Telemetry:
         self.fast_path_dispatches = 0
         self.dispatches_completed = 0
         self.dispatches_failed = 0
+        self.dispatches_withdrawn = 0
+        self.dispatches_timed_out = 0
         self.bytes_up = 0
         self.bytes_down = 0
         self.copies_up = 0
@@ -339,6 +374,13 @@ class Telemetry:
         self.submit_time = Histogram()
         self.completion_latency = Histogram()
         self.device_time = Histogram()
+        self.class_queue_wait = tuple(
+            self.queue_wait if rank == NORMAL else Histogram() for rank in range(len(PRIORITIES))
+        )
+        self.class_latency = tuple(
+            self.completion_latency if rank == NORMAL else Histogram()
+            for rank in range(len(PRIORITIES))
+        )
 
     def add_source(self, flush: Callable[[Telemetry], None]) -> None:
         """Count what *flush* counted elsewhere: :meth:`sync` calls it, and it adds what it
@@ -355,11 +397,19 @@ class Telemetry:
         self.sync()
         in_flight, queued = self._in_flight()
         pools = self._pools() if self._pools is not None else PoolCounters()
+        waits = {
+            name: h.snapshot() for name, h in zip(PRIORITIES, self.class_queue_wait, strict=True)
+        }
+        latencies = {
+            name: h.snapshot() for name, h in zip(PRIORITIES, self.class_latency, strict=True)
+        }
         return TelemetrySnapshot(
             dispatches=self.dispatches,
             fast_path_dispatches=self.fast_path_dispatches,
             dispatches_completed=self.dispatches_completed,
             dispatches_failed=self.dispatches_failed,
+            dispatches_withdrawn=self.dispatches_withdrawn,
+            dispatches_timed_out=self.dispatches_timed_out,
             in_flight=in_flight,
             queued=queued,
             bytes_up=self.bytes_up,
@@ -381,8 +431,10 @@ class Telemetry:
             pool_misses=pools.misses,
             pool_bytes_cached=pools.bytes_cached,
             pool_bytes_in_use=pools.bytes_in_use,
-            queue_wait=self.queue_wait.snapshot(),
+            queue_wait=HistogramSnapshot.merged(*waits.values()),
             submit_time=self.submit_time.snapshot(),
-            completion_latency=self.completion_latency.snapshot(),
+            completion_latency=HistogramSnapshot.merged(*latencies.values()),
             device_time=self.device_time.snapshot(),
+            queue_wait_by_class=waits,
+            completion_latency_by_class=latencies,
         )

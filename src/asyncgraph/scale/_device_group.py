@@ -66,24 +66,20 @@ def open_group(
     """A group of backends, one per device, opened by ``async with``.
 
     Args:
-        devices: ``"cuda:*"`` (every CUDA device of the machine), or a list of what
-            :func:`~asyncgraph.open_backend` takes (``["cuda:0", "cuda:1"]``; ``["host",
-            "host"]`` groups host backends, for tests).
+        devices: ``"cuda:*"`` (every CUDA device), or a list of what ``open_backend`` takes
+            (``["cuda:0", "cuda:1"]``; ``["host", "host"]``, for tests).
         options: the :class:`BackendOptions` of every member.
         **option_kwargs: or its fields as keywords; not both.
 
     Returns:
         The group, not yet open: ``async with asyncgraph.open_group("cuda:*") as group:``.
 
-    A device may be named twice (two backends of one GPU, each with its own streams; they
-    share the device's primary context). Each CUDA backend makes its context current around its
-    own driver calls, so members on several GPUs share the loop's thread.
+    A device may be named twice (two backends of one GPU, each with its own streams).
 
     Raises:
         ArgumentTypeError: *devices* is neither ``"cuda:*"`` nor a list.
         GroupError: no devices, or a string other than ``"cuda:*"``.
-        DeviceUnavailableError: ``"cuda:*"`` and no CUDA device is found, or a device is not
-            of a form ``open_backend`` takes.
+        DeviceUnavailableError: no CUDA device for ``"cuda:*"``, or one open_backend refuses.
         ArgumentTypeError: both *options* and keywords were given, *options* is not a
             :class:`BackendOptions`, or a keyword is no field of it.
         DispatchError: an option's value is wrong.
@@ -315,9 +311,11 @@ class DeviceGroup(AsyncResource):
         shared_mem: int = 0,
         timing: bool = False,
         graph: str = "never",
+        priority: str | None = None,
+        queue_timeout: float | None = None,
     ) -> PendingDispatch:
-        """:meth:`Backend.dispatch <asyncgraph.Backend.dispatch>` on the member :meth:`place`
-        picks; :class:`Replicated` arguments become that member's copy.
+        """:meth:`Backend.dispatch <asyncgraph.Backend.dispatch>` (its class and queue deadline
+        too) on the member :meth:`place` picks; :class:`Replicated` arguments become its copy.
 
         Raises:
             GroupError: its resident buffers live on different members.
@@ -332,6 +330,8 @@ class DeviceGroup(AsyncResource):
             shared_mem=shared_mem,
             timing=timing,
             graph=graph,
+            priority=priority,
+            queue_timeout=queue_timeout,
         )
 
     async def submit(
@@ -343,9 +343,10 @@ class DeviceGroup(AsyncResource):
         shared_mem: int = 0,
         timing: bool = False,
         graph: str = "never",
+        priority: str | None = None,
+        queue_timeout: float | None = None,
     ) -> PendingDispatch:
-        """Like :meth:`dispatch`, waiting for room on the member as
-        :meth:`Backend.submit <asyncgraph.Backend.submit>` does."""
+        """:meth:`dispatch`, waiting for room as :meth:`Backend.submit` does."""
         member = self.place(*args)
         return await member.submit(
             kernel,
@@ -355,6 +356,8 @@ class DeviceGroup(AsyncResource):
             shared_mem=shared_mem,
             timing=timing,
             graph=graph,
+            priority=priority,
+            queue_timeout=queue_timeout,
         )
 
     async def compile(self, kernel: Kernel) -> None:

@@ -17,6 +17,7 @@ from cuda.bindings import driver as drv
 from asyncgraph._exceptions import CudaError, DeviceFaultError
 from asyncgraph.cuda.core._choose import core
 from asyncgraph.cuda.driver._driver import SUCCESS, error_for
+from asyncgraph.runtime._priority import NORMAL
 
 if TYPE_CHECKING:
     from asyncgraph.cuda.driver._events import EventPool
@@ -72,12 +73,14 @@ class Lane:
         slot: its place in the stream pool (``outstanding``, ``leased``).
         stream: the ``cuda.core`` Stream; handle: the ``CUstream``.
         scratch: device memory every small dispatch on this lane uses, ordered by the stream.
+        rank: the rank of the priority class whose dispatches run on it.
     """
 
     __slots__ = (
         "_device",
         "handle",
         "index",
+        "rank",
         "scratch",
         "scratch_ptr",
         "seen",
@@ -85,8 +88,11 @@ class Lane:
         "stream",
     )
 
-    def __init__(self, device: Owner, slot: StreamLane[Any], scratch: Any | None) -> None:
+    def __init__(
+        self, device: Owner, slot: StreamLane[Any], scratch: Any | None, rank: int = NORMAL
+    ) -> None:
         self._device = device
+        self.rank = rank  # the priority class whose work runs here (``runtime/_priority``)
         self.slot = slot
         self.index = slot.index
         self.stream = slot.stream

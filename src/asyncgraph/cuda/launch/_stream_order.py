@@ -8,6 +8,7 @@ from typing import TYPE_CHECKING, Any
 from cuda.bindings import driver as drv
 
 from asyncgraph.cuda.driver._driver import check
+from asyncgraph.runtime._priority import NORMAL
 
 from ._staging_plan import dep_event
 
@@ -29,9 +30,10 @@ def wait_deps(deps: list[Any], lane: Lane) -> None:
             check(drv.cuStreamWaitEvent(lane.handle, event, 0), "cuStreamWaitEvent")
 
 
-def chained_lane(deps: list[Any]) -> Lane | None:
-    """The lane every unfinished use in *deps* runs on, if they all run on one that is not
-    leased; ``None`` otherwise.
+def chained_lane(deps: list[Any], rank: int = NORMAL) -> Lane | None:
+    """The lane every unfinished use in *deps* runs on, if they all run on one of the priority
+    class of *rank* that is not leased (a lane of another class than the default one is always
+    taken); ``None`` otherwise.
 
     A dispatch placed there is ordered after them by the stream alone: a chain of dispatches
     on one resident buffer runs back to back, without an event wait between streams.
@@ -45,6 +47,6 @@ def chained_lane(deps: list[Any]) -> Lane | None:
         if event is False or lane is None or (found is not None and lane is not found):
             return None
         found = lane
-    if found is not None and found.slot.leased:
+    if found is not None and (found.rank != rank or (rank == NORMAL and found.slot.leased)):
         return None
     return found

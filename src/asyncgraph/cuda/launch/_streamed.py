@@ -66,8 +66,7 @@ class StreamedPath:
             device.check_healthy()
             if job.deps and any(dep_event(dep) is False for dep in job.deps):
                 await wait_finished(job.deps)
-            slot = device.stream_pool.pick()
-            lane = device.lanes[slot.index]
+            lane = device.placed(job.priority)
             lane.take()
             job.lane = lane
             stream = lane.stream

@@ -1,0 +1,150 @@
+"""High-priority 4 KiB round trips beside low-priority work that fills the GPU, with and
+without priority classes.
+
+The low class keeps the GPU full: spin kernels (``asyncgraph.demo._spin_kernel.SPIN``) of many
+blocks, enough of them in flight that at least 100 ms of work is queued at any time. Beside
+it, one task makes 4 KiB round trips (a scale kernel), one at a time. Each way is timed in
+turns (with priorities: the round trips ``"high"``, the spin kernels ``"low"``; without: both
+of the default class), and the low class alone between them. Per way: the round trips' p50
+and p99, and the low class's throughput (spin kernels completed a second) against alone.
+The GPU figures come from a GPU run (``docs/jobs.md``); CI runs it at smoke size on the
+stand-in driver, where the kernels take no time.
+
+    python benchmarks/bench_priority.py [--reps N] [--turns N] [--spin-ms MS] [--json [PATH]]
+"""
+
+from __future__ import annotations
+
+import asyncio
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+import numpy as np
+
+import asyncgraph as ag
+from asyncgraph.bench._bench_run import SCALE
+from asyncgraph.demo._spin_kernel import SPIN
+from benchmarks import harness
+
+N = 1024  # float32 elements: 4 KiB
+QUEUED_MS = 100.0  # low-priority work queued at any time, at least
+BLOCKS = 4096  # blocks of each spin kernel: many more than a GPU runs at once
+
+
+def _clock_hz() -> float:
+    from cuda.core import Device
+
+    return float(Device(0).properties.clock_rate) * 1e3
+
+
+async def _turn(
+    backend: ag.Backend, high: str | None, low: str | None, reps: int, spin: int, depth: int
+) -> tuple[list[float], float]:
+    """One turn: *depth* spin kernels of class *low* kept in flight; with *reps* > 0, as many
+    round trips of class *high*. Their latencies, and the spin kernels completed a second."""
+    stop = asyncio.Event()
+    done = 0
+
+    async def fill() -> None:
+        nonlocal done
+        in_flight: set[asyncio.Future[Any]] = set()
+        while not stop.is_set():
+            while len(in_flight) < depth:
+                p = backend.dispatch(
+                    SPIN, np.int64(spin), ag.Out(1, np.int32), grid=BLOCKS, block=128, priority=low
+                )
+                in_flight.add(asyncio.ensure_future(_await(p)))
+            finished, in_flight = await asyncio.wait(in_flight, return_when="FIRST_COMPLETED")
+            done += len(finished)
+        await asyncio.gather(*in_flight)
+
+    x = np.ones(N, np.float32)
+    t0 = time.perf_counter()
+    filler = asyncio.ensure_future(fill())
+    await asyncio.sleep(0)
+    latencies = []
+    for _ in range(reps):
+        start = time.perf_counter()
+        await backend.dispatch(
+            SCALE,
+            x,
+            ag.Out(N, np.float32),
+            np.float32(2),
+            np.int32(N),
+            grid=4,
+            block=256,
+            priority=high,
+        )
+        latencies.append(time.perf_counter() - start)
+    if not reps:
+        await asyncio.sleep(0.05 if harness.smoke() else 1.0)
+    elapsed = time.perf_counter() - t0
+    stop.set()
+    await filler
+    return latencies, done / elapsed
+
+
+async def _await(p: ag.PendingDispatch) -> None:
+    await p
+
+
+async def measure(reps: int, turns: int, spin_ms: float) -> dict[str, Any]:
+    async with ag.open_backend("cuda") as backend:
+        await backend.compile(SPIN)
+        await backend.compile(SCALE)
+        spin = int(_clock_hz() * spin_ms / 1e3)
+        depth = max(2, int(QUEUED_MS / spin_ms) + 1)
+        ways = {"with priorities": ("high", "low"), "without": (None, None)}
+        lat: dict[str, list[float]] = {way: [] for way in ways}
+        rate: dict[str, list[float]] = {**{way: [] for way in ways}, "low alone": []}
+        for _ in range(turns):
+            for way, (high, low) in ways.items():
+                samples, per_s = await _turn(backend, high, low, reps, spin, depth)
+                lat[way] += samples
+                rate[way].append(per_s)
+            rate["low alone"].append((await _turn(backend, None, "low", 0, spin, depth))[1])
+    alone = harness.median(rate["low alone"])
+    rows = {
+        way: {
+            "high_p50_us": harness.percentile(lat[way], 50) * 1e6,
+            "high_p99_us": harness.percentile(lat[way], 99) * 1e6,
+            "low_per_s": harness.median(rate[way]),
+            "low_vs_alone": harness.median(rate[way]) / alone if alone else 0.0,
+        }
+        for way in ways
+    }
+    return {
+        "spin_ms": spin_ms,
+        "depth": depth,
+        "blocks": BLOCKS,
+        "low_alone_per_s": alone,
+        "ways": rows,
+    }
+
+
+def main() -> None:
+    parser = harness.arguments(__doc__, reps=500, reps_help="round trips per turn and way")
+    parser.add_argument("--turns", type=int, default=5, help="turns of each way (default 5)")
+    parser.add_argument("--spin-ms", type=float, default=20.0, help="ms each spin kernel runs")
+    options = parser.parse_args()
+    turns = 1 if options.smoke else options.turns
+    results = asyncio.run(measure(options.reps, turns, options.spin_ms))
+    device = harness.device_name()
+    harness.print_table(
+        ["way", "high p50 µs", "high p99 µs", "low /s", "low vs alone"],
+        [
+            [way, r["high_p50_us"], r["high_p99_us"], r["low_per_s"], r["low_vs_alone"]]
+            for way, r in results["ways"].items()
+        ],
+        [".1f", ".1f", ".1f", ".2f"],
+    )
+    print(f"\n{device}; low alone {results['low_alone_per_s']:.1f} /s; {harness.cpu()}")
+    harness.write_json({"device": device, **results}, options.json, script=__file__, device=device)
+
+
+if __name__ == "__main__":
+    main()
