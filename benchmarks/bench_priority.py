@@ -5,8 +5,9 @@ The low class keeps the GPU full: spin kernels (``asyncgraph.demo._spin_kernel.S
 blocks, enough of them in flight that at least 100 ms of work is queued at any time. Beside
 it, one task makes 4 KiB round trips (a scale kernel), one at a time. Each way is timed in
 turns (with priorities: the round trips ``"high"``, the spin kernels ``"low"``; without: both
-of the default class), and the low class alone between them. Per way: the round trips' p50
-and p99, and the low class's throughput (spin kernels completed a second) against alone.
+of the default class), and, in each turn, the round trips on an idle GPU and the low class
+alone. Per way: the round trips' p50 and p99, the p99 against the idle GPU's, and the low
+class's throughput (spin kernels completed a second) against alone.
 The GPU figures come from a GPU run (``docs/jobs.md``); CI runs it at smoke size on the
 stand-in driver, where the kernels take no time.
 
@@ -64,7 +65,7 @@ async def _turn(
 
     x = np.ones(N, np.float32)
     t0 = time.perf_counter()
-    filler = asyncio.ensure_future(fill())
+    filler = asyncio.ensure_future(fill()) if depth else None
     await asyncio.sleep(0)
     latencies = []
     for _ in range(reps):
@@ -84,7 +85,8 @@ async def _turn(
         await asyncio.sleep(0.05 if harness.smoke() else 1.0)
     elapsed = time.perf_counter() - t0
     stop.set()
-    await filler
+    if filler is not None:
+        await filler
     return latencies, done / elapsed
 
 
@@ -100,18 +102,22 @@ async def measure(reps: int, turns: int, spin_ms: float) -> dict[str, Any]:
         depth = max(2, int(QUEUED_MS / spin_ms) + 1)
         ways = {"with priorities": ("high", "low"), "without": (None, None)}
         lat: dict[str, list[float]] = {way: [] for way in ways}
+        idle: list[float] = []  # the same round trips on an idle GPU
         rate: dict[str, list[float]] = {**{way: [] for way in ways}, "low alone": []}
         for _ in range(turns):
+            idle += (await _turn(backend, "high", None, reps, spin, 0))[0]
             for way, (high, low) in ways.items():
                 samples, per_s = await _turn(backend, high, low, reps, spin, depth)
                 lat[way] += samples
                 rate[way].append(per_s)
             rate["low alone"].append((await _turn(backend, None, "low", 0, spin, depth))[1])
     alone = harness.median(rate["low alone"])
+    idle_p99 = harness.percentile(idle, 99)
     rows = {
         way: {
             "high_p50_us": harness.percentile(lat[way], 50) * 1e6,
             "high_p99_us": harness.percentile(lat[way], 99) * 1e6,
+            "high_p99_vs_idle": harness.percentile(lat[way], 99) / idle_p99 if idle_p99 else 0.0,
             "low_per_s": harness.median(rate[way]),
             "low_vs_alone": harness.median(rate[way]) / alone if alone else 0.0,
         }
@@ -122,6 +128,8 @@ async def measure(reps: int, turns: int, spin_ms: float) -> dict[str, Any]:
         "depth": depth,
         "blocks": BLOCKS,
         "low_alone_per_s": alone,
+        "idle_high_p50_us": harness.percentile(idle, 50) * 1e6,
+        "idle_high_p99_us": idle_p99 * 1e6,
         "ways": rows,
     }
 
@@ -135,14 +143,25 @@ def main() -> None:
     results = asyncio.run(measure(options.reps, turns, options.spin_ms))
     device = harness.device_name()
     harness.print_table(
-        ["way", "high p50 µs", "high p99 µs", "low /s", "low vs alone"],
+        ["way", "high p50 µs", "high p99 µs", "p99 vs idle", "low /s", "low vs alone"],
         [
-            [way, r["high_p50_us"], r["high_p99_us"], r["low_per_s"], r["low_vs_alone"]]
+            [
+                way,
+                r["high_p50_us"],
+                r["high_p99_us"],
+                r["high_p99_vs_idle"],
+                r["low_per_s"],
+                r["low_vs_alone"],
+            ]
             for way, r in results["ways"].items()
         ],
-        [".1f", ".1f", ".1f", ".2f"],
+        [".1f", ".1f", ".2f", ".1f", ".2f"],
     )
-    print(f"\n{device}; low alone {results['low_alone_per_s']:.1f} /s; {harness.cpu()}")
+    print(
+        f"\n{device}; idle GPU: high p50 {results['idle_high_p50_us']:.1f} µs, "
+        f"p99 {results['idle_high_p99_us']:.1f} µs; low alone "
+        f"{results['low_alone_per_s']:.1f} /s; {harness.cpu()}"
+    )
     harness.write_json({"device": device, **results}, options.json, script=__file__, device=device)
 
 
