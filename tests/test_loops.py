@@ -359,16 +359,17 @@ def test_the_threads_of_a_trio_run_end_with_it() -> None:
     before = set(_trio_threads())
     big = np.ones(1 << 19, np.float32)  # 2 MiB: uploaded and downloaded in the executor
 
+    ran: set[threading.Thread] = set()
+
     async def main() -> None:
         async with ag.open_backend("host") as backend:
             buffer = await backend.upload(big)
             np.testing.assert_array_equal(await backend.download(buffer), big)
+            ran.update(set(_trio_threads()) - before)  # seen while the run goes on
             await buffer.aclose()
 
-    ran: set[threading.Thread] = set()
     for _ in range(3):
         trio.run(main)
-        ran |= set(_trio_threads()) - before
     assert ran  # the runs used threads of their own
     for thread in ran:
         thread.join(timeout=10)
