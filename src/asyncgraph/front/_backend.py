@@ -108,7 +108,6 @@ class Backend(StreamsAndGraphs, AsyncResource):
         self.call_in_turn = life.call_in_turn  # submit()'s wait with no task (a batch's)
         self._transfers = parts.transfers
         self._fast = parts.fast  # the steady state of dispatch() in one call (CUDA)
-        self._fast_graphs = parts.fast_graphs  # and of a cached graph's replay
         self._plans = parts.plans
 
     # -- state ---------------------------------------------------------------------------------
@@ -209,8 +208,6 @@ class Backend(StreamsAndGraphs, AsyncResource):
         fast = self._fast
         if fast is not None and after is None:
             pending = fast(kernel, args, grid, block, shared_mem, timing, graph)
-            if pending is None and graph is not _NEVER and self._fast_graphs is not None:
-                pending = self._fast_graphs(kernel, args, grid, block, shared_mem, timing, graph)
             if pending is not None:
                 return pending
         started = 0.0 if graph is _NEVER else perf_counter()  # where "auto" measures from
