@@ -140,6 +140,7 @@ class CudaEngine:
             core.Launcher,
         )
         device.telemetry.add_source(fast.flush)
+        device.stream_pool.count_placements(lambda: fast.placements)  # it places its own
         self.graphs.serve(fast)  # replays, routes and steering through it
         return fast
 

@@ -149,8 +149,7 @@ class Graphs:
 
     def sample(self, job: Any, choice: Choice, started: float) -> None:
         """Report *job*'s cost from *started* to *choice* when it completes (``SmallPath``)."""
-        job.choice = choice
-        job.started = started
+        job.measure(choice, started)
 
     def _record_locked(self, call: BoundCall) -> CachedGraph:
         self._device.check_healthy()
@@ -273,7 +272,7 @@ class Graphs:
                     raise error_for(code, "cuGraphExecKernelNodeSetParams")
             else:
                 self._update_node(node, call, values)
-            self.telemetry.graph_updates += 1
+            self.telemetry.count("graph_updates")
 
     def _update_node(self, node: KernelNode, call: BoundCall, values: list[Any]) -> None:
         """:meth:`update_nodes` through ``cuda.core`` (it packs any argument)."""

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable, Sequence
+from typing import Literal
 
 import attrs
 import numpy as np
@@ -24,6 +25,7 @@ from asyncgraph._exceptions import DispatchError
 
 __all__ = (
     "BUCKET_BOUNDS",
+    "Counter",
     "Histogram",
     "HistogramSnapshot",
     "Telemetry",
@@ -271,6 +273,29 @@ class TelemetrySnapshot:
     device_time: HistogramSnapshot
 
 
+# The names of the counters of a Telemetry that Telemetry.count adds to.
+Counter = Literal[
+    "buffer_copies",
+    "buffer_copy_bytes",
+    "bytes_down",
+    "bytes_up",
+    "compile_cache_hits",
+    "compile_cache_misses",
+    "copies_down",
+    "copies_up",
+    "dispatches",
+    "dispatches_completed",
+    "dispatches_failed",
+    "graph_cache_hits",
+    "graph_cache_misses",
+    "graph_captures",
+    "graph_evictions",
+    "graph_replays",
+    "graph_updates",
+    "sync_points",
+]
+
+
 class Telemetry:
     """The counters and histograms of one backend.
 
@@ -339,6 +364,10 @@ class Telemetry:
         self.submit_time = Histogram()
         self.completion_latency = Histogram()
         self.device_time = Histogram()
+
+    def count(self, counter: Counter, by: int = 1) -> None:
+        """Add *by* to the counter named *counter* (the way other objects count here)."""
+        setattr(self, counter, getattr(self, counter) + by)
 
     def add_source(self, flush: Callable[[Telemetry], None]) -> None:
         """Count what *flush* counted elsewhere: :meth:`sync` calls it, and it adds what it

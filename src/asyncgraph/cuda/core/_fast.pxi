@@ -79,9 +79,20 @@ cdef class FastPath:
     def steer(self, call, choice):
         """Let ``graph="auto"`` dispatches like *call* follow *choice*: the plans that launch
         its signature keep it, and take such dispatches while ``choice.eager`` holds."""
+        cdef KnownKernel known
+        cdef CPlan plan
         found = self._kernels.get(call.kernel)
-        if found is not None:
-            (<KnownKernel>found).steer(call, choice)
+        if found is None:
+            return
+        known = <KnownKernel>found
+        for candidate in known.plans:
+            if (<CPlan>candidate).auto is choice:
+                return  # steered already
+        for candidate in known.plans:
+            plan = <CPlan>candidate
+            if _describes(plan.plan, call):
+                plan.auto = choice
+                known.steered = True
 
     def replay(self, graph, call, buffers, writes, choice=None, double started=0.0):
         """Launch *graph*, ready to replay *call* on *buffers* (written where *writes* says),

@@ -305,18 +305,6 @@ cdef class KnownKernel:
         self.plans.insert(0, plan)
         del self.plans[_MAX_PLANS:]
 
-    def steer(self, call, choice):
-        """Set *choice* as ``auto`` of the plans that launch *call*'s signature (at once done
-        if one has it already)."""
-        cdef CPlan plan
-        for candidate in self.plans:
-            if (<CPlan>candidate).auto is choice:
-                return
-        for candidate in self.plans:
-            plan = <CPlan>candidate
-            if _describes(plan.plan, call):
-                plan.auto = choice
-                self.steered = True
 
 
 cdef bint _fits(CPlan plan, tuple args, object grid, object block, object shared_mem) except -1:

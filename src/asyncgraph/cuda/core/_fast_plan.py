@@ -88,13 +88,10 @@ class FastPlan:
         returned: per result ``(kind, index, offset, nbytes, dtype, shape)``.
         route: the cached graphs that ``graph="always"`` and ``"auto"`` dispatches of this
             signature replay (the compiled core's ``ReplayRoute``), or ``None``.
-        auto: what ``graph="auto"`` chose for this signature (a ``capture._choice.Choice``,
-            set by ``FastPath.steer``), or ``None``: such dispatches go the general way.
     """
 
     __slots__ = (
         "args",
-        "auto",
         "block",
         "block_dims",
         "expected",
@@ -118,7 +115,6 @@ class FastPlan:
 
     def __init__(self, plan: Plan, call: BoundCall) -> None:
         self.expected = 0.0  # seconds from dispatch to completion, learned (_watches.learned)
-        self.auto: Any = None
         self.route: Any = None
         template = plan.template
         self.template = template

@@ -212,7 +212,7 @@ cdef inline object _steady_loop(FastPath fp):
 
 cdef int _admit(FastPath fp, FastJob job, bint placed, list uses, tuple writes) except -1:
     """Admit *job*, launched on its lane, through the scheduler's door: the lane's slot (and
-    the stream pool's placements, if *placed* there) count it, the uses of the resident
+    its placements, if *placed* there) count it, the uses of the resident
     buffers *uses* (written where *writes* says) are recorded, the cursor moves on past a
     placed lane; if a step raises, all of it is taken back."""
     cdef int taken = 0
@@ -222,7 +222,7 @@ cdef int _admit(FastPath fp, FastJob job, bint placed, list uses, tuple writes) 
         slot.outstanding += 1
         taken = 1
         if placed:
-            fp._pool.placements += 1
+            fp.placements += 1  # the stream pool's statistics count them too
             taken = 2
         if uses is not None:
             track_uses(uses, writes, job)  # ordered by the lane (checked before)
@@ -231,7 +231,7 @@ cdef int _admit(FastPath fp, FastJob job, bint placed, list uses, tuple writes) 
         if taken:
             slot.outstanding -= 1
         if taken > 1:
-            fp._pool.placements -= 1
+            fp.placements -= 1
         raise
     if placed:
         fp._cursor = (fp._cursor + 1) % fp._n_lanes
