@@ -313,6 +313,8 @@ Counter = Literal[
     "dispatches",
     "dispatches_completed",
     "dispatches_failed",
+    "dispatches_timed_out",
+    "dispatches_withdrawn",
     "graph_cache_hits",
     "graph_cache_misses",
     "graph_captures",
