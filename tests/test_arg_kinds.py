@@ -12,7 +12,6 @@ import pytest
 import asyncgraph as ag
 from asyncgraph.args import _arg_kinds
 from asyncgraph.args import _bound_args as _bound
-from asyncgraph.args._arg_kind_base import ArgKind
 from asyncgraph.args._arg_kinds import (
     ARRAY,
     DEVICE_ARRAY,
@@ -21,6 +20,7 @@ from asyncgraph.args._arg_kinds import (
     RESIDENT,
     SCALAR,
     UNKNOWN,
+    ArgKind,
 )
 from asyncgraph.args._arguments import (
     BOUND_KINDS,

@@ -1,7 +1,9 @@
 """Graph replays on the fast path over the stand-in driver, on each core and in both stream
 modes (``tests/fake_driver/replay_scenario.py``): launched in one call, ordered after and before
 eager dispatches of their buffers, their failures reported, the same results as the general
-path's replays. ``test_cuda_graphs.py`` runs replays on a GPU.
+path's replays. The fast path is the compiled core's: on the Python core a backend with the
+fast path enabled replays as jobs of the general path, and shows just what one without it
+shows. ``test_cuda_graphs.py`` runs replays on a GPU.
 """
 
 from __future__ import annotations
@@ -65,6 +67,11 @@ def test_recorded_replays_compute_what_numpy_does(seen: dict[str, Any], path: st
 
 def test_replays_take_the_fast_path_where_there_is_one(seen: dict[str, Any]) -> None:
     fast, general = seen["fast"], seen["general"]
+    if not seen["compiled"]:  # no fast path: the general path replays them all
+        assert fast == general
+        assert (fast["captured"]["alone_fast"], fast["recorded"]["always_fast"]) == (0, 0)
+        assert fast["recorded"]["always_binds"] == 6
+        return
     assert (fast["captured"]["alone_fast"], fast["captured"]["gathered_fast"]) == (5, 8)
     assert (fast["recorded"]["replays_fast"], fast["recorded"]["always_fast"]) == (3, 6)
     # graph="always": bound on the general path the first time (which routes the cache's graphs
@@ -80,18 +87,24 @@ def test_a_batchers_padded_batches_replay_one_graph_on_the_fast_path(seen: dict[
     for batched in (fast, general):
         assert batched["right"]
         assert batched["replays"] == batched["batches"] == 5  # each batch, one replay
+    if not seen["compiled"]:
+        assert fast == general
+        return
     assert (fast["fast"], fast["binds"]) == (5, 0)  # on the fast path, nothing bound
     assert (general["fast"], general["binds"]) == (0, 5)
 
 
-# asyncgraph's own calls per awaited replay of a captured graph on the fast path, per core: on
-# the compiled one the replay's coroutine and the graph host's hand-off (capture._replayed),
-# FastPath.replay (called straight: the engine hands it to the graphs), the graph's launch
-# address, its results and its turn.
-PINNED_REPLAY_CALLS = {"compiled": 10, "python": 38}
+# asyncgraph's own calls per awaited replay of a captured graph, per core: on the compiled one
+# the replay's coroutine and the graph host's hand-off (capture._replayed), FastPath.replay
+# (called straight: the engine hands it to the graphs), the graph's launch address, its results
+# and its turn; on the Python core a replay job of the general path's.
+PINNED_REPLAY_CALLS = {"compiled": 10, "python": 77}
 
 
 def test_a_captured_replay_makes_few_calls(seen: dict[str, Any]) -> None:
     fast, general = seen["fast"]["captured"], seen["general"]["captured"]
     assert fast["calls"] == PINNED_REPLAY_CALLS["compiled" if seen["compiled"] else "python"]
-    assert general["calls"] > fast["calls"]
+    if seen["compiled"]:
+        assert general["calls"] > fast["calls"]
+    else:
+        assert general["calls"] == fast["calls"]

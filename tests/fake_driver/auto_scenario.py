@@ -19,6 +19,7 @@ import numpy as np
 
 import asyncgraph as ag
 from asyncgraph.capture._choice import REMEASURE_AFTER
+from asyncgraph.cuda.core._choose import core
 from tests.fake_driver import reset
 from tests.kernels import INC, SCALE
 
@@ -198,4 +199,4 @@ async def main() -> dict[str, Any]:
 if __name__ == "__main__":
     reset(_lib)
     _lib.fake_set_complete_mode(b"instant")
-    print(json.dumps(asyncio.run(main())))
+    print(json.dumps({"compiled": bool(core.COMPILED)} | asyncio.run(main())))

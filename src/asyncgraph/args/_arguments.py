@@ -25,7 +25,6 @@ import numpy as np
 from asyncgraph._exceptions import ArgumentTypeError, DispatchError, ShapeMismatchError
 from asyncgraph.buffers._resident import ResidentBuffer
 
-from ._arg_kind_base import ArgKind, Binding, FastArg
 from ._arg_kinds import (
     ARRAY,
     DEVICE_ARRAY,
@@ -33,8 +32,12 @@ from ._arg_kinds import (
     RESIDENT,
     SCALAR,
     UNKNOWN,
+    ArgKind,
+    Binding,
+    FastArg,
+    InOutKind,
+    OutKind,
 )
-from ._arg_outputs import InOutKind, OutKind
 from ._bound_args import Arg, BoundCall, lay_out
 from ._checks import (
     MAX_BYTES,

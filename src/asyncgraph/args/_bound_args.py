@@ -367,6 +367,14 @@ class BoundCall:
     n_results: int = 0  # how many values the dispatch returns (len(returned))
     plan: Any = None  # the plan it was bound by or made (``args._plan_cache.Plan``), if any
 
+    def takes_resident(self) -> None:
+        """Note that an argument is a resident buffer (or a resident output)."""
+        self.resident = True
+
+    def takes_foreign(self) -> None:
+        """Note that an argument is another library's device array."""
+        self.foreign = True
+
     def results(self, array_of: Callable[[StagedArg], Array]) -> tuple[Any, ...]:
         """The dispatch's result tuple: ``array_of(arg)`` for each returned array (``Out``,
         ``InOut``), the buffer for each resident output — in argument order."""

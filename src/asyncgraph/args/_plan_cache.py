@@ -31,9 +31,9 @@ from ._kernel import Kernel
 if TYPE_CHECKING:
     from asyncgraph.buffers._resident import ResidentStore
 
-    from ._arg_kind_base import Maker
+    from ._arg_kinds import Maker
 
-__all__ = ("MAX_PLANS", "Plan", "Plans", "keeps_eager", "plan_of", "same_dims")
+__all__ = ("MAX_PLANS", "Plan", "Plans", "plan_of", "same_dims")
 
 MAX_PLANS = 4  # plans kept per kernel (a service may alternate a few shapes)
 
@@ -49,13 +49,9 @@ class Plan:
         template: the bound call whose layout, launch shape and counts a new call copies
             (its argument lists are empty: each call has its own).
         returned: the positions of the arguments with a result, in order.
-        auto: what ``graph="auto"`` chose for this plan's calls once it keeps them to eager
-            dispatches (a ``capture._choice.Choice``, set by the graph cache), or ``None``:
-            while its choice stays eager, ``dispatch()`` skips the graph cache for them.
     """
 
     __slots__ = (
-        "auto",
         "block",
         "grid",
         "makers",
@@ -85,7 +81,6 @@ class Plan:
         self.types = types
         self.makers = makers
         self.returned = returned
-        self.auto: Any = None
 
     def bind(
         self,
@@ -139,14 +134,6 @@ class Plan:
             t.n_results,
             self,
         )
-
-
-def keeps_eager(call: BoundCall, graph: str) -> bool:
-    """Whether *call*, dispatched with ``graph=`` *graph*, is a plain dispatch that need not
-    ask the graph cache: ``"auto"``, and its plan's choice (:attr:`Plan.auto`) keeps its calls
-    eager."""
-    plan = call.plan
-    return graph == "auto" and plan is not None and plan.auto is not None and plan.auto.eager
 
 
 def same_dims(value: object, planned: object) -> bool:

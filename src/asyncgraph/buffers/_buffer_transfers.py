@@ -82,8 +82,8 @@ class Transfers:
                 f"backend {self._name} was closed while upload() copied the array; the copy "
                 "was freed"
             )
-        self._telemetry.bytes_up += array.nbytes
-        self._telemetry.copies_up += 1
+        self._telemetry.count("bytes_up", array.nbytes)
+        self._telemetry.count("copies_up")
         return self._store.add(storage, array.shape, array.dtype)
 
     async def download(
@@ -104,8 +104,8 @@ class Transfers:
             untrack(buffer, use)
             self._life.transfer_ended()
             self._sink.poke()  # jobs parked behind the download may go
-        self._telemetry.bytes_down += array.nbytes
-        self._telemetry.copies_down += 1
+        self._telemetry.count("bytes_down", array.nbytes)
+        self._telemetry.count("copies_down")
         return array
 
     def route(self, target: Transfers) -> str:
@@ -142,6 +142,6 @@ class Transfers:
                 f"backend {target._name} was closed while copy() copied the buffer; the copy "
                 "was freed"
             )
-        target._telemetry.buffer_copies += 1
-        target._telemetry.buffer_copy_bytes += buffer.nbytes
+        target._telemetry.count("buffer_copies")
+        target._telemetry.count("buffer_copy_bytes", buffer.nbytes)
         return target._store.add(storage, buffer.shape, buffer.dtype)

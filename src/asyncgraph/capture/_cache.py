@@ -12,6 +12,7 @@ from ._graphs import CachedGraph, prepare_replay
 
 if TYPE_CHECKING:
     from asyncgraph.args._bound_args import BoundCall
+    from asyncgraph.runtime._telemetry import Telemetry
 
     from ._graph_host import GraphHost
 
@@ -98,8 +99,13 @@ class GraphCache:
         self._entries: OrderedDict[tuple[Any, ...], _Entry] = OrderedDict()
         self._seen: dict[tuple[Any, ...], int] = {}
         self._choices: dict[tuple[Any, ...], Choice] = {}
+        # Per argument plan (``args._plan_cache.Plan``), the choice that keeps its calls eager:
+        # while it does, job_for() answers them at once, without their signature.
+        self._kept: dict[Any, Choice] = {}
         self._hits = self._misses = self._captures = self._updates = self._evictions = 0
+        self._hits_told = 0  # of them, those the telemetry counted already (_tell)
         self._bytes = 0
+        backend.telemetry.add_source(self._tell)
 
     def __repr__(self) -> str:
         return (
@@ -148,6 +154,10 @@ class GraphCache:
         or ``None`` to run it as a plain dispatch; or, where *inline* allows, a replay already
         launched on the fast path (its ``PendingDispatch``). *started* is when ``dispatch()``
         was called (``perf_counter()``), from which a measured dispatch's cost is counted."""
+        if not always:
+            kept = self._kept.get(call.plan)
+            if kept is not None and kept.eager:
+                return None  # chose eager dispatches: the plain one runs
         if call.foreign or (call.fresh is not None and not always):
             return None  # new resident outputs each time: never the same signature twice
         keys = self._keys(call)
@@ -169,7 +179,9 @@ class GraphCache:
             self._backend.steer(call, choice)  # it missed the fast path: maybe no plan had it
             plan = call.plan
             if plan is not None and not call.resident:  # (its choice's signature is its plan's)
-                plan.auto = choice  # dispatch() keeps its calls eager without asking again
+                if len(self._kept) >= _SEEN_LIMIT:
+                    self._kept.clear()
+                self._kept[plan] = choice  # its calls kept eager without asking again
             return self._miss()
         return self._replay(key, call, choice, started, inline)
 
@@ -237,9 +249,14 @@ class GraphCache:
         return job
 
     def hit(self) -> None:
-        """Count a replay of a cached graph (the fast path's too)."""
+        """Count a replay of a cached graph (the fast path's too: it calls this from C, so it
+        stays one call; the telemetry hears of the hits when it syncs, :meth:`_tell`)."""
         self._hits += 1
-        self._backend.telemetry.graph_cache_hits += 1
+
+    def _tell(self, telemetry: Telemetry) -> None:
+        """Add the hits since the last sync to *telemetry* (a source of it)."""
+        telemetry.count("graph_cache_hits", self._hits - self._hits_told)
+        self._hits_told = self._hits
 
     def _settled(self, choice: Choice) -> None:
         """*choice* settled: on eager, its graphs are freed (they will not be replayed)."""
@@ -254,10 +271,11 @@ class GraphCache:
         for choice in self._choices.values():
             choice.forget()
         self._choices.clear()
+        self._kept.clear()
 
     def _miss(self) -> None:
         self._misses += 1
-        self._backend.telemetry.graph_cache_misses += 1
+        self._backend.telemetry.count("graph_cache_misses")
 
     def _evict(self, keep: CachedGraph) -> None:
         """Free least recently used instances until the bytes fit (never *keep*)."""
@@ -274,7 +292,7 @@ class GraphCache:
                 self._bytes -= graph.nbytes
                 graph.close()  # a busy one is freed once its replay completed
                 self._evictions += 1
-                self._backend.telemetry.graph_evictions += 1
+                self._backend.telemetry.count("graph_evictions")
             if not entry.instances:
                 del self._entries[key]
 

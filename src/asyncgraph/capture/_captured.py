@@ -176,7 +176,7 @@ class CapturedGraph:
             shared_mem=0,
             resident=bool(buffers),
         )
-        self._backend.telemetry.graph_captures += 1
+        self._backend.telemetry.count("graph_captures")
 
     def upload(self) -> None:
         """Upload the executable graph to the device now, so the first replay does not."""
@@ -266,7 +266,7 @@ class CapturedGraph:
         """Launch the executable graph on the stream *handle* (used by the backend)."""
         check(drv.cuGraphLaunch(self._exec, handle), "cuGraphLaunch")
         self.replays += 1
-        self._backend.telemetry.graph_replays += 1
+        self._backend.telemetry.count("graph_replays")
 
     def results(self, call: BoundCall) -> tuple[Any, ...]:
         """Nothing: its results stay in its resident buffers (used by the backend)."""

@@ -373,7 +373,7 @@ class CachedGraph:
         """Launch the graph chosen for this replay on the stream *handle* (used by the backend)."""
         check(drv.cuGraphLaunch(self._chosen, handle), "cuGraphLaunch")
         self.replays += 1
-        self._backend.telemetry.graph_replays += 1
+        self._backend.telemetry.count("graph_replays")
 
     def results(self, call: BoundCall) -> tuple[Any, ...]:
         """The outputs of the replay that just completed: new arrays, and resident outputs

@@ -212,8 +212,7 @@ class Device:
         self.failure = (
             error if fault is None else fault.refusal(f"backend {self.label} failed", error.call)
         )
-        if self.watches.fault is None:
-            self.watches.fault = self.failure
+        self.watches.fail_with(self.failure)
         if not self.closed:
             self.log.error(
                 "backend.failed",

@@ -18,9 +18,7 @@ from cuda.bindings import driver as drv
 
 from asyncgraph._exceptions import BackendClosedError, DeviceFaultError
 from asyncgraph.cuda.core._choose import core
-from asyncgraph.cuda.core._fast import FastPath as PythonFastPath
-from asyncgraph.cuda.core._fast_job import RING_BYTES
-from asyncgraph.cuda.core._fast_replay import FastReplays
+from asyncgraph.cuda.core._fast_plan import RING_BYTES
 from asyncgraph.cuda.driver._context import in_context
 from asyncgraph.cuda.driver._driver import check
 from asyncgraph.cuda.launch._kernel_launch import Launches
@@ -51,8 +49,8 @@ if TYPE_CHECKING:
 
 __all__ = ("LEFT_BEHIND", "CudaEngine")
 
-# The fast path of the dispatch core that runs: the compiled one's, or its Python twin (``_fast``).
-_FAST_PATH: Any = cast(Any, core).FastPath if core.COMPILED else PythonFastPath
+# The fast path: the compiled core's; the Python core runs the general path alone.
+_FAST_PATH: Any = cast(Any, core).FastPath if core.COMPILED else None
 
 # Seconds a close of a failed backend waits for its waiter threads: one may wait in the driver
 # for a kernel that never finishes, and must not hold the close, or the process's exit.
@@ -94,17 +92,7 @@ class CudaEngine:
         self.streamed = StreamedPath(device, self.launches, self.small)
         self.storage = Storage(device)
         self.fast: Any = None  # the dispatch core's FastPath, once the front asked for it
-        self.replays: FastReplays | None = None  # and the replays on it
-        self.graphs = Graphs(
-            device,
-            self.launches,
-            self.kernels,
-            self.storage,
-            links.graphs,
-            self._steer,
-            self._replay_fast,
-            self._route_replays,
-        )
+        self.graphs = Graphs(device, self.launches, self.kernels, self.storage, links.graphs)
         links.log.debug(
             "backend.opened",
             kind=self.kind,
@@ -120,12 +108,14 @@ class CudaEngine:
 
     @in_context
     def fast_path(self, front: FastFront) -> Any:
-        """The dispatch core's fast path over this device (``None`` when turned off, with NVTX
-        ranges or per-dispatch log events, which it does not make, or without pinned memory
-        for the lanes' staging rings)."""
+        """The dispatch core's fast path over this device (``None`` on the Python core, when
+        turned off, with NVTX ranges or per-dispatch log events, which it does not make, or
+        without pinned memory for the lanes' staging rings)."""
         device = self.device
         options = device.options
-        if not options.fast_path_enabled or options.nvtx_enabled or options.dispatch_events_enabled:
+        if _FAST_PATH is None or not options.fast_path_enabled:
+            return None
+        if options.nvtx_enabled or options.dispatch_events_enabled:
             return None
         # Each lane's staging ring is its own pinned allocation, held while the backend is open
         # (like the lanes' device scratch), not a block of the pinned pool's.
@@ -149,35 +139,9 @@ class CudaEngine:
             core.Launcher,
         )
         device.telemetry.add_source(fast.flush)
-        replays = self.replays = FastReplays(
-            device.lanes, device.watches, device.events, device.stream_pool, front
-        )
-        device.telemetry.add_source(replays.flush)
-        self.graphs.replay_fast = self._replayer().replay  # see _replay_fast
+        device.stream_pool.count_placements(lambda: fast.placements)  # it places its own
+        self.graphs.serve(fast)  # replays, routes and steering through it
         return fast
-
-    def fast_graphs(self) -> FastReplays | None:
-        """The fast path's replays of cached graphs (``FastReplays``), made with it; ``None``
-        where the fast path replays graphs itself (the compiled core's)."""
-        return self.replays if self._replayer() is self.replays else None
-
-    def _replayer(self) -> Any:
-        # What replays graphs on the fast path: the compiled FastPath itself, or FastReplays.
-        return self.fast if self.fast is not None and self.fast.routes_replays else self.replays
-
-    def _steer(self, call: BoundCall, choice: Any) -> None:
-        # Graphs' news for the fast path: ``graph="auto"`` calls like *call* follow *choice*.
-        if self.fast is not None:
-            self.fast.steer(call, choice)
-
-    def _replay_fast(self, graph: Any, call: BoundCall, *rest: Any) -> None:
-        # No fast path (yet, or any more); fast_path() hands the graphs its own replay.
-        return None
-
-    def _route_replays(self, call: BoundCall, *rest: Any) -> bool:
-        # The graph cache's graphs of *call*'s signature, replayed on the fast path.
-        replayer = self._replayer()
-        return replayer is not None and bool(replayer.route(call, *rest))
 
     # -- the scheduler's predicates ----------------------------------------------------------------
 
@@ -478,7 +442,7 @@ class CudaEngine:
     def _release_all(self) -> None:
         device = self.device
         fast, self.fast = self.fast, None
-        self.graphs.replay_fast = self._replay_fast
+        self.graphs.serve(None)
         if fast is not None:
             for block in fast.close():  # the staging rings, idle now
                 if device.failure is None:

@@ -71,16 +71,14 @@ class Graphs:
         kernels: Kernels,
         storage: Storage,
         front: GraphFront,
-        steer: Callable[[BoundCall, Choice], None],
-        replay_fast: Callable[..., Awaitable[Any] | None],
-        route_replays: Callable[..., bool],
     ) -> None:
         from cuda.core import StreamOptions
 
         self._device = device
-        self.steer = steer  # see GraphHost.steer: tells the engine's fast path
-        self.replay_fast = replay_fast  # see GraphHost.replay_fast (the engine's fast path)
-        self.route_replays = route_replays  # see GraphHost.route_replays (the same)
+        self._fast: Any = None  # the engine's fast path (compiled core), while it has one
+        # See GraphHost.replay_fast: the fast path's own replay while there is one (served()),
+        # called directly, without a call of ours in between.
+        self.replay_fast: Callable[..., Awaitable[Any] | None] = _no_fast_replay
         self._launches = launches
         self._kernels = kernels
         self._storage = storage
@@ -151,8 +149,7 @@ class Graphs:
 
     def sample(self, job: Any, choice: Choice, started: float) -> None:
         """Report *job*'s cost from *started* to *choice* when it completes (``SmallPath``)."""
-        job.choice = choice
-        job.started = started
+        job.measure(choice, started)
 
     def _record_locked(self, call: BoundCall) -> CachedGraph:
         self._device.check_healthy()
@@ -275,7 +272,7 @@ class Graphs:
                     raise error_for(code, "cuGraphExecKernelNodeSetParams")
             else:
                 self._update_node(node, call, values)
-            self.telemetry.graph_updates += 1
+            self.telemetry.count("graph_updates")
 
     def _update_node(self, node: KernelNode, call: BoundCall, values: list[Any]) -> None:
         """:meth:`update_nodes` through ``cuda.core`` (it packs any argument)."""
@@ -324,11 +321,34 @@ class Graphs:
 
     # -- closing -------------------------------------------------------------------------------
 
+    def serve(self, fast: Any) -> None:
+        """Replay, route and steer through *fast* (the engine's fast path, ``None`` once it
+        closed): the engine calls this when it made its fast path and when it let it go."""
+        self._fast = fast
+        self.replay_fast = _no_fast_replay if fast is None else fast.replay
+
+    def steer(self, call: BoundCall, choice: Choice) -> None:
+        """See :meth:`GraphHost.steer`."""
+        if self._fast is not None:
+            self._fast.steer(call, choice)
+
+    def route_replays(
+        self, call: BoundCall, instances: list[Any], choice: Choice | None, hit: Callable[[], None]
+    ) -> bool:
+        """See :meth:`GraphHost.route_replays`."""
+        fast = self._fast
+        return fast is not None and bool(fast.route(call, instances, choice, hit))
+
     def close_all(self) -> None:
         """Close the cache and every open graph."""
         self.cache.clear()
         for graph in list(self._open):
             graph.close()
+
+
+def _no_fast_replay(graph: Any, call: BoundCall, *rest: Any) -> None:
+    # No fast path (the Python core, or turned off, or closed): replays run as jobs.
+    return None
 
 
 class _CaptureStream:

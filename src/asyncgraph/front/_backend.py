@@ -5,8 +5,11 @@
 resident buffers, the bounded queue's waiting room, telemetry and closing. How work runs —
 compiling, staging, launching, collecting, resident storage — belongs to an
 :class:`~asyncgraph.front._engine_protocols.Engine` it is composed with (the CUDA engine in
-``asyncgraph.cuda``, the host engine in ``host._host_backend``). ``open_backend`` lives in
-``_open``.
+``asyncgraph.cuda``, the host engine in ``host._host_backend``). The part of its API only an
+engine can do (graphs: ``record``, ``capture``; stream leases: ``stream``; other libraries'
+work: ``wait``, ``order``) it validates too, then hands to the engine's ``Streams`` (the host
+engine refuses all of it with ``UnsupportedError``, saying what to do instead).
+``open_backend`` lives in ``_open``.
 """
 
 from __future__ import annotations
@@ -16,7 +19,8 @@ import contextlib
 import itertools
 import sys
 import warnings
-from collections.abc import Callable, Generator
+from collections.abc import Awaitable, Callable, Generator
+from contextlib import AbstractAsyncContextManager
 from functools import partial
 from time import perf_counter
 from typing import TYPE_CHECKING, Any, Final, NoReturn, cast
@@ -30,7 +34,6 @@ from asyncgraph._exceptions import (
     UnsupportedError,
 )
 from asyncgraph.args._kernel import check_kernel
-from asyncgraph.args._plan_cache import keeps_eager
 from asyncgraph.buffers._resident import ResidentBuffer, discard
 from asyncgraph.jobs._pending import PendingDispatch, set_withdraw
 from asyncgraph.jobs._scheduler import Job, track_buffers
@@ -44,7 +47,6 @@ from ._fast_front import FrontEngine
 from ._lifecycle import CLOSED, OPEN, Lifecycle
 from ._resident_api import ResidentBuffers
 from ._steering import Steering
-from ._streams_graphs import StreamsAndGraphs
 from ._wiring import assemble
 
 if TYPE_CHECKING:
@@ -52,6 +54,7 @@ if TYPE_CHECKING:
     from asyncgraph.args._bound_args import BoundCall
     from asyncgraph.args._kernel import Kernel
 
+    from ._lease import StreamLease
     from ._options import BackendOptions
 
 __all__ = ("Backend",)
@@ -61,7 +64,7 @@ _NORMAL: Final = "normal"
 _GRAPH_CHOICES: Final = (_NEVER, "auto", "always")
 
 
-class Backend(StreamsAndGraphs, ResidentBuffers, AsyncResource):
+class Backend(ResidentBuffers, AsyncResource):
     """A place to run kernels: a CUDA device, or the host in worker threads.
 
     Open one with :func:`asyncgraph.open_backend`. A backend is an async resource: use
@@ -104,8 +107,7 @@ class Backend(StreamsAndGraphs, ResidentBuffers, AsyncResource):
         self.telemetry = parts.telemetry
         self._dispatcher = parts.dispatcher
         engine = self._engine = parts.engine
-        scheduler = self._scheduler = parts.dispatcher.scheduler
-        StreamsAndGraphs.__init__(self, engine, scheduler.admitted, self._loop_for_use)
+        self._scheduler = parts.dispatcher.scheduler
         self.kind = engine.kind
         self._store = parts.store
         life = self._life = parts.life
@@ -115,10 +117,9 @@ class Backend(StreamsAndGraphs, ResidentBuffers, AsyncResource):
         ResidentBuffers.__init__(
             self, parts.transfers, self._new_resident, engine.host_array, self._loop_for_use
         )
-        # The steady state of dispatch() in one call (CUDA), and of a cached graph's replay:
-        # for dispatches of the default class alone, without deadline or span.
+        # The steady state of dispatch() in one call (CUDA): for dispatches of the default
+        # class alone, without deadline or span.
         self._fast = parts.fast if steer.plain else None
-        self._fast_graphs = parts.fast_graphs if steer.plain else None
         self._plans = parts.plans
 
     # -- state ---------------------------------------------------------------------------------
@@ -238,8 +239,6 @@ class Backend(StreamsAndGraphs, ResidentBuffers, AsyncResource):
             and (priority is None or priority == _NORMAL)
         ):
             pending = fast(kernel, args, grid, block, shared_mem, timing, graph)
-            if pending is None and graph is not _NEVER and self._fast_graphs is not None:
-                pending = self._fast_graphs(kernel, args, grid, block, shared_mem, timing, graph)
             if pending is not None:
                 return pending
         started = 0.0 if graph is _NEVER else perf_counter()  # where "auto" measures from
@@ -260,7 +259,7 @@ class Backend(StreamsAndGraphs, ResidentBuffers, AsyncResource):
             call.make_buffers(self._new_resident, discard)
         try:
             job: Job | None = None
-            if graph != "never" and not timing and not keeps_eager(call, graph):
+            if graph != "never" and not timing:
                 plain = self._steer.plain and rank == NORMAL and timeout is None
                 inline = after is None and plain
                 chosen = self._engine.graph_job(call, graph == "always", started, inline)
@@ -292,7 +291,7 @@ class Backend(StreamsAndGraphs, ResidentBuffers, AsyncResource):
         job.t_dispatch = perf_counter()
         if job.call.resident:
             track_buffers(job)
-        self.telemetry.dispatches += 1
+        self.telemetry.count("dispatches")
         self._steer.start_span(job, self.name)
         set_withdraw(pending, partial(self._dispatcher.withdraw, job))
         self._dispatcher.add(job, timeout)
@@ -425,6 +424,141 @@ class Backend(StreamsAndGraphs, ResidentBuffers, AsyncResource):
             self._engine.release(job)
             raise
         return await pending
+
+    # -- graphs ---------------------------------------------------------------------------------
+
+    async def record(
+        self,
+        kernel: Kernel,
+        *args: object,
+        grid: int | tuple[int, ...],
+        block: int | tuple[int, ...],
+        shared_mem: int = 0,
+    ) -> Any:
+        """Record one dispatch as a CUDA graph to replay (CUDA backend); see ``docs/graphs.md``.
+
+        Returns:
+            A :class:`~asyncgraph.capture.CachedGraph`.
+
+        Raises:
+            UnsupportedError: the backend has no CUDA graphs (the host backend).
+        """
+        self._loop_for_use()
+        return await self._engine.record(kernel, args, grid, block, shared_mem)
+
+    def capture(
+        self, mode: object = "thread_local", *, into: object = None
+    ) -> AbstractAsyncContextManager[Any]:
+        """Capture dispatches on resident buffers into a CUDA graph (CUDA backend).
+
+        See ``docs/graphs.md`` and the CUDA backend's ``capture``.
+
+        Args:
+            mode: the capture mode: ``"thread_local"``, ``"global"`` or ``"relaxed"``.
+            into: a :class:`~asyncgraph.capture.CapturedGraph` of this backend to capture into
+                again: it runs what this capture records from then on (``cap.graph`` is it),
+                its executable graph updated in place where the capture has the same nodes
+                (``cuGraphExecUpdate``), else replaced by a new one.
+
+        Raises:
+            UnsupportedError: the backend has no CUDA graphs (the host backend).
+            ArgumentTypeError: *into* is not a ``CapturedGraph``.
+            BackendClosedError: *into* is closed.
+            DispatchError: *into* belongs to another backend.
+        """
+        self._loop_for_use()
+        return self._engine.capture(mode, into)
+
+    # -- streams --------------------------------------------------------------------------------
+
+    def stream(self) -> AbstractAsyncContextManager[StreamLease]:
+        """Lease one of the backend's CUDA streams for work other libraries enqueue.
+
+        ``async with backend.stream() as lease:`` waits (FIFO, cancellation-safe) for a stream
+        no one else leases; no dispatch is placed on it meanwhile, and it is given back at the
+        end. ``lease.handle`` is the ``CUstream`` as an int, ``lease`` has
+        ``__cuda_stream__``, and ``await lease.synchronize()`` waits for the work enqueued so
+        far without blocking the loop. ``aclose()`` waits for leases to end before it destroys
+        the streams. See :class:`StreamLease`; to await work on a stream you already have,
+        :meth:`wait` needs no lease.
+
+        Raises:
+            UnsupportedError: the backend has no CUDA streams (the host backend).
+            BackendClosedError: the backend is closed.
+        """
+        self._loop_for_use()
+        return self._engine.stream()
+
+    def wait(self, work: object) -> Awaitable[None]:
+        """Await the work enqueued so far on a CUDA stream you own, or up to a CUDA event.
+
+        ``await backend.wait(torch.cuda.current_stream())`` returns once the GPU finished what
+        PyTorch enqueued on that stream before the call, and the event loop serves other tasks
+        meanwhile. The wait is taken when ``wait()`` is called (one of the backend's pooled
+        events is recorded on the stream then), not when it is awaited. Any number can be
+        awaited at once; no stream is leased.
+
+        Args:
+            work: a stream: anything with ``__cuda_stream__`` (a ``cuda.core`` ``Stream``, a
+                stream lease, CuPy's streams), a ``torch.cuda.Stream``, a
+                ``cupy.cuda.Stream``, a ``CUstream`` or a stream handle as an ``int`` (``0``:
+                the legacy default stream); or an event: ``torch.cuda.Event``,
+                ``cupy.cuda.Event``, a ``cuda.core`` ``Event`` or a ``CUevent``, recorded.
+
+        Returns:
+            An awaitable (a future of the backend's loop) that gives ``None``. Cancelling the
+            task that awaits it stops nothing on the GPU; the backend's event goes back to its
+            pool once the work completed, and ``aclose()`` waits for it.
+
+        Raises:
+            ArgumentTypeError: *work* is not a stream or event (or an event never recorded).
+            DispatchError: the stream belongs to another CUDA context or device.
+            UnsupportedError: the host backend has no CUDA streams.
+            BackendClosedError: the backend is closed.
+            DeviceFaultError: the device failed earlier, or (from the await) the work faulted.
+        """
+        self._loop_for_use()
+        return self._engine.wait_foreign(work)
+
+    async def order(self, stream: object, *, after: PendingDispatch) -> None:
+        """Make *stream* (yours: PyTorch's, CuPy's...) wait on the GPU for the dispatch
+        *after*, without a host round trip: work you enqueue on *stream* once this returned
+        runs after the dispatch's kernel and copies.
+
+        If the dispatch has not been launched yet (it is queued, or its kernel compiles), this
+        waits, without blocking the loop, until it completed instead. The other way round,
+        ``dispatch(..., after=stream)`` orders a dispatch after a stream's work.
+
+        Args:
+            stream: a stream of this backend's device and context (see :meth:`wait`).
+            after: a :class:`PendingDispatch` of this backend.
+
+        Raises:
+            ArgumentTypeError: *after* is not a pending dispatch, or *stream* not a stream.
+            DispatchError: the stream belongs to another CUDA context or device.
+            UnsupportedError: the host backend has no CUDA streams.
+            BackendClosedError: the backend is closed.
+        """
+        loop = self._loop_for_use()
+        if not isinstance(after, PendingDispatch):
+            raise ArgumentTypeError(
+                f"order(stream, after=...) takes a PendingDispatch, got {type(after).__name__}"
+            )
+        job = self._scheduler.admitted(after.dispatch_id)
+        if job is not None and job.pending is not after:
+            job = None  # a dispatch of another backend with the same number
+        # Checks the stream first; orders it after a launched dispatch (True), or finds that
+        # the dispatch has no event yet (False: it has not been launched).
+        if self._engine.order_foreign(stream, job) and (job is not None or after.done()):
+            return
+        finished: asyncio.Future[None] = loop.create_future()
+
+        def done(_pending: PendingDispatch) -> None:
+            if not finished.done():
+                finished.set_result(None)
+
+        after.add_done_callback(done)
+        await finished
 
     # -- closing -------------------------------------------------------------------------------
 

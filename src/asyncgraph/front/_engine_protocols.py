@@ -218,7 +218,8 @@ class Exports(Protocol):
 
 
 class Streams(Protocol):
-    """Streams and graphs: leases, records, captures and foreign work (``_streams_graphs``)."""
+    """Streams and graphs: leases, records, captures and foreign work (``Backend.record``,
+    ``capture``, ``stream``, ``wait``, ``order``)."""
 
     def stream(self) -> AbstractAsyncContextManager[StreamLease]:
         """Lease a stream for foreign work (raises ``UnsupportedError`` without streams)."""

@@ -84,11 +84,6 @@ class FastEngine(Protocol):
         """The engine's fast path, if it has one (called once, when the front is complete)."""
         ...
 
-    def fast_graphs(self) -> FastDispatch | None:
-        """The fast path's replays of cached graphs (``dispatch(graph="always" | "auto")``),
-        if it has them; asked once, after :meth:`fast_path`."""
-        ...
-
 
 class FrontEngine(Engine, FastEngine, Protocol):
     """An engine as the front makes it: the engine's protocols, and its fast path."""

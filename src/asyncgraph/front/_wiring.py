@@ -24,8 +24,6 @@ from ._lifecycle import Lifecycle, Room
 if TYPE_CHECKING:
     import asyncio
 
-    from asyncgraph.args._bound_args import BoundCall
-    from asyncgraph.args._plan_cache import Plan
     from asyncgraph.jobs._pending import PendingDispatch
 
     from ._options import BackendOptions
@@ -45,7 +43,6 @@ class Parts:
     transfers: Transfers
     plans: Plans
     fast: Callable[..., PendingDispatch | None] | None  # the fast path's dispatch (CUDA)
-    fast_graphs: Callable[..., PendingDispatch | None] | None  # its cached graphs' replays
 
 
 def assemble(
@@ -105,10 +102,7 @@ def assemble(
     fast = engine.fast_path(
         FastFront(door=door, lifecycle=life, ids=ids, dispatcher=dispatcher, store=store)
     )
-    graphs_fast = engine.fast_graphs()  # made with the fast path, if there is one
-    learn = None  # the plans' news, for the fast path
-    if fast is not None:
-        learn = fast.learn if graphs_fast is None else _both(fast.learn, graphs_fast.learn)
+    learn = None if fast is None else fast.learn  # the plans' news, for the fast path
     plans = Plans(engine.limits, store, engine.takes_device_arrays, learn)
     return Parts(
         telemetry,
@@ -119,15 +113,4 @@ def assemble(
         transfers,
         plans,
         fast.dispatch if fast is not None else None,
-        graphs_fast.dispatch if graphs_fast is not None else None,
     )
-
-
-def _both(first: Callable[[Plan, BoundCall], None], then: Callable[[Plan, BoundCall], None]) -> Any:
-    """A plan's news for both of the fast path's parts."""
-
-    def learn(plan: Plan, call: BoundCall) -> None:
-        first(plan, call)
-        then(plan, call)
-
-    return learn

@@ -207,9 +207,6 @@ class HostEngine:
     def fast_path(self, front: FastFront) -> None:
         """None: a host dispatch runs in a worker thread, so the general path costs it little."""
 
-    def fast_graphs(self) -> None:
-        """None: the host backend has no graphs."""
-
     # -- the scheduler's predicates (kernels are checked at dispatch; workers order uses) -----
 
     def needs_compile(self, job: Job) -> bool:

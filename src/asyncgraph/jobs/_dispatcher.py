@@ -143,7 +143,7 @@ class Dispatcher(Generic[E]):
         )
         withdrawn, effects = self.scheduler.withdraw(job, error)
         if withdrawn:
-            self._telemetry.dispatches_withdrawn += 1
+            self._telemetry.count("dispatches_withdrawn")
             self._run(effects)
         return withdrawn
 
@@ -156,7 +156,7 @@ class Dispatcher(Generic[E]):
         )
         withdrawn, effects = self.scheduler.expired(job, error)
         if withdrawn:
-            self._telemetry.dispatches_timed_out += 1
+            self._telemetry.count("dispatches_timed_out")
             self._run(effects)
 
     def drop_queued(self, error: Callable[[Job], BaseException]) -> None:

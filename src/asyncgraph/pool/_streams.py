@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import asyncio
 from collections import deque
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any, Final, Generic, Protocol, TypeVar, runtime_checkable
 
 import attrs
@@ -52,6 +52,10 @@ class StreamLane(Generic[T]):
     def __repr__(self) -> str:
         state = "leased" if self.leased else f"{self.outstanding} outstanding"
         return f"<StreamLane {self.index} {state}>"
+
+    def add(self, count: int) -> None:
+        """*count* more dispatches placed on it (fewer, once completed: negative)."""
+        self.outstanding += count
 
 
 @attrs.frozen(kw_only=True)
@@ -115,7 +119,8 @@ class StreamPool(Generic[T]):
         self._leased = 0
         self._waiters: deque[asyncio.Future[StreamLane[T]]] = deque()
         self._leases_granted = 0
-        self.placements = 0  # dispatches placed so far (the CUDA fast path counts its own here)
+        self.placements = 0  # dispatches placed so far (the CUDA fast path counts its own)
+        self._placed_elsewhere: list[Callable[[], int]] = []
 
     def __repr__(self) -> str:
         return (
@@ -220,8 +225,13 @@ class StreamPool(Generic[T]):
             waiting=len(self._waiters),
             outstanding=tuple(lane.outstanding for lane in self.lanes),
             leases_granted=self._leases_granted,
-            placements=self.placements,
+            placements=self.placements + sum(count() for count in self._placed_elsewhere),
         )
+
+    def count_placements(self, count: Callable[[], int]) -> None:
+        """Add *count()* to the placements :meth:`statistics` reports: the dispatches a fast
+        path placed itself (the CUDA fast path's, counted in C)."""
+        self._placed_elsewhere.append(count)
 
     @property
     def streams(self) -> list[Any]:

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable, Sequence
+from typing import Literal
 
 import attrs
 import numpy as np
@@ -26,6 +27,7 @@ from ._priority import NORMAL, PRIORITIES
 
 __all__ = (
     "BUCKET_BOUNDS",
+    "Counter",
     "Histogram",
     "HistogramSnapshot",
     "Telemetry",
@@ -298,6 +300,31 @@ class TelemetrySnapshot:
     completion_latency_by_class: dict[str, HistogramSnapshot]
 
 
+# The names of the counters of a Telemetry that Telemetry.count adds to.
+Counter = Literal[
+    "buffer_copies",
+    "buffer_copy_bytes",
+    "bytes_down",
+    "bytes_up",
+    "compile_cache_hits",
+    "compile_cache_misses",
+    "copies_down",
+    "copies_up",
+    "dispatches",
+    "dispatches_completed",
+    "dispatches_failed",
+    "dispatches_timed_out",
+    "dispatches_withdrawn",
+    "graph_cache_hits",
+    "graph_cache_misses",
+    "graph_captures",
+    "graph_evictions",
+    "graph_replays",
+    "graph_updates",
+    "sync_points",
+]
+
+
 class Telemetry:
     """The counters and histograms of one backend.
 
@@ -381,6 +408,10 @@ class Telemetry:
             self.completion_latency if rank == NORMAL else Histogram()
             for rank in range(len(PRIORITIES))
         )
+
+    def count(self, counter: Counter, by: int = 1) -> None:
+        """Add *by* to the counter named *counter* (the way other objects count here)."""
+        setattr(self, counter, getattr(self, counter) + by)
 
     def add_source(self, flush: Callable[[Telemetry], None]) -> None:
         """Count what *flush* counted elsewhere: :meth:`sync` calls it, and it adds what it

@@ -171,13 +171,13 @@ class Reactor:
         """Stop querying events on the loop's thread (a capture in ``thread_local`` mode would
         be invalidated by them): waiter threads wait for every event meanwhile. With *waiters*
         (``global`` mode) hand them nothing either until :meth:`resume`."""
-        self._w.paused = True
+        self._w.pause(True)
         self._pause_waiters = waiters
 
     def resume(self) -> None:
         """Query events on the loop's thread again, and catch up."""
         w = self._w
-        w.paused = False
+        w.pause(False)
         self._pause_waiters = False
         if w.pending and not w.poll_scheduled:
             w.request_poll()
@@ -296,7 +296,7 @@ class Reactor:
         lane.handed = watch
         self.handoffs += 1
         if self._telemetry is not None:
-            self._telemetry.sync_points += 1
+            self._telemetry.count("sync_points")
         # A poke at once would only repeat the polls that just found nothing: none then.
         wake_at = watch.expect - self.poke_margin
         if wake_at <= perf_counter():

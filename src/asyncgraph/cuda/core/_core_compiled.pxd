@@ -215,6 +215,7 @@ cdef class FastPath:
     cdef public long long copies_up
     cdef public long long copies_down
     cdef public long long replays  # of cached graphs (_fast_replay.pxi)
+    cdef public long long placements  # dispatches it placed on the least busy lane itself
     cdef long long _submitted  # dispatches since the last flush: none waited in a queue
     cdef HistogramC _submit_time
     cdef HistogramC _latency

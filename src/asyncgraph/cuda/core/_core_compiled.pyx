@@ -1,11 +1,13 @@
 # cython: language_level=3, boundscheck=False, wraparound=False, initializedcheck=False
 """The dispatch core, compiled against ``cuda.bindings.cydriver``.
 
-The twin of the Python core (``_core_python`` and the modules it gathers; read their docstrings for
-the contract): the same :class:`Launcher`, :func:`record` and :func:`query` (a launch returns the
+Its ``__all__`` is the leaf that talks to the driver, twinned by the Python core
+(``_core_python`` and the modules it gathers; read their docstrings for the contract), one
+shape each: the same :class:`Launcher`, :func:`record` and :func:`query` (a launch returns the
 driver's code, a record or query the one-element tuple ``cuda.bindings`` returns), the reactor's
-hot half (:class:`Watches`, ``_watches.pxi``) and the fast path (:class:`FastPath`,
-``_fast.pxi``), and :class:`NativeWaiter` (``_waiters.pxi``), which only exists here.
+hot half (:class:`Watches`, ``_watches.pxi``), and :class:`NativeWaiter` (``_waiters.pxi``),
+which only exists here. Beside the leaf it holds the fast path (:class:`FastPath`,
+``_fast.pxi``), which has no twin: the Python core runs the general path.
 The driver is called straight from C, with no Python objects built for the call's arguments.
 
 :class:`NativeWaiter` runs one POSIX thread per lane. Each follows the event it was handed
@@ -29,6 +31,18 @@ from cuda.bindings cimport cydriver
 cnp.import_array()
 
 COMPILED = True
+
+__all__ = (
+    "COMPILED",
+    "Launcher",
+    "NativeWaiter",
+    "Watch",
+    "WatchLane",
+    "Watches",
+    "capture_tail",
+    "query",
+    "record",
+)
 
 # How a parameter's slot is written: a pointer, or a value of one of these numpy types.
 cdef enum Kind:

@@ -15,8 +15,9 @@ knowing which one runs (``_choose`` chooses):
   reactor's waiter threads are Python threads instead (``_waiters``);
 - ``Watch``, ``WatchLane``, ``Watches``: the completion reactor's hot half (``_watches``).
 
-The compiled extension also holds the fast path (``FastPath``, ``FastJob``, ``RING_BYTES``),
-whose Python twin is ``_fast``; the engine takes the fast path of the core that runs.
+These are the leaf that talks to the driver, twinned in one shape each. The compiled extension
+also holds the fast path (``FastPath``, ``FastJob``, ``KnownKernel``...), which has no twin: on
+the Python core every dispatch takes the general path, the semantic reference.
 
 A launch returns the driver's code (``0`` is success). Nothing raises for a failed driver call:
 each caller turns a code into its error exactly once, in one place.
@@ -176,8 +177,7 @@ class Launcher:
                 _pop()
 
 
-# The hot half of the completion reactor, in Python (its module says more). The fast path is
-# chosen beside the core, by the engine.
+# The hot half of the completion reactor, in Python (its module says more).
 from ._watches import Watch as Watch  # noqa: E402  # after the names it does not use
 from ._watches import Watches as Watches  # noqa: E402
 from ._watches import WatchLane as WatchLane  # noqa: E402

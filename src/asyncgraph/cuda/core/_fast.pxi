@@ -77,25 +77,36 @@ cdef class FastPath:
         KnownKernel.of(self._kernels, call.kernel).learn(cplan)
 
     def steer(self, call, choice):
-        """Let ``graph="auto"`` dispatches like *call* follow *choice*; see ``_fast``."""
+        """Let ``graph="auto"`` dispatches like *call* follow *choice*: the plans that launch
+        its signature keep it, and take such dispatches while ``choice.eager`` holds."""
+        cdef KnownKernel known
+        cdef CPlan plan
         found = self._kernels.get(call.kernel)
-        if found is not None:
-            (<KnownKernel>found).steer(call, choice)
+        if found is None:
+            return
+        known = <KnownKernel>found
+        for candidate in known.plans:
+            if (<CPlan>candidate).auto is choice:
+                return  # steered already
+        for candidate in known.plans:
+            plan = <CPlan>candidate
+            if _describes(plan.plan, call):
+                plan.auto = choice
+                known.steered = True
 
     def replay(self, graph, call, buffers, writes, choice=None, double started=0.0):
-        """Launch *graph*, ready to replay *call*; see ``_fast_replay.FastReplays.replay``
-        (the same contract, without a cached graph's staged results)."""
+        """Launch *graph*, ready to replay *call* on *buffers* (written where *writes* says),
+        and return the pending result; ``None``, having changed nothing, when this is not the
+        steady state. *choice*: a ``graph="auto"`` choice told the replay's cost from
+        *started* once it completed."""
         return _replay_graph(self, graph, call, buffers, tuple(writes), choice, started)
 
     def route(self, call, list instances, choice, hit):
-        """Replay *instances* (the graph cache's graphs of *call*'s signature) here; see
-        ``_fast_replay.FastReplays.route`` (the same contract)."""
+        """Replay *instances* (the graph cache's list of its graphs of *call*'s signature) for
+        the calls that fit *call*'s plan, calling *hit* for each (the cache counts them);
+        *choice*: ``"auto"``'s for the signature, or ``None``. Whether a plan had it (none is
+        learned of calls with resident buffers)."""
         return _route(self, call, instances, choice, hit)
-
-    @property
-    def routes_replays(self):
-        """Whether this path replays the graph cache's routed graphs itself (here: yes)."""
-        return True
 
     def close(self):
         """Forget every kernel; the ring blocks to give back to the pinned pool."""

@@ -1,7 +1,7 @@
 # What the compiled fast path works from (included by _core_compiled.pyx before _fast.pxi): its
 # plans as C arrays (CPlan) and their guards (_fits), the fast job, the histograms it keeps in
-# C, and (in _doors.pxi) the front's doors it enters by. The twin of _fast_plan.py and
-# _fast_job.py.
+# C, and (in _doors.pxi) the front's doors it enters by. Its plans are learned as
+# _fast_plan.FastPlan first.
 
 import asyncio as _asyncio
 import os as _os
@@ -183,7 +183,10 @@ cdef inline object _lane_of(object use):
 
 cdef class FastJob(WatchItem):
     """A dispatch the fast path launched: its job in the scheduler, and its own watch in the
-    reactor; see ``_fast_job.FastJob``."""
+    reactor (no ``callback``: ``FastPath._complete`` completes it). It has what the rest of
+    the backend reads of a job (``state``, ``event``, ``lane``, ``gpu_done``, ``pending``,
+    ``call``, ``buffers``...), so a later dispatch on the general path orders itself after it
+    like after any other."""
 
     deps = ()
     nvtx_range = None
@@ -281,7 +284,8 @@ cdef class CPlan:
 
 cdef class KnownKernel:
     """What the fast path knows of one kernel: its launcher once loaded, its plans, and
-    whether ``graph="auto"`` steered one of them; see ``_fast_job.KnownKernel``."""
+    whether ``graph="auto"`` steered one of them (most recently learned plans first, at most
+    ``MAX_PLANS``)."""
 
     def __init__(self):
         self.launcher = None
@@ -301,18 +305,6 @@ cdef class KnownKernel:
         self.plans.insert(0, plan)
         del self.plans[_MAX_PLANS:]
 
-    def steer(self, call, choice):
-        """Set *choice* as ``auto`` of the plans that launch *call*'s signature (at once done
-        if one has it already)."""
-        cdef CPlan plan
-        for candidate in self.plans:
-            if (<CPlan>candidate).auto is choice:
-                return
-        for candidate in self.plans:
-            plan = <CPlan>candidate
-            if _describes(plan.plan, call):
-                plan.auto = choice
-                self.steered = True
 
 
 cdef bint _fits(CPlan plan, tuple args, object grid, object block, object shared_mem) except -1:

@@ -6,21 +6,16 @@ argument its kind's code and descriptor (``_arg_kinds.ArgKind.fast``), its exact
 the plan's guard compares (shape, dtype and strides of
 an array; shape and dtype of an ``Out``; the dtype of a resident buffer), its offset in the
 staging layout; the staged uploads; the resident buffers and whether the kernel writes them;
-and how each result is made. Both cores' fast paths read it (the compiled one copies it into C
-arrays once); it holds no array or buffer, only types, shapes and dtypes, as a plan does.
+and how each result is made. The compiled fast path copies it into C arrays once
+(``CPlan``); it holds no array or buffer, only types, shapes and dtypes, as a plan does.
 """
 
 from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-import numpy as np
-
 from asyncgraph.args._arguments import FAST_CODES, fast_arg
 from asyncgraph.args._bound_args import upload_bytes
-from asyncgraph.args._plan_cache import same_dims
-
-from ._fast_job import RING_BYTES
 
 if TYPE_CHECKING:
     from asyncgraph.args._bound_args import BoundCall
@@ -38,12 +33,11 @@ __all__ = (
     "MAX_STAGED",
     "RING_BYTES",
     "FastPlan",
-    "KnownKernel",
     "describes",
     "eligible",
-    "fitting",
 )
 
+RING_BYTES = 2 << 20  # each lane's pinned staging ring
 MAX_STAGED = RING_BYTES >> 2  # bytes a dispatch may stage to take the fast path
 MAX_SHARED = 48 * 1024  # dynamic shared memory a kernel has without asking for more
 MAX_PLANS = 4  # signatures kept per kernel, most recently used first
@@ -93,14 +87,11 @@ class FastPlan:
         writes: per resident buffer, whether it is written (``track_uses``' argument).
         returned: per result ``(kind, index, offset, nbytes, dtype, shape)``.
         route: the cached graphs that ``graph="always"`` and ``"auto"`` dispatches of this
-            signature replay (``_fast_replay.ReplayRoute``), or ``None``.
-        auto: what ``graph="auto"`` chose for this signature (a ``capture._choice.Choice``,
-            set by ``FastPath.steer``), or ``None``: such dispatches go the general way.
+            signature replay (the compiled core's ``ReplayRoute``), or ``None``.
     """
 
     __slots__ = (
         "args",
-        "auto",
         "block",
         "block_dims",
         "expected",
@@ -124,7 +115,6 @@ class FastPlan:
 
     def __init__(self, plan: Plan, call: BoundCall) -> None:
         self.expected = 0.0  # seconds from dispatch to completion, learned (_watches.learned)
-        self.auto: Any = None
         self.route: Any = None
         template = plan.template
         self.template = template
@@ -186,92 +176,3 @@ def describes(plan: FastPlan, call: BoundCall) -> bool:
             plan.args, call.args, strict=True
         )
     )
-
-
-def fitting(
-    plans: list[FastPlan], args: tuple[object, ...], grid: object, block: object, shared_mem: object
-) -> FastPlan | None:
-    """The first of *plans* whose guards *args* and the launch shape pass (a ``Plan``'s checks,
-    with no bound argument built), or ``None``."""
-    n = len(args)
-    for plan in plans:
-        if (
-            n != plan.n_args
-            or shared_mem != plan.shared_mem
-            or type(shared_mem) is not int
-            or ((grid != plan.grid or type(grid) is not int) and not same_dims(grid, plan.grid))
-            or (
-                (block != plan.block or type(block) is not int) and not same_dims(block, plan.block)
-            )
-        ):
-            continue
-        i = 0
-        for value in args:
-            code, kind, shape, dtype, strides, _offset = plan.args[i]
-            i += 1
-            if type(value) is not kind:
-                break
-            if code == K_SCALAR:
-                continue
-            if code == K_IN:
-                array: Any = value
-            elif code == K_IN_OUT:
-                array = value.array  # type: ignore[attr-defined]  # an InOut
-                if type(array) is not np.ndarray:
-                    break
-            elif code == K_OUT:
-                out: Any = value
-                if out.into is not None or out.resident or out.shape != shape:
-                    break
-                if out.dtype is not dtype:
-                    break
-                continue
-            elif code == K_RESIDENT:
-                if value.dtype is not dtype:  # type: ignore[attr-defined]  # a buffer
-                    break
-                continue
-            else:  # K_INTO
-                out = value
-                if out.into is None or out.dtype is not dtype:
-                    break
-                continue
-            if array.shape != shape or array.dtype is not dtype or array.strides != strides:
-                break
-        else:
-            return plan
-    return None
-
-
-class KnownKernel:
-    """What the fast path knows of one kernel: its launcher once loaded, its plans (most
-    recently learned first), and whether ``graph="auto"`` steered one of them."""
-
-    __slots__ = ("launcher", "plans", "steered")
-
-    def __init__(self) -> None:
-        self.launcher: Any = None
-        self.plans: list[FastPlan] = []
-        self.steered = False
-
-    @staticmethod
-    def of(kernels: dict[Any, KnownKernel], kernel: Any) -> KnownKernel:
-        """What *kernels* knows of *kernel*, made empty if nothing yet."""
-        known = kernels.get(kernel)
-        if known is None:
-            known = kernels[kernel] = KnownKernel()
-        return known
-
-    def learn(self, plan: FastPlan) -> None:
-        """Launch calls of *plan* too (a few plans are kept)."""
-        self.plans.insert(0, plan)
-        del self.plans[MAX_PLANS:]
-
-    def steer(self, call: BoundCall, choice: Any) -> None:
-        """Set *choice* as ``auto`` of the plans that launch *call*'s signature (at once done
-        if one has it already)."""
-        if any(plan.auto is choice for plan in self.plans):
-            return
-        for plan in self.plans:
-            if describes(plan, call):
-                plan.auto = choice
-                self.steered = True

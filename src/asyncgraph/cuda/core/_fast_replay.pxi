@@ -1,5 +1,5 @@
 # Graph replays on the compiled fast path (included by _core_compiled.pyx after _fast_plan.pxi,
-# before _fast.pxi): the twin of _fast_replay.FastReplays (route, dispatch, replay).
+# before _fast.pxi): FastPath.route, the routed replays within FastPath.dispatch, FastPath.replay.
 #
 # A plan the graph cache routed (FastPath.route) keeps its graphs in a ReplayRoute. A
 # graph="always" dispatch of it, or a graph="auto" one whose signature chose graphs (or
@@ -25,8 +25,9 @@ cdef Py_ssize_t _TOLD_EVERY = _TOLD_EVERY_
 
 cdef class ReplayRoute:
     """The cached graphs of one signature that its ``graph="always"``/``"auto"`` dispatches
-    replay here (a plan's ``route``); the twin of ``_fast_replay.ReplayRoute``, with
-    ``expected``: a replay's time to completion, as learned here."""
+    replay here (a plan's ``route``): the graph cache's instances of it (its own list),
+    ``"auto"``'s choice for it, if any, and ``expected``: a replay's time to completion, as
+    learned here."""
 
     cdef public list instances
     cdef public object choice
@@ -188,7 +189,7 @@ cdef object _replay_graph(
 
 
 cdef inline object _steady_loop(FastPath fp):
-    """``_fast_steps.steady_loop`` in C: the backend's loop if a launch may go on the fast path
+    """The backend's loop if a launch may go on the fast path
     now (open and called on its loop, a reactor listening, no fault, no capture pausing it,
     nothing queued and an in-flight slot free); else ``None``."""
     cdef Watches watches = fp._watches
@@ -211,7 +212,7 @@ cdef inline object _steady_loop(FastPath fp):
 
 cdef int _admit(FastPath fp, FastJob job, bint placed, list uses, tuple writes) except -1:
     """Admit *job*, launched on its lane, through the scheduler's door: the lane's slot (and
-    the stream pool's placements, if *placed* there) count it, the uses of the resident
+    its placements, if *placed* there) count it, the uses of the resident
     buffers *uses* (written where *writes* says) are recorded, the cursor moves on past a
     placed lane; if a step raises, all of it is taken back."""
     cdef int taken = 0
@@ -221,7 +222,7 @@ cdef int _admit(FastPath fp, FastJob job, bint placed, list uses, tuple writes) 
         slot.outstanding += 1
         taken = 1
         if placed:
-            fp._pool.placements += 1
+            fp.placements += 1  # the stream pool's statistics count them too
             taken = 2
         if uses is not None:
             track_uses(uses, writes, job)  # ordered by the lane (checked before)
@@ -230,7 +231,7 @@ cdef int _admit(FastPath fp, FastJob job, bint placed, list uses, tuple writes) 
         if taken:
             slot.outstanding -= 1
         if taken > 1:
-            fp._pool.placements -= 1
+            fp.placements -= 1
         raise
     if placed:
         fp._cursor = (fp._cursor + 1) % fp._n_lanes
@@ -239,7 +240,7 @@ cdef int _admit(FastPath fp, FastJob job, bint placed, list uses, tuple writes) 
 
 
 cdef Py_ssize_t _lane_after(FastPath fp, list buffers, tuple writes) except -3:
-    """``_fast_steps.lane_after`` in C: the lane every unfinished use of *buffers* runs on, by
+    """The lane every unfinished use of *buffers* runs on, by
     index; -1 for none; -2 when the general path must order them (a buffer closed or passed
     twice, a use not launched yet, a download, uses on two lanes, or that lane leased)."""
     cdef Py_ssize_t i, k, n = len(buffers)

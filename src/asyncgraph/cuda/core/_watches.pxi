@@ -112,6 +112,15 @@ cdef class Watches:
         self.failed = failed
         self.poll_scheduled = False
 
+    def fail_with(self, error):
+        """Fail every later watch with *error*; see ``_watches.Watches.fail_with``."""
+        if self.fault is None:
+            self.fault = error
+
+    def pause(self, paused):
+        """Query no events on the loop's thread while *paused*; see ``_watches.Watches.pause``."""
+        self.paused = paused
+
     def serve_fast(self, FastPath fast):
         """Complete *fast*'s jobs with it; see ``_watches.Watches.serve_fast``."""
         self.fast = fast

@@ -263,6 +263,17 @@ class Watches:
         self.failed = failed
         self.poll_scheduled = False
 
+    def fail_with(self, error: CudaError) -> None:
+        """Fail every watch from now on with *error* (the device's sticky fault), unless one
+        was set already: the first fault stays."""
+        if self.fault is None:
+            self.fault = error
+
+    def pause(self, paused: bool) -> None:
+        """Query no events on the loop's thread while *paused* (a capture runs): waiter
+        threads wait for them meanwhile."""
+        self.paused = paused
+
     def serve_fast(self, fast: Any) -> None:
         """Complete *fast*'s jobs (the watches whose ``callback`` is ``None``) with its
         ``complete``; the fast path calls this as it is made."""

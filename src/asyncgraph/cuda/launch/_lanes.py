@@ -106,11 +106,11 @@ class Lane:
 
     def take(self) -> None:
         """Count one more piece of work placed here."""
-        self.slot.outstanding += 1
+        self.slot.add(1)
 
     def give(self) -> None:
         """Count one piece of work done."""
-        self.slot.outstanding -= 1
+        self.slot.add(-1)
 
     def record(self) -> Any:
         """Take an event and record it on this stream.

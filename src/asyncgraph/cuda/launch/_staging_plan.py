@@ -103,6 +103,12 @@ class CudaJob(Job):
         self.choice: Any = None
         self.started = 0.0
 
+    def measure(self, choice: Any, started: float) -> None:
+        """Tell *choice* (``graph="auto"``'s) this job's cost from *started* (``perf_counter()``
+        at its ``dispatch()`` call) when it completes (``SmallPath``)."""
+        self.choice = choice
+        self.started = started
+
 
 def dep_event(dep: Any) -> Any:
     """What a use that depends on *dep* must wait for.

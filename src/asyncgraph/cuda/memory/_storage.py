@@ -113,7 +113,7 @@ class Storage:
         # The allocation stream holds only allocations: this returns at once, and makes the
         # memory usable from every stream.
         device.alloc_stream.sync()
-        device.telemetry.sync_points += 1
+        device.telemetry.count("sync_points")
         return storage
 
     def free(self, storage: Any) -> None:
