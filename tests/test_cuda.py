@@ -322,6 +322,7 @@ async def test_pools_reach_a_steady_state(gpu: Any, rng: np.random.Generator) ->
 
 
 async def test_small_dispatches_use_their_streams_scratch(rng: np.random.Generator) -> None:
+    from asyncgraph.cuda.driver._priorities import class_streams
     from asyncgraph.cuda.launch._lanes import SCRATCH_BYTES
 
     backend = ag.open_backend("cuda", options=ag.BackendOptions(streams=3))
@@ -342,7 +343,9 @@ async def test_small_dispatches_use_their_streams_scratch(rng: np.random.Generat
         await asyncio.gather(*(one(int(n)) for n in sizes))
         stats = gpu.device_memory.statistics()
         assert stats.allocations == 0  # no per-dispatch allocation at all
-        assert stats.bytes_reserved == 3 * SCRATCH_BYTES
+        # One scratch buffer per stream: the default class's three, and the high and low
+        # classes' own streams.
+        assert stats.bytes_reserved == (3 + 2 * class_streams(3)) * SCRATCH_BYTES
         # A dispatch above the scratch size allocates and frees as before.
         await one(SCRATCH_BYTES // 4 + 1)
         stats = gpu.device_memory.statistics()
