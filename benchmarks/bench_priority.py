@@ -2,7 +2,11 @@
 without priority classes.
 
 The low class keeps the GPU full: spin kernels (``asyncgraph.demo._spin_kernel.SPIN``) of many
-blocks, enough of them in flight that at least 100 ms of work is queued at any time. Beside
+blocks, enough of them in flight that at least 100 ms of work is queued at any time. Each block
+spins ``--block-us`` (20 µs by default), and each kernel has as many waves of blocks as fill the
+GPU for ``--spin-ms``: a stream priority orders blocks and never preempts a running one, so a
+high-priority kernel waits for a running low-priority block to end (``--block-us 20000`` shows
+what kernels of long blocks cost it). Beside
 it, one task makes 4 KiB round trips (a scale kernel), one at a time. Each way is timed in
 turns (with priorities: the round trips ``"high"``, the spin kernels ``"low"``; without: both
 of the default class), and, in each turn, the round trips on an idle GPU and the low class
@@ -11,7 +15,8 @@ class's throughput (spin kernels completed a second) against alone.
 The GPU figures come from a GPU run (``docs/jobs.md``); CI runs it at smoke size on the
 stand-in driver, where the kernels take no time.
 
-    python benchmarks/bench_priority.py [--reps N] [--turns N] [--spin-ms MS] [--json [PATH]]
+    python benchmarks/bench_priority.py [--reps N] [--turns N] [--spin-ms MS] [--block-us US]
+                                        [--json [PATH]]
 """
 
 from __future__ import annotations
@@ -33,44 +38,62 @@ from benchmarks import harness
 
 N = 1024  # float32 elements: 4 KiB
 QUEUED_MS = 100.0  # low-priority work queued at any time, at least
-BLOCKS = 4096  # blocks of each spin kernel: many more than a GPU runs at once
+THREADS = 128  # threads of each spin kernel's block
+_WINDOW_S = 2.0  # each turn lasts at least this long, for the low class's throughput
 
 
-def _clock_hz() -> float:
+def _gpu() -> tuple[float, int]:
+    """The GPU's clock (Hz) and how many spin blocks it runs at once."""
     from cuda.core import Device
 
-    return float(Device(0).properties.clock_rate) * 1e3
+    props = Device(0).properties
+    per_sm = props.max_threads_per_multiprocessor // THREADS
+    return float(props.clock_rate) * 1e3, props.multiprocessor_count * per_sm
 
 
 async def _turn(
-    backend: ag.Backend, high: str | None, low: str | None, reps: int, spin: int, depth: int
+    backend: ag.Backend,
+    high: str | None,
+    low: str | None,
+    reps: int,
+    spin: tuple[int, int],
+    depth: int,
 ) -> tuple[list[float], float]:
-    """One turn: *depth* spin kernels of class *low* kept in flight; with *reps* > 0, as many
-    round trips of class *high*. Their latencies, and the spin kernels completed a second."""
+    """One turn: *depth* spin kernels of class *low* kept in flight (*spin*: each one's cycles
+    a block and blocks); round trips of class *high*, one at a time, at least *reps* of them
+    (none with *reps* 0) and for at least ``_WINDOW_S``. Their latencies, and the spin kernels
+    completed a second (from the first completion to the last)."""
+    cycles, blocks = spin
     stop = asyncio.Event()
-    done = 0
+    ends: list[float] = []
 
     async def fill() -> None:
-        nonlocal done
         in_flight: set[asyncio.Future[Any]] = set()
         while not stop.is_set():
             while len(in_flight) < depth:
                 p = backend.dispatch(
-                    SPIN, np.int64(spin), ag.Out(1, np.int32), grid=BLOCKS, block=128, priority=low
+                    SPIN,
+                    np.int64(cycles),
+                    ag.Out(1, np.int32),
+                    grid=blocks,
+                    block=THREADS,
+                    priority=low,
                 )
                 in_flight.add(asyncio.ensure_future(_await(p)))
             finished, in_flight = await asyncio.wait(in_flight, return_when="FIRST_COMPLETED")
-            done += len(finished)
+            ends.extend(time.perf_counter() for _ in finished)
         await asyncio.gather(*in_flight)
 
-    x = np.ones(N, np.float32)
-    t0 = time.perf_counter()
+    rng = np.random.default_rng()
+    window = 0.05 if harness.smoke() else _WINDOW_S
     filler = asyncio.ensure_future(fill()) if depth else None
     await asyncio.sleep(0)
-    latencies = []
-    for _ in range(reps):
+    t0 = time.perf_counter()
+    latencies: list[float] = []
+    while reps and (len(latencies) < reps or time.perf_counter() - t0 < window):
+        x = rng.standard_normal(N, dtype=np.float32)
         start = time.perf_counter()
-        await backend.dispatch(
+        (out,) = await backend.dispatch(
             SCALE,
             x,
             ag.Out(N, np.float32),
@@ -81,24 +104,30 @@ async def _turn(
             priority=high,
         )
         latencies.append(time.perf_counter() - start)
+        if not np.array_equal(out, 2 * x):
+            raise SystemExit("a round trip's result differs from numpy's")
     if not reps:
-        await asyncio.sleep(0.05 if harness.smoke() else 1.0)
-    elapsed = time.perf_counter() - t0
+        await asyncio.sleep(window)
     stop.set()
+    measured = len(ends)  # those that completed before the turn ended
     if filler is not None:
         await filler
-    return latencies, done / elapsed
+    span = ends[measured - 1] - ends[0] if measured > 1 else 0.0
+    return latencies, (measured - 1) / span if span else 0.0
 
 
 async def _await(p: ag.PendingDispatch) -> None:
     await p
 
 
-async def measure(reps: int, turns: int, spin_ms: float) -> dict[str, Any]:
+async def measure(reps: int, turns: int, spin_ms: float, block_us: float) -> dict[str, Any]:
     async with ag.open_backend("cuda") as backend:
         await backend.compile(SPIN)
         await backend.compile(SCALE)
-        spin = int(_clock_hz() * spin_ms / 1e3)
+        clock_hz, at_once = _gpu()
+        block_us = min(block_us, spin_ms * 1e3)
+        waves = max(1, round(spin_ms * 1e3 / block_us))
+        spin = (int(clock_hz * block_us / 1e6), waves * at_once)
         depth = max(2, int(QUEUED_MS / spin_ms) + 1)
         ways = {"with priorities": ("high", "low"), "without": (None, None)}
         lat: dict[str, list[float]] = {way: [] for way in ways}
@@ -125,8 +154,9 @@ async def measure(reps: int, turns: int, spin_ms: float) -> dict[str, Any]:
     }
     return {
         "spin_ms": spin_ms,
+        "block_us": block_us,
         "depth": depth,
-        "blocks": BLOCKS,
+        "blocks": spin[1],
         "low_alone_per_s": alone,
         "idle_high_p50_us": harness.percentile(idle, 50) * 1e6,
         "idle_high_p99_us": idle_p99 * 1e6,
@@ -138,9 +168,12 @@ def main() -> None:
     parser = harness.arguments(__doc__, reps=500, reps_help="round trips per turn and way")
     parser.add_argument("--turns", type=int, default=5, help="turns of each way (default 5)")
     parser.add_argument("--spin-ms", type=float, default=20.0, help="ms each spin kernel runs")
+    parser.add_argument(
+        "--block-us", type=float, default=20.0, help="µs each spin block runs (default 20)"
+    )
     options = parser.parse_args()
     turns = 1 if options.smoke else options.turns
-    results = asyncio.run(measure(options.reps, turns, options.spin_ms))
+    results = asyncio.run(measure(options.reps, turns, options.spin_ms, options.block_us))
     device = harness.device_name()
     harness.print_table(
         ["way", "high p50 µs", "high p99 µs", "p99 vs idle", "low /s", "low vs alone"],
@@ -158,7 +191,8 @@ def main() -> None:
         [".1f", ".1f", ".2f", ".1f", ".2f"],
     )
     print(
-        f"\n{device}; idle GPU: high p50 {results['idle_high_p50_us']:.1f} µs, "
+        f"\n{device}; spin kernels of {results['blocks']} blocks of {results['block_us']:g} µs, "
+        f"{results['depth']} in flight; idle GPU: high p50 {results['idle_high_p50_us']:.1f} µs, "
         f"p99 {results['idle_high_p99_us']:.1f} µs; low alone "
         f"{results['low_alone_per_s']:.1f} /s; {harness.cpu()}"
     )
