@@ -228,7 +228,7 @@ async def test_launch_values_order_what_their_kind_needs(
         device_arrays=True,
     )
     order = _Order()
-    values = [arg.enqueue_value(0, order, "s") for arg in call.args]
+    values = [arg.enqueue_value(0, "s", order.zero, order.after_producer) for arg in call.args]
     assert values == [arg.launch_value(0) for arg in call.args]
     into = call.args[1]
     assert isinstance(into, ResidentOutArg)
@@ -237,7 +237,7 @@ async def test_launch_values_order_what_their_kind_needs(
 
     foreign = DeviceArg.__new__(DeviceArg)
     foreign.pointer, foreign.producer = 0x7000, 9
-    assert foreign.enqueue_value(0, order, "s") == 0x7000
+    assert foreign.enqueue_value(0, "s", order.zero, order.after_producer) == 0x7000
     assert order.done[-1] == ("after", 9, "s")
 
 

@@ -22,7 +22,7 @@ import asyncgraph as ag
 from asyncgraph._exceptions import BackendClosedError, DeviceFaultError
 from asyncgraph.args._bound_args import BoundCall
 from asyncgraph.buffers._resident import ResidentStore, in_use, track, writer_of
-from asyncgraph.front._engine_protocols import Runs
+from asyncgraph.front._engine_protocols import Engine
 from asyncgraph.jobs import _dispatcher
 from asyncgraph.jobs._dispatcher import Dispatcher
 from asyncgraph.jobs._pending import PendingDispatch, set_outcome
@@ -93,7 +93,7 @@ class Harness:
         self.loop = loop
         self._ids = itertools.count(1)
         self.dispatcher = Dispatcher(
-            engine=lambda _sink: cast(Runs, self.engine),
+            engine=lambda _sink: cast(Engine[Any], self.engine),
             max_in_flight=max_in_flight,
             telemetry=self.telemetry,
             log=structlog.get_logger(),

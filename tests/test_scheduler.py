@@ -54,6 +54,15 @@ class FakeRunner:
         self.asked.append(("is_ready", job.id))
         return job not in self.blocked
 
+    def scheduler(self, max_in_flight: int) -> Scheduler:
+        """A scheduler asking these predicates (as the dispatcher hands it the engine's)."""
+        return Scheduler(
+            max_in_flight,
+            needs_compile=self.needs_compile,
+            needs_staging=self.needs_staging,
+            is_ready=self.is_ready,
+        )
+
 
 class Jobs:
     """Numbered jobs, as ``Backend._enqueue_job`` numbers them (the scheduler keys by id)."""
@@ -88,7 +97,7 @@ def closed(job: Job) -> BaseException:
 
 
 def test_add_with_room_launches(runner: FakeRunner, new: Jobs) -> None:
-    s = Scheduler(runner, max_in_flight=2)
+    s = runner.scheduler(2)
     assert s.is_idle()
     j1 = new()
     assert s.add(j1) == [(Step.LAUNCH, j1)]
@@ -100,7 +109,7 @@ def test_add_with_room_launches(runner: FakeRunner, new: Jobs) -> None:
 
 
 def test_add_beyond_bound_waits_and_is_admitted_fifo(runner: FakeRunner, new: Jobs) -> None:
-    s = Scheduler(runner, max_in_flight=1)
+    s = runner.scheduler(1)
     j1, j2, j3 = new(), new(), new()
     assert s.add(j1) == [(Step.LAUNCH, j1)]
     assert s.add(j2) == []
@@ -121,7 +130,7 @@ def test_add_beyond_bound_waits_and_is_admitted_fifo(runner: FakeRunner, new: Jo
 
 def test_compile_is_started_once_per_kernel(runner: FakeRunner, new: Jobs) -> None:
     runner.uncompiled = {K, K2}
-    s = Scheduler(runner, max_in_flight=8)
+    s = runner.scheduler(8)
     j1, j2, j3 = new(K), new(K), new(K2)
     assert s.add(j1) == [(Step.COMPILE, j1)]
     assert s.add(j2) == []  # waits for the compile j1 started
@@ -134,7 +143,7 @@ def test_compile_is_started_once_per_kernel(runner: FakeRunner, new: Jobs) -> No
 
 def test_compiled_routes_every_waiting_job(runner: FakeRunner, new: Jobs) -> None:
     runner.uncompiled = {K}
-    s = Scheduler(runner, max_in_flight=8)
+    s = runner.scheduler(8)
     plain, staged, parked = new(), new(), new()
     runner.unstaged = {staged}
     runner.blocked = {parked}
@@ -154,7 +163,7 @@ def test_compiled_routes_every_waiting_job(runner: FakeRunner, new: Jobs) -> Non
 
 def test_compile_failure_fails_each_job_and_admits_queued(runner: FakeRunner, new: Jobs) -> None:
     runner.uncompiled = {K}
-    s = Scheduler(runner, max_in_flight=2)
+    s = runner.scheduler(2)
     j1, j2, j3, j4 = new(K), new(K), new(K2), new(K2)
     assert s.add(j1) == [(Step.COMPILE, j1)]
     assert s.add(j2) == []
@@ -181,7 +190,7 @@ def test_compile_failure_fails_each_job_and_admits_queued(runner: FakeRunner, ne
 
 
 def test_staging_then_launch(runner: FakeRunner, new: Jobs) -> None:
-    s = Scheduler(runner, max_in_flight=2)
+    s = runner.scheduler(2)
     j = new()
     runner.unstaged = {j}  # still true afterwards: a staged job is not staged again
     assert s.add(j) == [(Step.STAGE, j)]
@@ -194,7 +203,7 @@ def test_staging_then_launch(runner: FakeRunner, new: Jobs) -> None:
 
 
 def test_staging_failure_resolves_without_release(runner: FakeRunner, new: Jobs) -> None:
-    s = Scheduler(runner, max_in_flight=1)
+    s = runner.scheduler(1)
     j1, j2 = new(), new()
     runner.unstaged = {j1}
     assert s.add(j1) == [(Step.STAGE, j1)]
@@ -208,7 +217,7 @@ def test_staging_failure_resolves_without_release(runner: FakeRunner, new: Jobs)
 
 
 def test_parked_until_poked_ready(runner: FakeRunner, new: Jobs) -> None:
-    s = Scheduler(runner, max_in_flight=2)
+    s = runner.scheduler(2)
     asked = len(runner.asked)
     assert s.poke() == []  # nothing parked: no question asked
     assert len(runner.asked) == asked
@@ -232,7 +241,7 @@ def test_parked_until_poked_ready(runner: FakeRunner, new: Jobs) -> None:
 
 
 def test_launch_failed_resolves_without_release(runner: FakeRunner, new: Jobs) -> None:
-    s = Scheduler(runner, max_in_flight=1)
+    s = runner.scheduler(1)
     j1, j2 = new(), new()
     assert s.add(j1) == [(Step.LAUNCH, j1)]
     assert s.add(j2) == []
@@ -244,7 +253,7 @@ def test_launch_failed_resolves_without_release(runner: FakeRunner, new: Jobs) -
 
 
 def test_done_twice_resolves_once(runner: FakeRunner, new: Jobs) -> None:
-    s = Scheduler(runner, max_in_flight=2)
+    s = runner.scheduler(2)
     j = new()
     assert s.add(j) == [(Step.LAUNCH, j)]
     fault = DeviceFaultError(700, "CUDA_ERROR_ILLEGAL_ADDRESS", "cuStreamSynchronize")
@@ -258,7 +267,7 @@ def test_done_twice_resolves_once(runner: FakeRunner, new: Jobs) -> None:
 
 
 def test_collecting_then_done(runner: FakeRunner, new: Jobs) -> None:
-    s = Scheduler(runner, max_in_flight=2)
+    s = runner.scheduler(2)
     j, parked = new(), new()
     runner.blocked = {parked}
     assert s.add(j) == [(Step.LAUNCH, j)]
@@ -279,7 +288,7 @@ def test_collecting_then_done(runner: FakeRunner, new: Jobs) -> None:
 
 
 def test_drop_queued_fails_queued_jobs_only(runner: FakeRunner, new: Jobs) -> None:
-    s = Scheduler(runner, max_in_flight=1)
+    s = runner.scheduler(1)
     j1, j2, j3 = new(), new(), new()
     assert s.add(j1) == [(Step.LAUNCH, j1)]
     assert s.add(j2) == []
@@ -302,7 +311,7 @@ def test_drop_queued_fails_queued_jobs_only(runner: FakeRunner, new: Jobs) -> No
 
 def test_abandon_waiting_fails_jobs_not_launched(runner: FakeRunner, new: Jobs) -> None:
     runner.uncompiled = {K}
-    s = Scheduler(runner, max_in_flight=8)
+    s = runner.scheduler(8)
     compiling, waiting, staging, parked, launched, collecting = (
         new(K),
         new(K),
@@ -349,7 +358,7 @@ def test_job_finished_while_compiling_leaves_the_waiting_list(
     runner: FakeRunner, new: Jobs
 ) -> None:
     runner.uncompiled = {K}
-    s = Scheduler(runner, max_in_flight=8)
+    s = runner.scheduler(8)
     j1, j2 = new(K), new(K)
     assert s.add(j1) == [(Step.COMPILE, j1)]
     assert s.add(j2) == []
@@ -369,7 +378,7 @@ def test_job_finished_while_compiling_leaves_the_waiting_list(
 
 def test_finished_compiling_job_is_not_routed_by_its_compile(runner: FakeRunner, new: Jobs) -> None:
     runner.uncompiled = {K}
-    s = Scheduler(runner, max_in_flight=8)
+    s = runner.scheduler(8)
     j1, j2 = new(K), new(K)
     assert s.add(j1) == [(Step.COMPILE, j1)]
     assert s.add(j2) == []
@@ -385,7 +394,7 @@ def test_finished_compiling_job_is_not_routed_by_its_compile(runner: FakeRunner,
 def test_the_fast_door_admits_straight_to_launched_and_completes(
     runner: FakeRunner, new: Jobs
 ) -> None:
-    s = Scheduler(runner, max_in_flight=2)
+    s = runner.scheduler(2)
     door = s.fast_door
     j1 = new()
     door.admit_launched(j1)
@@ -399,7 +408,7 @@ def test_the_fast_door_admits_straight_to_launched_and_completes(
 def test_the_fast_door_declines_to_complete_while_a_job_waits(
     runner: FakeRunner, new: Jobs
 ) -> None:
-    s = Scheduler(runner, max_in_flight=1)
+    s = runner.scheduler(1)
     door = s.fast_door
     j1, j2 = new(), new()
     door.admit_launched(j1)
@@ -410,7 +419,7 @@ def test_the_fast_door_declines_to_complete_while_a_job_waits(
 
 
 def test_the_fast_door_takes_an_admission_back(runner: FakeRunner, new: Jobs) -> None:
-    s = Scheduler(runner, max_in_flight=1)
+    s = runner.scheduler(1)
     j1 = new()
     s.fast_door.admit_launched(j1)
     s.fast_door.withdraw(j1)

@@ -17,8 +17,9 @@ kind               staged in   launch value (on a device)   result
 
 :meth:`Arg.enqueue_value` is the launch value as a launch on a stream takes it: a resident output
 has its buffer zeroed there first, a device array has the stream wait for its producer (through
-the launch's :class:`LaunchOrder`). Which kind a value is, and so which of these it becomes, is
-decided in one place, its kind (``_arg_kinds``, found in ``_arguments.KINDS``).
+the operations the launch hands it: :data:`ZeroOn`, :data:`AfterProducer`). Which kind a value
+is, and so which of these it becomes, is decided in one place, its kind (``_arg_kinds``, found
+in ``_arguments.KINDS``).
 
 The staged kinds share one layout per dispatch, ``[inputs | in-outs | outputs]`` with each
 argument 256-byte aligned, computed once when the call is bound (:func:`lay_out`) and kept in
@@ -46,18 +47,19 @@ if TYPE_CHECKING:
 __all__ = (
     "ALIGN",
     "ZEROS_BY_COPY",
+    "AfterProducer",
     "Arg",
     "BoundCall",
     "DeviceArg",
     "InArg",
     "InOutArg",
-    "LaunchOrder",
     "OutArg",
     "ResidentArg",
     "ResidentOut",
     "ResidentOutArg",
     "ScalarArg",
     "StagedArg",
+    "ZeroOn",
     "as_bytes",
     "foreign_array",
     "host_copy",
@@ -80,16 +82,12 @@ class ResidentOut(Protocol):
         ...
 
 
-class LaunchOrder(Protocol):
-    """What a launch on a stream does before the kernel, for the arguments that ask it."""
-
-    def zero(self, pointer: int, nbytes: int, stream: Any) -> None:
-        """Zero *nbytes* of device memory at *pointer*, in order on *stream*."""
-        ...
-
-    def after_producer(self, producer: int, stream: Any) -> None:
-        """Order *stream* after the work a foreign *producer* stream enqueued so far."""
-        ...
+# What a launch on a stream does before the kernel, for the arguments that ask it (the engine's
+# launcher hands them to ``Arg.enqueue_value``): ``zero(pointer, nbytes, stream)`` zeroes
+# *nbytes* of device memory at *pointer* in order on *stream*; ``after_producer(producer,
+# stream)`` orders *stream* after the work a foreign *producer* stream enqueued so far.
+ZeroOn = Callable[[int, int, Any], None]
+AfterProducer = Callable[[int, Any], None]
 
 
 ALIGN = 256  # bytes each staged argument is aligned to
@@ -142,9 +140,11 @@ class Arg:
         """Its kernel argument on a device whose staging memory starts at *base*."""
         return base + self.offset
 
-    def enqueue_value(self, base: int, order: LaunchOrder, stream: Any) -> Any:
+    def enqueue_value(
+        self, base: int, stream: Any, zero: ZeroOn, after_producer: AfterProducer
+    ) -> Any:
         """Its kernel argument for a launch on *stream* (:meth:`launch_value`), with what must
-        precede the launch there done through *order*."""
+        precede the launch there done through *zero* and *after_producer*."""
         return base + self.offset
 
     def host_value(self) -> Any:
@@ -234,7 +234,9 @@ class ScalarArg(Arg):
         """The scalar itself."""
         return self.value
 
-    def enqueue_value(self, base: int, order: LaunchOrder, stream: Any) -> Any:
+    def enqueue_value(
+        self, base: int, stream: Any, zero: ZeroOn, after_producer: AfterProducer
+    ) -> Any:
         """The scalar itself."""
         return self.value
 
@@ -264,7 +266,9 @@ class ResidentArg(Arg):
         """The buffer's device pointer."""
         return int(storage_of(self.value).handle)
 
-    def enqueue_value(self, base: int, order: LaunchOrder, stream: Any) -> int:
+    def enqueue_value(
+        self, base: int, stream: Any, zero: ZeroOn, after_producer: AfterProducer
+    ) -> int:
         """The buffer's device pointer."""
         return int(storage_of(self.value).handle)
 
@@ -298,10 +302,12 @@ class ResidentOutArg(Arg):
         """The buffer's device pointer."""
         return int(storage_of(self._made()).handle)
 
-    def enqueue_value(self, base: int, order: LaunchOrder, stream: Any) -> int:
+    def enqueue_value(
+        self, base: int, stream: Any, zero: ZeroOn, after_producer: AfterProducer
+    ) -> int:
         """The buffer's device pointer, the buffer zeroed on *stream* first."""
         pointer = int(storage_of(self._made()).handle)
-        order.zero(pointer, self.value.nbytes, stream)
+        zero(pointer, self.value.nbytes, stream)
         return pointer
 
     def host_value(self) -> Any:
@@ -338,10 +344,12 @@ class DeviceArg(Arg):
         """The array's device pointer."""
         return self.pointer
 
-    def enqueue_value(self, base: int, order: LaunchOrder, stream: Any) -> int:
+    def enqueue_value(
+        self, base: int, stream: Any, zero: ZeroOn, after_producer: AfterProducer
+    ) -> int:
         """The array's device pointer, *stream* ordered after its producer (if it said)."""
         if self.producer is not None:
-            order.after_producer(self.producer, stream)
+            after_producer(self.producer, stream)
         return self.pointer
 
 

@@ -15,7 +15,7 @@ from asyncgraph.runtime._finished import Download
 from ._resident import ResidentBuffer, check_buffer, track, untrack
 
 if TYPE_CHECKING:
-    from asyncgraph.front._engine_protocols import Sink, Stores
+    from asyncgraph.front._engine_protocols import Engine, Sink
     from asyncgraph.front._lifecycle import Lifecycle
     from asyncgraph.runtime._telemetry import Telemetry
 
@@ -53,7 +53,7 @@ class Transfers:
     def __init__(
         self,
         *,
-        engine: Stores,
+        engine: Engine[Any],
         store: ResidentStore,
         lifecycle: Lifecycle,
         sink: Sink,

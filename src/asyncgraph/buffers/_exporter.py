@@ -11,7 +11,7 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from asyncgraph.front._engine_protocols import Exports
+    from asyncgraph.front._engine_protocols import Engine
 
     from ._resident import ResidentBuffer
 
@@ -22,14 +22,14 @@ class EngineExporter:
     """What resident buffers shared with other libraries ask of their backend.
 
     Args:
-        engine: answers where memory lives and how to order after its uses.
+        engine: answers where memory lives and how to order after its uses (its exports).
         loop: the backend's loop now (``None`` before it is first used).
     """
 
     __slots__ = ("_engine", "_loop")
 
     def __init__(
-        self, engine: Exports, loop: Callable[[], asyncio.AbstractEventLoop | None]
+        self, engine: Engine[Any], loop: Callable[[], asyncio.AbstractEventLoop | None]
     ) -> None:
         self._engine = engine
         self._loop = loop

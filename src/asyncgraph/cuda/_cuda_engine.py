@@ -1,8 +1,10 @@
-"""The CUDA engine: the collaborators of one device, composed behind the front's protocol.
+"""The CUDA engine: the collaborators of one device, composed behind the front's contract.
 
 It answers the scheduler's questions and routes each job to the path that runs it: small
 (``_staged``), streamed (``_streamed``) or a graph replay. It completes nothing itself: the paths
-report to the front's :class:`~asyncgraph.front._engine_protocols.Sink`.
+report to the front's :class:`~asyncgraph.front._engine_protocols.Sink`. It is an
+``Engine[CudaJob]``: every job it makes, and so every job the front hands back to it, is a
+:class:`~asyncgraph.cuda.launch._staging_plan.CudaJob`.
 """
 
 from __future__ import annotations
@@ -41,8 +43,7 @@ if TYPE_CHECKING:
     from asyncgraph.args._bound_args import BoundCall
     from asyncgraph.args._kernel import Kernel
     from asyncgraph.buffers._resident import ResidentBuffer, Use
-    from asyncgraph.front._engine_protocols import Links
-    from asyncgraph.front._fast_front import FastFront
+    from asyncgraph.front._engine_protocols import Engine, FastDispatch, FastFront, Links
     from asyncgraph.front._options import BackendOptions
     from asyncgraph.jobs._pending import PendingDispatch
     from asyncgraph.runtime._telemetry import PoolCounters
@@ -60,10 +61,11 @@ LEFT_BEHIND = 1.0
 class CudaEngine:
     """Runs dispatches on one CUDA device (``open_backend("cuda:N")``).
 
-    It implements the protocols of :class:`~asyncgraph.front._engine_protocols.Engine`: a method
-    that says "see" a protocol's does what the protocol says, with resident storage in device
-    memory. It is made with its :class:`~asyncgraph.front._engine_protocols.Links` (what its device,
-    paths and graphs report to, count into and log with).
+    It implements :class:`~asyncgraph.front._engine_protocols.Engine` for its jobs,
+    ``Engine[CudaJob]``: a method that says "see" the contract's does what the contract says,
+    with resident storage in device memory. It is made with its
+    :class:`~asyncgraph.front._engine_protocols.Links` (what its device, paths and graphs report
+    to, count into and log with).
     """
 
     kind = "cuda"
@@ -92,7 +94,7 @@ class CudaEngine:
         self.streamed = StreamedPath(device, self.launches, self.small)
         self.storage = Storage(device)
         self.fast: Any = None  # the dispatch core's FastPath, once the front asked for it
-        self.graphs = Graphs(device, self.launches, self.kernels, self.storage, links.graphs)
+        self.graphs = Graphs(device, self.launches, self.kernels, self.storage, links)
         links.log.debug(
             "backend.opened",
             kind=self.kind,
@@ -103,11 +105,11 @@ class CudaEngine:
 
     @property
     def failure(self) -> DeviceFaultError | None:
-        """See :attr:`Jobs.failure`."""
+        """See :attr:`Engine.failure`."""
         return self.device.failure
 
     @in_context
-    def fast_path(self, front: FastFront) -> Any:
+    def fast_path(self, front: FastFront) -> FastDispatch | None:
         """The dispatch core's fast path over this device (``None`` on the Python core, when
         turned off, with NVTX ranges or per-dispatch log events, which it does not make, or
         without pinned memory for the lanes' staging rings)."""
@@ -141,31 +143,30 @@ class CudaEngine:
         device.telemetry.add_source(fast.flush)
         device.stream_pool.count_placements(lambda: fast.placements)  # it places its own
         self.graphs.serve(fast)  # replays, routes and steering through it
-        return fast
+        dispatch: FastDispatch = fast  # the compiled core's FastPath (untyped, to mypy)
+        return dispatch
 
     # -- the scheduler's predicates ----------------------------------------------------------------
 
-    def needs_compile(self, job: Job) -> bool:
+    def needs_compile(self, job: CudaJob) -> bool:
         """Whether *job*'s kernel is not loaded yet (graph replays never compile)."""
-        cuda_job: CudaJob = job  # type: ignore[assignment]  # every job here is a CudaJob
-        return cuda_job.replay is None and job.call.kernel not in self._loaded
+        return job.replay is None and job.call.kernel not in self._loaded
 
-    def needs_staging(self, job: Job) -> bool:
-        """See :meth:`Runs.needs_staging`: inputs of ``BIG_COPY`` bytes or more."""
-        cuda_job: CudaJob = job  # type: ignore[assignment]  # every job here is a CudaJob
+    def needs_staging(self, job: CudaJob) -> bool:
+        """See :meth:`Engine.needs_staging`: inputs of ``BIG_COPY`` bytes or more."""
         # Inputs of BIG_COPY bytes or more are copied in threads (SmallPath.stage).
         return (
-            cuda_job.up_end >= BIG_COPY
-            and not cuda_job.staged
-            and cuda_job.direct is None
-            and not cuda_job.streamed
-            and cuda_job.replay is None
+            job.up_end >= BIG_COPY
+            and not job.staged
+            and job.direct is None
+            and not job.streamed
+            and job.replay is None
         )
 
-    def is_ready(self, job: Job) -> bool:
+    def is_ready(self, job: CudaJob) -> bool:
         """Whether each use *job* depends on has an event to wait on, or finished (a streamed
         job waits for its dependencies in its own task)."""
-        if not job.deps or getattr(job, "streamed", False):
+        if not job.deps or job.streamed:
             return True
         return all(dep_event(dep) is not False for dep in job.deps)
 
@@ -175,17 +176,19 @@ class CudaEngine:
         """Any kernel with source can run here."""
 
     @in_context
-    def prepare(self, call: BoundCall, timing: bool) -> Job:
+    def prepare(self, call: BoundCall, timing: bool) -> CudaJob:
         """Plan *call*: layout, streaming, direct inputs, foreign arrays."""
         return plan(call, timing, self.device.pinned, self.graphs.stream_above)
 
     @in_context
     def graph_job(
         self, call: BoundCall, always: bool, started: float, inline: bool
-    ) -> Job | PendingDispatch | None:
+    ) -> CudaJob | PendingDispatch | None:
         """A replay from the graph cache (launched already where *inline*: its pending result),
         an eager job ``graph="auto"`` measures, or ``None``."""
-        job: Job | PendingDispatch | None = self.graphs.cache.job_for(call, always, started, inline)
+        job: CudaJob | PendingDispatch | None = self.graphs.cache.job_for(
+            call, always, started, inline
+        )
         return job
 
     @in_context
@@ -201,52 +204,51 @@ class CudaEngine:
         await self.kernels.load(kernel)
 
     @in_context
-    def start_compile(self, job: Job) -> None:
+    def start_compile(self, job: CudaJob) -> None:
         """Compile *job*'s kernel in a task; the sink hears when it is loaded."""
         self.kernels.start(job.call.kernel, self._sink)
 
     @in_context
-    def stage(self, job: Job) -> None:
+    def stage(self, job: CudaJob) -> None:
         """Stage *job*'s big inputs in threads."""
-        self.small.stage(job)  # type: ignore[arg-type]  # every job here is a CudaJob
+        self.small.stage(job)
 
     @in_context
-    def launch(self, job: Job) -> None:
+    def launch(self, job: CudaJob) -> None:
         """Launch *job* on the lane of the uses it depends on when they all run on one, else on
         the least busy lane (a streamed job: in a task of its own).
 
         Raises:
             DeviceFaultError: the device failed earlier. CudaError: a driver call failed.
         """
-        cuda_job: CudaJob = job  # type: ignore[assignment]  # every job here is a CudaJob
         device = self.device
         if device.failure is not None:
-            self.small.release(cuda_job)
+            self.small.release(job)
             raise device.failure
-        if cuda_job.streamed:
-            self.streamed.launch(cuda_job)
+        if job.streamed:
+            self.streamed.launch(job)
             return
         lane = device.lane_for(job)  # after uses on one lane of its class: that lane
-        if cuda_job.replay is not None:
-            self.small.launch_replay(cuda_job, lane)
+        if job.replay is not None:
+            self.small.launch_replay(job, lane)
         else:
-            self.small.launch(cuda_job, lane)
+            self.small.launch(job, lane)
 
     @in_context
-    def release(self, job: Job) -> None:
-        """See :meth:`Runs.release`."""
-        self.small.release(job)  # type: ignore[arg-type]  # every job here is a CudaJob
+    def release(self, job: CudaJob) -> None:
+        """See :meth:`Engine.release`."""
+        self.small.release(job)
 
     # -- resident storage --------------------------------------------------------------------------
 
     @in_context
     async def upload_storage(self, array: np.ndarray[Any, Any]) -> Any:
-        """See :meth:`Stores.upload_storage`."""
+        """See :meth:`Engine.upload_storage`."""
         return await self.storage.upload(array)
 
     @in_context
     def alloc_storage(self, shape: tuple[int, ...], dtype: np.dtype[Any]) -> Any:
-        """See :meth:`Allocates.alloc_storage`."""
+        """See :meth:`Engine.alloc_storage`."""
         return self.storage.alloc(shape, dtype)
 
     @in_context
@@ -257,7 +259,7 @@ class CudaEngine:
         deps: list[Use],
         out: np.ndarray[Any, Any] | None,
     ) -> np.ndarray[Any, Any]:
-        """See :meth:`Stores.download_storage`."""
+        """See :meth:`Engine.download_storage`."""
         return await self.storage.download(buffer, use, deps, out)
 
     def copies_from(self, other: Any) -> bool:
@@ -280,11 +282,11 @@ class CudaEngine:
 
     @in_context
     def free_storage(self, storage: Any) -> None:
-        """See :meth:`Allocates.free_storage`."""
+        """See :meth:`Engine.free_storage`."""
         self.storage.free(storage)
 
     def storage_pointer(self, storage: Any) -> int:
-        """See :meth:`Exports.storage_pointer`."""
+        """See :meth:`Engine.storage_pointer`."""
         return int(storage.handle)
 
     @in_context
@@ -295,27 +297,27 @@ class CudaEngine:
     # -- interop, streams, graphs ------------------------------------------------------------------
 
     def export_device(self) -> tuple[int, int]:
-        """See :meth:`Exports.export_device`."""
+        """See :meth:`Engine.export_device`."""
         return self.storage.export_device()
 
     @in_context
     def export_wait(self, buffer: ResidentBuffer, stream: int | None) -> None:
-        """See :meth:`Exports.export_wait`."""
+        """See :meth:`Engine.export_wait`."""
         self.storage.export_wait(buffer, stream)
 
     def export_stream(self, buffer: ResidentBuffer) -> int | None:
-        """See :meth:`Exports.export_stream`."""
+        """See :meth:`Engine.export_stream`."""
         return self.storage.export_stream(buffer)
 
     def stream(self) -> AbstractAsyncContextManager[StreamLease]:
-        """See :meth:`Streams.stream`."""
+        """See :meth:`Engine.stream`."""
         return self.device.ctx.manager(self._lease())
 
     @contextlib.asynccontextmanager
     async def _lease(self) -> AsyncIterator[StreamLease]:
         device = self.device
         slot = await device.stream_pool.lease()
-        lease = StreamLease(self, slot)
+        lease = StreamLease(self.name, slot, self.synchronize_lane)
         device.lease_started()
         try:
             yield lease
@@ -341,10 +343,9 @@ class CudaEngine:
         """``backend.wait()``: a future for another library's stream or event."""
         return self.device.foreign.wait(work)
 
-    def fence(self, job: Job, after: object) -> None:
+    def fence(self, job: CudaJob, after: object) -> None:
         """``dispatch(after=)``: events *job*'s stream waits for before it runs."""
-        cuda_job: CudaJob = job  # type: ignore[assignment]  # every job here is a CudaJob
-        cuda_job.fences = self.device.foreign.fences(after)
+        job.fences = self.device.foreign.fences(after)
 
     def order_foreign(self, stream: object, job: Job | None) -> bool:
         """``backend.order()``: *stream* waits for *job* on the device."""
@@ -359,7 +360,7 @@ class CudaEngine:
         block: object,
         shared_mem: object,
     ) -> Any:
-        """See :meth:`Streams.record`."""
+        """See :meth:`Engine.record`."""
         return await self.graphs.record(kernel, args, grid, block, shared_mem)
 
     def capture(self, mode: object, into: object) -> AbstractAsyncContextManager[Any]:
@@ -367,7 +368,7 @@ class CudaEngine:
         return self.device.ctx.manager(self.graphs.capture(mode, into))
 
     def pool_counters(self) -> PoolCounters:
-        """See :meth:`Allocates.pool_counters`."""
+        """See :meth:`Engine.pool_counters`."""
         return self.device.pool_counters()
 
     # -- closing -----------------------------------------------------------------------------------
@@ -376,7 +377,8 @@ class CudaEngine:
     async def settle_after(self, ended: asyncio.AbstractEventLoop, jobs: list[Job]) -> None:
         """The loop ended with *jobs* in flight: wait for the device, settle the watched events
         on this loop, and fail the jobs the ended loop's callbacks carried (streamed transfers,
-        result copies); the front fails those that had not launched."""
+        result copies); the front fails those that had not launched. Of *jobs*, the fast
+        path's own records (no ``CudaJob``) carry nothing: they settle with the watched events."""
         device = self.device
         # Tasks, leases and compilations of the ended loop never go on.
         self.streamed.tasks.clear()
@@ -385,21 +387,20 @@ class CudaEngine:
         carried = [
             job
             for job in jobs
-            if getattr(job, "streamed", False) or job.state is JobState.COLLECTING
+            if isinstance(job, CudaJob) and (job.streamed or job.state is JobState.COLLECTING)
         ]
         threads = device.close_reactor()
         await device.loop.run_in_executor(None, device.synchronize, threads)
         if device.reactor_ is not None:
             device.reactor_.adopt(device.loop)
         for job in carried:
-            cuda_job: CudaJob = job  # type: ignore[assignment]  # every job here is a CudaJob
             if job.state is JobState.DONE:
                 continue  # completed meanwhile
-            if cuda_job.device_buffer is not None:
+            if job.device_buffer is not None:
                 with contextlib.suppress(Exception):
-                    device.memory.free(cuda_job.device_buffer, device.alloc_stream)
-                cuda_job.device_buffer = None
-            self.small.release(cuda_job)
+                    device.memory.free(job.device_buffer, device.alloc_stream)
+                job.device_buffer = None
+            self.small.release(job)
             self._sink.done(
                 job,
                 BackendClosedError(
@@ -411,7 +412,7 @@ class CudaEngine:
 
     @in_context
     async def shutdown(self) -> None:
-        """See :meth:`Closes.shutdown`."""
+        """See :meth:`Engine.shutdown`."""
         device = self.device
         self.graphs.close_all()
         await device.wait_leases()  # foreign work may still be enqueued on leased streams
@@ -432,7 +433,7 @@ class CudaEngine:
 
     @in_context
     def shutdown_now(self) -> None:
-        """See :meth:`Closes.shutdown_now`."""
+        """See :meth:`Engine.shutdown_now`."""
         device = self.device
         self.graphs.close_all()
         join(device.close_reactor())
@@ -454,6 +455,11 @@ class CudaEngine:
 
     @in_context
     def release_unclosed(self) -> None:
-        """See :meth:`Closes.release_unclosed`."""
+        """See :meth:`Engine.release_unclosed`."""
         self.device.close_reactor()
         self.device.pinned.close()
+
+
+if TYPE_CHECKING:
+    # The contract, held by mypy for the engine's own jobs (the front holds an Engine[Any]).
+    _CONTRACT: type[Engine[CudaJob]] = CudaEngine

@@ -48,7 +48,7 @@ if TYPE_CHECKING:
     from asyncgraph.cuda.launch._kernel_launch import Launches
     from asyncgraph.cuda.launch._kernel_loading import Kernels
     from asyncgraph.cuda.memory._storage import Storage
-    from asyncgraph.front._engine_protocols import GraphFront
+    from asyncgraph.front._engine_protocols import Links
     from asyncgraph.pool import HostPool
     from asyncgraph.runtime._telemetry import Telemetry
 
@@ -70,7 +70,7 @@ class Graphs:
         launches: Launches,
         kernels: Kernels,
         storage: Storage,
-        front: GraphFront,
+        front: Links,
     ) -> None:
         from cuda.core import StreamOptions
 
@@ -82,7 +82,7 @@ class Graphs:
         self._launches = launches
         self._kernels = kernels
         self._storage = storage
-        self._front = front  # validates and submits what graphs and captures run
+        self._front = front  # its bind_call and run_prepared: what graphs and captures run
         self.pinned: HostPool = device.pinned
         self.telemetry: Telemetry = device.telemetry
         # Graphs are captured on a stream of their own, which nothing else uses.

@@ -7,8 +7,8 @@ compiling, staging, launching, collecting, resident storage — belongs to an
 :class:`~asyncgraph.front._engine_protocols.Engine` it is composed with (the CUDA engine in
 ``asyncgraph.cuda``, the host engine in ``host._host_backend``). The part of its API only an
 engine can do (graphs: ``record``, ``capture``; stream leases: ``stream``; other libraries'
-work: ``wait``, ``order``) it validates too, then hands to the engine's ``Streams`` (the host
-engine refuses all of it with ``UnsupportedError``, saying what to do instead).
+work: ``wait``, ``order``) it validates too, then hands to the engine's streams and graphs (the
+host engine refuses all of it with ``UnsupportedError``, saying what to do instead).
 ``open_backend`` lives in ``_open``.
 """
 
@@ -42,8 +42,6 @@ from asyncgraph.runtime._priority import NORMAL
 from asyncgraph.runtime._resource import AsyncResource
 from asyncgraph.runtime._telemetry import logger
 
-from ._engine_protocols import GraphFront, Links
-from ._fast_front import FrontEngine
 from ._lifecycle import CLOSED, OPEN, Lifecycle
 from ._resident_api import ResidentBuffers
 from ._steering import Steering
@@ -54,6 +52,7 @@ if TYPE_CHECKING:
     from asyncgraph.args._bound_args import BoundCall
     from asyncgraph.args._kernel import Kernel
 
+    from ._engine_protocols import Engine, Links
     from ._lease import StreamLease
     from ._options import BackendOptions
 
@@ -84,7 +83,7 @@ class Backend(ResidentBuffers, AsyncResource):
     """
 
     def __init__(
-        self, name: str, options: BackendOptions, make_engine: Callable[[Links], FrontEngine]
+        self, name: str, options: BackendOptions, make_engine: Callable[[Links], Engine[Any]]
     ) -> None:
         # In dependency order (``_wiring``); the engine may refuse before anything opens.
         self.name = name
@@ -101,7 +100,8 @@ class Backend(ResidentBuffers, AsyncResource):
             log=log,
             ids=self._ids,
             counts=self._counts,
-            graphs=GraphFront(bind_call=self._bind_like, run_prepared=self._run_prepared),
+            bind_call=self._bind_like,
+            run_prepared=self._run_prepared,
             loop_of=lambda: self._lifecycle.loop,
         )
         self.telemetry = parts.telemetry

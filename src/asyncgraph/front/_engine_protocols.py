@@ -1,31 +1,35 @@
-"""The boundary between the front (:class:`~asyncgraph.Backend`) and an implementation.
+"""The seam between the front (:class:`~asyncgraph.Backend`) and an engine, whole in one module.
 
 An engine (the CUDA engine in ``asyncgraph.cuda``, the host engine in ``host._host_backend``) does
 the work: it compiles, stages, launches and collects dispatches, and makes, reads and frees resident
 storage. The front does everything a user touches: validation, the scheduler, pending results,
-telemetry, resident buffers, closing. They meet here, in small protocols, one per caller:
+telemetry, resident buffers, closing. They meet through the five types of this module, and no
+other (``docs/architecture.md``, "The seam"; ``tests/test_engine_seam.py`` counts them):
 
-- what the front asks of an engine: :class:`Runs` (the dispatcher, and the scheduler's
-  predicates), :class:`Jobs` (``dispatch()`` and ``compile()``), :class:`Allocates`
-  (``empty()``, ``pinned_empty()``, the resident store, telemetry), :class:`Stores` (transfers),
-  :class:`Exports` (DLPack), :class:`Streams` (leases, graphs, foreign work), :class:`Closes`
-  (the lifecycle) and :class:`Describes` (what the front reads once, when it is made);
-  :class:`Engine` names them together, for the one place that makes an engine;
-- what an engine reports back, and is made with (:class:`Links`): :class:`Sink` (the
-  scheduler's events, implemented by the front's dispatcher) and :class:`GraphFront` (the
-  front's validation and submission, which graphs and captures use).
+- :class:`Engine`, the one contract an engine implements, generic in the job type it runs
+  (``CudaEngine`` is an ``Engine[CudaJob]``). Its methods come in groups, one per collaborator of
+  the front: each collaborator holds the engine and uses its group alone;
+- :class:`Sink`, what an engine reports about its jobs (the front's dispatcher);
+- :class:`Links`, what an engine is made with: its sink, the front's validation and submission
+  (for graphs and captures), the telemetry and the logger;
+- :class:`FastFront`, what an engine's fast path may use of the front, and :class:`FastDispatch`,
+  the fast path an engine hands back (``Engine.fast_path``).
 
-An engine's fast path, and what it may use of the front, are in ``_fast_front``.
-
-Neither side reaches into the other's private members.
+Neither side reaches into the other's private members. The fast path enters the front through
+named doors, each its owner's operation with its invariant stated there: the scheduler's
+:class:`~asyncgraph.jobs._scheduler.FastDoor` (``admit_launched``, ``complete_launched``), the
+resident store's ``is_live``, ``track_uses``, ``untrack`` and what they read, and the pending
+result's constructor and ``set_outcome``. It reads the lifecycle, and hands a job the general way
+to the dispatcher's ``done``; it changes nothing else of the front. The compiled core copies those
+doors in C, under the same names.
 """
 
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Iterator
 from contextlib import AbstractAsyncContextManager
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol, TypeVar
 
 import attrs
 import numpy as np
@@ -35,27 +39,17 @@ if TYPE_CHECKING:
     from asyncgraph.args._arguments import LaunchLimits
     from asyncgraph.args._bound_args import BoundCall
     from asyncgraph.args._kernel import Kernel
-    from asyncgraph.buffers._resident import ResidentBuffer, Use
+    from asyncgraph.args._plan_cache import Plan
+    from asyncgraph.buffers._resident import ResidentBuffer, ResidentStore, Use
     from asyncgraph.jobs._pending import PendingDispatch
-    from asyncgraph.jobs._scheduler import Job
+    from asyncgraph.jobs._scheduler import FastDoor, Job
     from asyncgraph.runtime._telemetry import PoolCounters, Telemetry
 
     from ._lease import StreamLease
 
-__all__ = (
-    "Allocates",
-    "Closes",
-    "Describes",
-    "Engine",
-    "Exports",
-    "GraphFront",
-    "Jobs",
-    "Links",
-    "Runs",
-    "Sink",
-    "Stores",
-    "Streams",
-)
+__all__ = ("Engine", "FastDispatch", "FastFront", "JobT", "Links", "Sink")
+
+JobT = TypeVar("JobT", bound="Job")  # the job type an engine makes and runs
 
 
 class Sink(Protocol):
@@ -90,74 +84,180 @@ class Sink(Protocol):
 
 
 @attrs.frozen(kw_only=True)
-class GraphFront:
-    """What graphs and captures use of the front: its validation and its submission.
-
-    Attributes:
-        bind_call: ``bind_call(kernel, args, grid, block, shared_mem)`` validates arguments
-            as ``dispatch()`` does, into a ``BoundCall`` (raises ``DispatchError`` as
-            ``dispatch()``, ``BackendClosedError`` once the backend is closed).
-        run_prepared: ``run_prepared(job)`` numbers and schedules a job made outside
-            ``dispatch()`` (a graph replay); the awaitable gives its results. On failure to
-            schedule, the job is released.
-    """
-
-    bind_call: Callable[[Kernel, tuple[object, ...], object, object, object], BoundCall]
-    run_prepared: Callable[[Job], Awaitable[Any]]
-
-
-@attrs.frozen(kw_only=True)
 class Links:
-    """What an engine is made with: where it reports, and what it counts into.
+    """What an engine is made with: where it reports, what graphs use of the front, and what it
+    counts into.
 
     Attributes:
         sink: the scheduler's events (the front's dispatcher).
-        graphs: the front's validation and submission, for graphs and captures.
+        bind_call: ``bind_call(kernel, args, grid, block, shared_mem)`` validates arguments as
+            ``dispatch()`` does, into a ``BoundCall`` (raises ``DispatchError`` as
+            ``dispatch()``, ``BackendClosedError`` once the backend is closed); graphs and
+            captures use it.
+        run_prepared: ``run_prepared(job)`` numbers and schedules a job made outside
+            ``dispatch()`` (a graph replay); the awaitable gives its results. On failure to
+            schedule, the job is released.
         telemetry: the backend's counters.
         log: the backend's bound logger.
     """
 
     sink: Sink
-    graphs: GraphFront
+    bind_call: Callable[[Kernel, tuple[object, ...], object, object, object], BoundCall]
+    run_prepared: Callable[[Job], Awaitable[Any]]
     telemetry: Telemetry
     log: Any
 
 
-class Runs(Protocol):
-    """What the dispatcher runs jobs with, and the scheduler's predicates (``Scheduler``'s
-    ``Runner``), on the loop's thread."""
+@attrs.frozen(kw_only=True)
+class FastFront:
+    """What an engine's fast path may use of the front (:meth:`Engine.fast_path`).
 
-    def needs_compile(self, job: Job) -> bool:
-        """Whether *job*'s kernel must compile before it launches."""
+    Attributes:
+        door: the scheduler's door: a job admitted straight to launched, and its completion
+            while nothing waits (``FastDoor``); nothing else of the scheduler.
+        lifecycle: the backend's ``Lifecycle``: its state, loop and the queue's waiting room
+            (read only, by the compiled core). Typed ``Any``: the lifecycle closes the engine,
+            so it uses this module, which naming it here would close an import cycle with.
+        dispatcher: completes a job the general way (``Dispatcher.done``) when anything waits.
+        store: the resident store (``is_live``, and the lists it reads: ``live_slots``).
+        ids: the dispatch numbers (shared with the general path).
+    """
+
+    door: FastDoor
+    lifecycle: Any
+    dispatcher: Sink
+    store: ResidentStore
+    ids: Iterator[int]
+
+
+class FastDispatch(Protocol):
+    """An engine's fast path: the steady state of ``dispatch()`` in one call."""
+
+    def dispatch(
+        self,
+        kernel: Kernel,
+        args: tuple[object, ...],
+        grid: object,
+        block: object,
+        shared_mem: object,
+        timing: object,
+        graph: object,
+    ) -> PendingDispatch | None:
+        """Launch the call and return its pending result, or ``None`` having changed nothing
+        (then the general path runs, and raises whatever is wrong with the call)."""
         ...
 
-    def needs_staging(self, job: Job) -> bool:
-        """Whether *job*'s inputs are copied into pinned memory off the loop first."""
+    def learn(self, plan: Plan, call: BoundCall) -> None:
+        """A plan was made from *call* (``Plans``): launch the calls that fit it, if it can."""
         ...
 
-    def is_ready(self, job: Job) -> bool:
-        """Whether every use *job* depends on can be ordered after now."""
+
+class Engine(Protocol[JobT]):
+    """The one contract of an engine, generic in the job type *JobT* it makes and runs.
+
+    The front holds an ``Engine[Any]`` (it never looks inside a job); an engine implements
+    ``Engine[ItsJob]``, so its methods take its own jobs, typed. Every method runs on the loop's
+    thread. The groups below are the slices the front's collaborators use: what ``Backend``
+    reads once and asks of ``dispatch()`` and ``compile()``; the dispatcher's (and, as bound
+    methods, the scheduler's predicates); the resident memory's and the transfers'
+    (``ResidentBuffers``, ``ResidentStore``, ``Transfers``); the exports' (``EngineExporter``);
+    streams and graphs (``Backend.record``, ``capture``, ``stream``, ``wait``, ``order``); the
+    lifecycle's (closing); and the fast path (``_wiring``).
+
+    A job an engine gets from the scheduler at large rather than from its own ``prepare()``
+    (``settle_after``'s in-flight jobs, ``order_foreign``'s) may be the fast path's own record:
+    those are typed :class:`~asyncgraph.jobs._scheduler.Job`.
+    """
+
+    # -- what the front reads once, when it is made ----------------------------------------------
+
+    kind: str  # "cuda", "host"
+    limits: LaunchLimits
+    takes_device_arrays: bool  # whether dispatch() takes CuPy / PyTorch device arrays
+
+    @property
+    def failure(self) -> DeviceFaultError | None:
+        """The device fault that failed the engine, or ``None``."""
         ...
 
-    def start_compile(self, job: Job) -> None:
+    # -- jobs: the front's dispatch() and compile() ----------------------------------------------
+
+    def check_kernel(self, kernel: Kernel) -> None:
+        """Raise if this engine cannot run *kernel* at all."""
+        ...
+
+    def prepare(self, call: BoundCall, timing: bool) -> JobT:
+        """Make the job for *call*, checking the engine's own rules (before anything starts)."""
+        ...
+
+    def graph_job(
+        self, call: BoundCall, always: bool, started: float, inline: bool
+    ) -> JobT | PendingDispatch | None:
+        """The job of *call* under ``dispatch(graph="always" | "auto")``: a replay of a
+        recorded graph, an eager job ``"auto"`` measures, or ``None`` (a plain dispatch).
+        Where *inline* (nothing to fence it after), a replay may be launched at once: its
+        pending result is returned, and the dispatch is done. *started* is ``perf_counter()``
+        at the ``dispatch()`` call."""
+        ...
+
+    def fence(self, job: JobT, after: object) -> None:
+        """Have *job* run after the work on *after* (streams or events) so far."""
+        ...
+
+    async def compile(self, kernel: Kernel) -> None:
+        """Compile and load *kernel* now (``backend.compile``)."""
+        ...
+
+    # -- running: the dispatcher's effects, and the scheduler's predicates -----------------------
+
+    def needs_compile(self, job: JobT) -> bool:
+        """Whether *job*'s kernel must compile before it launches (a predicate)."""
+        ...
+
+    def needs_staging(self, job: JobT) -> bool:
+        """Whether *job*'s inputs are copied into pinned memory off the loop first (a
+        predicate)."""
+        ...
+
+    def is_ready(self, job: JobT) -> bool:
+        """Whether every use *job* depends on can be ordered after now (a predicate)."""
+        ...
+
+    def start_compile(self, job: JobT) -> None:
         """Compile *job*'s kernel in the background; report :meth:`Sink.compiled`."""
         ...
 
-    def stage(self, job: Job) -> None:
+    def stage(self, job: JobT) -> None:
         """Stage *job*'s inputs off the loop; report :meth:`Sink.staged`."""
         ...
 
-    def launch(self, job: Job) -> None:
+    def launch(self, job: JobT) -> None:
         """Launch *job*; report :meth:`Sink.done`. Raises (having released) if it cannot."""
         ...
 
-    def release(self, job: Job) -> None:
+    def release(self, job: JobT) -> None:
         """Give back what *job* holds; it failed before it ran (idempotent)."""
         ...
 
+    # -- resident memory: empty(), pinned_empty(), the resident store, telemetry -----------------
 
-class Stores(Protocol):
-    """Resident storage an engine makes, moves and frees (``Transfers``, ``ResidentStore``)."""
+    def alloc_storage(self, shape: tuple[int, ...], dtype: np.dtype[Any]) -> Any:
+        """Uninitialised resident storage."""
+        ...
+
+    def free_storage(self, storage: Any) -> None:
+        """Free resident storage (every use completed)."""
+        ...
+
+    def host_array(self, shape: tuple[int, ...], dtype: np.dtype[Any]) -> np.ndarray[Any, Any]:
+        """An array for ``pinned_empty`` (page-locked where the engine has a pinned pool)."""
+        ...
+
+    def pool_counters(self) -> PoolCounters:
+        """The pinned pool's counters for the telemetry snapshot."""
+        ...
+
+    # -- transfers of resident storage (Transfers) -----------------------------------------------
 
     async def upload_storage(self, array: np.ndarray[Any, Any]) -> Any:
         """Resident storage holding a copy of *array*."""
@@ -173,32 +273,26 @@ class Stores(Protocol):
         """Copy *buffer* out (as *use*, into *out* if given) after the uses in *deps*."""
         ...
 
-    def copies_from(self, other: Stores) -> bool:
+    def copies_from(self, other: Engine[Any]) -> bool:
         """Whether :meth:`copy_in` copies resident storage of *other* (else the front copies
         through a host array)."""
         ...
 
-    def copy_route(self, source: Stores) -> str:
+    def copy_route(self, source: Engine[Any]) -> str:
         """How :meth:`copy_in` moves storage of *source* (which this :meth:`copies_from`)
         here: ``"device"``, ``"peer"``, ``"staged"`` or ``"host"`` (``Backend.copy_route``);
         sets up access to *source*'s memory the first time."""
         ...
 
     def copy_in(
-        self, buffer: ResidentBuffer, use: Use, deps: list[Use], source: Stores
+        self, buffer: ResidentBuffer, use: Use, deps: list[Use], source: Engine[Any]
     ) -> Awaitable[Any]:
         """New storage here holding a copy of *buffer* (storage of *source*, which this
         :meth:`copies_from`), read as *use* after the uses in *deps*: an awaitable of it (a
         coroutine, or a future of a copy already enqueued)."""
         ...
 
-    def free_storage(self, storage: Any) -> None:
-        """Free resident storage (every use completed)."""
-        ...
-
-
-class Exports(Protocol):
-    """What DLPack and ``__cuda_array_interface__`` ask of an engine (``_exporter``)."""
+    # -- exports: DLPack and __cuda_array_interface__ (EngineExporter) ---------------------------
 
     def storage_pointer(self, storage: Any) -> int:
         """The address of resident storage."""
@@ -216,10 +310,7 @@ class Exports(Protocol):
         """``__cuda_array_interface__``: the stream of the write in flight, or ``None``."""
         ...
 
-
-class Streams(Protocol):
-    """Streams and graphs: leases, records, captures and foreign work (``Backend.record``,
-    ``capture``, ``stream``, ``wait``, ``order``)."""
+    # -- streams and graphs: leases, records, captures and foreign work --------------------------
 
     def stream(self) -> AbstractAsyncContextManager[StreamLease]:
         """Lease a stream for foreign work (raises ``UnsupportedError`` without streams)."""
@@ -249,9 +340,7 @@ class Streams(Protocol):
         """Order *stream* after *job* on the device; ``False`` if *job* has not launched."""
         ...
 
-
-class Closes(Protocol):
-    """How an engine ends (``Lifecycle``)."""
+    # -- closing (Lifecycle) ---------------------------------------------------------------------
 
     async def settle_after(self, ended: asyncio.AbstractEventLoop, jobs: list[Job]) -> None:
         """The backend's loop ended with *jobs* in flight: settle what it left (new loop)."""
@@ -269,76 +358,8 @@ class Closes(Protocol):
         """Best-effort release of a backend dropped without closing."""
         ...
 
+    # -- the fast path ---------------------------------------------------------------------------
 
-class Jobs(Protocol):
-    """What the front's ``dispatch()`` and ``compile()`` ask of an engine."""
-
-    @property
-    def failure(self) -> DeviceFaultError | None:
-        """The device fault that failed the engine, or ``None``."""
+    def fast_path(self, front: FastFront) -> FastDispatch | None:
+        """The engine's fast path, if it has one (called once, when the front is complete)."""
         ...
-
-    def check_kernel(self, kernel: Kernel) -> None:
-        """Raise if this engine cannot run *kernel* at all."""
-        ...
-
-    def prepare(self, call: BoundCall, timing: bool) -> Job:
-        """Make the job for *call*, checking the engine's own rules (before anything starts)."""
-        ...
-
-    def graph_job(
-        self, call: BoundCall, always: bool, started: float, inline: bool
-    ) -> Job | PendingDispatch | None:
-        """The job of *call* under ``dispatch(graph="always" | "auto")``: a replay of a
-        recorded graph, an eager job ``"auto"`` measures, or ``None`` (a plain dispatch).
-        Where *inline* (nothing to fence it after), a replay may be launched at once: its
-        pending result is returned, and the dispatch is done. *started* is ``perf_counter()``
-        at the ``dispatch()`` call."""
-        ...
-
-    def fence(self, job: Job, after: object) -> None:
-        """Have *job* run after the work on *after* (streams or events) so far."""
-        ...
-
-    def release(self, job: Job) -> None:
-        """Give back what *job* holds; it failed before it ran (idempotent)."""
-        ...
-
-    async def compile(self, kernel: Kernel) -> None:
-        """Compile and load *kernel* now (``backend.compile``)."""
-        ...
-
-
-class Allocates(Protocol):
-    """Memory the front makes and frees through an engine (``empty``, ``pinned_empty``, the
-    resident store), and the pinned pool's counters (telemetry)."""
-
-    def alloc_storage(self, shape: tuple[int, ...], dtype: np.dtype[Any]) -> Any:
-        """Uninitialised resident storage."""
-        ...
-
-    def free_storage(self, storage: Any) -> None:
-        """Free resident storage (every use completed)."""
-        ...
-
-    def host_array(self, shape: tuple[int, ...], dtype: np.dtype[Any]) -> np.ndarray[Any, Any]:
-        """An array for ``pinned_empty`` (page-locked where the engine has a pinned pool)."""
-        ...
-
-    def pool_counters(self) -> PoolCounters:
-        """The pinned pool's counters for the telemetry snapshot."""
-        ...
-
-
-class Describes(Protocol):
-    """What the front reads of an engine once, when it is made (its name, its plans)."""
-
-    kind: str  # "cuda", "host"
-    limits: LaunchLimits
-    takes_device_arrays: bool  # whether dispatch() takes CuPy / PyTorch device arrays
-
-
-class Engine(Describes, Jobs, Allocates, Runs, Stores, Exports, Streams, Closes, Protocol):
-    """Every protocol an engine implements, named together for the one place that makes an
-    engine (``Backend``), which hands each collaborator its own. Every method runs on the
-    loop's thread."""

@@ -2,17 +2,12 @@
 
 from __future__ import annotations
 
-from typing import Any, Protocol
+from collections.abc import Awaitable, Callable
+from typing import Any
 
 from asyncgraph._exceptions import UnsupportedError
 
 __all__ = ("StreamLease", "end_lease")
-
-
-class _Owner(Protocol):
-    name: str
-
-    async def synchronize_lane(self, lane: Any) -> None: ...
 
 
 class StreamLease:
@@ -25,15 +20,21 @@ class StreamLease:
     Work still enqueued when the lease ends keeps running; later dispatches on that stream are
     ordered after it.
 
+    Made by the engine that lends the stream (``Engine.stream``), with the backend's name and
+    how to wait for the stream's work (``synchronize(lane)``).
+
     Attributes:
         index: the stream's index in the backend's stream pool.
     """
 
-    __slots__ = ("_active", "_lane", "_owner", "index")
+    __slots__ = ("_active", "_backend", "_lane", "_synchronize", "index")
 
-    def __init__(self, owner: _Owner, lane: Any) -> None:
-        self._owner = owner
+    def __init__(
+        self, backend: str, lane: Any, synchronize: Callable[[Any], Awaitable[None]]
+    ) -> None:
+        self._backend = backend
         self._lane = lane
+        self._synchronize = synchronize
         self._active = True
         self.index: int = lane.index
 
@@ -68,11 +69,11 @@ class StreamLease:
             UnsupportedError: the lease ended.
         """
         self._check("synchronize()")
-        await self._owner.synchronize_lane(self._lane)
+        await self._synchronize(self._lane)
 
     def __repr__(self) -> str:
         state = "active" if self._active else "ended"
-        return f"<StreamLease stream {self.index} of {self._owner.name} {state}>"
+        return f"<StreamLease stream {self.index} of {self._backend} {state}>"
 
 
 def end_lease(lease: StreamLease) -> None:

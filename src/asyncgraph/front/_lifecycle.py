@@ -33,7 +33,7 @@ if TYPE_CHECKING:
     from asyncgraph.jobs._scheduler import Job, Scheduler
     from asyncgraph.runtime._telemetry import Telemetry
 
-    from ._engine_protocols import Closes
+    from ._engine_protocols import Engine
 
 __all__ = ("CLOSED", "CLOSING", "OPEN", "Lifecycle", "Room")
 
@@ -95,7 +95,7 @@ class Lifecycle:
 
     Args:
         name: the backend's name.
-        engine: how the engine ends.
+        engine: the engine, which it closes (its closing methods).
         dispatcher: the scheduler and its effects (closing fails or abandons what waits).
         store: the resident buffers (closed before the engine shuts down).
         room: the queue's room and the close's wait for quiet (shared with the dispatcher).
@@ -112,8 +112,8 @@ class Lifecycle:
         self,
         *,
         name: str,
-        engine: Closes,
-        dispatcher: Dispatcher[Any],
+        engine: Engine[Any],
+        dispatcher: Dispatcher,
         store: ResidentStore,
         room: Room,
         telemetry: Telemetry,

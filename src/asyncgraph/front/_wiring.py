@@ -3,7 +3,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator
+from collections.abc import Awaitable, Callable, Iterator
 from typing import TYPE_CHECKING, Any
 
 import attrs
@@ -17,15 +17,18 @@ from asyncgraph.runtime import _loop
 from asyncgraph.runtime._nvtx import NvtxRanges
 from asyncgraph.runtime._telemetry import Telemetry
 
-from ._engine_protocols import GraphFront, Links
-from ._fast_front import FastFront, FrontEngine
+from ._engine_protocols import FastFront, Links
 from ._lifecycle import Lifecycle, Room
 
 if TYPE_CHECKING:
     import asyncio
 
+    from asyncgraph.args._bound_args import BoundCall
+    from asyncgraph.args._kernel import Kernel
     from asyncgraph.jobs._pending import PendingDispatch
+    from asyncgraph.jobs._scheduler import Job
 
+    from ._engine_protocols import Engine
     from ._options import BackendOptions
 
 __all__ = ("Parts", "assemble")
@@ -36,8 +39,8 @@ class Parts:
     """What a backend is made of (``assemble``)."""
 
     telemetry: Telemetry
-    dispatcher: Dispatcher[FrontEngine]
-    engine: FrontEngine
+    dispatcher: Dispatcher
+    engine: Engine[Any]
     store: ResidentStore
     life: Lifecycle
     transfers: Transfers
@@ -48,12 +51,13 @@ class Parts:
 def assemble(
     name: str,
     options: BackendOptions,
-    make_engine: Callable[[Links], FrontEngine],
+    make_engine: Callable[[Links], Engine[Any]],
     *,
     log: Any,
     ids: Iterator[int],
     counts: Callable[[], tuple[int, int]],
-    graphs: GraphFront,
+    bind_call: Callable[[Kernel, tuple[object, ...], object, object, object], BoundCall],
+    run_prepared: Callable[[Job], Awaitable[Any]],
     loop_of: Callable[[], asyncio.AbstractEventLoop | None],
 ) -> Parts:
     """Make a backend's collaborators, each given what it uses.
@@ -62,7 +66,8 @@ def assemble(
     itself over as its sink (in its :class:`Links`). The :class:`Room` comes first, shared by
     the dispatcher (told of each batch) and the lifecycle; the plans come last, told of the
     fast path. *counts* gives the scheduler's in-flight and queued counts to telemetry,
-    *graphs* is what graphs use of the front, and *loop_of* the loop the backend belongs to.
+    *bind_call* and *run_prepared* are what graphs use of the front (``Links``), and *loop_of*
+    the loop the backend belongs to.
 
     Raises:
         UnsupportedError: NVTX ranges asked for without the nvtx package (before anything
@@ -71,9 +76,15 @@ def assemble(
     nvtx = NvtxRanges() if options.nvtx_enabled else None
     room = Room(options.max_queued)
     telemetry = Telemetry(counts, lambda: engine.pool_counters())
-    dispatcher: Dispatcher[FrontEngine] = Dispatcher(
+    dispatcher = Dispatcher(
         engine=lambda sink: make_engine(
-            Links(sink=sink, graphs=graphs, telemetry=telemetry, log=log)
+            Links(
+                sink=sink,
+                bind_call=bind_call,
+                run_prepared=run_prepared,
+                telemetry=telemetry,
+                log=log,
+            )
         ),
         max_in_flight=options.max_in_flight,
         telemetry=telemetry,

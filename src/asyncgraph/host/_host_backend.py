@@ -40,8 +40,7 @@ from ._workers import Workers
 if TYPE_CHECKING:
     from asyncgraph.args._kernel import Kernel
     from asyncgraph.capture._cache import GraphCacheStatistics
-    from asyncgraph.front._engine_protocols import Links, Stores
-    from asyncgraph.front._fast_front import FastFront
+    from asyncgraph.front._engine_protocols import Engine, FastFront, Links
     from asyncgraph.front._lease import StreamLease
     from asyncgraph.front._options import BackendOptions
     from asyncgraph.jobs._pending import PendingDispatch
@@ -183,7 +182,8 @@ class HostGraphCache:
 
 
 class HostEngine:
-    """The host backend's engine: host functions in a pool of worker threads.
+    """The host backend's engine, an ``Engine[_HostJob]``: host functions in a pool of worker
+    threads.
 
     Args:
         options: the backend's options (``host_workers``).
@@ -209,15 +209,15 @@ class HostEngine:
 
     # -- the scheduler's predicates (kernels are checked at dispatch; workers order uses) -----
 
-    def needs_compile(self, job: Job) -> bool:
+    def needs_compile(self, job: _HostJob) -> bool:
         """Never: host functions need no compiling."""
         return False
 
-    def needs_staging(self, job: Job) -> bool:
+    def needs_staging(self, job: _HostJob) -> bool:
         """Never: workers read the caller's arrays."""
         return False
 
-    def is_ready(self, job: Job) -> bool:
+    def is_ready(self, job: _HostJob) -> bool:
         """Always: a worker waits for the uses a job depends on before it runs it."""
         return True
 
@@ -235,14 +235,14 @@ class HostEngine:
                 "cannot run it; declare Kernel(..., host=fn) or open a CUDA backend"
             )
 
-    def prepare(self, call: BoundCall, timing: bool) -> Job:
+    def prepare(self, call: BoundCall, timing: bool) -> _HostJob:
         """The job for *call*."""
         self.check_kernel(call.kernel)
         return _HostJob(call, timing)
 
     def graph_job(
         self, call: BoundCall, always: bool, started: float, inline: bool
-    ) -> Job | PendingDispatch | None:
+    ) -> _HostJob | PendingDispatch | None:
         """None: the host backend runs every dispatch."""
         return None
 
@@ -250,22 +250,22 @@ class HostEngine:
         """Nothing to compile (a checkpoint)."""
         await _loop.sleep(0)
 
-    def start_compile(self, job: Job) -> None:
+    def start_compile(self, job: _HostJob) -> None:
         """Never called: nothing needs compiling."""
         self._sink.compiled(job.call.kernel, None)
 
-    def stage(self, job: Job) -> None:
+    def stage(self, job: _HostJob) -> None:
         """Never called: nothing is staged."""
         self._sink.staged(job, None)
 
-    def launch(self, job: Job) -> None:
+    def launch(self, job: _HostJob) -> None:
         """Hand *job* to a worker thread."""
         inbox = self._inbox
         if inbox is None:
             inbox = self._inbox = Inbox(self._sink.loop, self._on_done)
-        self._workers.submit(functools.partial(self._run, cast(_HostJob, job), inbox))
+        self._workers.submit(functools.partial(self._run, job, inbox))
 
-    def release(self, job: Job) -> None:
+    def release(self, job: _HostJob) -> None:
         """A host job holds nothing before it runs."""
 
     def _on_done(self, item: tuple[_HostJob, Any, float | None]) -> None:
@@ -358,16 +358,16 @@ class HostEngine:
             return copy(storage)
         return await self._sink.loop.run_in_executor(None, copy, storage)
 
-    def copies_from(self, other: Stores) -> bool:
+    def copies_from(self, other: Engine[Any]) -> bool:
         """Another host engine's storage is a numpy array too."""
         return isinstance(other, HostEngine)
 
-    def copy_route(self, source: Stores) -> str:
+    def copy_route(self, source: Engine[Any]) -> str:
         """Host memory to host memory."""
         return "host"
 
     async def copy_in(
-        self, buffer: ResidentBuffer, use: Use, deps: list[Use], source: Stores
+        self, buffer: ResidentBuffer, use: Use, deps: list[Use], source: Engine[Any]
     ) -> Any:
         """A copy of *buffer*'s array, after the writers in *deps*."""
         return await self.download_storage(buffer, use, deps, None)
@@ -423,7 +423,7 @@ class HostEngine:
     def wait_foreign(self, work: object) -> Awaitable[None]:
         raise UnsupportedError(_NO_STREAMS.format(what="wait()"))
 
-    def fence(self, job: Job, after: object) -> None:
+    def fence(self, job: _HostJob, after: object) -> None:
         raise UnsupportedError(_NO_STREAMS.format(what="dispatch(after=...)"))
 
     def order_foreign(self, stream: object, job: Job | None) -> bool:
@@ -464,3 +464,8 @@ def _wait_all(pendings: list[PendingDispatch]) -> None:
     """Block until every dispatch in *pendings* completed (in a worker thread)."""
     for pending in pendings:
         pending.exception()
+
+
+if TYPE_CHECKING:
+    # The contract, held by mypy for the engine's own jobs (the front holds an Engine[Any]).
+    _CONTRACT: type[Engine[_HostJob]] = HostEngine

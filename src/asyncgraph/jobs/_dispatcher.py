@@ -17,7 +17,7 @@ import asyncio
 from collections import deque
 from collections.abc import Callable
 from time import perf_counter
-from typing import TYPE_CHECKING, Any, Generic, TypeVar
+from typing import TYPE_CHECKING, Any
 
 from asyncgraph._exceptions import QueueTimeoutError, WithdrawnError
 from asyncgraph.buffers._resident import untrack
@@ -30,13 +30,11 @@ from ._scheduler import Effect, Job, JobState, Scheduler, Step
 if TYPE_CHECKING:
     from asyncgraph.args._kernel import Kernel
     from asyncgraph.buffers._resident import ResidentBuffer
-    from asyncgraph.front._engine_protocols import Runs, Sink
+    from asyncgraph.front._engine_protocols import Engine, Sink
     from asyncgraph.runtime._nvtx import NvtxRanges
     from asyncgraph.runtime._telemetry import Telemetry
 
 __all__ = ("Dispatcher",)
-
-E = TypeVar("E", bound="Runs")  # the engine, as its maker gives it
 
 # Enum members as module constants: the effect loop runs for every dispatch.
 _LAUNCH = Step.LAUNCH
@@ -46,7 +44,7 @@ _STAGE = Step.STAGE
 _QUEUED = JobState.QUEUED
 
 
-class Dispatcher(Generic[E]):
+class Dispatcher:
     """The scheduler of one backend, its effects, and the resolution of its jobs.
 
     The dispatcher and its engine need each other: the engine reports to the dispatcher (its
@@ -75,7 +73,7 @@ class Dispatcher(Generic[E]):
     def __init__(
         self,
         *,
-        engine: Callable[[Sink], E],
+        engine: Callable[[Sink], Engine[Any]],
         max_in_flight: int,
         telemetry: Telemetry,
         log: Any,
@@ -93,9 +91,13 @@ class Dispatcher(Generic[E]):
         self._loop: asyncio.AbstractEventLoop | None = None
         self._running = False
         self._backlog: deque[Effect] = deque()
-        self.engine: E = engine(self)
-        self._engine: Runs = self.engine
-        self.scheduler = Scheduler(self.engine, max_in_flight)
+        made = self.engine = self._engine = engine(self)
+        self.scheduler = Scheduler(
+            max_in_flight,
+            needs_compile=made.needs_compile,
+            needs_staging=made.needs_staging,
+            is_ready=made.is_ready,
+        )
 
     # -- the loop ------------------------------------------------------------------------------
 

@@ -19,8 +19,8 @@ or unpark jobs themselves; they report events back. The one exception is an engi
 which takes the two common transitions itself through :class:`FastDoor`, and nothing else.
 
 Whether a job needs compiling or staging, and whether its dependencies are far enough along to
-be ordered after on the device, are questions for the engine (:class:`Runner`); the scheduler
-only asks.
+be ordered after on the device, are questions for the engine (its predicates, handed over as
+bound methods: ``needs_compile``, ``needs_staging``, ``is_ready``); the scheduler only asks.
 """
 
 from __future__ import annotations
@@ -29,7 +29,7 @@ import contextlib
 import enum
 from collections.abc import Callable
 from time import perf_counter
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import TYPE_CHECKING, Any
 
 from asyncgraph.buffers._resident import track
 from asyncgraph.runtime._priority import NORMAL
@@ -49,7 +49,6 @@ __all__ = (
     "FastDoor",
     "Job",
     "JobState",
-    "Runner",
     "Scheduler",
     "Step",
     "track_buffers",
@@ -126,22 +125,6 @@ class Job:
         return f"<Job #{self.id} {self.call.kernel.name!r} {self.state.value}>"
 
 
-class Runner(Protocol):
-    """What the scheduler asks the engine (predicates only; they change nothing)."""
-
-    def needs_compile(self, job: Job) -> bool:
-        """Whether *job*'s kernel must be compiled before it can launch."""
-        ...
-
-    def needs_staging(self, job: Job) -> bool:
-        """Whether *job*'s inputs must be staged off the loop before it can launch."""
-        ...
-
-    def is_ready(self, job: Job) -> bool:
-        """Whether every use *job* depends on is far enough along to be ordered after."""
-        ...
-
-
 # Enum members as module constants: the transitions run for every dispatch.
 _QUEUED = JobState.QUEUED
 _COMPILING = JobState.COMPILING
@@ -161,23 +144,38 @@ class Scheduler:
     """The queue, the in-flight bound, parked and compiling jobs of one backend.
 
     Args:
-        runner: the engine's predicates.
         max_in_flight: jobs admitted (compiling to collecting) at most; more wait queued.
+        needs_compile: the engine's predicate: whether a job's kernel must be compiled before
+            it can launch.
+        needs_staging: whether a job's inputs must be staged off the loop before it can launch.
+        is_ready: whether every use a job depends on is far enough along to be ordered after.
+        (The engine's predicates change nothing.)
     """
 
     __slots__ = (
         "_compiling",
         "_in_flight",
+        "_is_ready",
         "_max",
+        "_needs_compile",
+        "_needs_staging",
         "_out",
         "_parked",
         "_queue",
-        "_runner",
         "fast_door",
     )
 
-    def __init__(self, runner: Runner, max_in_flight: int) -> None:
-        self._runner = runner
+    def __init__(
+        self,
+        max_in_flight: int,
+        *,
+        needs_compile: Callable[[Job], bool],
+        needs_staging: Callable[[Job], bool],
+        is_ready: Callable[[Job], bool],
+    ) -> None:
+        self._needs_compile = needs_compile
+        self._needs_staging = needs_staging
+        self._is_ready = is_ready
         self._max = max_in_flight
         self._queue: ClassQueue[Job] = ClassQueue()
         self._in_flight: dict[int, Job] = {}
@@ -332,7 +330,7 @@ class Scheduler:
             queue.admitted(job)
             self._admit(job)
         if self._parked:
-            ready = self._runner.is_ready
+            ready = self._is_ready
             for job in [job for job in self._parked if ready(job)]:
                 self._parked.remove(job)
                 job.state = _LAUNCHED
@@ -343,8 +341,8 @@ class Scheduler:
     def _queued_dep(self, job: Job) -> Job:
         """The first queued job *job* depends on (recursively), else *job*: first admitted."""
         for dep in job.deps:
-            if getattr(dep, "state", None) is _QUEUED:
-                return self._queued_dep(dep)  # type: ignore[arg-type]  # a queued Job
+            if isinstance(dep, Job) and dep.state is _QUEUED:
+                return self._queued_dep(dep)
         return job
 
     def _admit(self, job: Job) -> None:
@@ -354,8 +352,7 @@ class Scheduler:
 
     def _route(self, job: Job, staged: bool = False) -> None:
         """Move an admitted job on as far as it can go now."""
-        runner = self._runner
-        if runner.needs_compile(job):
+        if self._needs_compile(job):
             job.state = _COMPILING
             waiting = self._compiling.get(job.call.kernel)
             if waiting is None:
@@ -363,10 +360,10 @@ class Scheduler:
                 self._out.append((_COMPILE_STEP, job))
             else:
                 waiting.append(job)
-        elif not staged and runner.needs_staging(job):
+        elif not staged and self._needs_staging(job):
             job.state = _STAGING
             self._out.append((_STAGE_STEP, job))
-        elif runner.is_ready(job):
+        elif self._is_ready(job):
             job.state = _LAUNCHED
             self._out.append((_LAUNCH_STEP, job))
         else:
@@ -395,14 +392,6 @@ class Scheduler:
         self._out.append((_RESOLVE_STEP, job))
 
 
-class FastJob(Protocol):
-    """A job as :class:`FastDoor` takes it: a fast path's own record, with a job's fields."""
-
-    id: int
-    state: JobState
-    outcome: tuple[Any, ...] | BaseException | None
-
-
 class FastDoor:
     """The scheduler's door for an engine's fast path: its two transitions, and what they read.
 
@@ -411,7 +400,8 @@ class FastDoor:
     at once and launched, and that job's completion while nothing waits. These two and
     :meth:`withdraw` (an admission taken back) are the only changes anything outside
     :class:`Scheduler` makes to its jobs' states and containers. The compiled core has a C copy
-    of each, of the same name and doing the same (``cuda/core/_doors.pxi``).
+    of each, of the same name and doing the same (``cuda/core/_doors.pxi``), on its own record
+    of a job (its ``FastJob``, which has a job's ``id``, ``state`` and ``outcome``).
 
     Attributes (the scheduler's own containers, never rebound; read only outside the
     scheduler and these methods):
@@ -431,7 +421,7 @@ class FastDoor:
         self.parked = parked
         self.limit = limit
 
-    def admit_launched(self, job: FastJob) -> None:
+    def admit_launched(self, job: Job) -> None:
         """Admit *job* (numbered) straight to ``LAUNCHED``: the caller launches it itself.
 
         Only while the queue is empty and a slot is free (``not queue and len(in_flight) <
@@ -440,15 +430,15 @@ class FastDoor:
         flight with no effect to perform. Its end is reported through :meth:`complete_launched`
         or, as any job's, ``Scheduler.done``.
         """
-        self.in_flight[job.id] = job  # type: ignore[assignment]  # read as any Job is
+        self.in_flight[job.id] = job
         job.state = _LAUNCHED
 
-    def withdraw(self, job: FastJob) -> None:
+    def withdraw(self, job: Job) -> None:
         """Take back :meth:`admit_launched` of *job*, which was not launched after all (a later
         step of the caller's commit raised): out of flight again, and never reported."""
         self.in_flight.pop(job.id, None)
 
-    def complete_launched(self, job: FastJob, outcome: tuple[Any, ...] | BaseException) -> bool:
+    def complete_launched(self, job: Job, outcome: tuple[Any, ...] | BaseException) -> bool:
         """*job*, admitted by :meth:`admit_launched`, finished with *outcome*: ``DONE``, out
         of flight, if nothing waits for its slot; whether it was.
 

@@ -132,10 +132,11 @@ class Launches:
         """Each argument's launch value: the scalar, or the device pointer as an int; what an
         argument's kind needs before the launch (``Arg.enqueue_value``) is enqueued on the way
         (zeroing a resident output, waiting for a foreign producer)."""
-        return [arg.enqueue_value(base, self, handle) for arg in job.call.args]
+        zero, after_producer = self.zero, self.after_producer
+        return [arg.enqueue_value(base, handle, zero, after_producer) for arg in job.call.args]
 
     def zero(self, pointer: int, nbytes: int, stream: Any) -> None:
-        """Zero *nbytes* at *pointer* on *stream* (``_bound_args.LaunchOrder``)."""
+        """Zero *nbytes* at *pointer* on *stream* (``_bound_args.ZeroOn``)."""
         code = drv.cuMemsetD8Async(pointer, 0, nbytes, stream)[0]
         if code != SUCCESS:
             check((code,), "cuMemsetD8Async")
@@ -149,7 +150,7 @@ class Launches:
 
     def after_producer(self, producer: int, stream: Any) -> None:
         """Order *stream* after the work a foreign producer stream enqueued so far
-        (``_bound_args.LaunchOrder``)."""
+        (``_bound_args.AfterProducer``)."""
         events = self._device.events
         event = events.take()
         try:
