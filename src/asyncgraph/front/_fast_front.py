@@ -2,11 +2,12 @@
 the front.
 
 The fast path enters the front through named doors, each its owner's operation with its
-invariant stated there: the scheduler's :class:`~asyncgraph.jobs._scheduler.FastDoor`
+invariant stated there: the scheduler's :class:`~asyncgraph.jobs._fast_door.FastDoor`
 (``admit_launched``, ``complete_launched``), the resident store's ``is_live``, ``track_uses``,
-``untrack`` and what they read, and the pending result's constructor and ``set_outcome``. It
-reads the lifecycle, and hands a job the general way to the dispatcher's ``done``; it changes
-nothing else of the front. The compiled core copies those doors in C, under the same names.
+``untrack`` and what they read, and the pending result's ``new_pending`` and ``set_outcome``.
+It reads the lifecycle, and hands a job the general way to the dispatcher's ``done``; it
+changes nothing else of the front. The compiled core calls those doors through C: their
+modules are compiled from their Python source where the core is built.
 
 Kept apart from ``_engine_protocols``: what the fast path is handed (the lifecycle) itself uses the
 engine's protocols, so this module sits above them.
@@ -26,8 +27,8 @@ if TYPE_CHECKING:
     from asyncgraph.args._kernel import Kernel
     from asyncgraph.args._plan_cache import Plan
     from asyncgraph.buffers._resident import ResidentStore
+    from asyncgraph.jobs._fast_door import FastDoor
     from asyncgraph.jobs._pending import PendingDispatch
-    from asyncgraph.jobs._scheduler import FastDoor
 
     from ._engine_protocols import Sink
     from ._lifecycle import Lifecycle
@@ -44,7 +45,7 @@ class FastFront:
             while nothing waits (``FastDoor``); nothing else of the scheduler.
         lifecycle: the backend's state, loop and the queue's waiting room (read only).
         dispatcher: completes a job the general way (``Dispatcher.done``) when anything waits.
-        store: the resident store (``is_live``, and the lists it reads: ``live_slots``).
+        store: the resident store (``is_live``).
         ids: the dispatch numbers (shared with the general path).
     """
 
