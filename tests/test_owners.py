@@ -349,6 +349,7 @@ OWNER_TESTS = (
     "tests/test_dispatcher.py",
     "tests/test_jobs.py",
     "tests/test_fast_path.py",
+    "tests/test_fast_replays.py",
 )
 
 
