@@ -34,7 +34,6 @@ from ._fast_plan import describes as _describes
 from ._fast_plan import eligible as _eligible
 
 
-
 def _owners_compiled():
     """Raise unless each module cimported above is its compiled build (of the same source, built
     with this core): a plain Python module of the same name would be read as the wrong layout."""
@@ -166,8 +165,6 @@ cdef _flush_histogram(HistogramC* h, histogram):
             [h.counts[i] for i in range(N_BUCKETS)], h.count, h.total, h.low, h.high
         )
         _clear(h)
-
-
 
 
 cdef inline object _into(object out):
