@@ -1,4 +1,5 @@
-"""Builds the optional compiled dispatch core, ``asyncgraph.cuda.core._core_compiled``.
+"""Builds the optional compiled dispatch core, ``asyncgraph.cuda.core._core_compiled``, and the
+modules whose objects it changes (:data:`OWNERS`), compiled from their Python source.
 
 Everything else about the package is in ``pyproject.toml``. The extension is Cython against
 ``cuda.bindings.cydriver`` (whose ``.pxd`` files declare the driver API through ``cuda.h``) and
@@ -8,6 +9,11 @@ wheel and in ``/usr/local/cuda``. The extension is optional: where any of this i
 a platform other than Linux, the build says why and the package installs without it, running on
 the Python twin of the core (``asyncgraph.cuda.core._core_python``).
 ``ASYNCGRAPH_REQUIRE_COMPILED=1`` makes a failed build an error instead (CI sets it).
+
+The owners (:data:`OWNERS`) are plain Python modules, each with a ``.pxd`` of the same name that
+declares its classes as extension types (Cython's pure Python mode); the core ``cimport``s them
+and calls their methods through C. Where they are not built, the same ``.py`` runs as Python.
+``scripts/build_core.py`` builds the same extensions in place.
 """
 
 from __future__ import annotations
@@ -22,6 +28,11 @@ from setuptools.command.build_ext import build_ext
 
 REQUIRED = os.environ.get("ASYNCGRAPH_REQUIRE_COMPILED", "").strip() not in ("", "0")
 SOURCE = "src/asyncgraph/cuda/core/_core_compiled.pyx"
+# The modules the compiled core changes the state of, through their own methods (cimported).
+OWNERS = ("asyncgraph.jobs._pending", "asyncgraph.jobs._fast_door", "asyncgraph.buffers._resident")
+# Their compiled build: their annotations are not types to Cython (their .pxd declares those),
+# and a field of None read through a typed argument raises AttributeError as in Python.
+OWNER_DIRECTIVES = {"language_level": "3", "annotation_typing": False, "nonecheck": True}
 
 
 def _say(message: str) -> None:
@@ -73,7 +84,15 @@ def _extensions() -> list[Extension]:
         language="c++",  # cydriver.pxd includes <type_traits>
         optional=not REQUIRED,
     )
-    return list(cythonize([extension], compiler_directives={"language_level": "3"}, quiet=True))
+    owners = [
+        Extension(name, [f"src/{name.replace('.', '/')}.py"], optional=not REQUIRED)
+        for name in OWNERS
+    ]
+    built = cythonize(owners, compiler_directives=OWNER_DIRECTIVES, quiet=True)
+    built += cythonize(
+        [extension], compiler_directives={"language_level": "3"}, include_path=["src"], quiet=True
+    )
+    return list(built)
 
 
 class OptionalBuildExt(build_ext):

@@ -1,9 +1,11 @@
 """Build the compiled dispatch core in place, without installing the package.
 
-``pip install -e .`` builds it as part of the install; this builds only the extension, next to
-its sources (``src/asyncgraph/cuda/core/_core_compiled.*.so``), for a machine where installing is
-not possible (no setuptools-scm, no package index). It needs what ``setup.py`` needs: Cython,
-cuda-bindings, numpy, ``cuda.h`` and a C++ compiler. Run from the project's root::
+``pip install -e .`` builds it as part of the install; this builds only the extensions, next to
+their sources (``src/asyncgraph/cuda/core/_core_compiled.*.so``, and the modules whose objects
+the core changes, compiled from their Python source: ``OWNERS`` in ``setup.py``, the same here),
+for a machine where installing is not possible (no setuptools-scm, no package index). It needs
+what ``setup.py`` needs: Cython, cuda-bindings, numpy, ``cuda.h`` and a C++ compiler. Run from
+the project's root::
 
     python scripts/build_core.py
 """
@@ -16,6 +18,9 @@ import sys
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
+# As setup.py's (tests/test_core_build.py checks they agree).
+OWNERS = ("asyncgraph.jobs._pending", "asyncgraph.jobs._fast_door", "asyncgraph.buffers._resident")
+OWNER_DIRECTIVES = {"language_level": "3", "annotation_typing": False, "nonecheck": True}
 
 
 def cuda_include() -> str:
@@ -45,14 +50,20 @@ def main() -> None:
         define_macros=[("NPY_TARGET_VERSION", "NPY_1_26_API_VERSION")],
         language="c++",
     )
-    modules = cythonize([extension], compiler_directives={"language_level": "3"}, quiet=True)
+    owners = [Extension(name, [f"src/{name.replace('.', '/')}.py"]) for name in OWNERS]
+    modules = cythonize(owners, compiler_directives=OWNER_DIRECTIVES, quiet=True)
+    modules += cythonize(
+        [extension], compiler_directives={"language_level": "3"}, include_path=["src"], quiet=True
+    )
     distribution = Distribution({"ext_modules": modules, "package_dir": {"": "src"}})
     command = distribution.get_command_obj("build_ext")
     command.inplace = True
     command.ensure_finalized()
     command.run()
     built = sorted(
-        str(p.relative_to(ROOT)) for p in ROOT.glob("src/asyncgraph/cuda/core/_core_compiled*.so")
+        str(p.relative_to(ROOT))
+        for name in ("asyncgraph.cuda.core._core_compiled", *OWNERS)
+        for p in ROOT.glob(f"src/{name.replace('.', '/')}.*.so")
     )
     print("built:", *built)
 

@@ -17,7 +17,9 @@ from __future__ import annotations
 
 import functools
 import importlib
+import importlib.machinery
 import os
+import shutil
 from pathlib import Path
 from types import ModuleType
 from typing import NoReturn
@@ -28,15 +30,23 @@ from tests.fake_driver import build
 
 __all__ = (
     "CORES",
+    "OWNERS",
     "SWITCHES",
+    "child_environment",
     "compiled_core",
     "missing",
     "nvrtc",
+    "owners_compiled",
     "require",
+    "source_copy",
     "stand_in",
     "switched_on",
     "unmet",
 )
+
+# The modules the compiled core changes the objects of, compiled from their Python source where
+# the core is built (setup.py's OWNERS; tests/test_core_layout.py checks they agree).
+OWNERS = ("asyncgraph.jobs._pending", "asyncgraph.jobs._fast_door", "asyncgraph.buffers._resident")
 
 # marker -> the environment variable that turns its skip into a failure
 SWITCHES = {
@@ -137,3 +147,39 @@ def compiled_core() -> ModuleType:
     if isinstance(found, str):
         missing(found, SWITCHES["compiled"])
     return found
+
+
+def owners_compiled() -> bool:
+    """Whether this process runs the compiled build of every module in :data:`OWNERS` (else it
+    runs their Python source: where they were not built, or in a :func:`source_copy`)."""
+    loaded = [importlib.import_module(name) for name in OWNERS]
+    built = [isinstance(m.__loader__, importlib.machinery.ExtensionFileLoader) for m in loaded]
+    if any(built) and not all(built):
+        pytest.fail(f"some owners are built and some not: {dict(zip(OWNERS, built, strict=True))}")
+    return all(built)
+
+
+def source_copy(directory: Path, *, keep: tuple[str, ...] = ()) -> Path:
+    """A copy of the package's source in *directory*, without the extension modules built in
+    place (but those of the modules named in *keep*): with it first on ``PYTHONPATH``, a process
+    runs the Python source of every module that was compiled. Returns the copy's source root."""
+    package = Path(importlib.import_module("asyncgraph").__file__ or "").parent
+    kept = {name.rpartition(".")[2] for name in keep}
+
+    def ignore(folder: str, names: list[str]) -> list[str]:
+        built = [n for n in names if n.endswith(".so") or n == "__pycache__"]
+        return [n for n in built if n.split(".")[0] not in kept]
+
+    shutil.copytree(package, directory / "asyncgraph", ignore=ignore)
+    return directory
+
+
+def child_environment(source: Path) -> dict[str, str]:
+    """The environment of a process that imports ``asyncgraph`` from *source* (a
+    :func:`source_copy`) and the tests from this checkout, without the switch that requires the
+    compiled core."""
+    root = Path(__file__).resolve().parent.parent
+    env = {k: v for k, v in os.environ.items() if k != SWITCHES["compiled"]}
+    env["PYTHONPATH"] = os.pathsep.join((str(source), str(root)))
+    env["PYTHONDONTWRITEBYTECODE"] = "1"
+    return env

@@ -1,16 +1,18 @@
-"""The compiled core reads and writes some slots of the front's classes in place, at offsets it
-takes from their member descriptors at import (``_doors.pxi``, included by
-``_fast_plan.pxi``: ``_slot``): the private slots their owners lend it for its copies of their
-doors (``_resident.BUFFER_FIELDS``, ``_pending.PENDING_FIELDS``), and public slots it names.
+"""The compiled core changes the front's objects only through their owners' operations, which it
+``cimport``s (``_fast_plan.pxi``). The owners (``tests.needs.OWNERS``) are Python modules that
+the build compiles beside the core (``setup.py`` and ``scripts/build_core.py``, each with its
+``OWNERS``), from their one source, with a ``.pxd`` each that declares their classes as extension
+types, field by field, by the names of the classes' ``__slots__``.
 
-These tests fail when a lent or named name is no slot of its Python class any more, whether the
-compiled core is built or not, and when the core names a private slot itself; and they check
-that such a change makes ``import asyncgraph.cuda`` fall back to the Python core with a warning,
-instead of failing.
+These tests fail when the core cimports a module the build does not compile, when a ``.pxd``
+and its class's ``__slots__`` name different fields, and they check that a compiled core whose
+owners run as Python (which it would read as the wrong layout) is refused at its import:
+``import asyncgraph.cuda`` then falls back to the Python core with a warning, instead of failing.
 """
 
 from __future__ import annotations
 
+import ast
 import importlib
 import json
 import os
@@ -21,72 +23,108 @@ from pathlib import Path
 
 import pytest
 
-from asyncgraph.buffers._resident import BUFFER_FIELDS, ResidentBuffer
-from asyncgraph.jobs._pending import PENDING_FIELDS, PendingDispatch
-from tests.needs import CORES
+from tests.needs import CORES, OWNERS, child_environment, source_copy
 
 ROOT = Path(__file__).resolve().parent.parent
-CUDA = ROOT / "src" / "asyncgraph" / "cuda" / "core"
-SOURCES = (CUDA / "_fast_plan.pxi", CUDA / "_doors.pxi")  # the second included by the first
-_IMPORTED = re.compile(r"^from asyncgraph\.([\w.]+) import (\w+) as (\w+)$", re.MULTILINE)
-_NAMED = re.compile(r"_slot\((\w+), \"(\w+)\"\)")  # a slot the core names itself
-_LENT = re.compile(r"_slot\((\w+), (\w+)\[\"(\w+)\"\]\)")  # one an owner lends, by role
+SRC = ROOT / "src"
+CORE = SRC / "asyncgraph" / "cuda" / "core"
+_CIMPORT = re.compile(r"^\s*from (asyncgraph\.[\w.]+) cimport", re.MULTILINE)
+_CLASS = re.compile(r"^cdef class (\w+)\b.*:$")
+_FIELD = re.compile(r"^    cdef (?:public |readonly )?[\w.]+ (\w+)(?:\s*#.*)?$")
 
 
-def mirrored() -> list[tuple[type, str]]:
-    """Each (class, slot name) the compiled core uses at an offset: the slots it names, and
-    those the owners lend (each role it asks for must be lent)."""
-    source = "\n".join(path.read_text(encoding="utf-8") for path in SOURCES)
-    imported: dict[str, object] = {}
-    for module, name, alias in _IMPORTED.findall(source):
-        imported[alias] = getattr(importlib.import_module(f"asyncgraph.{module}"), name)
-    pairs = [(imported[alias], name) for alias, name in _NAMED.findall(source)]
-    for alias, lender, role in _LENT.findall(source):
-        fields = imported[lender]
-        assert isinstance(fields, dict), lender
-        pairs.append((imported[alias], fields[role]))
-    return [(cls, name) for cls, name in pairs if isinstance(cls, type)]
+def cimported() -> set[str]:
+    """The package's modules the compiled core cimports."""
+    sources = [*CORE.glob("*.pyx"), *CORE.glob("*.pxd"), *CORE.glob("*.pxi")]
+    return {name for path in sources for name in _CIMPORT.findall(path.read_text("utf-8"))}
 
 
-def disagreements(pairs: list[tuple[type, str]]) -> list[str]:
-    """The names that are no slot of their class (a slot is a member descriptor in the class's
-    own ``__dict__``, which is what the compiled core reads the offset of)."""
+def owners_of(path: Path) -> tuple[str, ...]:
+    """The value of the module-level ``OWNERS = (...)`` of the Python file at *path*."""
+    for node in ast.parse(path.read_text("utf-8")).body:
+        if isinstance(node, ast.Assign) and [ast.unparse(t) for t in node.targets] == ["OWNERS"]:
+            value = ast.literal_eval(node.value)
+            assert isinstance(value, tuple)
+            return value
+    raise AssertionError(f"{path.name} sets no OWNERS")
+
+
+def test_the_build_compiles_every_owner_the_core_cimports() -> None:
+    assert cimported() == set(OWNERS)
+    assert owners_of(ROOT / "setup.py") == owners_of(ROOT / "scripts" / "build_core.py") == OWNERS
+    # The core's own check at its import names the same modules.
+    checked = re.findall(r'"(asyncgraph\.\w+\._\w+)"', (CORE / "_fast_plan.pxi").read_text("utf-8"))
+    assert sorted(checked) == sorted(OWNERS)
+
+
+def fields_of(pxd: str) -> dict[str, list[str]]:
+    """Each ``cdef class`` of a ``.pxd`` and the fields it declares (methods aside)."""
+    classes: dict[str, list[str]] = {}
+    current: list[str] | None = None
+    for line in pxd.splitlines():
+        if found := _CLASS.match(line):
+            current = classes.setdefault(found.group(1), [])
+        elif line and not line.startswith((" ", "#")):
+            current = None
+        elif current is not None and (field := _FIELD.match(line)):
+            current.append(field.group(1))
+    return classes
+
+
+def slots_of(source: str) -> dict[str, list[str]]:
+    """Each class of a Python module and the names its ``__slots__`` lists."""
+    slots: dict[str, list[str]] = {}
+    for node in ast.parse(source).body:
+        if isinstance(node, ast.ClassDef):
+            for statement in node.body:
+                targets = getattr(statement, "targets", [])
+                if [ast.unparse(t) for t in targets] == ["__slots__"]:
+                    slots[node.name] = list(ast.literal_eval(statement.value))  # type: ignore[attr-defined]  # an Assign, found by its targets
+    return slots
+
+
+def layout_problems(root: Path, modules: tuple[str, ...]) -> list[str]:
+    """Where a ``.pxd`` of *modules* (under *root*) and its module's ``__slots__`` disagree."""
     problems = []
-    for cls, name in pairs:
-        descriptor = cls.__dict__.get(name)
-        kind = type(descriptor).__name__
-        if kind != "member_descriptor":
-            problems.append(f"{cls.__name__}.{name} is {kind}, not a slot")
+    for name in modules:
+        path = root / Path(*name.split("."))
+        declared = fields_of(path.with_suffix(".pxd").read_text("utf-8"))
+        slots = slots_of(path.with_suffix(".py").read_text("utf-8"))
+        if not declared:
+            problems.append(f"{name}: its .pxd declares no class")
+        for cls, fields in declared.items():
+            if cls not in slots:
+                problems.append(f"{name}.{cls}: no __slots__ in the .py")
+            elif sorted(fields) != sorted(slots[cls]):
+                only_pxd = sorted(set(fields) - set(slots[cls]))
+                only_py = sorted(set(slots[cls]) - set(fields))
+                problems.append(f"{name}.{cls}: .pxd only {only_pxd}, __slots__ only {only_py}")
     return problems
 
 
-def test_every_slot_the_compiled_core_uses_is_a_slot_of_its_class() -> None:
-    pairs = mirrored()
-    names = {f"{cls.__name__}.{name}" for cls, name in pairs}
-    lent = {f"ResidentBuffer.{name}" for name in BUFFER_FIELDS.values()}
-    lent |= {f"PendingDispatch.{name}" for name in PENDING_FIELDS.values()}
-    assert lent | {"Out.into", "PendingDispatch.dispatch_id"} <= names
-    assert len(pairs) >= 19
-    assert disagreements(pairs) == []
+def test_each_owner_declares_the_fields_its_slots_name() -> None:
+    assert layout_problems(SRC, OWNERS) == []
+    pxd = (SRC / "asyncgraph" / "jobs" / "_pending.pxd").read_text("utf-8")
+    assert "_state" in fields_of(pxd)["PendingDispatch"]  # the check reads the fields
 
 
-def test_the_compiled_core_names_no_private_slot_itself() -> None:
-    source = "\n".join(path.read_text(encoding="utf-8") for path in SOURCES)
-    named = _NAMED.findall(source)
-    assert named, "no slot named: the check would pass vacuously"
-    assert [name for _, name in named if name.startswith("_")] == []
-    assert {PendingDispatch, ResidentBuffer} <= {cls for cls, _ in mirrored()}
-
-
-def test_a_slot_made_a_property_is_found(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(ResidentBuffer, "_writer", property(lambda self: None))
-    assert disagreements(mirrored()) == ["ResidentBuffer._writer is property, not a slot"]
+def test_a_field_missing_from_the_pxd_or_the_slots_is_found(tmp_path: Path) -> None:
+    (tmp_path / "pkg").mkdir()
+    (tmp_path / "pkg" / "_owner.py").write_text(
+        'class A:\n    __slots__ = ("__weakref__", "_state", "_new")\n', encoding="utf-8"
+    )
+    (tmp_path / "pkg" / "_owner.pxd").write_text(
+        "cdef class A:\n    cdef object __weakref__\n    cdef public int _state\n"
+        "    cdef public object _old\n\n    cpdef f(self)\n",
+        encoding="utf-8",
+    )
+    assert layout_problems(tmp_path, ("pkg._owner",)) == [
+        "pkg._owner.A: .pxd only ['_old'], __slots__ only ['_new']"
+    ]
 
 
 CHILD = """
 import json, warnings
-import asyncgraph.buffers._resident as resident
-resident.ResidentBuffer._writer = property(lambda self: None)  # the layout changed
 with warnings.catch_warnings(record=True) as caught:
     warnings.simplefilter("always")
     import asyncgraph.cuda
@@ -94,15 +132,24 @@ with warnings.catch_warnings(record=True) as caught:
 print(json.dumps({"compiled": bool(core.COMPILED), "describe": describe(),
                   "warnings": [str(w.message) for w in caught]}))
 """
+_REFUSED = (
+    r"the compiled core does not match this asyncgraph \(\w+Error: [^)]*"
+    r"asyncgraph\.(jobs|buffers)\._\w+[^)]*\); rebuild it \(pip install -e \. in a checkout\)"
+)
 
 
 @pytest.mark.parametrize("core", CORES)
-def test_a_layout_change_falls_back_to_the_python_core_with_a_warning(core: str) -> None:
-    # It raised TypeError from _slot() out of ``import asyncgraph.cuda``.
+@pytest.mark.parametrize("owner", OWNERS)
+def test_a_core_whose_owner_runs_as_python_is_refused_with_a_warning(
+    core: str, owner: str, tmp_path: Path
+) -> None:
+    # The copy keeps the compiled core and every owner's build but one, which runs as Python.
+    kept = tuple(name for name in OWNERS if name != owner)
+    source = source_copy(tmp_path, keep=("asyncgraph.cuda.core._core_compiled", *kept))
     done = subprocess.run(
         [sys.executable, "-c", CHILD],
-        cwd=ROOT,
-        env={**os.environ, "ASYNCGRAPH_CORE": core},
+        cwd=tmp_path,
+        env={**child_environment(source), "ASYNCGRAPH_CORE": core},
         capture_output=True,
         text=True,
         timeout=120,
@@ -114,9 +161,15 @@ def test_a_layout_change_falls_back_to_the_python_core_with_a_warning(core: str)
     if core == "python":
         assert seen["warnings"] == []
         return
-    reason = (
-        "the compiled core does not match this asyncgraph (TypeError: ResidentBuffer._writer "
-        "is not a slot); rebuild it (pip install -e . in a checkout)"
-    )
-    assert seen["warnings"] == [f"asyncgraph: {reason}; the Python core runs"]
-    assert seen["describe"] == f"Python ({reason})"
+    assert len(seen["warnings"]) == 1
+    assert re.match(rf"^asyncgraph: {_REFUSED}; the Python core runs$", seen["warnings"][0])
+    assert re.match(rf"^Python \({_REFUSED}\)$", seen["describe"])
+
+
+@pytest.mark.compiled
+def test_the_compiled_core_runs_the_compiled_owners() -> None:
+    importlib.import_module("asyncgraph.cuda.core._core_compiled")
+    for name in OWNERS:
+        module = importlib.import_module(name)
+        assert type(module.__loader__).__name__ == "ExtensionFileLoader", name
+        assert os.path.exists(module.__file__ or ""), name

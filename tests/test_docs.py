@@ -18,7 +18,7 @@ def test_the_ray_serve_recipe_says_to_install_ray_serve() -> None:
     assert "pip install 'ray[serve]'" in _section("scale-out.md", "## Ray Serve")
 
 
-def test_a_failed_members_copy_is_described_as_it_behaves() -> None:
+def test_the_copy_of_a_member_that_failed_is_described_as_it_behaves() -> None:
     # tests/test_group_failures.py: replicated.on(member) raises GroupError for a member that
     # was out, and its entry in replicated.buffers is None.
     words = " ".join(_section("scale-out.md", "## Failures, cancellation, closing").split())

@@ -34,7 +34,7 @@ def _scale(group: ag.DeviceGroup, x: object) -> ag.PendingDispatch:
     )
 
 
-async def test_a_closed_member_gets_no_more_work(
+async def test_a_member_that_closed_gets_no_more_work(
     group: ag.DeviceGroup, rng: np.random.Generator
 ) -> None:
     x = rng.standard_normal(N, dtype=np.float32)

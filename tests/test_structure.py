@@ -460,7 +460,8 @@ def check_cython_private_access(root: Path, package: str) -> list[str]:
     python = load_modules(root, package)
     cython = load_cython(root, package)
     defined = {name: defined_private_names(module) for name, module in python.items()}
-    defined.update({name: module.defined for name, module in cython.items()})
+    for name, module in cython.items():  # a .pxd beside a .py declares that module's types
+        defined[name] = defined.get(name, set()) | module.defined
 
     def owners(attr: str) -> str:
         return ", ".join(sorted(m for m, names in defined.items() if attr in names)) or "none"

@@ -9,6 +9,12 @@ Each buffer also tracks the dispatches in flight that use it, for two purposes:
   writes waits for the readers and the writer before it (read-after-write, write-after-read);
 - lifetime: ``aclose()`` refuses new uses at once but frees the memory only after the last use in
   flight completed.
+
+This module is the one implementation of a buffer's and a store's states. Where the compiled core
+is built, it is compiled too (``_resident.pxd`` declares both classes as extension types, and the
+functions the compiled fast path calls: :meth:`ResidentStore.is_live`, :func:`track_uses`,
+:func:`untrack` and the readers), and the compiled core calls those through C; elsewhere the same
+source runs as plain Python.
 """
 
 from __future__ import annotations
@@ -25,7 +31,6 @@ from asyncgraph.runtime import _checkpoint
 from ._dlpack import make_capsule
 
 __all__ = (
-    "BUFFER_FIELDS",
     "Exporter",
     "ResidentBuffer",
     "ResidentStore",
@@ -97,6 +102,8 @@ class ResidentBuffer:
         nbytes: size in bytes.
     """
 
+    # The fields, as slots here and as the extension type's fields in _resident.pxd (the same
+    # names: keep the two alike).
     __slots__ = (
         "__weakref__",
         "_exports",
@@ -244,23 +251,6 @@ class ResidentBuffer:
             f"slot={self._slot} gen={self._generation} {state}>"
         )
 
-    # -- in-flight uses (front of the backend, event loop thread) ------------------------------
-
-    def _untrack(self, use: Use) -> None:
-        """Forget a completed *use*; free the memory if the buffer is closed and now idle."""
-        self._in_use -= 1
-        if self._writer is use:
-            self._writer = None
-        elif use in self._readers:
-            self._readers.remove(use)
-        if (
-            self._in_use == 0
-            and self._exports == 0
-            and self._storage is not None
-            and not self._store.is_live(self)
-        ):
-            self._store._free(self)
-
 
 class ResidentStore:
     """Every resident buffer of one backend, with generation-checked handles.
@@ -270,6 +260,19 @@ class ResidentStore:
         free_storage: frees a buffer's backend storage (device memory on CUDA).
         exporter: the backend's side of DLPack and ``__cuda_array_interface__``, if any.
     """
+
+    # As ResidentBuffer's: the extension type's fields in _resident.pxd have the same names.
+    __slots__ = (
+        "__weakref__",
+        "_buffers",
+        "_free_slots",
+        "_free_storage",
+        "_generations",
+        "backend_name",
+        "bytes_live",
+        "closed",
+        "exporter",
+    )
 
     def __init__(
         self,
@@ -352,10 +355,6 @@ class ResidentStore:
             and self._buffers[slot] is buffer
         )
 
-    def live_slots(self) -> tuple[list[int], list[ResidentBuffer | None]]:
-        """What :meth:`is_live` reads (for its C copy): each slot's generation and buffer."""
-        return self._generations, self._buffers
-
     def close_all(self) -> None:
         """Close every buffer (at backend close, after all work completed) and free them."""
         self.closed = True
@@ -390,32 +389,42 @@ class ResidentStore:
 
 
 # -- what backends ask of a buffer (they never touch its private fields) ------------------------
-# The fast path's doors (is_live, track_uses, untrack, writer_of, readers_of, storage_of) have
-# C copies of the same name and effect (cuda/core/_doors.pxi), using only the slots lent here.
-_LENT = ("store", "slot", "generation", "in_use", "writer", "readers", "storage")
-BUFFER_FIELDS = {role: f"_{role}" for role in _LENT}  # each role's slot, by name
+# The compiled fast path calls is_live, track_uses, untrack, writer_of, readers_of and
+# storage_of through C (_resident.pxd declares them).
+
+
+def _record(buffer: ResidentBuffer, use: Use, write: bool) -> None:
+    """*use* of *buffer* in flight: a write becomes its writer (its readers done with), a read
+    joins the readers. If it raises, nothing changed."""
+    if write:
+        if buffer._readers:
+            buffer._readers = []
+        buffer._writer = use
+    else:
+        buffer._readers.append(use)
+    buffer._in_use += 1
 
 
 def track(buffer: ResidentBuffer, use: Use, write: bool) -> list[Use]:
     """Record *use* of *buffer* (in flight until :func:`untrack`): a write becomes its writer,
     after the writer and the readers before it, a read joins the readers. Returns the earlier
     uses *use* must be ordered after; if it raises, nothing changed."""
-    in_use = buffer._in_use + 1
+    writer = buffer._writer
     if write:
         deps = list(buffer._readers)
-        if buffer._writer is not None:
-            deps.append(buffer._writer)
-        buffer._in_use, buffer._writer, buffer._readers = in_use, use, []
-        return deps
-    buffer._readers.append(use)
-    buffer._in_use = in_use
-    return [buffer._writer] if buffer._writer is not None else []
+        if writer is not None:
+            deps.append(writer)
+    else:
+        deps = [writer] if writer is not None else []
+    _record(buffer, use, write)
+    return deps
 
 
 def track_uses(buffers: list[ResidentBuffer], writes: tuple[bool, ...], use: Use) -> None:
-    """:func:`track` *use* on each of *buffers* (written where *writes* says): all or none."""
+    """Record *use* of each of *buffers* (written where *writes* says), as :func:`track` does
+    without the earlier uses: on all or on none."""
     if len(buffers) == 1:
-        track(buffers[0], use, writes[0])  # all or nothing by itself
+        _record(buffers[0], use, writes[0])  # all or nothing by itself
         return
     replaced: list[tuple[Use | None, list[Use]] | None] = []  # what each write replaced
     done = 0
@@ -423,21 +432,37 @@ def track_uses(buffers: list[ResidentBuffer], writes: tuple[bool, ...], use: Use
         for buffer in buffers:
             write = writes[done]
             replaced.append((buffer._writer, buffer._readers) if write else None)
-            track(buffer, use, write)  # all or nothing by itself
+            _record(buffer, use, write)  # all or nothing by itself
             done += 1
     except BaseException:
-        for buffer, prior in zip(buffers[:done], replaced, strict=False):
-            buffer._in_use -= 1
-            if prior is None:
-                buffer._readers.remove(use)  # a read appended it there
-            else:
-                buffer._writer, buffer._readers = prior
+        for k in range(done - 1, -1, -1):
+            _forget(buffers[k], use, replaced[k])
         raise
+
+
+def _forget(buffer: ResidentBuffer, use: Use, prior: tuple[Use | None, list[Use]] | None) -> None:
+    """Undo :func:`_record` of *use* on *buffer* (*prior*: what a write replaced)."""
+    buffer._in_use -= 1
+    if prior is None:
+        buffer._readers.remove(use)  # a read appended it there
+    else:
+        buffer._writer, buffer._readers = prior
 
 
 def untrack(buffer: ResidentBuffer, use: Use) -> None:
     """Forget a finished *use*, once per track; frees the memory of a closed buffer left idle."""
-    buffer._untrack(use)
+    buffer._in_use -= 1
+    if buffer._writer is use:
+        buffer._writer = None
+    elif use in buffer._readers:
+        buffer._readers.remove(use)
+    if (
+        buffer._in_use == 0
+        and buffer._exports == 0
+        and buffer._storage is not None
+        and not buffer._store.is_live(buffer)
+    ):
+        buffer._store._free(buffer)
 
 
 def storage_of(buffer: ResidentBuffer) -> Any:

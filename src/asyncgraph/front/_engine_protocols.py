@@ -17,11 +17,12 @@ other (``docs/architecture.md``, "The seam"; ``tests/test_engine_seam.py`` count
 
 Neither side reaches into the other's private members. The fast path enters the front through
 named doors, each its owner's operation with its invariant stated there: the scheduler's
-:class:`~asyncgraph.jobs._scheduler.FastDoor` (``admit_launched``, ``complete_launched``), the
+:class:`~asyncgraph.jobs._fast_door.FastDoor` (``admit_launched``, ``complete_launched``), the
 resident store's ``is_live``, ``track_uses``, ``untrack`` and what they read, and the pending
-result's constructor and ``set_outcome``. It reads the lifecycle, and hands a job the general way
-to the dispatcher's ``done``; it changes nothing else of the front. The compiled core copies those
-doors in C, under the same names.
+result's ``new_pending`` and ``set_outcome``. It reads the lifecycle, and hands a job the general
+way to the dispatcher's ``done``; it changes nothing else of the front. The compiled core calls
+those doors through C: their modules are compiled from their Python source where the core is
+built.
 """
 
 from __future__ import annotations
@@ -41,8 +42,9 @@ if TYPE_CHECKING:
     from asyncgraph.args._kernel import Kernel
     from asyncgraph.args._plan_cache import Plan
     from asyncgraph.buffers._resident import ResidentBuffer, ResidentStore, Use
+    from asyncgraph.jobs._fast_door import FastDoor
     from asyncgraph.jobs._pending import PendingDispatch
-    from asyncgraph.jobs._scheduler import FastDoor, Job
+    from asyncgraph.jobs._scheduler import Job
     from asyncgraph.runtime._telemetry import PoolCounters, Telemetry
 
     from ._lease import StreamLease
@@ -119,7 +121,7 @@ class FastFront:
             (read only, by the compiled core). Typed ``Any``: the lifecycle closes the engine,
             so it uses this module, which naming it here would close an import cycle with.
         dispatcher: completes a job the general way (``Dispatcher.done``) when anything waits.
-        store: the resident store (``is_live``, and the lists it reads: ``live_slots``).
+        store: the resident store (``is_live``).
         ids: the dispatch numbers (shared with the general path).
     """
 

@@ -1,4 +1,10 @@
-"""PendingDispatch: the awaitable handle ``dispatch()`` returns."""
+"""PendingDispatch: the awaitable handle ``dispatch()`` returns.
+
+This module is the one implementation of a pending result's states. Where the compiled core is
+built, it is compiled too (``_pending.pxd`` declares its class as an extension type and the
+functions the compiled fast path calls: :func:`new_pending` and :func:`set_outcome`), and the
+compiled core calls those through C; elsewhere the same source runs as plain Python.
+"""
 
 from __future__ import annotations
 
@@ -13,9 +19,8 @@ from asyncgraph._exceptions import UnsupportedError
 from asyncgraph.runtime import _inbox, _loop
 
 __all__ = (
-    "PENDING_FIELDS",
-    "PENDING_STATES",
     "PendingDispatch",
+    "new_pending",
     "set_outcome",
     "set_spin",
     "set_withdraw",
@@ -24,14 +29,6 @@ __all__ = (
 _PENDING = 0
 _DONE = 1
 _FAILED = 2
-
-# The fast path's doors here, PendingDispatch.__init__ and set_outcome, have C copies in the
-# compiled core (cuda/core/_doors.pxi: new_pending, set_outcome), which use only the slots lent
-# them here (by role, found by name at its import: a name that is no slot any more makes it fall
-# back to the Python core) and the states' values.
-_LENT = ("loop", "state", "outcome", "waiters", "callbacks", "event", "device_time", "spin")
-PENDING_FIELDS = {role: f"_{role}" for role in (*_LENT, "traceback")}
-PENDING_STATES = (_PENDING, _DONE, _FAILED)  # pending, done, failed
 
 # Guards the lazy creation of a threading.Event for result()/exception() from other threads.
 _event_lock = threading.Lock()
@@ -71,6 +68,8 @@ class PendingDispatch:
     Created by ``Backend.dispatch``; there is no public constructor.
     """
 
+    # The fields, as slots here and as the extension type's fields in _pending.pxd (the same
+    # names: keep the two alike).
     __slots__ = (
         "__weakref__",
         "_callbacks",
@@ -87,6 +86,16 @@ class PendingDispatch:
         "kernel_name",
     )
 
+    _loop: asyncio.AbstractEventLoop
+    _state: int  # _PENDING, _DONE or _FAILED
+    _outcome: Any  # the results (a tuple) or the exception, once completed
+    _waiters: list[asyncio.Future[None]] | None
+    _callbacks: list[Callable[[PendingDispatch], object]] | None
+    _event: threading.Event | None
+    _device_time: float | None
+    _spin: Callable[[], None] | None
+    dispatch_id: int
+    kernel_name: str
     # The failure's traceback as it was when the dispatch failed, set by set_outcome (not in
     # __init__: a dispatch that succeeds never pays for it). Each raise starts from it again.
     _traceback: TracebackType | None
@@ -101,17 +110,7 @@ class PendingDispatch:
         kernel_name: str,
         spin: Callable[[], None] | None = None,
     ) -> None:
-        self._loop = loop
-        self._state = _PENDING
-        self._outcome: Any = None
-        self._waiters: list[asyncio.Future[None]] | None = None
-        self._callbacks: list[Callable[[PendingDispatch], object]] | None = None
-        self._event: threading.Event | None = None
-        self._device_time: float | None = None
-        # Set by a backend that can poll the completion right away (CUDA: Watches.spin).
-        self._spin = spin
-        self.dispatch_id = dispatch_id
-        self.kernel_name = kernel_name
+        _start(self, loop, dispatch_id, kernel_name, spin)
 
     # -- reading -------------------------------------------------------------------------------
 
@@ -255,6 +254,40 @@ class PendingDispatch:
             )
 
 
+def _start(
+    pending: PendingDispatch,
+    loop: asyncio.AbstractEventLoop,
+    dispatch_id: int,
+    kernel_name: str,
+    spin: Callable[[], None] | None,
+) -> None:
+    """A new *pending* result: not completed, nothing waiting on it."""
+    pending._loop = loop
+    pending._state = _PENDING
+    pending._outcome = None
+    pending._waiters = None
+    pending._callbacks = None
+    pending._event = None
+    pending._device_time = None
+    # Set by a backend that can poll the completion right away (CUDA: Watches.spin).
+    pending._spin = spin
+    pending.dispatch_id = dispatch_id
+    pending.kernel_name = kernel_name
+
+
+def new_pending(
+    loop: asyncio.AbstractEventLoop,
+    dispatch_id: int,
+    kernel_name: str,
+    spin: Callable[[], None] | None = None,
+) -> PendingDispatch:
+    """``PendingDispatch(loop, dispatch_id, kernel_name, spin)``, without the generic call of a
+    class (the compiled fast path makes its pending results with it)."""
+    pending = PendingDispatch.__new__(PendingDispatch)
+    _start(pending, loop, dispatch_id, kernel_name, spin)
+    return pending
+
+
 def set_outcome(
     pending: PendingDispatch, outcome: tuple[Any, ...] | BaseException, device_time: float | None
 ) -> None:
@@ -263,8 +296,7 @@ def set_outcome(
 
     Once per pending result, after its job is ``DONE``; on the loop's thread, or any thread once
     the loop is closed. The dispatcher calls it for every job but the fast path's, which
-    resolves its own (a door: the compiled core has a C copy of the same name, which calls this
-    one whenever anything waits on the result).
+    resolves its own with it.
     """
     # The outcome before the state: a thread that sees the state changed reads the outcome.
     pending._outcome = outcome

@@ -16,7 +16,8 @@ transition function, which decides every move and returns the effects to perform
 (the way httpcore's connection pool assigns requests in one place). The caller performs them:
 the engine compiles, stages, launches and releases; the front resolves. Engines never complete
 or unpark jobs themselves; they report events back. The one exception is an engine's fast path,
-which takes the two common transitions itself through :class:`FastDoor`, and nothing else.
+which takes the two common transitions itself through :class:`~._fast_door.FastDoor`, and
+nothing else.
 
 Whether a job needs compiling or staging, and whether its dependencies are far enough along to
 be ordered after on the device, are questions for the engine (its predicates, handed over as
@@ -35,6 +36,8 @@ from asyncgraph.buffers._resident import track
 from asyncgraph.runtime._priority import NORMAL
 
 from ._classes import ClassQueue
+from ._fast_door import FastDoor
+from ._job_state import JobState
 from ._withdrawal import kept_by_order
 
 if TYPE_CHECKING:
@@ -46,7 +49,6 @@ if TYPE_CHECKING:
 
 __all__ = (
     "Effect",
-    "FastDoor",
     "Job",
     "JobState",
     "Scheduler",
@@ -54,18 +56,6 @@ __all__ = (
     "track_buffers",
     "wait_finished",
 )
-
-
-class JobState(enum.Enum):
-    """Where a dispatch is on its way."""
-
-    QUEUED = "queued"  # waiting for an in-flight slot
-    COMPILING = "compiling"  # its kernel compiles
-    STAGING = "staging"  # its inputs are copied into pinned memory off the loop
-    PARKED = "parked"  # a use it depends on has not reached the device yet
-    LAUNCHED = "launched"  # handed to the engine, which runs it
-    COLLECTING = "collecting"  # the device finished; its results are being copied out
-    DONE = "done"  # its outcome is known
 
 
 class Step(enum.Enum):
@@ -390,70 +380,6 @@ class Scheduler:
         if release:
             self._out.append((_RELEASE_STEP, job))
         self._out.append((_RESOLVE_STEP, job))
-
-
-class FastDoor:
-    """The scheduler's door for an engine's fast path: its two transitions, and what they read.
-
-    The fast path (the dispatch core's ``FastPath``) takes the two common transitions of
-    :meth:`Scheduler.add` and :meth:`Scheduler.done` without the general pass: a job admitted
-    at once and launched, and that job's completion while nothing waits. These two and
-    :meth:`withdraw` (an admission taken back) are the only changes anything outside
-    :class:`Scheduler` makes to its jobs' states and containers. The compiled core has a C copy
-    of each, of the same name and doing the same (``cuda/core/_doors.pxi``), on its own record
-    of a job (its ``FastJob``, which has a job's ``id``, ``state`` and ``outcome``).
-
-    Attributes (the scheduler's own containers, never rebound; read only outside the
-    scheduler and these methods):
-        in_flight: the admitted jobs by number, oldest first.
-        queue: the jobs waiting for an in-flight slot, of every class, by number.
-        parked: the jobs waiting for a use they depend on.
-        limit: the in-flight bound.
-    """
-
-    __slots__ = ("in_flight", "limit", "parked", "queue")
-
-    def __init__(
-        self, in_flight: dict[int, Job], queue: dict[int, Job], parked: list[Job], limit: int
-    ) -> None:
-        self.in_flight = in_flight
-        self.queue = queue
-        self.parked = parked
-        self.limit = limit
-
-    def admit_launched(self, job: Job) -> None:
-        """Admit *job* (numbered) straight to ``LAUNCHED``: the caller launches it itself.
-
-        Only while the queue is empty and a slot is free (``not queue and len(in_flight) <
-        limit``), which the caller checked before it changed anything, as :meth:`Scheduler.add`
-        checks before it admits. Nothing to compile, stage or wait for: the job is counted in
-        flight with no effect to perform. Its end is reported through :meth:`complete_launched`
-        or, as any job's, ``Scheduler.done``.
-        """
-        self.in_flight[job.id] = job
-        job.state = _LAUNCHED
-
-    def withdraw(self, job: Job) -> None:
-        """Take back :meth:`admit_launched` of *job*, which was not launched after all (a later
-        step of the caller's commit raised): out of flight again, and never reported."""
-        self.in_flight.pop(job.id, None)
-
-    def complete_launched(self, job: Job, outcome: tuple[Any, ...] | BaseException) -> bool:
-        """*job*, admitted by :meth:`admit_launched`, finished with *outcome*: ``DONE``, out
-        of flight, if nothing waits for its slot; whether it was.
-
-        When a job is queued or parked it changes nothing and returns ``False``: the caller
-        reports the job through ``Scheduler.done`` (the dispatcher's ``done``), which admits
-        the next in order. Returning ``True``, it leaves the resolving to the caller, as
-        ``Scheduler.done`` leaves it to the dispatcher (the job's buffers untracked, then its
-        pending result set).
-        """
-        if self.queue or self.parked:
-            return False
-        self.in_flight.pop(job.id, None)
-        job.state = _DONE
-        job.outcome = outcome
-        return True
 
 
 _WAITING = frozenset((_COMPILING, _STAGING, _PARKED))

@@ -5,10 +5,10 @@
 Python one, with the reason); ``ASYNCGRAPH_CORE=python`` or ``ASYNCGRAPH_PURE_PYTHON=1`` the
 Python one. Without either, :data:`DEFAULT` decides: the compiled core wherever it built and
 loads (it passes the CUDA suite and the benchmarks on a GPU, ``docs/core.md``), else the Python
-core, with the reason. A compiled core that is built but does not match the Python classes whose
-slots it reads in place (``_doors.pxi``: one of them is no slot any more, say) fails at its
-import with another error than ``ImportError``; then the Python core runs too, with a
-``RuntimeWarning`` that says why.
+core, with the reason. A compiled core that is built but does not match the modules it cimports
+(the owners of the objects it changes, compiled beside it: one of them runs as Python, say, or
+was built from another source) fails at its import with another error than ``ImportError``; then
+the Python core runs too, with a ``RuntimeWarning`` that says why.
 
 The choice is made once, at import; ``python -m asyncgraph info`` reports it.
 """

@@ -6,6 +6,9 @@ from cpython.object cimport PyObject
 
 from cuda.bindings cimport cydriver
 
+from asyncgraph.buffers._resident cimport ResidentStore
+from asyncgraph.jobs._fast_door cimport FastDoor
+
 
 cdef class Launcher:
     cdef cydriver.CUfunction _function
@@ -111,12 +114,6 @@ cdef struct ArgC:
     int write           # a resident buffer the kernel writes
 
 
-cdef struct Saved:
-    PyObject* in_use    # a resident buffer's fields before a use was tracked (held)
-    PyObject* writer
-    PyObject* readers
-
-
 cdef struct ResultC:
     int kind
     Py_ssize_t index
@@ -195,15 +192,10 @@ cdef class FastPath:
     cdef list _idle_events
     cdef object _take_event
     cdef object _pool
-    cdef dict _in_flight  # the scheduler's FastDoor: its containers and bound (read; changed
-    cdef object _queue  # through the doors' C copies only, _doors.pxi)
-    cdef list _parked
-    cdef Py_ssize_t _max
+    cdef FastDoor _door  # the scheduler's: its transitions, and the containers they change
     cdef object _life
     cdef object _dispatcher
-    cdef object _store
-    cdef list _generations  # the store's live_slots(), for is_live
-    cdef list _buffers
+    cdef ResidentStore _store
     cdef object _ids
     cdef dict _kernels
     cdef dict _launchers  # the device's loaded kernels' launchers (Launches.launchers)

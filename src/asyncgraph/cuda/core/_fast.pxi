@@ -43,15 +43,10 @@ cdef class FastPath:
         self._idle_events = events.idle
         self._take_event = events.take
         self._pool = stream_pool
-        door = front.door  # the scheduler's FastDoor: its containers, never rebound
-        self._in_flight = door.in_flight
-        self._queue = door.queue
-        self._parked = door.parked
-        self._max = door.limit
+        self._door = front.door  # the scheduler's FastDoor
         self._life = front.lifecycle
         self._dispatcher = front.dispatcher
         self._store = front.store
-        self._generations, self._buffers = front.store.live_slots()  # never rebound
         self._ids = front.ids
         self._kernels = {}
         self._launchers = launchers
@@ -166,7 +161,7 @@ cdef class FastPath:
                 i = plan.residents[r]
                 value = args[i]
                 buffer = _into(value) if plan.args[i].kind == A_INTO else value
-                if type(buffer) is not _ResidentBuffer:
+                if type(buffer) is not ResidentBuffer:
                     return None  # the general path checks what it is
                 uses.append(buffer)
             lane_index = _lane_after(self, uses, plan.writes)
@@ -382,13 +377,13 @@ cdef class FastPath:
         slot.outstanding -= 1
         life = self._life
         # Unless something waits for this slot, or for the backend to drain: the general way.
-        if life.state != _OPEN or len(life.room.parked) or not complete_launched(
-            self._in_flight, self._queue, self._parked, job, outcome
+        if life.state != _OPEN or len(life.room.parked) or not self._door.complete_launched(
+            job, outcome
         ):
             self._dispatcher.done(job, outcome, None)
             return 0
         for buffer in job.buffers:
-            untrack(self._store, self._generations, self._buffers, buffer, job)
+            untrack(buffer, job)
         now = _now()
         _record_value(&self._latency, now - job.t_dispatch)
         if isinstance(outcome, BaseException):
@@ -400,7 +395,7 @@ cdef class FastPath:
                 job.cplan.expected = _learned(
                     job.cplan.expected, (job.seen if job.seen > 0.0 else now) - job.t_dispatch
                 )
-        set_outcome(job.pending, outcome)
+        set_outcome(job.pending, outcome, None)
         return 0
 
     cdef object _results(self, FastJob job):

@@ -1,14 +1,24 @@
 # What the compiled fast path works from (included by _core_compiled.pyx before _fast.pxi): its
-# plans as C arrays (CPlan) and their guards (_fits), the fast job, the histograms it keeps in
-# C, and (in _doors.pxi) the front's doors it enters by. Its plans are learned as
-# _fast_plan.FastPlan first.
+# plans as C arrays (CPlan) and their guards (_fits), the fast job, and the histograms it keeps
+# in C. Its plans are learned as _fast_plan.FastPlan first.
+#
+# It changes the front's objects only through their owners' operations, which it cimports (their
+# modules are compiled from their Python source, each with a .pxd declaring its types): the
+# scheduler's FastDoor (admit_launched, withdraw, complete_launched), the resident store's
+# is_live, track_uses, untrack and readers (writer_of, readers_of, storage_of), and the pending
+# result's new_pending and set_outcome.
 
 import asyncio as _asyncio
+import importlib.machinery as _machinery
 import os as _os
+import sys as _sys
 
 import numpy as _np
 
-from asyncgraph.args._arguments import Out as _Out
+from asyncgraph.buffers._resident cimport (
+    ResidentBuffer, readers_of, storage_of, track_uses, untrack, writer_of
+)
+from asyncgraph.jobs._pending cimport new_pending, set_outcome
 from asyncgraph._exceptions import AllocationError as _AllocationError
 from asyncgraph.runtime._finished import Download as _Download
 from asyncgraph.front._lifecycle import OPEN as _OPEN
@@ -22,6 +32,19 @@ from ._fast_plan import RING_BYTES
 from ._fast_plan import FastPlan as _FastPlan
 from ._fast_plan import describes as _describes
 from ._fast_plan import eligible as _eligible
+
+
+def _owners_compiled():
+    """Raise unless each module cimported above is its compiled build (of the same source, built
+    with this core): a plain Python module of the same name would be read as the wrong layout."""
+    for name in ("asyncgraph.buffers._resident", "asyncgraph.jobs._pending",
+                 "asyncgraph.jobs._fast_door"):
+        loader = getattr(_sys.modules[name], "__loader__", None)
+        if not isinstance(loader, _machinery.ExtensionFileLoader):
+            raise TypeError(f"{name} is not compiled (the compiled core calls it through C)")
+
+
+_owners_compiled()
 
 cdef enum:
     MAX_DIMS = 8
@@ -144,16 +167,8 @@ cdef _flush_histogram(HistogramC* h, histogram):
         _clear(h)
 
 
-include "_doors.pxi"
-
-
-cdef Py_ssize_t O_INTO = _slot(_Out, "into")
-
-
 cdef inline object _into(object out):
     """``out.into`` of an ``Out``."""
-    if type(out) is _Out:
-        return _get(out, O_INTO)
     return out.into
 
 

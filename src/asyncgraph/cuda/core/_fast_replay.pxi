@@ -203,8 +203,8 @@ cdef inline object _steady_loop(FastPath fp):
         watches.schedule is None
         or watches.fault is not None
         or watches.paused
-        or len(fp._queue)
-        or len(fp._in_flight) >= fp._max
+        or len(fp._door.queue)
+        or len(fp._door.in_flight) >= fp._door.limit
     ):
         return None
     return loop
@@ -218,7 +218,7 @@ cdef int _admit(FastPath fp, FastJob job, bint placed, list uses, tuple writes) 
     cdef int taken = 0
     slot = fp._slots[job.lane_index]
     try:
-        admit_launched(fp._in_flight, job)
+        fp._door.admit_launched(job)
         slot.outstanding += 1
         taken = 1
         if placed:
@@ -227,7 +227,7 @@ cdef int _admit(FastPath fp, FastJob job, bint placed, list uses, tuple writes) 
         if uses is not None:
             track_uses(uses, writes, job)  # ordered by the lane (checked before)
     except BaseException:
-        withdraw(fp._in_flight, job)
+        fp._door.withdraw(job)
         if taken:
             slot.outstanding -= 1
         if taken > 1:
@@ -248,7 +248,7 @@ cdef Py_ssize_t _lane_after(FastPath fp, list buffers, tuple writes) except -3:
     cdef object buffer
     for i in range(n):
         buffer = buffers[i]
-        if not is_live(fp._store, fp._generations, fp._buffers, buffer):
+        if not fp._store.is_live(buffer):
             return -2
         for k in range(i):
             if buffers[k] is buffer:
