@@ -1,4 +1,4 @@
-"""Builds the optional compiled dispatch core, ``asyncgraph.cuda.core._core_compiled``, and the
+"""Builds the optional compiled dispatch core, ``asyncgraph._cuda.core._core_compiled``, and the
 modules whose objects it changes (:data:`OWNERS`), compiled from their Python source.
 
 Everything else about the package is in ``pyproject.toml``. The extension is Cython against
@@ -7,7 +7,7 @@ numpy's C API, so the build needs Cython, cuda-bindings, numpy, ``cuda.h`` and a
 ``cuda.h`` is looked for in ``$CUDA_HOME``/``$CUDA_PATH``, in NVIDIA's ``nvidia-cuda-runtime``
 wheel and in ``/usr/local/cuda``. The extension is optional: where any of this is missing, or on
 a platform other than Linux, the build says why and the package installs without it, running on
-the Python twin of the core (``asyncgraph.cuda.core._core_python``).
+the Python twin of the core (``asyncgraph._cuda.core._core_python``).
 ``ASYNCGRAPH_REQUIRE_COMPILED=1`` makes a failed build an error instead (CI sets it).
 
 The owners (:data:`OWNERS`) are plain Python modules, each with a ``.pxd`` of the same name that
@@ -27,9 +27,13 @@ from setuptools import Extension, setup
 from setuptools.command.build_ext import build_ext
 
 REQUIRED = os.environ.get("ASYNCGRAPH_REQUIRE_COMPILED", "").strip() not in ("", "0")
-SOURCE = "src/asyncgraph/cuda/core/_core_compiled.pyx"
+SOURCE = "src/asyncgraph/_cuda/core/_core_compiled.pyx"
 # The modules the compiled core changes the state of, through their own methods (cimported).
-OWNERS = ("asyncgraph.jobs._pending", "asyncgraph.jobs._fast_door", "asyncgraph.buffers._resident")
+OWNERS = (
+    "asyncgraph._jobs._pending",
+    "asyncgraph._jobs._fast_door",
+    "asyncgraph._buffers._resident",
+)
 # Their compiled build: their annotations are not types to Cython (their .pxd declares those),
 # and a field of None read through a typed argument raises AttributeError as in Python.
 OWNER_DIRECTIVES = {"language_level": "3", "annotation_typing": False, "nonecheck": True}
@@ -76,7 +80,7 @@ def _extensions() -> list[Extension]:
         _say("numpy is not installed; installing the Python core")
         return []
     extension = Extension(
-        "asyncgraph.cuda.core._core_compiled",
+        "asyncgraph._cuda.core._core_compiled",
         [SOURCE],
         include_dirs=[include, numpy.get_include()],
         # numpy's C API as of 1.26 (the oldest numpy asyncgraph supports), whatever builds it.

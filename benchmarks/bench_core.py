@@ -73,8 +73,8 @@ def _per_call_ns(fn: Any, reps: int) -> float:
 def _calls(cores: dict[str, Any], reps: int) -> list[tuple[str, str, float]]:
     from cuda.bindings import driver as drv
 
-    from asyncgraph.args._bound_args import InArg, ScalarArg
-    from asyncgraph.args._kernel import Param
+    from asyncgraph._args._bound_args import InArg, ScalarArg
+    from asyncgraph._args._kernel import Param
 
     f4, i4, i8 = np.dtype(np.float32), np.dtype(np.int32), np.dtype(np.int64)
     params = (
@@ -161,8 +161,8 @@ async def _wake_latencies(count: int) -> list[float]:
     """µs from each completion (outside Python) to the reactor's callback on the loop."""
     from cuda.bindings import driver as drv
 
-    from asyncgraph.cuda.completion._reactor import Reactor
-    from asyncgraph.cuda.driver._events import EventPool
+    from asyncgraph._cuda.completion._reactor import Reactor
+    from asyncgraph._cuda.driver._events import EventPool
 
     lib = ctypes.CDLL("libcuda.so.1")
     lib.fake_event_new.restype = ctypes.c_void_p
@@ -191,7 +191,7 @@ async def _wake_latencies(count: int) -> list[float]:
 
 
 def _wakes(cores: dict[str, Any], count: int) -> list[tuple[str, str, float, float]]:
-    from asyncgraph.cuda.core import _waiters
+    from asyncgraph._cuda.core import _waiters
 
     rows = []
     for contended in (False, True):
@@ -220,11 +220,11 @@ def main() -> None:
     options = parser.parse_args()
     if os.environ.get("ASYNCGRAPH_BENCH_STAND_IN") != "1":
         _restart_on_the_stand_in()
-    from asyncgraph.cuda.core import _core_python as _core_py
+    from asyncgraph._cuda.core import _core_python as _core_py
 
     cores: dict[str, Any] = {"python": _core_py}
     try:
-        from asyncgraph.cuda.core import _core_compiled as _core  # type: ignore[attr-defined]  # built in place
+        from asyncgraph._cuda.core import _core_compiled as _core  # type: ignore[attr-defined]  # built in place
     except ImportError as exc:
         print(f"the compiled core is not built ({exc}): its rows are left out")
     else:

@@ -32,8 +32,8 @@ from cuda.bindings import driver as drv
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import asyncgraph as ag
-from asyncgraph.bench._bench_run import SCALE_SOURCE
-from asyncgraph.demo._spin_kernel import SPIN
+from asyncgraph._bench._bench_run import SCALE_SOURCE
+from asyncgraph._demo._spin_kernel import SPIN
 from benchmarks import harness
 
 EMPTY = ag.Kernel('extern "C" __global__ void empty(int n) { }', "empty")

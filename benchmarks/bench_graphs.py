@@ -56,7 +56,7 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import asyncgraph as ag
-from asyncgraph.cuda.core._choose import core
+from asyncgraph._cuda.core._choose import core
 from benchmarks import harness
 from benchmarks.bench_dispatch import EMPTY, N4K, SCALE
 from benchmarks.graph_peers import (

@@ -106,8 +106,8 @@ def _bare_sequences(gpu: Any) -> tuple[dict[str, Callable[[], None]], Callable[[
     they hold."""
     from cuda.bindings import driver as drv
 
-    from asyncgraph.bench._bench_run import EMPTY, SCALE
-    from asyncgraph.cuda.core._core_python import Launcher
+    from asyncgraph._bench._bench_run import EMPTY, SCALE
+    from asyncgraph._cuda.core._core_python import Launcher
 
     engine = gpu._cuda  # benchmarks read internals on purpose
     lane = engine.device.lanes[0]
@@ -157,7 +157,7 @@ def _bare_sequences(gpu: Any) -> tuple[dict[str, Callable[[], None]], Callable[[
 async def _calls_of(gpu: Any) -> dict[str, Call]:
     """Each row's dispatch on *gpu*, its kernels compiled and its result checked."""
     import asyncgraph as ag
-    from asyncgraph.bench._bench_run import EMPTY, SCALE
+    from asyncgraph._bench._bench_run import EMPTY, SCALE
 
     x = np.random.default_rng(7).standard_normal(N, dtype=np.float32)
     await gpu.compile(EMPTY)
@@ -180,7 +180,7 @@ async def _measure(reps: int, profiled: int) -> dict[str, Any]:
     """Every row on the fast path, the general path and bare, batches interleaved (so the
     machine's drift weighs on all three alike); then the calls of each path."""
     import asyncgraph as ag
-    from asyncgraph.cuda.core._choose import describe
+    from asyncgraph._cuda.core._choose import describe
 
     results: dict[str, Any] = {"core": describe(), "rows": []}
     async with (

@@ -1,7 +1,7 @@
 """Completion at the GPU's pace: how late an awaited dispatch of a kernel of a given length
 arrives, against the synchronous libraries' launch + synchronize of the same kernel.
 
-The kernel spins on ``clock64()`` for a given time (``asyncgraph.demo._spin_kernel.SPIN``; PyTorch's
+The kernel spins on ``clock64()`` for a given time (``asyncgraph._demo._spin_kernel.SPIN``; PyTorch's
 own ``torch.cuda._sleep`` does the same). For each length (20 µs to 5 ms), in one process per
 dispatch core, one task awaits one dispatch at a time on an otherwise idle loop (asyncio, then
 uvloop), and the same process times, one call at a time:
@@ -89,7 +89,7 @@ def cupy_rows(hz: float) -> dict[str, float]:
         import cupy as cp
     except ImportError:
         return {}
-    from asyncgraph.demo._spin_kernel import SPIN_SOURCE
+    from asyncgraph._demo._spin_kernel import SPIN_SOURCE
 
     kernel = cp.RawKernel(SPIN_SOURCE, "spin")
     done = cp.zeros(1, dtype=cp.int32)
@@ -131,7 +131,7 @@ def cuda_core_rows(hz: float) -> dict[str, float]:
     """cuda.core's ``launch`` + ``stream.sync()`` of the spin kernel, per length."""
     from cuda.core import Device, LaunchConfig, Program, ProgramOptions, launch
 
-    from asyncgraph.demo._spin_kernel import SPIN_SOURCE
+    from asyncgraph._demo._spin_kernel import SPIN_SOURCE
 
     device = Device(0)
     device.set_current()
@@ -159,7 +159,7 @@ async def asyncgraph_rows(loop: str, hz: float) -> dict[str, dict[str, float]]:
     """An awaited dispatch of the spin kernel per length, one at a time: the median, the CPU
     the loop's thread and the other threads took per awaited ms, and the waiter's share."""
     import asyncgraph as ag
-    from asyncgraph.demo._spin_kernel import SPIN
+    from asyncgraph._demo._spin_kernel import SPIN
 
     rows: dict[str, dict[str, float]] = {}
     async with ag.open_backend("cuda") as gpu:
@@ -197,7 +197,7 @@ async def asyncgraph_rows(loop: str, hz: float) -> dict[str, dict[str, float]]:
 
 def child() -> None:
     """One core's process: the peers, then asyncgraph on each loop; JSON on the last line."""
-    from asyncgraph.cuda.core._choose import core
+    from asyncgraph._cuda.core._choose import core
 
     hz = clock_hz()
     peers = {**cupy_rows(hz), **torch_rows(hz), **cuda_core_rows(hz)}

@@ -46,8 +46,8 @@ import structlog
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import asyncgraph as ag
-from asyncgraph.cuda.completion._reactor import Reactor
-from asyncgraph.runtime._inbox import Inbox
+from asyncgraph._cuda.completion._reactor import Reactor
+from asyncgraph._runtime._inbox import Inbox
 from benchmarks import bench_dispatch, harness
 from benchmarks.callback_timer import CallbackTimer, callback_summary
 from benchmarks.example_service import server_rows

@@ -1,7 +1,7 @@
 """High-priority 4 KiB round trips beside low-priority work that fills the GPU, with and
 without priority classes.
 
-The low class keeps the GPU full: spin kernels (``asyncgraph.demo._spin_kernel.SPIN``) of many
+The low class keeps the GPU full: spin kernels (``asyncgraph._demo._spin_kernel.SPIN``) of many
 blocks, enough of them in flight that at least 100 ms of work is queued at any time. Each block
 spins ``--block-us`` (20 µs by default), and each kernel has as many waves of blocks as fill the
 GPU for ``--spin-ms``: a stream priority orders blocks and never preempts a running one, so a
@@ -32,8 +32,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 import numpy as np
 
 import asyncgraph as ag
-from asyncgraph.bench._bench_run import SCALE
-from asyncgraph.demo._spin_kernel import SPIN
+from asyncgraph._bench._bench_run import SCALE
+from asyncgraph._demo._spin_kernel import SPIN
 from benchmarks import harness
 
 N = 1024  # float32 elements: 4 KiB

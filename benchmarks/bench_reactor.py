@@ -90,9 +90,9 @@ async def serve(core: Any, settings: dict[str, float]) -> dict[str, Any]:
     """A warm-up burst, then the timed one, on the running loop; the figures of the second."""
     from cuda.bindings import driver as drv
 
-    from asyncgraph.cuda.completion._reactor import Reactor
-    from asyncgraph.cuda.core import _waiters
-    from asyncgraph.cuda.driver._events import EventPool
+    from asyncgraph._cuda.completion._reactor import Reactor
+    from asyncgraph._cuda.core import _waiters
+    from asyncgraph._cuda.driver._events import EventPool
 
     _waiters.core = core  # type: ignore[attr-defined]  # the waiters' core, for this row
     loop = asyncio.get_running_loop()
@@ -155,11 +155,11 @@ def main() -> None:
     args = parser.parse_args()
     if os.environ.get(STAND_IN_ENV) != "1":
         _restart_on_the_stand_in()
-    from asyncgraph.cuda.core import _core_python as _core_py
+    from asyncgraph._cuda.core import _core_python as _core_py
 
     cores: dict[str, Any] = {"python": _core_py}
     try:
-        from asyncgraph.cuda.core import _core_compiled as _core  # type: ignore[attr-defined]  # built in place
+        from asyncgraph._cuda.core import _core_compiled as _core  # type: ignore[attr-defined]  # built in place
     except ImportError as exc:
         print(f"the compiled core is not built ({exc}): its rows are left out")
     else:

@@ -8,8 +8,8 @@ results go.
 
 Everything else a script measures, prints or describes with is the one harness that
 ``python -m asyncgraph bench`` uses too, named here so that a script needs one import:
-``asyncgraph.bench._harness`` (timing, percentiles, smoke runs, the heartbeat, event loops) and
-``asyncgraph.bench._bench_results`` (tables, verdicts, the environment, JSON files).
+``asyncgraph._bench._harness`` (timing, percentiles, smoke runs, the heartbeat, event loops) and
+``asyncgraph._bench._bench_results`` (tables, verdicts, the environment, JSON files).
 
 The scripts import it as ``benchmarks.harness`` (they put the project root on ``sys.path``).
 """
@@ -22,35 +22,35 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from asyncgraph._version import provenance
-from asyncgraph.bench._bench_results import cpu as cpu
-from asyncgraph.bench._bench_results import device_name as device_name
-from asyncgraph.bench._bench_results import environment as environment
-from asyncgraph.bench._bench_results import format_table as format_table
-from asyncgraph.bench._bench_results import print_table as print_table
-from asyncgraph.bench._bench_results import print_targets as print_targets
-from asyncgraph.bench._bench_results import python_version as python_version
-from asyncgraph.bench._bench_results import slug, write_results
-from asyncgraph.bench._bench_results import verdict as verdict
-from asyncgraph.bench._bench_results import verdicts as verdicts
-from asyncgraph.bench._harness import SMOKE_ENV as SMOKE_ENV
-from asyncgraph.bench._harness import SMOKE_REPS as SMOKE_REPS
-from asyncgraph.bench._harness import UVLOOP_MISSING as UVLOOP_MISSING
-from asyncgraph.bench._harness import Clock as Clock
-from asyncgraph.bench._harness import Heartbeat as Heartbeat
-from asyncgraph.bench._harness import LoopFactory as LoopFactory
-from asyncgraph.bench._harness import loop_factories as loop_factories
-from asyncgraph.bench._harness import median as median
-from asyncgraph.bench._harness import median_us as median_us
-from asyncgraph.bench._harness import percentile as percentile
-from asyncgraph.bench._harness import run as run
-from asyncgraph.bench._harness import run_on_loops as run_on_loops
-from asyncgraph.bench._harness import samples_async as samples_async
-from asyncgraph.bench._harness import samples_sync as samples_sync
-from asyncgraph.bench._harness import smoke as smoke
-from asyncgraph.bench._harness import time_async as time_async
-from asyncgraph.bench._harness import time_async_in_turns as time_async_in_turns
-from asyncgraph.bench._harness import time_sync as time_sync
+from asyncgraph._bench._bench_results import cpu as cpu
+from asyncgraph._bench._bench_results import device_name as device_name
+from asyncgraph._bench._bench_results import environment as environment
+from asyncgraph._bench._bench_results import format_table as format_table
+from asyncgraph._bench._bench_results import print_table as print_table
+from asyncgraph._bench._bench_results import print_targets as print_targets
+from asyncgraph._bench._bench_results import python_version as python_version
+from asyncgraph._bench._bench_results import slug, write_results
+from asyncgraph._bench._bench_results import verdict as verdict
+from asyncgraph._bench._bench_results import verdicts as verdicts
+from asyncgraph._bench._harness import SMOKE_ENV as SMOKE_ENV
+from asyncgraph._bench._harness import SMOKE_REPS as SMOKE_REPS
+from asyncgraph._bench._harness import UVLOOP_MISSING as UVLOOP_MISSING
+from asyncgraph._bench._harness import Clock as Clock
+from asyncgraph._bench._harness import Heartbeat as Heartbeat
+from asyncgraph._bench._harness import LoopFactory as LoopFactory
+from asyncgraph._bench._harness import loop_factories as loop_factories
+from asyncgraph._bench._harness import median as median
+from asyncgraph._bench._harness import median_us as median_us
+from asyncgraph._bench._harness import percentile as percentile
+from asyncgraph._bench._harness import run as run
+from asyncgraph._bench._harness import run_on_loops as run_on_loops
+from asyncgraph._bench._harness import samples_async as samples_async
+from asyncgraph._bench._harness import samples_sync as samples_sync
+from asyncgraph._bench._harness import smoke as smoke
+from asyncgraph._bench._harness import time_async as time_async
+from asyncgraph._bench._harness import time_async_in_turns as time_async_in_turns
+from asyncgraph._bench._harness import time_sync as time_sync
+from asyncgraph._runtime._version import provenance
 
 # Where ``--json`` with no path writes: benchmarks/results/<script>-<device>.json.
 RESULTS = Path(__file__).resolve().parent / "results"
@@ -122,7 +122,7 @@ def write_json(
     """Writes *data* (``write_results``) where ``--json`` said, with a ``recorded`` key: the
     commit of the checkout the script ran from (``git rev-parse HEAD``, ``None`` outside one),
     whether its tracked files had changes (``dirty``), the date (ISO 8601, UTC) and
-    asyncgraph's version (``asyncgraph._version.provenance``).
+    asyncgraph's version (``asyncgraph._runtime._version.provenance``).
 
     Args:
         data: the results.

@@ -36,7 +36,7 @@ from cuda.core import (
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from asyncgraph.demo._spin_kernel import SPIN_SOURCE
+from asyncgraph._demo._spin_kernel import SPIN_SOURCE
 from benchmarks import harness
 
 

@@ -15,8 +15,8 @@ from typing import Any
 import numpy as np
 
 import asyncgraph as ag
-from asyncgraph.bench._bench_run import SCALE
-from asyncgraph.demo._fault_kernel import POKE
+from asyncgraph._bench._bench_run import SCALE
+from asyncgraph._demo._fault_kernel import POKE
 
 
 async def echo(worker: Any, x: Any) -> Any:

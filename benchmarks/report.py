@@ -199,7 +199,7 @@ def _bound(label: str, entry: Mapping[str, Any]) -> str:
 def targets(data: Mapping[str, Any]) -> list[tuple[str, Cell, str]]:
     """A results file's targets as (label with its bound, measured, ``met``/``missed``/``""``),
     from each of the forms the benchmarks write."""
-    from asyncgraph.bench._bench_results import verdict
+    from asyncgraph._bench._bench_results import verdict
 
     raw = data.get("targets")
     rows: list[tuple[str, Cell, str]] = []

@@ -1,7 +1,7 @@
 """Build the compiled dispatch core in place, without installing the package.
 
 ``pip install -e .`` builds it as part of the install; this builds only the extensions, next to
-their sources (``src/asyncgraph/cuda/core/_core_compiled.*.so``, and the modules whose objects
+their sources (``src/asyncgraph/_cuda/core/_core_compiled.*.so``, and the modules whose objects
 the core changes, compiled from their Python source: ``OWNERS`` in ``setup.py``, the same here),
 for a machine where installing is not possible (no setuptools-scm, no package index). It needs
 what ``setup.py`` needs: Cython, cuda-bindings, numpy, ``cuda.h`` and a C++ compiler. Run from
@@ -19,7 +19,11 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 # As setup.py's (tests/test_core_build.py checks they agree).
-OWNERS = ("asyncgraph.jobs._pending", "asyncgraph.jobs._fast_door", "asyncgraph.buffers._resident")
+OWNERS = (
+    "asyncgraph._jobs._pending",
+    "asyncgraph._jobs._fast_door",
+    "asyncgraph._buffers._resident",
+)
 OWNER_DIRECTIVES = {"language_level": "3", "annotation_typing": False, "nonecheck": True}
 
 
@@ -44,8 +48,8 @@ def main() -> None:
 
     os.chdir(ROOT)
     extension = Extension(
-        "asyncgraph.cuda.core._core_compiled",
-        ["src/asyncgraph/cuda/core/_core_compiled.pyx"],
+        "asyncgraph._cuda.core._core_compiled",
+        ["src/asyncgraph/_cuda/core/_core_compiled.pyx"],
         include_dirs=[cuda_include(), numpy.get_include()],
         define_macros=[("NPY_TARGET_VERSION", "NPY_1_26_API_VERSION")],
         language="c++",
@@ -62,7 +66,7 @@ def main() -> None:
     command.run()
     built = sorted(
         str(p.relative_to(ROOT))
-        for name in ("asyncgraph.cuda.core._core_compiled", *OWNERS)
+        for name in ("asyncgraph._cuda.core._core_compiled", *OWNERS)
         for p in ROOT.glob(f"src/{name.replace('.', '/')}.*.so")
     )
     print("built:", *built)

@@ -15,8 +15,8 @@ from typing import Any
 import numpy as np
 
 import asyncgraph as ag
-from asyncgraph.demo._fault_kernel import POKE
-from asyncgraph.demo._spin_kernel import SPIN
+from asyncgraph._demo._fault_kernel import POKE
+from asyncgraph._demo._spin_kernel import SPIN
 
 SCALE = ag.Kernel(
     r"""

@@ -19,8 +19,8 @@ import numpy as np
 import structlog
 
 import asyncgraph as ag
-from asyncgraph.bench._bench_run import SCALE
-from asyncgraph.demo._fault_kernel import POKE
+from asyncgraph._bench._bench_run import SCALE
+from asyncgraph._demo._fault_kernel import POKE
 
 N = 1 << 16
 

@@ -17,7 +17,7 @@ import numpy as np
 from cuda.bindings import driver as drv
 
 import asyncgraph as ag
-from asyncgraph.bench._bench_run import SCALE
+from asyncgraph._bench._bench_run import SCALE
 
 from .kernels import INC
 

@@ -20,7 +20,7 @@ from typing import Any, Protocol
 import numpy as np
 
 import asyncgraph as ag
-from asyncgraph.runtime._priority import AGING
+from asyncgraph._runtime._priority import AGING
 from tests.kernels import INC
 
 N = 4

@@ -10,11 +10,11 @@ import numpy as np
 import asyncgraph as ag
 
 # The scale kernel (out = a * x) and its host function, the one the bench command measures.
-from asyncgraph.bench._bench_run import SCALE as SCALE
+from asyncgraph._bench._bench_run import SCALE as SCALE
 
 # The long kernel (a clock64() busy-wait) and its host clock, shared with the benchmarks.
-from asyncgraph.demo._spin_kernel import HOST_CLOCK_HZ as HOST_CLOCK_HZ
-from asyncgraph.demo._spin_kernel import SPIN as SPIN
+from asyncgraph._demo._spin_kernel import HOST_CLOCK_HZ as HOST_CLOCK_HZ
+from asyncgraph._demo._spin_kernel import SPIN as SPIN
 
 Array = np.ndarray[Any, Any]
 

@@ -2,7 +2,7 @@
 
 - the stand-in driver (``tests/fake_driver``), which needs a C compiler to build;
 - NVRTC, which compiles kernels (the extra ``nvrtc``): the stand-in's scenarios compile theirs;
-- the compiled dispatch core (``asyncgraph.cuda.core._core_compiled``), built where Cython and a C
+- the compiled dispatch core (``asyncgraph._cuda.core._core_compiled``), built where Cython and a C
 compiler
   were present at install.
 
@@ -46,7 +46,11 @@ __all__ = (
 
 # The modules the compiled core changes the objects of, compiled from their Python source where
 # the core is built (setup.py's OWNERS; tests/test_core_layout.py checks they agree).
-OWNERS = ("asyncgraph.jobs._pending", "asyncgraph.jobs._fast_door", "asyncgraph.buffers._resident")
+OWNERS = (
+    "asyncgraph._jobs._pending",
+    "asyncgraph._jobs._fast_door",
+    "asyncgraph._buffers._resident",
+)
 
 # marker -> the environment variable that turns its skip into a failure
 SWITCHES = {
@@ -100,7 +104,7 @@ def _nvrtc() -> str | None:
 @functools.cache
 def _compiled() -> ModuleType | str:
     try:
-        return importlib.import_module("asyncgraph.cuda.core._core_compiled")
+        return importlib.import_module("asyncgraph._cuda.core._core_compiled")
     except ImportError as exc:
         return (
             f"the compiled dispatch core is not built here ({exc}); reinstall with Cython and a "

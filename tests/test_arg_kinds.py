@@ -10,9 +10,9 @@ import numpy as np
 import pytest
 
 import asyncgraph as ag
-from asyncgraph.args import _arg_kinds
-from asyncgraph.args import _bound_args as _bound
-from asyncgraph.args._arg_kinds import (
+from asyncgraph._args import _arg_kinds
+from asyncgraph._args import _bound_args as _bound
+from asyncgraph._args._arg_kinds import (
     ARRAY,
     DEVICE_ARRAY,
     PYTHON_NUMBER,
@@ -22,7 +22,7 @@ from asyncgraph.args._arg_kinds import (
     UNKNOWN,
     ArgKind,
 )
-from asyncgraph.args._arguments import (
+from asyncgraph._args._arguments import (
     BOUND_KINDS,
     FAST_CODES,
     IN_OUT,
@@ -35,8 +35,8 @@ from asyncgraph.args._arguments import (
     kind_of,
     register_kind,
 )
-from asyncgraph.args._bound_args import Arg, DeviceArg, ResidentOutArg, ScalarArg
-from asyncgraph.scale._replicated import Replicated
+from asyncgraph._args._bound_args import Arg, DeviceArg, ResidentOutArg, ScalarArg
+from asyncgraph._scale._replicated import Replicated
 
 from .kernels import SCALE
 from .needs import compiled_core
@@ -93,7 +93,7 @@ def test_the_fast_codes_are_the_kinds_and_the_fast_paths_handle_each() -> None:
     # The staged codes lie right above the scalar's: the fast paths read `code <= out`.
     staged = {FAST_CODES["in"], FAST_CODES["in_out"], FAST_CODES["out"]}
     assert staged == set(range(FAST_CODES["scalar"] + 1, FAST_CODES["out"] + 1))
-    from asyncgraph.cuda.core import _fast_plan
+    from asyncgraph._cuda.core import _fast_plan
 
     assert {name: getattr(_fast_plan, f"K_{name.upper()}") for name in HANDLED} == FAST_CODES
 

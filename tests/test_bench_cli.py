@@ -20,8 +20,8 @@ import structlog
 
 import asyncgraph as ag
 from asyncgraph.__main__ import main
-from asyncgraph.bench._bench_peers import PEER_ROWS, Peer
-from asyncgraph.bench._bench_report import (
+from asyncgraph._bench._bench_peers import PEER_ROWS, Peer
+from asyncgraph._bench._bench_report import (
     BenchSettings,
     LatencyRow,
     Progress,
@@ -33,8 +33,8 @@ from asyncgraph.bench._bench_report import (
     render_bar,
     slug,
 )
-from asyncgraph.bench._bench_run import ASYNCGRAPH_ROWS, Target
-from asyncgraph.front._detect import DeviceInfo, probe_cuda
+from asyncgraph._bench._bench_run import ASYNCGRAPH_ROWS, Target
+from asyncgraph._opening._detect import DeviceInfo, probe_cuda
 
 PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
 PLOT_HINT = "pip install 'asyncgraph[plot]'"

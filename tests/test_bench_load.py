@@ -11,8 +11,8 @@ import pytest
 from benchmarks import bench_load, callback_timer
 
 import asyncgraph as ag
-from asyncgraph.cuda.completion._reactor import Reactor
-from asyncgraph.runtime._inbox import Inbox
+from asyncgraph._cuda.completion._reactor import Reactor
+from asyncgraph._runtime._inbox import Inbox
 
 
 class Ticker:

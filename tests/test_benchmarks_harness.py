@@ -188,7 +188,7 @@ def test_write_json_records_the_commit_and_the_date(tmp_path: Path) -> None:
 
 
 def test_outside_a_checkout_the_commit_is_none(tmp_path: Path) -> None:
-    from asyncgraph._version import provenance
+    from asyncgraph._runtime._version import provenance
 
     recorded = provenance(tmp_path)
     assert (recorded["commit"], recorded["dirty"]) == (None, None)

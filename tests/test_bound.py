@@ -8,8 +8,8 @@ import numpy as np
 import pytest
 
 import asyncgraph as ag
-from asyncgraph.args._arguments import LaunchLimits, bind
-from asyncgraph.args._bound_args import (
+from asyncgraph._args._arguments import LaunchLimits, bind
+from asyncgraph._args._bound_args import (
     ALIGN,
     BoundCall,
     DeviceArg,
@@ -19,7 +19,7 @@ from asyncgraph.args._bound_args import (
     ResidentOutArg,
     ScalarArg,
 )
-from asyncgraph.buffers._resident import ResidentBuffer, discard
+from asyncgraph._buffers._resident import ResidentBuffer, discard
 
 from .kernels import SCALE
 

@@ -9,14 +9,14 @@ import pytest
 from cuda.bindings import driver as drv
 
 import asyncgraph as ag
-from asyncgraph.args._bound_args import BoundCall
-from asyncgraph.cuda.driver._driver import SUCCESS
-from asyncgraph.cuda.launch import _stream_order as _launch
-from asyncgraph.cuda.launch._staging_plan import CudaJob
-from asyncgraph.jobs._scheduler import JobState
+from asyncgraph._args._bound_args import BoundCall
+from asyncgraph._cuda.driver._driver import SUCCESS
+from asyncgraph._cuda.lanes import _stream_order as _launch
+from asyncgraph._cuda.lanes._staging_plan import CudaJob
+from asyncgraph._jobs._scheduler import JobState
+from asyncgraph._runtime._finished import Download
+from asyncgraph._runtime._priority import HIGH, LOW, NORMAL
 from asyncgraph.pool import StreamLane
-from asyncgraph.runtime._finished import Download
-from asyncgraph.runtime._priority import HIGH, LOW, NORMAL
 
 KERNEL = ag.Kernel('extern "C" __global__ void k(float* x) {}', "k")
 

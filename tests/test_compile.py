@@ -10,8 +10,8 @@ import pytest
 import structlog
 
 import asyncgraph as ag
-from asyncgraph.cuda.launch._nvrtc import KernelCompiler, default_cache_dir
-from asyncgraph.demo._demo import BLOCK_SUM, SAXPY
+from asyncgraph._cuda.launch._nvrtc import KernelCompiler, default_cache_dir
+from asyncgraph._demo._demo import BLOCK_SUM, SAXPY
 
 pytestmark = pytest.mark.nvrtc  # skipped, saying what to install, where NVRTC is missing
 

@@ -13,13 +13,13 @@ import numpy as np
 import pytest
 from cuda.bindings import driver as drv
 
-from asyncgraph.args._bound_args import Arg, InArg, OutArg, ScalarArg
-from asyncgraph.args._kernel import Param
-from asyncgraph.cuda.core import _choose as _cores
-from asyncgraph.cuda.core import _core_python as _core_py
+from asyncgraph._args._bound_args import Arg, InArg, OutArg, ScalarArg
+from asyncgraph._args._kernel import Param
+from asyncgraph._cuda.core import _choose as _cores
+from asyncgraph._cuda.core import _core_python as _core_py
 
 try:
-    from asyncgraph.cuda.core import _core_compiled as compiled  # type: ignore[attr-defined]  # built in place
+    from asyncgraph._cuda.core import _core_compiled as compiled  # type: ignore[attr-defined]  # built in place
 except ImportError:
     compiled = None
 
@@ -107,7 +107,7 @@ def test_the_compiled_launcher_leaves_other_types_to_the_python_one() -> None:
 
 
 def _describe(env: dict[str, str]) -> str:
-    code = "from asyncgraph.cuda.core import _choose; print(_choose.describe())"
+    code = "from asyncgraph._cuda.core import _choose; print(_choose.describe())"
     result = subprocess.run(
         [sys.executable, "-c", code],
         env={**os.environ, **env},
@@ -144,14 +144,14 @@ def test_an_unknown_core_name_falls_back_and_says_why() -> None:
 
 def test_without_a_choice_the_default_core_runs() -> None:
     env = {k: v for k, v in os.environ.items() if k not in (_cores.CORE_ENV, _cores.PURE_ENV)}
-    code = "from asyncgraph.cuda.core import _choose; print(_choose.describe())"
+    code = "from asyncgraph._cuda.core import _choose; print(_choose.describe())"
     result = subprocess.run(
         [sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True
     )
     described = result.stdout.strip()
     # The compiled core wherever it built; else the Python one, saying why.
-    if importlib.util.find_spec("asyncgraph.cuda.core._core_compiled") is not None:
-        assert described.startswith("compiled (asyncgraph.cuda.core._core_compiled")
+    if importlib.util.find_spec("asyncgraph._cuda.core._core_compiled") is not None:
+        assert described.startswith("compiled (asyncgraph._cuda.core._core_compiled")
     else:
         assert described.startswith("Python (the compiled core is not available: ")
 

@@ -7,7 +7,7 @@ types, field by field, by the names of the classes' ``__slots__``.
 These tests fail when the core cimports a module the build does not compile, when a ``.pxd``
 and its class's ``__slots__`` name different fields, and they check that a compiled core whose
 owners run as Python (which it would read as the wrong layout) is refused at its import:
-``import asyncgraph.cuda`` then falls back to the Python core with a warning, instead of failing.
+``import asyncgraph._cuda`` then falls back to the Python core with a warning, instead of failing.
 """
 
 from __future__ import annotations
@@ -27,7 +27,7 @@ from tests.needs import CORES, OWNERS, child_environment, source_copy
 
 ROOT = Path(__file__).resolve().parent.parent
 SRC = ROOT / "src"
-CORE = SRC / "asyncgraph" / "cuda" / "core"
+CORE = SRC / "asyncgraph" / "_cuda" / "core"
 _CIMPORT = re.compile(r"^\s*from (asyncgraph\.[\w.]+) cimport", re.MULTILINE)
 _CLASS = re.compile(r"^cdef class (\w+)\b.*:$")
 _FIELD = re.compile(r"^    cdef (?:public |readonly )?[\w.]+ (\w+)(?:\s*#.*)?$")
@@ -104,7 +104,7 @@ def layout_problems(root: Path, modules: tuple[str, ...]) -> list[str]:
 
 def test_each_owner_declares_the_fields_its_slots_name() -> None:
     assert layout_problems(SRC, OWNERS) == []
-    pxd = (SRC / "asyncgraph" / "jobs" / "_pending.pxd").read_text("utf-8")
+    pxd = (SRC / "asyncgraph" / "_jobs" / "_pending.pxd").read_text("utf-8")
     assert "_state" in fields_of(pxd)["PendingDispatch"]  # the check reads the fields
 
 
@@ -127,8 +127,8 @@ CHILD = """
 import json, warnings
 with warnings.catch_warnings(record=True) as caught:
     warnings.simplefilter("always")
-    import asyncgraph.cuda
-    from asyncgraph.cuda.core._choose import core, describe
+    import asyncgraph._cuda
+    from asyncgraph._cuda.core._choose import core, describe
 print(json.dumps({"compiled": bool(core.COMPILED), "describe": describe(),
                   "warnings": [str(w.message) for w in caught]}))
 """
@@ -145,7 +145,7 @@ def test_a_core_whose_owner_runs_as_python_is_refused_with_a_warning(
 ) -> None:
     # The copy keeps the compiled core and every owner's build but one, which runs as Python.
     kept = tuple(name for name in OWNERS if name != owner)
-    source = source_copy(tmp_path, keep=("asyncgraph.cuda.core._core_compiled", *kept))
+    source = source_copy(tmp_path, keep=("asyncgraph._cuda.core._core_compiled", *kept))
     done = subprocess.run(
         [sys.executable, "-c", CHILD],
         cwd=tmp_path,
@@ -168,7 +168,7 @@ def test_a_core_whose_owner_runs_as_python_is_refused_with_a_warning(
 
 @pytest.mark.compiled
 def test_the_compiled_core_runs_the_compiled_owners() -> None:
-    importlib.import_module("asyncgraph.cuda.core._core_compiled")
+    importlib.import_module("asyncgraph._cuda.core._core_compiled")
     for name in OWNERS:
         module = importlib.import_module(name)
         assert type(module.__loader__).__name__ == "ExtensionFileLoader", name

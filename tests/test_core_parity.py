@@ -26,12 +26,12 @@ from typing import Any
 import numpy as np
 import pytest
 
-from asyncgraph.cuda.core import _core_python as _core_py
+from asyncgraph._cuda.core import _core_python as _core_py
 from tests.fake_driver import run_scenario
 
 from .needs import compiled_core
 
-CUDA = Path(__file__).resolve().parent.parent / "src" / "asyncgraph" / "cuda" / "core"
+CUDA = Path(__file__).resolve().parent.parent / "src" / "asyncgraph" / "_cuda" / "core"
 
 # Names a core may leave empty: the Python core has no native waiter threads.
 OPTIONAL = {"NativeWaiter"}

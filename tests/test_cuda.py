@@ -16,7 +16,7 @@ import pytest
 
 import asyncgraph as ag
 from asyncgraph.__main__ import main
-from asyncgraph.demo._demo import (
+from asyncgraph._demo._demo import (
     BLOCK,
     BLOCK_SUM,
     LAPLACE2D,
@@ -322,8 +322,8 @@ async def test_pools_reach_a_steady_state(gpu: Any, rng: np.random.Generator) ->
 
 
 async def test_small_dispatches_use_their_streams_scratch(rng: np.random.Generator) -> None:
-    from asyncgraph.cuda.driver._priorities import class_streams
-    from asyncgraph.cuda.launch._lanes import SCRATCH_BYTES
+    from asyncgraph._cuda.driver._priorities import class_streams
+    from asyncgraph._cuda.lanes._lanes import SCRATCH_BYTES
 
     backend = ag.open_backend("cuda", options=ag.BackendOptions(streams=3))
     gpu = cast(Any, backend)

@@ -17,8 +17,8 @@ import pytest
 from cuda.bindings import driver as drv
 
 import asyncgraph as ag
-from asyncgraph.buffers._resident import storage_of
-from asyncgraph.demo._spin_kernel import SPIN_SOURCE
+from asyncgraph._buffers._resident import storage_of
+from asyncgraph._demo._spin_kernel import SPIN_SOURCE
 
 from .kernels import INC
 

@@ -11,8 +11,8 @@ import pytest
 from cuda.bindings import driver as drv
 
 import asyncgraph as ag
+from asyncgraph._cuda.core._choose import core
 from asyncgraph.capture import CaptureMode, CaptureStatus, capture_status
-from asyncgraph.cuda.core._choose import core
 
 from .kernels import INC, SCALE, SPIN
 

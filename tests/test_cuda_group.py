@@ -20,8 +20,8 @@ import numpy as np
 import pytest
 
 import asyncgraph as ag
-from asyncgraph.bench._bench_run import SCALE
-from asyncgraph.demo._spin_kernel import SPIN
+from asyncgraph._bench._bench_run import SCALE
+from asyncgraph._demo._spin_kernel import SPIN
 
 from .kernels import INC
 

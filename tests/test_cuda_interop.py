@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 
 import asyncgraph as ag
-from asyncgraph.buffers._dlpack import live_exports
+from asyncgraph._buffers._dlpack import live_exports
 
 from .kernels import SCALE, SPIN
 

@@ -18,7 +18,7 @@ import numpy as np
 import pytest
 
 import asyncgraph as ag
-from asyncgraph.cuda.core._fast_plan import RING_BYTES
+from asyncgraph._cuda.core._fast_plan import RING_BYTES
 
 pytestmark = pytest.mark.cuda
 

@@ -15,7 +15,7 @@ import pytest
 from cuda.bindings import driver as drv
 
 import asyncgraph as ag
-from asyncgraph.runtime._priority import PRIORITIES
+from asyncgraph._runtime._priority import PRIORITIES
 
 from .kernels import SCALE
 

@@ -10,9 +10,9 @@ import numpy as np
 import pytest
 
 import asyncgraph as ag
-from asyncgraph.cuda import _cuda_graphs as _graphs
-from asyncgraph.cuda.memory import _chunked_transfer
-from asyncgraph.cuda.memory._chunked_transfer import CHUNKED_ABOVE
+from asyncgraph._cuda import _cuda_graphs as _graphs
+from asyncgraph._cuda.memory import _chunked_transfer
+from asyncgraph._cuda.memory._chunked_transfer import CHUNKED_ABOVE
 
 from .kernels import INC, SCALE
 

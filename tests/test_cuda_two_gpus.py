@@ -18,7 +18,7 @@ import numpy as np
 import pytest
 
 import asyncgraph as ag
-from asyncgraph.front._detect import probe_cuda
+from asyncgraph._opening._detect import probe_cuda
 
 from .kernels import INC
 

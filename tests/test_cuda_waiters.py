@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 
 import asyncgraph as ag
-from asyncgraph.cuda.core._choose import core
+from asyncgraph._cuda.core._choose import core
 
 from .kernels import SCALE, SPIN
 from .loops import run

@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 
 import asyncgraph as ag
-from asyncgraph.runtime import _deadline, _loop
+from asyncgraph._runtime import _deadline, _loop
 
 from .batching import Affine, make, row, want
 from .loops import LOOPS, run

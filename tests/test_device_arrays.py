@@ -8,8 +8,8 @@ import numpy as np
 import pytest
 
 import asyncgraph as ag
-from asyncgraph.args._bound_args import foreign_array
-from asyncgraph.args._kernel import parse_signature
+from asyncgraph._args._bound_args import foreign_array
+from asyncgraph._args._kernel import parse_signature
 
 PARAMS = parse_signature('extern "C" __global__ void k(const float* x, int n) {}', "k")
 assert PARAMS is not None

@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 
 import asyncgraph as ag
-from asyncgraph.demo._demo import (
+from asyncgraph._demo._demo import (
     BLOCK,
     BLOCK_SUM,
     LAPLACE2D,

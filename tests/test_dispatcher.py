@@ -19,15 +19,15 @@ import structlog
 from structlog.testing import capture_logs
 
 import asyncgraph as ag
-from asyncgraph._exceptions import BackendClosedError, DeviceFaultError
-from asyncgraph.args._bound_args import BoundCall
-from asyncgraph.buffers._resident import ResidentStore, in_use, track, writer_of
-from asyncgraph.front._engine_protocols import Engine
-from asyncgraph.jobs import _dispatcher
-from asyncgraph.jobs._dispatcher import Dispatcher
-from asyncgraph.jobs._pending import PendingDispatch, set_outcome
-from asyncgraph.jobs._scheduler import Job, JobState
-from asyncgraph.runtime._telemetry import Telemetry
+from asyncgraph._args._bound_args import BoundCall
+from asyncgraph._buffers._resident import ResidentStore, in_use, track, writer_of
+from asyncgraph._front import _dispatcher
+from asyncgraph._front._dispatcher import Dispatcher
+from asyncgraph._front._engine_protocols import Engine
+from asyncgraph._jobs._pending import PendingDispatch, set_outcome
+from asyncgraph._jobs._scheduler import Job, JobState
+from asyncgraph._runtime._exceptions import BackendClosedError, DeviceFaultError
+from asyncgraph._runtime._telemetry import Telemetry
 
 SOURCE = r'extern "C" __global__ void {name}(float* x) {{ }}'
 K = ag.Kernel(SOURCE.format(name="k"), "k", host=lambda x: None)

@@ -1,12 +1,12 @@
 """The seam between the front and the engines, counted; and no ``type: ignore`` for a job type.
 
-The front and the engines meet through the types of one module (``front/_engine_protocols.py``),
+The front and the engines meet through the types of one module (``_front/_engine_protocols.py``),
 which ``docs/architecture.md`` lists under "The seam". A seam type is a class that module
 defines, or a protocol or abstract class that one side defines and a class of the other side
 implements: names as its base, or has every member of (its methods and attributes; the
 compiled core's ``cdef class`` fields and methods count). The sides are folders: the front's
 (``front``, ``jobs``, ``args``, ``buffers``) and the engines' (``cuda``, ``host``, ``capture``).
-A protocol that declares nothing (``buffers._resident.Use``, a name for any object) constrains
+A protocol that declares nothing (``_buffers._resident.Use``, a name for any object) constrains
 no one and is not counted.
 
 A job-type ignore is a ``# type: ignore`` on a line that names a job class (``Job``,
@@ -29,7 +29,7 @@ from tests.test_structure import PACKAGE, SRC, load_modules
 
 ROOT = Path(__file__).resolve().parents[1]
 DOC = ROOT / "docs" / "architecture.md"
-SEAM_MODULE = "front._engine_protocols"
+SEAM_MODULE = "_front._engine_protocols"
 FRONT_SIDE = ("front", "jobs", "args", "buffers")
 ENGINE_SIDE = ("cuda", "host", "capture")
 MAX_SEAM_TYPES = 5
@@ -277,9 +277,9 @@ def test_the_seam_check_fails_on_a_sixth_type(tmp_path: Path) -> None:
         {
             "__init__.py": "",
             "front/__init__.py": "",
-            "front/_engine_protocols.py": _FIVE,
+            "_front/_engine_protocols.py": _FIVE,
             "jobs/__init__.py": "",
-            "jobs/_scheduler.py": (
+            "_jobs/_scheduler.py": (
                 "from typing import Protocol\n\n\n"
                 "class Use(Protocol):\n    '''Any object: declares nothing.'''\n\n\n"
                 "class Queued(Protocol):\n    stamp: int\n\n\n"

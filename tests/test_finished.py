@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import threading
 
-from asyncgraph.runtime._finished import Download, Finished
+from asyncgraph._runtime._finished import Download, Finished
 
 
 def test_a_flag_never_set_times_out_and_says_so() -> None:

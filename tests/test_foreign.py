@@ -11,7 +11,7 @@ import pytest
 from cuda.bindings import driver as drv
 
 import asyncgraph as ag
-from asyncgraph.cuda.completion._foreign_work import resolve
+from asyncgraph._cuda.completion._foreign_work import resolve
 
 from .kernels import INC
 

@@ -1,5 +1,5 @@
-"""The one benchmark harness (``asyncgraph.bench._harness`` and
-``asyncgraph.bench._bench_results``): timing, percentiles, event loops, tables and files, the same
+"""The one benchmark harness (``asyncgraph._bench._harness`` and
+``asyncgraph._bench._bench_results``): timing, percentiles, event loops, tables and files, the same
 for the bench CLI and the scripts under ``benchmarks/``, which add only their command line and
 results folder."""
 
@@ -16,7 +16,7 @@ import pytest
 from benchmarks import harness
 
 from asyncgraph import UnsupportedError
-from asyncgraph.bench import _bench_report, _bench_results, _harness
+from asyncgraph._bench import _bench_report, _bench_results, _harness
 
 
 def test_a_sync_harness_warms_up_then_times_each_call() -> None:

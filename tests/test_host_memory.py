@@ -16,8 +16,8 @@ import numpy as np
 import pytest
 
 import asyncgraph as ag
-import asyncgraph.args._bound_args
-import asyncgraph.host._host_backend
+import asyncgraph._args._bound_args
+import asyncgraph._host._host_backend
 
 from .kernels import SCALE
 
@@ -129,7 +129,7 @@ async def test_a_resident_result_raises_allocation_error(host: ag.Backend) -> No
 async def test_upload_raises_allocation_error(
     host: ag.Backend, monkeypatch: pytest.MonkeyPatch, size: int
 ) -> None:
-    monkeypatch.setattr(asyncgraph.host._host_backend, "host_copy", _copy_too_much)
+    monkeypatch.setattr(asyncgraph._host._host_backend, "host_copy", _copy_too_much)
     array = np.ones(size, np.float32)
     with pytest.raises(
         ag.AllocationError,
@@ -160,7 +160,7 @@ async def test_an_output_too_large_fails_its_dispatch(host: ag.Backend) -> None:
 async def test_an_in_out_copy_that_fails_fails_its_dispatch(
     host: ag.Backend, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setattr(asyncgraph.args._bound_args, "host_copy", _copy_too_much)
+    monkeypatch.setattr(asyncgraph._args._bound_args, "host_copy", _copy_too_much)
     pending = host.dispatch(
         SCALE, X, ag.InOut(np.zeros(8, np.float32)), np.float32(2), np.int32(8), grid=1, block=8
     )

@@ -18,7 +18,7 @@ import pytest
 ROOT = Path(__file__).resolve().parent.parent
 
 # What the plugin module and the package it lives in import when pytest loads the plugin.
-PLUGIN_MODULES = ["asyncgraph", "asyncgraph._exceptions", "asyncgraph.testing"]
+PLUGIN_MODULES = ["asyncgraph", "asyncgraph._runtime._exceptions", "asyncgraph.testing"]
 
 
 def _loaded_after(setup: str, code: str) -> list[str]:
@@ -53,7 +53,7 @@ def test_import_asyncgraph_loads_the_error_tree_alone() -> None:
     loaded = _loaded_after("", "import asyncgraph")
     assert [name for name in loaded if name.startswith("asyncgraph")] == [
         "asyncgraph",
-        "asyncgraph._exceptions",
+        "asyncgraph._runtime._exceptions",
     ]
     assert {"cuda", "numpy"} & _top_level(loaded) == set()
 
@@ -80,7 +80,7 @@ def test_every_public_name_without_cuda_python() -> None:
         asyncio.run(main())
     """
     loaded = _loaded_after("", code)
-    assert "asyncgraph.front._backend" in loaded  # the names were all imported ...
+    assert "asyncgraph._front._backend" in loaded  # the names were all imported ...
     assert [name for name in loaded if name.partition(".")[0] == "cuda"] == []  # ... not cuda
 
 

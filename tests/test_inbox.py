@@ -15,8 +15,8 @@ from typing import Any
 
 import pytest
 
-from asyncgraph.runtime import _inbox
-from asyncgraph.runtime._inbox import Inbox
+from asyncgraph._runtime import _inbox
+from asyncgraph._runtime._inbox import Inbox
 
 WAIT = 30.0  # seconds: only a lost item takes this long
 

@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 import asyncgraph as ag
-from asyncgraph.buffers._dlpack import live_exports
+from asyncgraph._buffers._dlpack import live_exports
 
 from .kernels import Recorder, probe_kernel
 

@@ -15,7 +15,7 @@ import numpy as np
 import pytest
 
 import asyncgraph as ag
-from asyncgraph.cuda.driver._priorities import class_priorities
+from asyncgraph._cuda.driver._priorities import class_priorities
 from tests.fake_driver import run_scenario
 from tests.jobs_scenarios import SCENARIOS, N, _inc
 from tests.needs import CORES

@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 import asyncgraph as ag
-from asyncgraph.args._kernel import parse_signature
+from asyncgraph._args._kernel import parse_signature
 
 SRC = 'extern "C" __global__ void twice(const float* x, float* out) {}'
 

@@ -19,7 +19,7 @@ import numpy as np
 import pytest
 
 import asyncgraph as ag
-from asyncgraph.runtime import _loop
+from asyncgraph._runtime import _loop
 from asyncgraph.testing import assert_matches_host
 
 from .kernels import HOST_CLOCK_HZ, INC, SCALE, SPIN

@@ -12,7 +12,7 @@ import structlog
 
 import asyncgraph as ag
 from asyncgraph.__main__ import main
-from asyncgraph.front._detect import probe_cuda
+from asyncgraph._opening._detect import probe_cuda
 
 Array = np.ndarray[Any, Any]
 
@@ -208,7 +208,7 @@ def test_cli_help_is_plain_text_and_names_every_option(capsys: pytest.CaptureFix
 def test_cli_demo_fails_on_a_mismatch(
     capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from asyncgraph.demo import _demo
+    from asyncgraph._demo import _demo
 
     # A wrong host implementation must make the demo exit non-zero.
     def wrong(x: Array, y: Array, out: Array, a: np.float32, n: np.int32) -> None:

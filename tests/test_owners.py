@@ -4,8 +4,8 @@ The compiled core changes the front's objects only through their owners' operati
 scheduler's ``FastDoor`` (``admit_launched``, ``withdraw``, ``complete_launched``), the resident
 store's ``track_uses`` and ``untrack`` (and the readers ``is_live``, ``writer_of``,
 ``readers_of``, ``storage_of``), and the pending result's ``new_pending`` and ``set_outcome``.
-Each is written once, in Python (``jobs/_fast_door.py``, ``buffers/_resident.py``,
-``jobs/_pending.py``), and compiled where the core is built (each module's ``.pxd`` declares its
+Each is written once, in Python (``_jobs/_fast_door.py``, ``_buffers/_resident.py``,
+``_jobs/_pending.py``), and compiled where the core is built (each module's ``.pxd`` declares its
 types), so each has two builds of one source.
 
 These tests run on the build this process loaded; :func:`test_the_python_build_of_the_owners
@@ -27,11 +27,11 @@ from typing import Any, cast
 import numpy as np
 import pytest
 
-from asyncgraph.buffers import _resident
-from asyncgraph.buffers._resident import ResidentStore, discard, track_uses, untrack
-from asyncgraph.jobs._fast_door import FastDoor
-from asyncgraph.jobs._job_state import JobState
-from asyncgraph.jobs._pending import PendingDispatch, new_pending, set_outcome
+from asyncgraph._buffers import _resident
+from asyncgraph._buffers._resident import ResidentStore, discard, track_uses, untrack
+from asyncgraph._jobs._fast_door import FastDoor
+from asyncgraph._jobs._job_state import JobState
+from asyncgraph._jobs._pending import PendingDispatch, new_pending, set_outcome
 
 from .needs import child_environment, owners_compiled, source_copy
 

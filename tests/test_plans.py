@@ -11,9 +11,9 @@ import numpy as np
 import pytest
 
 import asyncgraph as ag
-from asyncgraph.args._arguments import LaunchLimits, bind
-from asyncgraph.args._bound_args import BoundCall
-from asyncgraph.args._plan_cache import MAX_PLANS, Plans
+from asyncgraph._args._arguments import LaunchLimits, bind
+from asyncgraph._args._bound_args import BoundCall
+from asyncgraph._args._plan_cache import MAX_PLANS, Plans
 
 from .kernels import SCALE
 

@@ -15,8 +15,8 @@ from typing import Any
 import pytest
 
 import asyncgraph as ag
+from asyncgraph._runtime import _poison
 from asyncgraph.pool import PinnedPool
-from asyncgraph.runtime import _poison
 from tests.fake_driver import run_scenario
 
 from .needs import CORES
@@ -103,7 +103,7 @@ def test_members_of_many_threads_are_failed_once() -> None:
 
 
 def test_a_destroyed_context_is_sticky_but_poisons_nothing() -> None:
-    from asyncgraph.cuda.driver._driver import error_for
+    from asyncgraph._cuda.driver._driver import error_for
 
     error = error_for(709, "cuEventQuery")
     assert isinstance(error, ag.DeviceFaultError)
@@ -113,7 +113,7 @@ def test_a_destroyed_context_is_sticky_but_poisons_nothing() -> None:
 
 
 def test_an_ordinary_error_poisons_nothing() -> None:
-    from asyncgraph.cuda.driver._driver import error_for
+    from asyncgraph._cuda.driver._driver import error_for
 
     error = error_for(2, "cuMemAlloc")
     assert not isinstance(error, ag.DeviceFaultError)

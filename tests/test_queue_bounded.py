@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 import asyncgraph as ag
-from asyncgraph.runtime._loop import WaitQueue
+from asyncgraph._runtime._loop import WaitQueue
 
 from .kernels import SCALE, Recorder, probe_kernel
 

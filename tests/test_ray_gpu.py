@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 
 import asyncgraph as ag
-from asyncgraph.demo._fault_kernel import POKE_SOURCE
+from asyncgraph._demo._fault_kernel import POKE_SOURCE
 
 from .test_ray import _scale
 
@@ -24,7 +24,7 @@ def rng() -> np.random.Generator:
 
 
 def _two_gpus() -> None:
-    from asyncgraph.front._detect import probe_cuda
+    from asyncgraph._opening._detect import probe_cuda
 
     gpus = len(probe_cuda().devices)
     if gpus < 2:

@@ -10,13 +10,13 @@ from typing import Any
 import pytest
 from cuda.bindings import driver as drv
 
-from asyncgraph._exceptions import CudaError
-from asyncgraph.cuda.completion import _expected_ends as _expect
-from asyncgraph.cuda.completion import _reactor
-from asyncgraph.cuda.core import _watches
-from asyncgraph.cuda.core._choose import core
-from asyncgraph.cuda.driver._driver import NOT_READY, SUCCESS
-from asyncgraph.cuda.driver._events import EventPool
+from asyncgraph._cuda.completion import _expected_ends as _expect
+from asyncgraph._cuda.completion import _reactor
+from asyncgraph._cuda.core import _watches
+from asyncgraph._cuda.core._choose import core
+from asyncgraph._cuda.driver._driver import NOT_READY, SUCCESS
+from asyncgraph._cuda.driver._events import EventPool
+from asyncgraph._runtime._exceptions import CudaError
 from tests.fake_driver import run_scenario
 from tests.needs import CORES
 

@@ -6,8 +6,8 @@ from __future__ import annotations
 import asyncio
 from typing import Any, cast
 
-from asyncgraph.front._lifecycle import Room
-from asyncgraph.jobs._scheduler import Scheduler
+from asyncgraph._front._lifecycle import Room
+from asyncgraph._jobs._scheduler import Scheduler
 
 
 class Counts:

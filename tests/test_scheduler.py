@@ -12,9 +12,9 @@ import itertools
 import pytest
 
 import asyncgraph as ag
-from asyncgraph._exceptions import BackendClosedError, CompileError, DeviceFaultError
-from asyncgraph.args._bound_args import BoundCall
-from asyncgraph.jobs._scheduler import Job, JobState, Scheduler, Step
+from asyncgraph._args._bound_args import BoundCall
+from asyncgraph._jobs._scheduler import Job, JobState, Scheduler, Step
+from asyncgraph._runtime._exceptions import BackendClosedError, CompileError, DeviceFaultError
 
 SOURCE = r'extern "C" __global__ void {name}(float* x) {{ }}'
 

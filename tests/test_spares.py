@@ -1,10 +1,10 @@
-"""Freed device storage kept for reuse (``cuda/memory/_spares.py``): bounded by size and in all."""
+"""Freed device storage kept for reuse (``_cuda/device/_spares.py``): bounded by size and in all."""
 
 from __future__ import annotations
 
 from typing import Any
 
-from asyncgraph.cuda.memory._spares import PER_SIZE, Spares
+from asyncgraph._cuda.device._spares import PER_SIZE, Spares
 
 
 def _spares(limit: int) -> tuple[Spares, list[tuple[Any, Any]]]:

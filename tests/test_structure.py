@@ -38,7 +38,7 @@ _SCOPES = (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef, ast.Lambda)
 
 @dataclass(frozen=True)
 class Module:
-    name: str  # dotted: asyncgraph.runtime._loop, asyncgraph.pool (for pool/__init__.py)
+    name: str  # dotted: asyncgraph._runtime._loop, asyncgraph.pool (for pool/__init__.py)
     is_package: bool
     lines: int
     tree: ast.Module
@@ -324,7 +324,7 @@ class CythonModule:
     """One extension module: its ``.pyx``, the ``.pxd`` of the same name and every ``.pxi`` it
     includes, read as one (they share one namespace)."""
 
-    name: str  # dotted, as the .pyx would import: asyncgraph.cuda.core._core_compiled
+    name: str  # dotted, as the .pyx would import: asyncgraph._cuda.core._core_compiled
     files: list[Path] = field(default_factory=list)
     defined: set[str] = field(default_factory=set)  # private names declared or bound in it
 

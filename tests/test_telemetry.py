@@ -9,7 +9,7 @@ import pytest
 import structlog
 
 import asyncgraph as ag
-from asyncgraph.runtime._telemetry import Histogram
+from asyncgraph._runtime._telemetry import Histogram
 
 from .kernels import SCALE
 
@@ -39,7 +39,7 @@ def test_a_histogram_sorts_values_in_batches_into_the_buckets_one_at_a_time_woul
 ) -> None:
     from bisect import bisect_left
 
-    from asyncgraph.runtime._telemetry import _BOUNDS, FOLD_EVERY
+    from asyncgraph._runtime._telemetry import _BOUNDS, FOLD_EVERY
 
     # Across batches, with values left unsorted, on bucket bounds and past the last bound.
     values = [*rng.lognormal(-9, 3, 2 * FOLD_EVERY + 37), *_BOUNDS[:5], 5e3, 0.0]

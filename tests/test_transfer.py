@@ -14,9 +14,9 @@ from typing import Any
 import numpy as np
 import pytest
 
-from asyncgraph.cuda.driver._driver import SUCCESS
-from asyncgraph.cuda.memory import _chunked_transfer as _transfer
-from asyncgraph.cuda.memory._chunked_transfer import ChunkedTransfer
+from asyncgraph._cuda.driver._driver import SUCCESS
+from asyncgraph._cuda.memory import _chunked_transfer as _transfer
+from asyncgraph._cuda.memory._chunked_transfer import ChunkedTransfer
 
 from .polling import until
 

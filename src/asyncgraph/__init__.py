@@ -7,56 +7,56 @@ host implementation in worker threads) while the event loop keeps serving.
 import importlib
 import typing
 
-from ._exceptions import AllocationError as AllocationError
-from ._exceptions import ArgumentTypeError as ArgumentTypeError
-from ._exceptions import AsyncGraphError as AsyncGraphError
-from ._exceptions import BackendClosedError as BackendClosedError
-from ._exceptions import BatchFunctionError as BatchFunctionError
-from ._exceptions import CaptureError as CaptureError
-from ._exceptions import CompileError as CompileError
-from ._exceptions import CudaError as CudaError
-from ._exceptions import DeviceFaultError as DeviceFaultError
-from ._exceptions import DeviceUnavailableError as DeviceUnavailableError
-from ._exceptions import DispatchError as DispatchError
-from ._exceptions import GroupError as GroupError
-from ._exceptions import HostFunctionError as HostFunctionError
-from ._exceptions import NotPicklableError as NotPicklableError
-from ._exceptions import QueueFullError as QueueFullError
-from ._exceptions import QueueTimeoutError as QueueTimeoutError
-from ._exceptions import ShapeMismatchError as ShapeMismatchError
-from ._exceptions import StaleBufferError as StaleBufferError
-from ._exceptions import StartTimeoutError as StartTimeoutError
-from ._exceptions import UnsupportedError as UnsupportedError
-from ._exceptions import WithdrawnError as WithdrawnError
+from ._runtime._exceptions import AllocationError as AllocationError
+from ._runtime._exceptions import ArgumentTypeError as ArgumentTypeError
+from ._runtime._exceptions import AsyncGraphError as AsyncGraphError
+from ._runtime._exceptions import BackendClosedError as BackendClosedError
+from ._runtime._exceptions import BatchFunctionError as BatchFunctionError
+from ._runtime._exceptions import CaptureError as CaptureError
+from ._runtime._exceptions import CompileError as CompileError
+from ._runtime._exceptions import CudaError as CudaError
+from ._runtime._exceptions import DeviceFaultError as DeviceFaultError
+from ._runtime._exceptions import DeviceUnavailableError as DeviceUnavailableError
+from ._runtime._exceptions import DispatchError as DispatchError
+from ._runtime._exceptions import GroupError as GroupError
+from ._runtime._exceptions import HostFunctionError as HostFunctionError
+from ._runtime._exceptions import NotPicklableError as NotPicklableError
+from ._runtime._exceptions import QueueFullError as QueueFullError
+from ._runtime._exceptions import QueueTimeoutError as QueueTimeoutError
+from ._runtime._exceptions import ShapeMismatchError as ShapeMismatchError
+from ._runtime._exceptions import StaleBufferError as StaleBufferError
+from ._runtime._exceptions import StartTimeoutError as StartTimeoutError
+from ._runtime._exceptions import UnsupportedError as UnsupportedError
+from ._runtime._exceptions import WithdrawnError as WithdrawnError
 
 if typing.TYPE_CHECKING:
-    from asyncgraph.args._arguments import InOut as InOut
-    from asyncgraph.args._arguments import LaunchLimits as LaunchLimits
-    from asyncgraph.args._arguments import Out as Out
-    from asyncgraph.args._kernel import Kernel as Kernel
-    from asyncgraph.args._kernel import Param as Param
-    from asyncgraph.batching._batch_options import BatcherStatistics as BatcherStatistics
-    from asyncgraph.batching._batch_options import BatchLaunches as BatchLaunches
-    from asyncgraph.batching._batch_options import Row as Row
-    from asyncgraph.batching._batched_function import BatchedFunction as BatchedFunction
-    from asyncgraph.batching._batched_function import batch as batch
-    from asyncgraph.batching._batcher import Batcher as Batcher
-    from asyncgraph.batching._batcher import batcher as batcher
-    from asyncgraph.buffers._resident import ResidentBuffer as ResidentBuffer
-    from asyncgraph.front._backend import Backend as Backend
-    from asyncgraph.front._lease import StreamLease as StreamLease
-    from asyncgraph.front._open import open_backend as open_backend
-    from asyncgraph.front._options import BackendOptions as BackendOptions
-    from asyncgraph.jobs._pending import PendingDispatch as PendingDispatch
-    from asyncgraph.runtime._poison import ProcessFault as ProcessFault
-    from asyncgraph.runtime._poison import process_fault as process_fault
-    from asyncgraph.runtime._recover import reset_device as reset_device
-    from asyncgraph.runtime._telemetry import HistogramSnapshot as HistogramSnapshot
-    from asyncgraph.runtime._telemetry import TelemetrySnapshot as TelemetrySnapshot
-    from asyncgraph.scale._device_group import DeviceGroup as DeviceGroup
-    from asyncgraph.scale._device_group import GroupSnapshot as GroupSnapshot
-    from asyncgraph.scale._device_group import Replicated as Replicated
-    from asyncgraph.scale._device_group import open_group as open_group
+    from asyncgraph._args._arguments import InOut as InOut
+    from asyncgraph._args._arguments import LaunchLimits as LaunchLimits
+    from asyncgraph._args._arguments import Out as Out
+    from asyncgraph._args._kernel import Kernel as Kernel
+    from asyncgraph._args._kernel import Param as Param
+    from asyncgraph._batching._batch_options import BatcherStatistics as BatcherStatistics
+    from asyncgraph._batching._batch_options import BatchLaunches as BatchLaunches
+    from asyncgraph._batching._batch_options import Row as Row
+    from asyncgraph._batching._batched_function import BatchedFunction as BatchedFunction
+    from asyncgraph._batching._batched_function import batch as batch
+    from asyncgraph._batching._batcher import Batcher as Batcher
+    from asyncgraph._batching._batcher import batcher as batcher
+    from asyncgraph._buffers._resident import ResidentBuffer as ResidentBuffer
+    from asyncgraph._cuda.driver._recover import reset_device as reset_device
+    from asyncgraph._front._backend import Backend as Backend
+    from asyncgraph._front._lease import StreamLease as StreamLease
+    from asyncgraph._front._options import BackendOptions as BackendOptions
+    from asyncgraph._jobs._pending import PendingDispatch as PendingDispatch
+    from asyncgraph._opening._open import open_backend as open_backend
+    from asyncgraph._runtime._poison import ProcessFault as ProcessFault
+    from asyncgraph._runtime._poison import process_fault as process_fault
+    from asyncgraph._runtime._telemetry import HistogramSnapshot as HistogramSnapshot
+    from asyncgraph._runtime._telemetry import TelemetrySnapshot as TelemetrySnapshot
+    from asyncgraph._scale._device_group import DeviceGroup as DeviceGroup
+    from asyncgraph._scale._device_group import GroupSnapshot as GroupSnapshot
+    from asyncgraph._scale._device_group import Replicated as Replicated
+    from asyncgraph._scale._device_group import open_group as open_group
 
     __version__: str
 
@@ -66,33 +66,33 @@ if typing.TYPE_CHECKING:
 # (pytest loading its plugin, say) loads neither numpy nor cuda-python. cuda-python loads only
 # when a CUDA backend opens or ``reset_device`` is called.
 _DEFINED_IN: dict[str, str] = {
-    "Backend": "asyncgraph.front._backend",
-    "BackendOptions": "asyncgraph.front._options",
-    "BatchLaunches": "asyncgraph.batching._batch_options",
-    "BatchedFunction": "asyncgraph.batching._batched_function",
-    "Batcher": "asyncgraph.batching._batcher",
-    "BatcherStatistics": "asyncgraph.batching._batch_options",
-    "DeviceGroup": "asyncgraph.scale._device_group",
-    "GroupSnapshot": "asyncgraph.scale._device_group",
-    "HistogramSnapshot": "asyncgraph.runtime._telemetry",
-    "InOut": "asyncgraph.args._arguments",
-    "Kernel": "asyncgraph.args._kernel",
-    "LaunchLimits": "asyncgraph.args._arguments",
-    "Out": "asyncgraph.args._arguments",
-    "Param": "asyncgraph.args._kernel",
-    "PendingDispatch": "asyncgraph.jobs._pending",
-    "ProcessFault": "asyncgraph.runtime._poison",
-    "Replicated": "asyncgraph.scale._device_group",
-    "ResidentBuffer": "asyncgraph.buffers._resident",
-    "Row": "asyncgraph.batching._batch_options",
-    "StreamLease": "asyncgraph.front._lease",
-    "TelemetrySnapshot": "asyncgraph.runtime._telemetry",
-    "batch": "asyncgraph.batching._batched_function",
-    "batcher": "asyncgraph.batching._batcher",
-    "open_backend": "asyncgraph.front._open",
-    "open_group": "asyncgraph.scale._device_group",
-    "process_fault": "asyncgraph.runtime._poison",
-    "reset_device": "asyncgraph.runtime._recover",
+    "Backend": "asyncgraph._front._backend",
+    "BackendOptions": "asyncgraph._front._options",
+    "BatchLaunches": "asyncgraph._batching._batch_options",
+    "BatchedFunction": "asyncgraph._batching._batched_function",
+    "Batcher": "asyncgraph._batching._batcher",
+    "BatcherStatistics": "asyncgraph._batching._batch_options",
+    "DeviceGroup": "asyncgraph._scale._device_group",
+    "GroupSnapshot": "asyncgraph._scale._device_group",
+    "HistogramSnapshot": "asyncgraph._runtime._telemetry",
+    "InOut": "asyncgraph._args._arguments",
+    "Kernel": "asyncgraph._args._kernel",
+    "LaunchLimits": "asyncgraph._args._arguments",
+    "Out": "asyncgraph._args._arguments",
+    "Param": "asyncgraph._args._kernel",
+    "PendingDispatch": "asyncgraph._jobs._pending",
+    "ProcessFault": "asyncgraph._runtime._poison",
+    "Replicated": "asyncgraph._scale._device_group",
+    "ResidentBuffer": "asyncgraph._buffers._resident",
+    "Row": "asyncgraph._batching._batch_options",
+    "StreamLease": "asyncgraph._front._lease",
+    "TelemetrySnapshot": "asyncgraph._runtime._telemetry",
+    "batch": "asyncgraph._batching._batched_function",
+    "batcher": "asyncgraph._batching._batcher",
+    "open_backend": "asyncgraph._opening._open",
+    "open_group": "asyncgraph._scale._device_group",
+    "process_fault": "asyncgraph._runtime._poison",
+    "reset_device": "asyncgraph._cuda.driver._recover",
 }
 
 
@@ -100,7 +100,7 @@ if not typing.TYPE_CHECKING:  # to a type checker, the names are the imports abo
 
     def __getattr__(name: str) -> object:
         if name == "__version__":
-            from ._version import package_version
+            from ._runtime._version import package_version
 
             value: object = package_version()
         else:

@@ -13,10 +13,10 @@ from pathlib import Path
 
 import structlog
 
-from asyncgraph.bench._bench_results import version_of
-from asyncgraph.front._detect import probe_cuda
+from asyncgraph._bench._bench_results import version_of
+from asyncgraph._opening._detect import probe_cuda
 
-from ._exceptions import DeviceUnavailableError, UnsupportedError
+from ._runtime._exceptions import DeviceUnavailableError, UnsupportedError
 
 BENCH_REPS = 3000  # timed repetitions of each latency row: seconds on a GPU, imports aside
 QUICK_REPS = 20
@@ -37,7 +37,7 @@ def _nvrtc_version() -> str:
 
 def _core_description() -> str:
     try:
-        from asyncgraph.cuda.core._choose import describe
+        from asyncgraph._cuda.core._choose import describe
     except Exception as exc:  # cuda-bindings cannot even be imported
         return f"unavailable ({type(exc).__name__}: {exc})"
     return describe()
@@ -45,7 +45,7 @@ def _core_description() -> str:
 
 def info() -> int:
     """Print versions, what CUDA the machine has, and the backend 'auto' picks."""
-    from ._version import package_version
+    from ._runtime._version import package_version
 
     print(f"asyncgraph     {package_version()}")
     print(f"python         {platform.python_version()} ({sys.executable})")
@@ -96,7 +96,7 @@ def _warnings_only() -> Iterator[None]:
 def demo(device: str, dispatches: int, parser: argparse.ArgumentParser) -> int:
     """Run the demo; exit status 1 on any mismatch, 2 (with the reason) if *device* cannot be
     opened."""
-    from asyncgraph.demo._demo import TOLERANCE, demo_main
+    from asyncgraph._demo._demo import TOLERANCE, demo_main
 
     try:
         with _warnings_only():
@@ -121,8 +121,8 @@ def demo(device: str, dispatches: int, parser: argparse.ArgumentParser) -> int:
 
 def bench(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
     """Run the bench: progress on stderr, the table on stdout, then the JSON and the plot."""
-    from asyncgraph.bench._bench_peers import PEER_ROWS
-    from asyncgraph.bench._bench_report import (
+    from asyncgraph._bench._bench_peers import PEER_ROWS
+    from asyncgraph._bench._bench_report import (
         PLOT_HINT,
         BenchSettings,
         default_path,
@@ -130,7 +130,7 @@ def bench(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
         write_json,
         write_plot,
     )
-    from asyncgraph.bench._bench_run import run
+    from asyncgraph._bench._bench_run import run
 
     if args.reps < 1:
         parser.error("--reps must be at least 1")

@@ -21,12 +21,12 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Histo
 from prometheus_client.metrics_core import Metric
 from prometheus_client.registry import Collector
 
-from asyncgraph.front._backend import Backend
+from asyncgraph._front._backend import Backend
 
-from ._exceptions import ArgumentTypeError
+from ._runtime._exceptions import ArgumentTypeError
 
 if TYPE_CHECKING:
-    from asyncgraph.runtime._telemetry import HistogramSnapshot, TelemetrySnapshot
+    from asyncgraph._runtime._telemetry import HistogramSnapshot, TelemetrySnapshot
 
 __all__ = ("BackendCollector",)
 

@@ -44,14 +44,14 @@ import functools
 import time
 from typing import Any
 
-from asyncgraph.front._options import BackendOptions
-from asyncgraph.runtime._resource import AsyncResource
-from asyncgraph.runtime._telemetry import logger
-from asyncgraph.scale._ray_actor import ActorInfo as ActorInfo
-from asyncgraph.scale._ray_actor import Pipeline, buffers_refused, describe, failure_of, is_async
-from asyncgraph.scale._ray_actor import Worker as Worker
-from asyncgraph.scale._ray_health import HealthCheck, check_seconds
-from asyncgraph.scale._ray_slots import (
+from asyncgraph._front._options import BackendOptions
+from asyncgraph._runtime._resource import AsyncResource
+from asyncgraph._runtime._telemetry import logger
+from asyncgraph._scale._ray_actor import ActorInfo as ActorInfo
+from asyncgraph._scale._ray_actor import Pipeline, buffers_refused, describe, failure_of, is_async
+from asyncgraph._scale._ray_actor import Worker as Worker
+from asyncgraph._scale._ray_health import HealthCheck, check_seconds
+from asyncgraph._scale._ray_slots import (
     Closing,
     Effects,
     Failed,
@@ -61,12 +61,12 @@ from asyncgraph.scale._ray_slots import (
     Started,
     StartFailed,
 )
-from asyncgraph.scale._ray_snapshot import PoolSnapshot as PoolSnapshot
-from asyncgraph.scale._ray_snapshot import Replacement as Replacement
-from asyncgraph.scale._ray_snapshot import SlotSnapshot as SlotSnapshot
-from asyncgraph.scale._ray_start import Starter, retrieve
+from asyncgraph._scale._ray_snapshot import PoolSnapshot as PoolSnapshot
+from asyncgraph._scale._ray_snapshot import Replacement as Replacement
+from asyncgraph._scale._ray_snapshot import SlotSnapshot as SlotSnapshot
+from asyncgraph._scale._ray_start import Starter, retrieve
 
-from ._exceptions import ArgumentTypeError, BackendClosedError, GroupError
+from ._runtime._exceptions import ArgumentTypeError, BackendClosedError, GroupError
 
 __all__ = (
     "ActorInfo",

@@ -26,13 +26,13 @@ from typing import TYPE_CHECKING, Any
 
 import pytest
 
-from ._exceptions import ArgumentTypeError, UnsupportedError
+from ._runtime._exceptions import ArgumentTypeError, UnsupportedError
 
 if TYPE_CHECKING:
     import numpy as np
 
-    from asyncgraph.args._kernel import Kernel
-    from asyncgraph.front._backend import Backend
+    from asyncgraph._args._kernel import Kernel
+    from asyncgraph._front._backend import Backend
 
     Array = np.ndarray[Any, Any]
 
@@ -77,9 +77,9 @@ def reference(kernel: Kernel, *args: object) -> tuple[Array, ...]:
     """
     import numpy as np
 
-    from asyncgraph.args._arguments import InOut, Out
-    from asyncgraph.args._kernel import Kernel
-    from asyncgraph.host._host_backend import host_return_error
+    from asyncgraph._args._arguments import InOut, Out
+    from asyncgraph._args._kernel import Kernel
+    from asyncgraph._host._host_backend import host_return_error
 
     if not isinstance(kernel, Kernel):
         raise ArgumentTypeError(f"reference() takes an asyncgraph.Kernel first, got {kernel!r}")
@@ -166,7 +166,7 @@ async def assert_matches_host(
         )
     import numpy as np
 
-    from asyncgraph.buffers._resident import ResidentBuffer
+    from asyncgraph._buffers._resident import ResidentBuffer
 
     expected = reference(kernel, *args)
     got = await backend.dispatch(kernel, *args, grid=grid, block=block, shared_mem=shared_mem)
@@ -218,7 +218,7 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     marked = [item for item in items if item.get_closest_marker("cuda") is not None]
     if not marked:
         return
-    from asyncgraph.front._detect import probe_cuda
+    from asyncgraph._opening._detect import probe_cuda
 
     probe = probe_cuda()
     if probe.available:
@@ -311,7 +311,7 @@ def _async_fixture(**kwargs: Any) -> Callable[[Any], Any]:
 @_async_fixture()
 async def backend(asyncgraph_device: str) -> AsyncIterator[Backend]:
     """A backend opened for one test and closed after it (waiting for its work)."""
-    from asyncgraph.front._open import open_backend
+    from asyncgraph._opening._open import open_backend
 
     async with open_backend(asyncgraph_device) as opened:
         yield opened
@@ -324,7 +324,7 @@ async def session_backend(asyncgraph_device: str) -> AsyncIterator[Backend]:
     A backend belongs to the event loop it is first used on, so tests using this fixture run in
     the session's loop: mark them ``@pytest.mark.asyncio(loop_scope="session")``.
     """
-    from asyncgraph.front._open import open_backend
+    from asyncgraph._opening._open import open_backend
 
     async with open_backend(asyncgraph_device) as opened:
         yield opened

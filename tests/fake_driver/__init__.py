@@ -83,7 +83,7 @@ def reset(lib: Any) -> None:
     """Start a scenario afresh in a process that loaded the stand-in (*lib*): forget injected
     failures and the fault (``fake_reset``), and the process's poison with it (a real driver
     keeps a process poisoned; the stand-in lets one process run several scenarios)."""
-    from asyncgraph.runtime import _poison
+    from asyncgraph._runtime import _poison
 
     lib.fake_reset()
     _poison.clear()

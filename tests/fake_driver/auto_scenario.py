@@ -18,8 +18,8 @@ from typing import Any
 import numpy as np
 
 import asyncgraph as ag
+from asyncgraph._cuda.core._choose import core
 from asyncgraph.capture._choice import REMEASURE_AFTER
-from asyncgraph.cuda.core._choose import core
 from tests.fake_driver import reset
 from tests.kernels import INC, SCALE
 

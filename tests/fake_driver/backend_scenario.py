@@ -21,9 +21,9 @@ from typing import Any
 import numpy as np
 
 import asyncgraph as ag
-from asyncgraph.bench._bench_run import EMPTY, SCALE
-from asyncgraph.cuda.core._choose import core
-from asyncgraph.jobs._pending import PendingDispatch
+from asyncgraph._bench._bench_run import EMPTY, SCALE
+from asyncgraph._cuda.core._choose import core
+from asyncgraph._jobs._pending import PendingDispatch
 from tests.fake_driver import reset
 from tests.kernels import FILL, INC
 

@@ -18,7 +18,7 @@ from typing import Any
 import numpy as np
 
 import asyncgraph as ag
-from asyncgraph.bench._bench_run import SCALE
+from asyncgraph._bench._bench_run import SCALE
 from tests.context_work import current, destroy, every_kind_of_work, push_foreign
 from tests.fake_driver import reset
 

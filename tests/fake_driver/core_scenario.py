@@ -21,8 +21,8 @@ import numpy as np
 import structlog
 
 import asyncgraph as ag
-from asyncgraph.bench._bench_run import SCALE
-from asyncgraph.cuda.core._choose import core
+from asyncgraph._bench._bench_run import SCALE
+from asyncgraph._cuda.core._choose import core
 from tests.fake_driver import reset
 from tests.kernels import INC
 
@@ -355,7 +355,7 @@ async def catch_up() -> dict[str, Any]:
 async def _spins(seconds: float, times: int) -> dict[str, Any]:
     """*times* awaits, one at a time, of a spin kernel of *seconds* (deferred streams: that
     much wall time); the reactor's hand-offs and pokes, and the kernel's done flag."""
-    from asyncgraph.demo._spin_kernel import SPIN
+    from asyncgraph._demo._spin_kernel import SPIN
 
     gpu: Any
     async with ag.open_backend("cuda") as gpu:
@@ -401,7 +401,7 @@ async def stale_expectation() -> dict[str, Any]:
     """A spin kernel's plan learns 200 ms from its first await, then runs 5 ms (deferred
     streams: wall time). The second await's waiter, handed a wake time near 200 ms, follows the
     event meanwhile: it reports the end when it comes, and pokes nobody."""
-    from asyncgraph.demo._spin_kernel import SPIN
+    from asyncgraph._demo._spin_kernel import SPIN
 
     gpu: Any
     async with ag.open_backend("cuda") as gpu:

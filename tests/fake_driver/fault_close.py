@@ -14,7 +14,7 @@ import numpy as np
 import structlog
 
 import asyncgraph as ag
-from asyncgraph.bench._bench_run import SCALE
+from asyncgraph._bench._bench_run import SCALE
 from tests.fake_driver import reset
 
 _lib = ctypes.CDLL("libcuda.so.1")

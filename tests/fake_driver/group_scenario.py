@@ -16,7 +16,7 @@ from typing import Any
 import numpy as np
 
 import asyncgraph as ag
-from asyncgraph.bench._bench_run import SCALE
+from asyncgraph._bench._bench_run import SCALE
 from asyncgraph.pool import PinnedPool
 from tests.fake_driver import reset
 

@@ -17,7 +17,7 @@ from typing import Any
 from cuda.bindings import driver as drv
 
 import asyncgraph as ag
-from asyncgraph.runtime._priority import PRIORITIES
+from asyncgraph._runtime._priority import PRIORITIES
 from tests.fake_driver import reset
 from tests.jobs_scenarios import SCENARIOS, _inc
 from tests.kernels import INC

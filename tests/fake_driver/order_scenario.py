@@ -19,9 +19,9 @@ from typing import Any
 import numpy as np
 
 import asyncgraph as ag
-from asyncgraph.bench._bench_run import SCALE
-from asyncgraph.cuda.core._choose import core
-from asyncgraph.cuda.launch import _staged as _small
+from asyncgraph._bench._bench_run import SCALE
+from asyncgraph._cuda.core._choose import core
+from asyncgraph._cuda.launch import _staged as _small
 from tests.fake_driver import reset
 from tests.kernels import INC, SPIN
 

@@ -25,9 +25,9 @@ import attrs
 import numpy as np
 
 import asyncgraph as ag
-from asyncgraph.bench._bench_run import EMPTY, SCALE
-from asyncgraph.cuda.core._choose import core
-from asyncgraph.runtime._telemetry import TelemetrySnapshot
+from asyncgraph._bench._bench_run import EMPTY, SCALE
+from asyncgraph._cuda.core._choose import core
+from asyncgraph._runtime._telemetry import TelemetrySnapshot
 from tests.fake_driver import reset
 from tests.kernels import INC
 

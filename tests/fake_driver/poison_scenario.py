@@ -24,7 +24,7 @@ import structlog
 os.environ["FAKE_CUDA_DEVICES"] = "2"  # read by the stand-in at each call
 
 import asyncgraph as ag
-from asyncgraph.bench._bench_run import SCALE
+from asyncgraph._bench._bench_run import SCALE
 from asyncgraph.pool import PinnedPool
 from tests.fake_driver import reset
 

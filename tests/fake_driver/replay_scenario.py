@@ -18,7 +18,7 @@ from typing import Any
 import numpy as np
 
 import asyncgraph as ag
-from asyncgraph.cuda.core._choose import core
+from asyncgraph._cuda.core._choose import core
 from tests.fake_driver import reset
 from tests.kernels import FILL, INC, SCALE
 

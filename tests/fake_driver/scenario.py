@@ -19,12 +19,12 @@ from typing import Any
 import numpy as np
 from cuda.bindings import driver as drv
 
-from asyncgraph.args._bound_args import Arg, InArg, ScalarArg
-from asyncgraph.args._kernel import Param
-from asyncgraph.cuda.completion._reactor import Reactor
-from asyncgraph.cuda.core._choose import core
-from asyncgraph.cuda.driver._events import EventPool
-from asyncgraph.runtime import _inbox, _loop
+from asyncgraph._args._bound_args import Arg, InArg, ScalarArg
+from asyncgraph._args._kernel import Param
+from asyncgraph._cuda.completion._reactor import Reactor
+from asyncgraph._cuda.core._choose import core
+from asyncgraph._cuda.driver._events import EventPool
+from asyncgraph._runtime import _inbox, _loop
 
 _lib = ctypes.CDLL("libcuda.so.1")
 _lib.fake_event_new.restype = ctypes.c_void_p

@@ -11,8 +11,8 @@ from ._choice import Choice, ChoiceState, GraphChoiceStatistics, describe
 from ._graphs import CachedGraph, prepare_replay
 
 if TYPE_CHECKING:
-    from asyncgraph.args._bound_args import BoundCall
-    from asyncgraph.runtime._telemetry import Telemetry
+    from asyncgraph._args._bound_args import BoundCall
+    from asyncgraph._runtime._telemetry import Telemetry
 
     from ._graph_host import GraphHost
 
@@ -99,7 +99,7 @@ class GraphCache:
         self._entries: OrderedDict[tuple[Any, ...], _Entry] = OrderedDict()
         self._seen: dict[tuple[Any, ...], int] = {}
         self._choices: dict[tuple[Any, ...], Choice] = {}
-        # Per argument plan (``args._plan_cache.Plan``), the choice that keeps its calls eager:
+        # Per argument plan (``_args._plan_cache.Plan``), the choice that keeps its calls eager:
         # while it does, job_for() answers them at once, without their signature.
         self._kept: dict[Any, Choice] = {}
         self._hits = self._misses = self._captures = self._updates = self._evictions = 0

@@ -10,12 +10,12 @@ from typing import Any
 
 from cuda.bindings import driver as drv
 
-from asyncgraph._exceptions import BackendClosedError, DispatchError
-from asyncgraph.args._bound_args import BoundCall, ResidentArg
-from asyncgraph.args._kernel import Kernel
-from asyncgraph.args._plan_cache import same_dims
-from asyncgraph.buffers._resident import ResidentBuffer, storage_of
-from asyncgraph.cuda.driver._driver import check
+from asyncgraph._args._bound_args import BoundCall, ResidentArg
+from asyncgraph._args._kernel import Kernel
+from asyncgraph._args._plan_cache import same_dims
+from asyncgraph._buffers._resident import ResidentBuffer, storage_of
+from asyncgraph._cuda.driver._driver import check
+from asyncgraph._runtime._exceptions import BackendClosedError, DispatchError
 
 from ._graph_host import GraphHost, KernelNode
 from ._graphs import keep_alive, launch_values, let_go_of

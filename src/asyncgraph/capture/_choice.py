@@ -39,10 +39,10 @@ from typing import TYPE_CHECKING, Any
 
 import attrs
 
-from asyncgraph.args._bound_args import InOutArg, OutArg, ResidentArg, ResidentOutArg
+from asyncgraph._args._bound_args import InOutArg, OutArg, ResidentArg, ResidentOutArg
 
 if TYPE_CHECKING:
-    from asyncgraph.args._bound_args import BoundCall
+    from asyncgraph._args._bound_args import BoundCall
 
 __all__ = (
     "BLOCK",

@@ -9,11 +9,11 @@ from collections.abc import Awaitable, Callable
 from typing import TYPE_CHECKING, Any, NamedTuple, Protocol
 
 if TYPE_CHECKING:
-    from asyncgraph.args._bound_args import BoundCall
-    from asyncgraph.args._kernel import Kernel
-    from asyncgraph.buffers._resident import ResidentBuffer
+    from asyncgraph._args._bound_args import BoundCall
+    from asyncgraph._args._kernel import Kernel
+    from asyncgraph._buffers._resident import ResidentBuffer
+    from asyncgraph._runtime._telemetry import Telemetry
     from asyncgraph.pool import HostPool
-    from asyncgraph.runtime._telemetry import Telemetry
 
     from ._choice import Choice
     from ._guard import CaptureGuard

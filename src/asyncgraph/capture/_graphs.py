@@ -21,17 +21,17 @@ import numpy as np
 from cuda.bindings import driver as drv
 from cuda.core import LaunchConfig
 
-from asyncgraph._exceptions import BackendClosedError, DispatchError, ShapeMismatchError
-from asyncgraph.args._bound_args import IN_OUTS, INPUTS, NOT_STAGED, BoundCall, as_bytes
-from asyncgraph.buffers._resident import ResidentBuffer, hold, let_go
-from asyncgraph.cuda.driver._driver import check
-from asyncgraph.runtime import _loop
+from asyncgraph._args._bound_args import IN_OUTS, INPUTS, NOT_STAGED, BoundCall, as_bytes
+from asyncgraph._buffers._resident import ResidentBuffer, hold, let_go
+from asyncgraph._cuda.driver._driver import check
+from asyncgraph._runtime import _loop
+from asyncgraph._runtime._exceptions import BackendClosedError, DispatchError, ShapeMismatchError
 
 from ._graph_host import GraphHost, KernelNode
 from ._replayed import on_fast_path, replayed
 
 if TYPE_CHECKING:
-    from asyncgraph.args._kernel import Kernel
+    from asyncgraph._args._kernel import Kernel
 
     from ._choice import Choice
 

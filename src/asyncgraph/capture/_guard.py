@@ -11,8 +11,8 @@ from typing import Any
 
 from cuda.bindings import driver as drv
 
-from asyncgraph._exceptions import CaptureError
-from asyncgraph.runtime import _loop
+from asyncgraph._runtime import _loop
+from asyncgraph._runtime._exceptions import CaptureError
 
 __all__ = (
     "CaptureGuard",

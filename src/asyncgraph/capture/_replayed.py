@@ -6,8 +6,8 @@ from collections.abc import Awaitable
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from asyncgraph.args._bound_args import BoundCall
-    from asyncgraph.buffers._resident import ResidentBuffer
+    from asyncgraph._args._bound_args import BoundCall
+    from asyncgraph._buffers._resident import ResidentBuffer
 
     from ._choice import Choice
     from ._graph_host import GraphHost

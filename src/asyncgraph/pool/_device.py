@@ -13,8 +13,8 @@ from typing import Any, Protocol, runtime_checkable
 
 import attrs
 
-from asyncgraph._exceptions import AllocationError
-from asyncgraph.runtime._poison import fault_from
+from asyncgraph._runtime._exceptions import AllocationError
+from asyncgraph._runtime._poison import fault_from
 
 __all__ = ("DeviceMemory", "DeviceMemoryStatistics", "StreamOrderedDeviceMemory")
 

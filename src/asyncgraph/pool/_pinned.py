@@ -28,8 +28,8 @@ from typing import Any, Protocol, runtime_checkable
 import attrs
 import numpy as np
 
-from asyncgraph._exceptions import AllocationError, ArgumentTypeError, DispatchError
-from asyncgraph.runtime._poison import fault_from, process_fault
+from asyncgraph._runtime._exceptions import AllocationError, ArgumentTypeError, DispatchError
+from asyncgraph._runtime._poison import fault_from, process_fault
 
 from ._abandon import abandon
 from ._reaper import Reaper

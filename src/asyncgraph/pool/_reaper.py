@@ -20,7 +20,7 @@ import threading
 from collections.abc import Callable
 from concurrent.futures import Future
 
-from asyncgraph.runtime._telemetry import logger as _log
+from asyncgraph._runtime._telemetry import logger as _log
 
 __all__ = ("Reaper",)
 

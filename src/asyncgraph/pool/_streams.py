@@ -19,8 +19,8 @@ from typing import Any, Final, Generic, Protocol, TypeVar, runtime_checkable
 
 import attrs
 
-from asyncgraph._exceptions import DispatchError
-from asyncgraph.runtime import _loop
+from asyncgraph._runtime import _loop
+from asyncgraph._runtime._exceptions import DispatchError
 
 __all__ = ("StreamLane", "StreamPool", "StreamPoolProtocol", "StreamPoolStatistics")
 

@@ -1,0 +1,2 @@
+"""Lanes: a stream with its scratch and events, the order between streams, and what a
+dispatch stages on a lane."""
