@@ -1,10 +1,10 @@
 """Completion at the GPU's pace: how late an awaited dispatch of a kernel of a given length
 arrives, against the synchronous libraries' launch + synchronize of the same kernel.
 
-The kernel spins on ``clock64()`` for a given time (``asyncgraph._demo._spin_kernel.SPIN``; PyTorch's
-own ``torch.cuda._sleep`` does the same). For each length (20 µs to 5 ms), in one process per
-dispatch core, one task awaits one dispatch at a time on an otherwise idle loop (asyncio, then
-uvloop), and the same process times, one call at a time:
+The kernel spins on ``clock64()`` for a given time (``asyncgraph._demo._spin_kernel.SPIN``;
+PyTorch's own ``torch.cuda._sleep`` does the same). For each length (20 µs to 5 ms), in one
+process per dispatch core, one task awaits one dispatch at a time on an otherwise idle loop
+(asyncio, then uvloop), and the same process times, one call at a time:
 
 - CuPy: the kernel's launch + ``stream.synchronize()`` (its wait spins);
 - PyTorch: ``torch.cuda._sleep`` + ``torch.cuda.synchronize()``;

@@ -233,9 +233,9 @@ def staged_fast(code: int, arg: Any) -> FastArg:
 
 
 class ArrayKind(ArgKind):
-    """A numpy array: uploaded and read by the kernel (:class:`~asyncgraph._args._bound_args.InArg`).
-    Only an exact ``np.ndarray`` is planned; a subclass (a masked array is refused) is bound
-    from scratch each time."""
+    """A numpy array: uploaded and read by the kernel
+    (:class:`~asyncgraph._args._bound_args.InArg`). Only an exact ``np.ndarray`` is planned; a
+    subclass (a masked array is refused) is bound from scratch each time."""
 
     __slots__ = ()
     name = "array"
@@ -287,8 +287,9 @@ class ScalarKind(ArgKind):
 
 
 class ResidentKind(ArgKind):
-    """A resident buffer, passed as its pointer (:class:`~asyncgraph._args._bound_args.ResidentArg`);
-    its liveness is checked on every call, planned or not."""
+    """A resident buffer, passed as its pointer
+    (:class:`~asyncgraph._args._bound_args.ResidentArg`); its liveness is checked on every call,
+    planned or not."""
 
     __slots__ = ()
     name = "resident buffer"
@@ -440,7 +441,8 @@ def _refuse_out(out: Any, where: str, param: Param) -> NoReturn:
 class OutKind(ArgKind):
     """``Out``: a new array (:class:`~asyncgraph._args._bound_args.OutArg`, staged), a new resident
     buffer (``resident=True``) or a resident buffer written in place (``into=``), both
-    :class:`~asyncgraph._args._bound_args.ResidentOutArg`. New resident buffers are never planned."""
+    :class:`~asyncgraph._args._bound_args.ResidentOutArg`. New resident buffers are never
+    planned."""
 
     __slots__ = ("_type",)
     name = "Out"

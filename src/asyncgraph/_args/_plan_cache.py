@@ -2,7 +2,8 @@
 
 The first dispatch of a kernel with a given signature — each argument's kind, dtype, shape and
 layout, the launch shape and the shared memory — goes through
-:func:`~asyncgraph._args._arguments.bind`, which checks everything and lays the staged arguments out.
+:func:`~asyncgraph._args._arguments.bind`, which checks everything and lays the staged arguments
+out.
 :func:`plan_of` then keeps what it decided as a :class:`Plan`: per argument the exact type it had
 and a guard that says whether a later value is laid out the same (same shape, dtype and strides;
 same kind of ``Out``), with the offsets and byte counts already computed; each argument's kind makes

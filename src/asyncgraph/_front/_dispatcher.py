@@ -48,8 +48,8 @@ class Dispatcher:
     """The scheduler of one backend, its effects, and the resolution of its jobs.
 
     The dispatcher and its engine need each other: the engine reports to the dispatcher (its
-    :class:`~asyncgraph._front._engine_protocols.Sink`), the dispatcher runs jobs with the engine. So
-    the dispatcher makes its engine, handing itself over as the sink; the engine keeps it, and
+    :class:`~asyncgraph._front._engine_protocols.Sink`), the dispatcher runs jobs with the engine.
+    So the dispatcher makes its engine, handing itself over as the sink; the engine keeps it, and
     reports nothing before a job runs. Everything else is complete when it is passed in.
 
     Args:
