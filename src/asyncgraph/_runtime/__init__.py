@@ -1,2 +1,3 @@
-"""What every layer runs on: the event loop (asyncio or trio), telemetry, the process's CUDA
-fate."""
+"""What every layer runs on: the error tree, the package's version, the event loop (asyncio or
+trio), telemetry, the process's CUDA fate. Nothing is imported here: ``import asyncgraph`` loads
+this folder with the error tree."""
