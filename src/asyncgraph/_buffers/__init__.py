@@ -1,1 +1,1 @@
-"""Resident buffers: device memory kept between dispatches, its transfers and its exports."""
+"""Resident buffers: device memory kept between dispatches, its store and its DLPack capsules."""

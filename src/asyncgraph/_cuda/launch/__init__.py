@@ -1,2 +1,1 @@
-"""Launching work: kernels compiled and loaded, lanes, staging plans, staged and streamed
-dispatches."""
+"""Launching work: kernels compiled and loaded, staged and streamed dispatches."""

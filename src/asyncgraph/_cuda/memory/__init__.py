@@ -1,1 +1,1 @@
-"""Device memory of the CUDA engine: resident storage, spare storage, chunked and peer copies."""
+"""Device memory of the CUDA engine: resident storage, chunked and peer copies."""
