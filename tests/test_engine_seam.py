@@ -5,7 +5,8 @@ which ``docs/architecture.md`` lists under "The seam". A seam type is a class th
 defines, or a protocol or abstract class that one side defines and a class of the other side
 implements: names as its base, or has every member of (its methods and attributes; the
 compiled core's ``cdef class`` fields and methods count). The sides are folders: the front's
-(``front``, ``jobs``, ``args``, ``buffers``) and the engines' (``cuda``, ``host``, ``capture``).
+(``_front``, ``_jobs``, ``_args``, ``_buffers``) and the engines' (``_cuda``, ``_host``,
+``capture``).
 A protocol that declares nothing (``_buffers._resident.Use``, a name for any object) constrains
 no one and is not counted.
 
@@ -30,8 +31,8 @@ from tests.test_structure import PACKAGE, SRC, load_modules
 ROOT = Path(__file__).resolve().parents[1]
 DOC = ROOT / "docs" / "architecture.md"
 SEAM_MODULE = "_front._engine_protocols"
-FRONT_SIDE = ("front", "jobs", "args", "buffers")
-ENGINE_SIDE = ("cuda", "host", "capture")
+FRONT_SIDE = ("_front", "_jobs", "_args", "_buffers")
+ENGINE_SIDE = ("_cuda", "_host", "capture")
 MAX_SEAM_TYPES = 5
 # Where job-type ignores are looked for, below the project's root.
 TYPED_TREES = ("src", "tests", "benchmarks", "examples")
@@ -219,6 +220,9 @@ def job_type_ignores(root: Path, trees: tuple[str, ...] = TYPED_TREES) -> list[s
 
 
 def test_the_seam_is_the_list_on_the_architecture_page() -> None:
+    # The sides are folders of the package: one renamed away would silently be checked no more.
+    package = SRC / PACKAGE
+    assert [name for name in FRONT_SIDE + ENGINE_SIDE if not (package / name).is_dir()] == []
     problems = check_seam(SRC, PACKAGE, DOC.read_text(encoding="utf-8"))
     assert problems == [], "\n".join(problems)
 
@@ -276,33 +280,33 @@ def test_the_seam_check_fails_on_a_sixth_type(tmp_path: Path) -> None:
         tmp_path,
         {
             "__init__.py": "",
-            "front/__init__.py": "",
+            "_front/__init__.py": "",
             "_front/_engine_protocols.py": _FIVE,
-            "jobs/__init__.py": "",
+            "_jobs/__init__.py": "",
             "_jobs/_scheduler.py": (
                 "from typing import Protocol\n\n\n"
                 "class Use(Protocol):\n    '''Any object: declares nothing.'''\n\n\n"
                 "class Queued(Protocol):\n    stamp: int\n\n\n"
                 "class Job:\n    __slots__ = ('stamp',)\n"
             ),
-            "cuda/__init__.py": "",
-            "cuda/_engine.py": (
+            "_cuda/__init__.py": "",
+            "_cuda/_engine.py": (
                 "class CudaEngine:\n    def launch(self, job: object) -> None: ...\n"
             ),
         },
     )
     assert check_seam(tmp_path, "pkg", _DOC) == []  # Use declares nothing; Job is the front's
     assert check_seam(tmp_path, "pkg", _DOC.replace("- `Sink`: what it reports to.\n", "")) == [
-        "Sink (defined in pkg.front._engine_protocols) is a seam type the architecture page "
+        "Sink (defined in pkg._front._engine_protocols) is a seam type the architecture page "
         "does not list"
     ]
     # A sixth: a protocol of the front that an engine's class implements, listed or not.
-    (tmp_path / "pkg" / "jobs" / "_runner.py").write_text(
+    (tmp_path / "pkg" / "_jobs" / "_runner.py").write_text(
         "from typing import Protocol\n\n\nclass Runner(Protocol):\n"
         "    def is_ready(self, job: object) -> bool: ...\n",
         encoding="utf-8",
     )
-    (tmp_path / "pkg" / "cuda" / "_engine.py").write_text(
+    (tmp_path / "pkg" / "_cuda" / "_engine.py").write_text(
         "class CudaEngine:\n    def launch(self, job: object) -> None: ...\n\n"
         "    def is_ready(self, job: object) -> bool:\n        return True\n",
         encoding="utf-8",
@@ -312,36 +316,36 @@ def test_the_seam_check_fails_on_a_sixth_type(tmp_path: Path) -> None:
         "6 seam types: Engine, Sink, Links, FastFront, FastDispatch, Runner; at most 5"
     ]
     assert check_seam(tmp_path, "pkg", _DOC) == [
-        "Runner (pkg.jobs._runner.Runner, met by pkg.cuda._engine.CudaEngine) is a seam type "
+        "Runner (pkg._jobs._runner.Runner, met by pkg._cuda._engine.CudaEngine) is a seam type "
         "the architecture page does not list",
         "6 seam types: Engine, Sink, Links, FastFront, FastDispatch, Runner; at most 5",
     ]
     # The same through the compiled core: a cdef class that has a front protocol's fields.
-    (tmp_path / "pkg" / "jobs" / "_runner.py").unlink()
-    (tmp_path / "pkg" / "jobs" / "_door.py").write_text(
+    (tmp_path / "pkg" / "_jobs" / "_runner.py").unlink()
+    (tmp_path / "pkg" / "_jobs" / "_door.py").write_text(
         "from typing import Protocol\n\n\n"
         "class FastJob(Protocol):\n    id: int\n    state: object\n",
         encoding="utf-8",
     )
-    (tmp_path / "pkg" / "cuda" / "_core.pxd").write_text(
+    (tmp_path / "pkg" / "_cuda" / "_core.pxd").write_text(
         "cdef class FastJob:\n    cdef public object id\n    cdef public object state\n",
         encoding="utf-8",
     )
     assert check_seam(tmp_path, "pkg", _DOC)[0] == (
-        "FastJob (pkg.jobs._door.FastJob, met by pkg.cuda._core.FastJob) is a seam type the "
+        "FastJob (pkg._jobs._door.FastJob, met by pkg._cuda._core.FastJob) is a seam type the "
         "architecture page does not list"
     )
     # And a class added to the seam module itself.
-    (tmp_path / "pkg" / "jobs" / "_door.py").unlink()
-    seam = tmp_path / "pkg" / "front" / "_engine_protocols.py"
+    (tmp_path / "pkg" / "_jobs" / "_door.py").unlink()
+    seam = tmp_path / "pkg" / "_front" / "_engine_protocols.py"
     seam.write_text(_FIVE + "\n\nclass GraphFront: ...\n", encoding="utf-8")
     assert check_seam(tmp_path, "pkg", _DOC)[-1] == (
         "6 seam types: Engine, Sink, Links, FastFront, FastDispatch, GraphFront; at most 5"
     )
     assert check_seam(tmp_path, "pkg", _DOC.replace("- `FastDispatch`", "- `Gone`")) == [
-        "FastDispatch (defined in pkg.front._engine_protocols) is a seam type the architecture "
+        "FastDispatch (defined in pkg._front._engine_protocols) is a seam type the architecture "
         "page does not list",
-        "GraphFront (defined in pkg.front._engine_protocols) is a seam type the architecture "
+        "GraphFront (defined in pkg._front._engine_protocols) is a seam type the architecture "
         "page does not list",
         "Gone is listed but is no seam type",
         "6 seam types: Engine, Sink, Links, FastFront, FastDispatch, GraphFront; at most 5",
