@@ -134,7 +134,7 @@ print(json.dumps({"compiled": bool(core.COMPILED), "describe": describe(),
 """
 _REFUSED = (
     r"the compiled core does not match this asyncgraph \(\w+Error: [^)]*"
-    r"asyncgraph\.(jobs|buffers)\._\w+[^)]*\); rebuild it \(pip install -e \. in a checkout\)"
+    r"asyncgraph\._(jobs|buffers)\._\w+[^)]*\); rebuild it \(pip install -e \. in a checkout\)"
 )
 
 
