@@ -174,3 +174,17 @@ def test_the_fast_path_makes_few_calls(seen: dict[str, Any]) -> None:
     pinned = PINNED_CALLS[build]
     assert {row: calls[row]["asyncgraph"] for row in pinned} == pinned
     assert calls[REPLAY_ROW]["asyncgraph"] == PINNED_REPLAY_CALLS[build]
+
+
+def test_each_class_runs_on_its_own_lanes_and_on_the_fast_path(seen: dict[str, Any]) -> None:
+    classes = seen["classes"]
+    for rank, name in enumerate(("high", "normal", "low")):
+        got = classes[name]
+        assert got["worst"] == 0.0, got
+        assert got["ranks"] == [rank], got  # the lanes of its class alone
+        assert got["fast"] == (20 if _fast(seen) else 0), got
+        assert got["latency"] == got["wait"] == 20, got  # counted in its class
+    # A use of a buffer in another class than the one it waits for: the general way.
+    assert classes["across"] == {"fast": 1 if _fast(seen) else 0, "right": True}
+    # Uses of one buffer within a class: ordered by its lane, on the fast path.
+    assert classes["chain"] == {"fast": 5 if _fast(seen) else 0, "ranks": [0], "right": True}

@@ -419,6 +419,91 @@ async def telemetry() -> dict[str, Any]:
     return seen
 
 
+async def classes() -> dict[str, Any]:
+    """Dispatches of each priority class, checked against numpy: the lanes they run on (of
+    their class), how many took the fast path, and their class's telemetry; then a buffer
+    written by the default class and read by the high one while the write runs (the read goes
+    the general way, ordered by an event), and a chain of one buffer's uses within the high
+    class (ordered by its lane)."""
+    rng = _rng()
+    seen: dict[str, Any] = {}
+    async with _open() as gpu:
+        await _compiled(gpu)
+        lanes = gpu._cuda.device.lanes
+        x = rng.standard_normal(N, dtype=np.float32)  # the plan learned, by the general path
+        await gpu.dispatch(SCALE, x, ag.Out(N, np.float32), x[0], np.int32(N), grid=4, block=256)
+        for name in ("high", "normal", "low"):
+            before = gpu.telemetry.snapshot()
+            worst = 0.0
+            ranks: list[int] = []
+            for k in range(20):
+                x = rng.standard_normal(N, dtype=np.float32)
+                a = np.float32(rng.standard_normal())
+                if k == 0:
+                    _mode("manual")  # in flight until the mode changes: its lane is busy
+                pending = gpu.dispatch(
+                    SCALE, x, ag.Out(N, np.float32), a, np.int32(N), grid=4, block=256,
+                    priority=name,
+                )  # fmt: skip
+                if k == 0:
+                    ranks = sorted({lane.rank for lane in lanes if lane.slot.outstanding})
+                    _mode("instant")
+                (out,) = await pending
+                worst = max(worst, float(np.abs(out - a * x).max()))
+            snap = gpu.telemetry.snapshot()
+            seen[name] = {
+                "worst": worst,
+                "ranks": ranks,
+                "fast": snap.fast_path_dispatches - before.fast_path_dispatches,
+                "latency": snap.completion_latency_by_class[name].count
+                - before.completion_latency_by_class[name].count,
+                "wait": snap.queue_wait_by_class[name].count
+                - before.queue_wait_by_class[name].count,
+            }
+        x = rng.standard_normal(N, dtype=np.float32)
+        a, b = np.float32(rng.standard_normal()), np.float32(rng.standard_normal())
+        buf = await gpu.upload(x)
+        # Both plans learned, each use finished before the next: then, with the write in flight.
+        await gpu.dispatch(INC, buf, np.float32(0), np.int32(N), grid=4, block=256)
+        await gpu.dispatch(
+            SCALE, buf, ag.Out(N, np.float32), b, np.int32(N), grid=4, block=256, priority="high"
+        )
+        before = gpu.telemetry.snapshot().fast_path_dispatches
+        _mode("manual")
+        written = gpu.dispatch(INC, buf, a, np.int32(N), grid=4, block=256)
+        read = gpu.dispatch(
+            SCALE, buf, ag.Out(N, np.float32), b, np.int32(N), grid=4, block=256,
+            priority="high",
+        )  # fmt: skip
+        _mode("instant")
+        await written
+        (out,) = await read
+        seen["across"] = {
+            "fast": gpu.telemetry.snapshot().fast_path_dispatches - before,
+            "right": bool(np.array_equal(out, (x + a) * b)),
+        }
+        before = gpu.telemetry.snapshot().fast_path_dispatches
+        _mode("manual")
+        chain = [
+            gpu.dispatch(INC, buf, a, np.int32(N), grid=4, block=256, priority="high")
+            for _ in range(5)
+        ]
+        ranks = sorted({lane.rank for lane in lanes if lane.slot.outstanding})
+        _mode("instant")
+        for pending in chain:
+            await pending
+        expected = x + a
+        for _ in range(5):
+            expected += a
+        seen["chain"] = {
+            "fast": gpu.telemetry.snapshot().fast_path_dispatches - before,
+            "ranks": ranks,
+            "right": bool(np.array_equal(await gpu.download(buf), expected)),
+        }
+        await buf.aclose()
+    return seen
+
+
 async def pending_slots() -> dict[str, Any]:
     """Every slot of a pending result the fast path made is set, as the front sets them."""
     async with _open() as gpu:
@@ -515,6 +600,7 @@ SCENARIOS: dict[str, Callable[[], Any]] = {
     "telemetry": telemetry,
     "pending_slots": pending_slots,
     "trio": trio,
+    "classes": classes,
 }
 
 

@@ -38,7 +38,7 @@ from asyncgraph._runtime._exceptions import (
     QueueFullError,
     UnsupportedError,
 )
-from asyncgraph._runtime._priority import NORMAL
+from asyncgraph._runtime._priority import NORMAL, RANKS
 from asyncgraph._runtime._resource import AsyncResource
 from asyncgraph._runtime._telemetry import logger
 
@@ -59,7 +59,6 @@ if TYPE_CHECKING:
 __all__ = ("Backend",)
 
 _NEVER: Final = "never"
-_NORMAL: Final = "normal"
 _GRAPH_CHOICES: Final = (_NEVER, "auto", "always")
 
 
@@ -232,13 +231,14 @@ class Backend(ResidentBuffers, AsyncResource):
             DeviceFaultError: the backend failed earlier with a device fault.
         """
         fast = self._fast
-        if (
-            fast is not None
-            and after is None
-            and queue_timeout is None
-            and (priority is None or priority == _NORMAL)
-        ):
-            pending = fast(kernel, args, grid, block, shared_mem, timing, graph)
+        if fast is not None and after is None and queue_timeout is None:
+            if priority is None:  # the backend's default class, the default one (steer.plain)
+                pending = fast(kernel, args, grid, block, shared_mem, timing, graph)
+            elif type(priority) is str and priority in RANKS:
+                rank = RANKS[priority]
+                pending = fast(kernel, args, grid, block, shared_mem, timing, graph, rank)
+            else:
+                pending = None  # the general path says what is wrong with it
             if pending is not None:
                 return pending
         started = 0.0 if graph is _NEVER else perf_counter()  # where "auto" measures from

@@ -280,8 +280,8 @@ class Dispatcher:
         telemetry = self._telemetry
         latency = perf_counter() - job.t_dispatch
         outcome = job.outcome
-        if not isinstance(job, Job):  # a fast path's job reported here: of the default class
-            telemetry.completion_latency.record(latency)  # type: ignore[unreachable]  # see above
+        if not isinstance(job, Job):  # a fast path's job reported here, of its class
+            telemetry.class_latency[job.priority].record(latency)  # type: ignore[unreachable]
         else:
             telemetry.class_latency[job.priority].record(latency)
             if job.timer is not None:

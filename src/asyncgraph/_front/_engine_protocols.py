@@ -144,9 +144,11 @@ class FastDispatch(Protocol):
         shared_mem: object,
         timing: object,
         graph: object,
+        rank: int = ...,
     ) -> PendingDispatch | None:
         """Launch the call and return its pending result, or ``None`` having changed nothing
-        (then the general path runs, and raises whatever is wrong with the call)."""
+        (then the general path runs, and raises whatever is wrong with the call). *rank*: its
+        priority class's (``runtime/_priority``), the default class's if not given."""
         ...
 
     def learn(self, plan: Plan, call: BoundCall) -> None:

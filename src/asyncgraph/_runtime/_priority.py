@@ -19,6 +19,7 @@ __all__ = (
     "LOW",
     "NORMAL",
     "PRIORITIES",
+    "RANKS",
     "check_priority",
     "check_queue_timeout",
 )
@@ -27,7 +28,7 @@ PRIORITIES: Final = ("high", "normal", "low")
 HIGH: Final = 0
 NORMAL: Final = 1
 LOW: Final = 2
-_RANKS: Final = {name: rank for rank, name in enumerate(PRIORITIES)}
+RANKS: Final = {name: rank for rank, name in enumerate(PRIORITIES)}  # each class's rank
 
 # The starvation bound: a queued dispatch that has seen this many dispatches admitted since it
 # was queued goes before every dispatch queued after it, whatever their class (docs/jobs.md).
@@ -40,7 +41,7 @@ def check_priority(value: object, where: str) -> int:
     Raises:
         DispatchError: *value* names no class (ArgumentTypeError if it is no string).
     """
-    rank = _RANKS.get(value) if isinstance(value, str) else None
+    rank = RANKS.get(value) if isinstance(value, str) else None
     if rank is not None:
         return rank
     error = DispatchError if isinstance(value, str) else ArgumentTypeError

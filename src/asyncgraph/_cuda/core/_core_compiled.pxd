@@ -99,6 +99,7 @@ cdef class FastJob(WatchItem):
     cdef uint64_t out_at  # a replay's results: its graph's pinned output block less in_end
     cdef CPlan cplan
     cdef int lane_index
+    cdef public int priority  # its class's rank (runtime/_priority), as a Job's
 
 
 cdef struct ArgC:
@@ -167,6 +168,7 @@ cdef struct LaneC:
     uint8_t* ring
     uint64_t head
     uint64_t tail
+    int rank            # the priority class whose work runs on it (Lane.rank)
 
 
 cdef struct HistogramC:
@@ -208,9 +210,9 @@ cdef class FastPath:
     cdef public long long copies_down
     cdef public long long replays  # of cached graphs (_fast_replay.pxi)
     cdef public long long placements  # dispatches it placed on the least busy lane itself
-    cdef long long _submitted  # dispatches since the last flush: none waited in a queue
+    cdef long long _submitted[3]  # dispatches since the last flush, by class: none waited
     cdef HistogramC _submit_time
-    cdef HistogramC _latency
+    cdef HistogramC _latency[3]  # by class (PRIORITIES order)
 
     cdef int _enqueue(
         self, FastJob job, CPlan plan, Launcher launcher, tuple args, LaneC* lc, uint64_t at

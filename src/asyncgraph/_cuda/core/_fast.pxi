@@ -37,6 +37,7 @@ cdef class FastPath:
             self._lane[i].ring = <uint8_t*><uintptr_t>self._rings[i].ptr
             self._lane[i].head = 0
             self._lane[i].tail = 0
+            self._lane[i].rank = lane.rank
         self._watches = watches
         self._spin = watches.spin
         self._spin_own = _spin_own_end(watches)  # a replay's: until its expected end
@@ -50,10 +51,11 @@ cdef class FastPath:
         self._ids = front.ids
         self._kernels = {}
         self._launchers = launchers
-        self._submitted = 0
+        for i in range(3):
+            self._submitted[i] = 0
+            _clear(&self._latency[i])
         self.replays = 0
         _clear(&self._submit_time)
-        _clear(&self._latency)
         watches.serve_fast(self)
 
     def __dealloc__(self):
@@ -112,8 +114,10 @@ cdef class FastPath:
 
     # -- the dispatch --------------------------------------------------------------------------
 
-    def dispatch(self, kernel, tuple args, grid, block, shared_mem, timing, graph):
-        """Launch the call if it is the steady state; ``None`` (having changed nothing) if not."""
+    def dispatch(self, kernel, tuple args, grid, block, shared_mem, timing, graph, int rank=_NORMAL):
+        """Launch the call if it is the steady state; ``None`` (having changed nothing) if not.
+        *rank*: its priority class's (``runtime/_priority``): it runs on a lane of that class;
+        a graph's dispatch is the default class's only."""
         cdef double t0 = _now()
         cdef KnownKernel known
         cdef CPlan plan = None
@@ -137,6 +141,10 @@ cdef class FastPath:
                 return None
             known.launcher = launcher
         auto = graph is not _NEVER and graph != _NEVER
+        if auto and rank != _NORMAL:
+            return None  # the general path: graphs serve the default class here
+        if rank < 0 or rank > 2:
+            return None
         if auto and (graph != _ALWAYS if graph != _AUTO else not known.steered):
             return None  # the general path checks the mode, or "auto" chose nothing here
         loop = _steady_loop(self)
@@ -164,12 +172,12 @@ cdef class FastPath:
                 if type(buffer) is not ResidentBuffer:
                     return None  # the general path checks what it is
                 uses.append(buffer)
-            lane_index = _lane_after(self, uses, plan.writes)
+            lane_index = _lane_after(self, uses, plan.writes, rank)
             if lane_index == -2:
                 return None  # stale, twice in one call, or uses elsewhere: the general way
         placed = lane_index < 0
         if placed:  # the least busy lane not leased, ties in turn (as StreamPool.pick)
-            lane_index = _least_busy(self)
+            lane_index = _least_busy(self, rank)
             if lane_index < 0:
                 return None  # every lane leased
         # Room in the lane's staging ring.
@@ -190,6 +198,7 @@ cdef class FastPath:
         job.args = args
         job.lane = self._lanes[lane_index]
         job.lane_index = lane_index
+        job.priority = rank
         job.t_dispatch = t0
         if choice is not None and choice.sampling:
             job.choice = choice  # "auto" measures it
@@ -235,7 +244,7 @@ cdef class FastPath:
         watches.pending += 1
         if not watches.poll_scheduled:
             watches._request_poll()
-        self._submitted += 1  # the whole call was its submission: it waited in no queue
+        self._submitted[rank] += 1  # the whole call was its submission: it waited in no queue
         _record_value(&self._submit_time, _now() - t0)
         return pending
 
@@ -385,7 +394,7 @@ cdef class FastPath:
         for buffer in job.buffers:
             untrack(buffer, job)
         now = _now()
-        _record_value(&self._latency, now - job.t_dispatch)
+        _record_value(&self._latency[job.priority], now - job.t_dispatch)
         if isinstance(outcome, BaseException):
             self.failed += 1
         else:
@@ -438,8 +447,9 @@ cdef class FastPath:
         telemetry.graph_replays += self.replays
         self.dispatches = self.completed = self.failed = self.replays = 0
         self.bytes_up = self.bytes_down = self.copies_up = self.copies_down = 0
-        if self._submitted:  # none waited in a queue
-            telemetry.queue_wait.record_all([0.0] * self._submitted)
-            self._submitted = 0
+        for r in range(3):  # by class; the default class's are the backend's own histograms
+            if self._submitted[r]:  # none waited in a queue
+                telemetry.class_queue_wait[r].record_all([0.0] * self._submitted[r])
+                self._submitted[r] = 0
+            _flush_histogram(&self._latency[r], telemetry.class_latency[r])
         _flush_histogram(&self._submit_time, telemetry.submit_time)
-        _flush_histogram(&self._latency, telemetry.completion_latency)

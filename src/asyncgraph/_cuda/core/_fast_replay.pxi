@@ -67,11 +67,21 @@ cdef bint _route(FastPath fp, object call, list instances, object choice, object
     return False
 
 
-cdef Py_ssize_t _least_busy(FastPath fp) except -2:
+cdef Py_ssize_t _least_busy(FastPath fp, int rank=_NORMAL) except -2:
     """The least busy lane not leased, ties in turn from the cursor (as StreamPool.pick); -1
-    if every lane is leased."""
+    if every lane is leased. Of another class than the default one (*rank*): the least busy
+    of that class's lanes, the first of those tied (as ``Device.placed``)."""
     cdef Py_ssize_t k, i, lane_index = -1, count = fp._n_lanes, start = fp._cursor
     cdef Py_ssize_t out, best_out = 0
+    if rank != _NORMAL:
+        for i in range(count):
+            if fp._lane[i].rank != rank:
+                continue
+            out = fp._slots[i].outstanding
+            if lane_index < 0 or out < best_out:
+                lane_index = i
+                best_out = out
+        return lane_index
     for k in range(count):
         i = (start + k) % count
         slot = fp._slots[i]
@@ -122,6 +132,7 @@ cdef object _replay_routed(
     job.args = args
     job.lane = fp._lanes[lane_index]
     job.lane_index = lane_index
+    job.priority = _NORMAL
     job.t_dispatch = job.started = t0
     job.choice = sampled
     job.graph = cached
@@ -160,7 +171,7 @@ cdef object _replay_graph(
     loop = _steady_loop(fp)
     if loop is None:
         return None
-    lane_index = _lane_after(fp, uses, writes) if uses is not None else -1
+    lane_index = _lane_after(fp, uses, writes, _NORMAL) if uses is not None else -1
     if lane_index == -2:
         return None  # the general path orders them
     placed = lane_index < 0
@@ -176,6 +187,7 @@ cdef object _replay_graph(
     job.args = _EMPTY
     job.lane = fp._lanes[lane_index]
     job.lane_index = lane_index
+    job.priority = _NORMAL
     job.t_dispatch = t0
     job.started = started if started > 0.0 else t0
     job.choice = choice
@@ -214,9 +226,11 @@ cdef int _admit(FastPath fp, FastJob job, bint placed, list uses, tuple writes) 
     """Admit *job*, launched on its lane, through the scheduler's door: the lane's slot (and
     its placements, if *placed* there) count it, the uses of the resident
     buffers *uses* (written where *writes* says) are recorded, the cursor moves on past a
-    placed lane; if a step raises, all of it is taken back."""
+    placed lane; if a step raises, all of it is taken back. A lane of another class than the
+    default one is no placement of the stream pool's (as on the general path)."""
     cdef int taken = 0
     slot = fp._slots[job.lane_index]
+    placed = placed and job.priority == _NORMAL
     try:
         fp._door.admit_launched(job)
         slot.outstanding += 1
@@ -239,10 +253,11 @@ cdef int _admit(FastPath fp, FastJob job, bint placed, list uses, tuple writes) 
     return 0
 
 
-cdef Py_ssize_t _lane_after(FastPath fp, list buffers, tuple writes) except -3:
+cdef Py_ssize_t _lane_after(FastPath fp, list buffers, tuple writes, int rank) except -3:
     """The lane every unfinished use of *buffers* runs on, by
     index; -1 for none; -2 when the general path must order them (a buffer closed or passed
-    twice, a use not launched yet, a download, uses on two lanes, or that lane leased)."""
+    twice, a use not launched yet, a download, uses on two lanes, that lane leased, or of
+    another class than *rank*'s: across classes the general path orders by an event)."""
     cdef Py_ssize_t i, k, n = len(buffers)
     cdef PyObject* lane = NULL  # borrowed: every lane is the backend's, held by fp._lanes
     cdef object buffer
@@ -262,7 +277,9 @@ cdef Py_ssize_t _lane_after(FastPath fp, list buffers, tuple writes) except -3:
     if lane == NULL:
         return -1
     i = (<object>lane).index
-    if fp._slots[i].leased:
+    if i >= fp._n_lanes or fp._lane[i].rank != rank:
+        return -2
+    if rank == _NORMAL and fp._slots[i].leased:  # the other classes' lanes are reserved
         return -2
     return i
 
@@ -346,7 +363,7 @@ cdef int _launch_watched(
     watches.pending += 1
     if not watches.poll_scheduled:
         watches._request_poll()
-    fp._submitted += 1
+    fp._submitted[job.priority] += 1
     _record_value(&fp._submit_time, _now() - job.t_dispatch)
     return 0
 
