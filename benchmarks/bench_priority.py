@@ -152,7 +152,13 @@ async def measure(reps: int, turns: int, spin_ms: float, block_us: float) -> dic
         }
         for way in ways
     }
+    mixed, plain = rows["with priorities"], rows["without"]
     return {
+        "targets": {
+            "high p99 / its p99 on an idle GPU, with priorities <= 2": mixed["high_p99_vs_idle"],
+            "low class's throughput / alone, with priorities >= 0.9": mixed["low_vs_alone"],
+            "(info) high p99 / its p99 on an idle GPU, without": plain["high_p99_vs_idle"],
+        },
         "spin_ms": spin_ms,
         "block_us": block_us,
         "depth": depth,

@@ -71,6 +71,12 @@ BENCHMARKS: tuple[tuple[str, str, str, str], ...] = (
         "serving.md",
     ),
     (
+        "bench_priority",
+        "Priority classes",
+        "high-priority 4 KiB round trips beside low-priority work that fills the GPU",
+        "jobs.md",
+    ),
+    (
         "bench_latency",
         "Long kernels",
         "how late an awaited kernel of 20 µs to 10 ms completes, and the loop's CPU meanwhile",
