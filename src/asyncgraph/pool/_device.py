@@ -74,7 +74,7 @@ class StreamOrderedDeviceMemory:
         self.resource = resource
         self._trim = trim
         # How a buffer is given back: ``buffer.close(stream)`` unless the owner says otherwise
-        # (a backend whose device failed abandons its buffers instead: ``cuda._abandon``).
+        # (a backend whose device failed abandons its buffers instead: ``pool._abandon``).
         self._release = release if release is not None else _close
         self._allocations = 0
         self._frees = 0

@@ -1,16 +1,15 @@
-# The fast path, compiled (included by _core_compiled.pyx after _fast_plan.pxi): the twin of
-# _fast.py.
-#
-# The same guards, commit, enqueue and completion as there, in the same order (read that
-# module's docstrings for the contract); here the plan is a C array per argument, an array's
-# guard and staging read numpy's C API, the parameter block is written in place, every driver
-# call is made from C, and the counters and histograms are C fields added into the backend's
-# telemetry on each sync.
+# The fast path (included by _core_compiled.pyx after _fast_plan.pxi). It has no twin: where the
+# compiled core does not run, every dispatch takes the general path, which is its semantic
+# reference (docs/core.md). The same guards, commit, enqueue and completion as the general
+# path's, in the same order; here the plan is a C array per argument, an array's guard and
+# staging read numpy's C API, the parameter block is written in place, every driver call is
+# made from C, and the counters and histograms are C fields added into the backend's telemetry
+# on each sync.
 
 
 cdef class FastPath:
-    """The steady state of a CUDA backend's dispatches, in one call; see
-    ``_fast.FastPath`` (the same arguments, methods and behaviour)."""
+    """The steady state of a CUDA backend's dispatches, in one call (``docs/core.md``, "The
+    fast path": its arguments, methods and behaviour)."""
 
     def __cinit__(self, lanes, rings, watches, events, stream_pool, front, launchers, launcher_type):
         cdef Py_ssize_t n = len(lanes)
