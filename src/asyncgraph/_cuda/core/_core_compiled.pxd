@@ -171,6 +171,10 @@ cdef struct LaneC:
     int rank            # the priority class whose work runs on it (Lane.rank)
 
 
+cdef enum:
+    N_CLASSES = 3  # the priority classes (runtime/_priority.PRIORITIES; checked at import)
+
+
 cdef struct HistogramC:
     int64_t count
     double total
@@ -210,9 +214,9 @@ cdef class FastPath:
     cdef public long long copies_down
     cdef public long long replays  # of cached graphs (_fast_replay.pxi)
     cdef public long long placements  # dispatches it placed on the least busy lane itself
-    cdef long long _submitted[3]  # dispatches since the last flush, by class: none waited
+    cdef long long _submitted[N_CLASSES]  # dispatches since the last flush, by class: none waited
     cdef HistogramC _submit_time
-    cdef HistogramC _latency[3]  # by class (PRIORITIES order)
+    cdef HistogramC _latency[N_CLASSES]  # by class (PRIORITIES order)
 
     cdef int _enqueue(
         self, FastJob job, CPlan plan, Launcher launcher, tuple args, LaneC* lc, uint64_t at

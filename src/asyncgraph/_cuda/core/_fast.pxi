@@ -50,7 +50,7 @@ cdef class FastPath:
         self._ids = front.ids
         self._kernels = {}
         self._launchers = launchers
-        for i in range(3):
+        for i in range(N_CLASSES):
             self._submitted[i] = 0
             _clear(&self._latency[i])
         self.replays = 0
@@ -142,7 +142,7 @@ cdef class FastPath:
         auto = graph is not _NEVER and graph != _NEVER
         if auto and rank != _NORMAL:
             return None  # the general path: graphs serve the default class here
-        if rank < 0 or rank > 2:
+        if rank < 0 or rank >= N_CLASSES:
             return None
         if auto and (graph != _ALWAYS if graph != _AUTO else not known.steered):
             return None  # the general path checks the mode, or "auto" chose nothing here
@@ -446,7 +446,7 @@ cdef class FastPath:
         telemetry.graph_replays += self.replays
         self.dispatches = self.completed = self.failed = self.replays = 0
         self.bytes_up = self.bytes_down = self.copies_up = self.copies_down = 0
-        for r in range(3):  # by class; the default class's are the backend's own histograms
+        for r in range(N_CLASSES):  # by class; the default class's are the backend's own histograms
             if self._submitted[r]:  # none waited in a queue
                 telemetry.class_queue_wait[r].record_all([0.0] * self._submitted[r])
                 self._submitted[r] = 0

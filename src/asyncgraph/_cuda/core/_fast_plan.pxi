@@ -23,6 +23,7 @@ from asyncgraph._runtime._exceptions import AllocationError as _AllocationError
 from asyncgraph._runtime._finished import Download as _Download
 from asyncgraph._front._lifecycle import OPEN as _OPEN
 from asyncgraph._runtime._priority import NORMAL as _NORMAL_OBJ
+from asyncgraph._runtime._priority import PRIORITIES as _PRIORITIES
 from asyncgraph._args._plan_cache import same_dims as _same_dims
 from asyncgraph._jobs._scheduler import JobState as _JobState
 from asyncgraph._runtime._telemetry import BUCKET_BOUNDS as _BUCKET_BOUNDS
@@ -78,6 +79,8 @@ cdef object _DONE = _JobState.DONE
 cdef object _running_loop = _asyncio._get_running_loop
 cdef object _NEVER = "never"
 cdef int _NORMAL = _NORMAL_OBJ  # the default class's rank
+if len(_PRIORITIES) != N_CLASSES:  # the fast path's per-class arrays are this long
+    raise ImportError(f"the compiled core counts {N_CLASSES} priority classes, not {len(_PRIORITIES)}")
 cdef object _AUTO = "auto"
 cdef object _ndarray = _np.ndarray
 cdef object _EMPTY = ()
