@@ -14,6 +14,9 @@ Rows (medians of many repetitions after a warm-up; awaited rows run on asyncio a
 - placement: short round trips while a 200 ms kernel occupies one stream, least-outstanding
   placement against round-robin.
 
+The dispatch core that ran (chosen at import: ``ASYNCGRAPH_CORE``) is printed beside the
+device and recorded as ``core``, so that a compiled core which did not load shows.
+
 Run on a GPU:  python benchmarks/bench_dispatch.py --json [PATH]
 """
 
@@ -33,6 +36,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import asyncgraph as ag
 from asyncgraph._bench._bench_run import SCALE_SOURCE
+from asyncgraph._cuda.core._choose import core
 from asyncgraph._demo._spin_kernel import SPIN
 from benchmarks import harness
 
@@ -324,7 +328,8 @@ def main() -> None:
             results["raw pinned 64 MiB up + down"]
             / results[f"asyncgraph 64 MiB up + kernel + down ({loopname})"]
         )
-    print(f"device: {device}")
+    core_name = "compiled" if core.COMPILED else "python"
+    print(f"device: {device}, dispatch core: {core_name}")
     harness.print_table(("measurement", "value"), results.items(), (".1f",))
     print()
     harness.print_targets(targets)
@@ -332,6 +337,7 @@ def main() -> None:
         {
             **harness.environment(device),
             "reps": reps,
+            "core": core_name,
             "us_or_rate": results,
             "targets": targets,
             "verdicts": harness.verdicts(targets),
