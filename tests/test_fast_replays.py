@@ -100,7 +100,7 @@ def test_a_batchers_padded_batches_replay_one_graph_on_the_fast_path(seen: dict[
 # graph host's hand-off (capture._replayed), FastPath.replay (called straight: the engine hands
 # it to the graphs), the graph's launch address, its results and its turn; on the Python core a
 # replay job of the general path's.
-PINNED_REPLAY_CALLS = {("compiled", True): 8, ("python", True): 66, ("python", False): 78}
+PINNED_REPLAY_CALLS = {("compiled", True): 8, ("python", True): 67, ("python", False): 79}
 
 
 def test_a_captured_replay_makes_few_calls(seen: dict[str, Any]) -> None:

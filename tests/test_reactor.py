@@ -614,12 +614,23 @@ def test_work_that_ends_long_before_its_expected_end_is_reported_as_it_ends(core
     assert seen["flag"] == 1
 
 
-@pytest.mark.parametrize("core", [pytest.param("compiled", marks=pytest.mark.compiled)])
+@pytest.mark.parametrize("core", CORES)
+def test_the_general_path_learns_each_plans_time_and_forgets_it_with_the_plan(core: str) -> None:
+    # The first dispatch of a plan is watched with no expected end, the second with one; the
+    # times of the plans the plan cache let go of are not kept.
+    seen = run_scenario("tests.fake_driver.core_scenario", core, "learned_times")
+    assert seen["compiled"] == (core == "compiled")
+    assert seen["first_expect"] == 0.0
+    assert seen["second_expect"] is True
+    assert 1 <= seen["held"] <= seen["max_plans"]
+
+
+@pytest.mark.parametrize("core", CORES)
 def test_a_waiter_pokes_the_loop_before_a_kernel_of_known_length_ends(core: str) -> None:
     # Six awaits of a 20 ms kernel, one at a time: each goes to a native waiter thread; once the
-    # fast plan's time is learned (the fast path is the compiled core's: the Python core's
-    # general path learns none) the waiter wakes the loop before the end. (Not every poke need
-    # land first on a loaded machine.)
+    # plan's time is learned (the fast plan's on the compiled core, the general path's on the
+    # Python core) the waiter wakes the loop before the end. (Not every poke need land first
+    # on a loaded machine.)
     seen = run_scenario("tests.fake_driver.core_scenario", core, "expected_end", streams="deferred")
     assert seen["compiled"] == (core == "compiled")
     assert seen["handoffs"] == 6

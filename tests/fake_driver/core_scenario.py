@@ -458,6 +458,51 @@ async def spin_skip() -> dict[str, Any]:
         return seen
 
 
+async def learned_times() -> dict[str, Any]:
+    """Dispatches of one kernel with twelve input sizes (twelve plans, of which the plan cache
+    keeps ``MAX_PLANS``), awaited twice each: how many plans' times the general path
+    (``SmallPath``) learned and still holds once the others were let go of, and whether the
+    last one's watch carried an expected end."""
+    import gc
+
+    from asyncgraph._args._plan_cache import MAX_PLANS
+
+    gpu: Any
+    async with ag.open_backend("cuda", fast_path_enabled=False) as gpu:
+        small = gpu._cuda.small  # its learned times, read by a test on purpose
+        reactor = gpu._cuda.device.reactor
+        expects: list[float] = []
+        real = reactor.watch
+
+        def watch(lane: int, event: Any, callback: Any, expect: float = 0.0) -> Any:
+            expects.append(expect)
+            return real(lane, event, callback, expect)
+
+        reactor.watch = watch
+        try:
+            for size in range(1, 13):
+                x = np.ones(size * 8, np.float32)
+                for _ in range(2):
+                    await gpu.dispatch(
+                        SCALE,
+                        x,
+                        ag.Out(x.size, np.float32),
+                        np.float32(2),
+                        np.int32(x.size),
+                        grid=1,
+                        block=256,
+                    )
+        finally:
+            reactor.watch = real
+        gc.collect()
+        return {
+            "held": len(small._took),
+            "max_plans": MAX_PLANS,
+            "first_expect": expects[0],
+            "second_expect": expects[1] > 0.0,
+        }
+
+
 SCENARIOS: dict[str, Callable[..., Any]] = {
     "commit_fails": commit_fails,
     "readers_not_a_list": readers_not_a_list,
@@ -471,6 +516,7 @@ SCENARIOS: dict[str, Callable[..., Any]] = {
     "stale_expectation": stale_expectation,
     "spin_skip": spin_skip,
     "long_wait": long_wait,
+    "learned_times": learned_times,
 }
 
 

@@ -53,6 +53,7 @@ class Plan:
     """
 
     __slots__ = (
+        "__weakref__",  # a backend may learn what a plan's work takes (keyed weakly by it)
         "block",
         "grid",
         "makers",

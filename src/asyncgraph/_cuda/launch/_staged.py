@@ -8,6 +8,13 @@ instead of a fresh allocation: every use of it is ordered on that one stream. Th
 the stream-ordered allocation and free (about 10 µs of host time per dispatch through
 ``cuda.core``, measured on an NVIDIA H100 80GB HBM3).
 
+Each plan (``BoundCall.plan``: one signature of a kernel) and each graph replayed here has its
+time from launch to completion learned (``_watches.learned``), and its watch says when its
+work is expected to end, as the fast path's do: a lone awaited dispatch then spins where its
+work ends soon, a longer one goes to its lane's waiter, which wakes the loop shortly before its
+expected end (``_watches``, ``POKE_MARGIN``), so that the loop is awake when the work ends. A
+replay's task spins until its own expected end (``OWN_END``), as on the fast path.
+
 The pinned block goes back to its pool only once the event that follows the last copy
 completed. Outputs of at least ``PINNED_RESULTS`` bytes are downloaded into pinned memory that
 the result arrays then own (no copy out of staging), while less than the pinned budget is lent.
@@ -15,15 +22,18 @@ the result arrays then own (no copy out of staging), while less than the pinned 
 
 from __future__ import annotations
 
+import functools
 import math
 from concurrent.futures import Future
 from time import perf_counter
 from typing import TYPE_CHECKING, Any
+from weakref import WeakKeyDictionary
 
 import numpy as np
 from cuda.bindings import driver as drv
 
 from asyncgraph._args._bound_args import as_bytes, upload_bytes
+from asyncgraph._cuda.core._watches import OWN_END, learned
 from asyncgraph._cuda.driver._driver import check
 from asyncgraph._jobs._pending import set_spin
 from asyncgraph.pool import PinnedBlock, PinnedMemory
@@ -53,6 +63,9 @@ class SmallPath:
         self._sink: Sink = device.sink
         self.lent = 0  # bytes of pinned blocks lent to numpy arrays
         self._lend_limit = device.options.pinned_pool_bytes
+        # Seconds from launch to completion of each plan and graph run here, learned; weak:
+        # a plan the plan cache let go of, or a closed graph, leaves it.
+        self._took: WeakKeyDictionary[Any, float] = WeakKeyDictionary()
 
     # -- before the launch -----------------------------------------------------------------------
 
@@ -230,8 +243,25 @@ class SmallPath:
             raise
         device = self._device
         reactor = device.reactor_ or device.reactor
-        reactor.watch(lane.index, job.event, lambda error: self._done(job, error))
-        set_spin(job.pending, reactor.spin)
+        key = job.replay if job.replay is not None else job.call.plan
+        expected = self._took.get(key, 0.0) if key is not None else 0.0
+        launched = perf_counter()
+        watches: list[Any] = []
+
+        def done(error: CudaError | None) -> None:
+            if error is None and key is not None:  # its time, from when a waiter saw it end
+                seen = watches[0].seen if watches else 0.0
+                self._took[key] = learned(
+                    self._took.get(key, 0.0), (seen or perf_counter()) - launched
+                )
+            self._done(job, error)
+
+        expect = launched + expected if expected else 0.0
+        watches.append(reactor.watch(lane.index, job.event, done, expect))
+        if job.replay is None:
+            set_spin(job.pending, reactor.spin)
+        else:  # until the replay's own expected end, as the fast path's replays
+            set_spin(job.pending, functools.partial(reactor.spin, OWN_END))
 
     def _release_settled(self, job: CudaJob, lane: Lane) -> None:
         """No event could be recorded after *job*'s enqueued work: it is in flight until the
