@@ -177,6 +177,16 @@ def test_the_fast_path_makes_few_calls(seen: dict[str, Any]) -> None:
     assert calls[REPLAY_ROW]["asyncgraph"] == PINNED_REPLAY_CALLS[build]
 
 
+def test_lone_dispatches_take_the_stream_pools_lanes_in_turn(seen: dict[str, Any]) -> None:
+    # Each lane found idle: the ties go round the pool's lanes alone, never to another class's
+    # lanes (which come after them), so each pool lane takes as many (the compiled fast path
+    # once counted the other classes' lanes in its turn, and its first lane took half).
+    spread = seen["spread"]
+    pool = spread["pool"]
+    assert spread["used"] == [3] * pool + [0] * (len(spread["used"]) - pool)
+    assert spread["fast"] == (3 * pool if _fast(seen) else 0)
+
+
 def test_each_class_runs_on_its_own_lanes_and_on_the_fast_path(seen: dict[str, Any]) -> None:
     classes = seen["classes"]
     for rank, name in enumerate(("high", "normal", "low")):

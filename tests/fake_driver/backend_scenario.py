@@ -588,6 +588,34 @@ async def calls() -> dict[str, Any]:
     return seen
 
 
+async def spread() -> dict[str, Any]:
+    """Lone awaited dispatches of the default class, one at a time, each held in flight while
+    its lane is read: how many ran on each lane (the stream pool's lanes take the ties in turn,
+    whatever other classes' lanes the backend has), and how many took the fast path."""
+    async with _open() as gpu:
+        await _compiled(gpu)
+        lanes = gpu._cuda.device.lanes
+        pool = len(gpu.stream_pool.lanes)
+        x = np.ones(N, np.float32)
+        await gpu.dispatch(
+            SCALE, x, ag.Out(N, np.float32), np.float32(2), np.int32(N), grid=4, block=256
+        )
+        before = gpu.telemetry.snapshot()
+        used = [0] * len(lanes)
+        for _ in range(3 * pool):
+            _mode("manual")  # in flight until the mode changes: its lane is busy
+            pending = gpu.dispatch(
+                SCALE, x, ag.Out(N, np.float32), np.float32(2), np.int32(N), grid=4, block=256
+            )
+            for lane in lanes:
+                if lane.slot.outstanding:
+                    used[lane.index] += 1
+            _mode("instant")
+            await pending
+        fast = gpu.telemetry.snapshot().fast_path_dispatches - before.fast_path_dispatches
+        return {"pool": pool, "used": used, "fast": fast}
+
+
 SCENARIOS: dict[str, Callable[[], Any]] = {
     "calls": calls,
     "results": results,
@@ -601,6 +629,7 @@ SCENARIOS: dict[str, Callable[[], Any]] = {
     "pending_slots": pending_slots,
     "trio": trio,
     "classes": classes,
+    "spread": spread,
 }
 
 

@@ -191,7 +191,8 @@ cdef class FastPath:
     cdef list _rings
     cdef LaneC* _lane
     cdef Py_ssize_t _n_lanes
-    cdef Py_ssize_t _cursor
+    cdef Py_ssize_t _n_pool  # the stream pool's lanes, the first ones (the default class's)
+    cdef Py_ssize_t _cursor  # where ties among them start, in turn
     cdef Watches _watches
     cdef object _spin
     cdef object _spin_own  # a replay's spin: until the watch's own expected end

@@ -29,6 +29,7 @@ cdef class FastPath:
         self._slots = [lane.slot for lane in lanes]
         self._rings = list(rings)
         self._n_lanes = len(self._lanes)
+        self._n_pool = len(stream_pool.lanes)  # the other classes' lanes come after them
         for i in range(self._n_lanes):
             lane = self._lanes[i]
             self._lane[i].handle = <cydriver.CUstream>_address(lane.handle)
@@ -108,7 +109,7 @@ cdef class FastPath:
         """Forget every kernel; the ring blocks to give back to the pinned pool."""
         self._kernels.clear()
         blocks, self._rings = self._rings, []
-        self._n_lanes = 0
+        self._n_lanes = self._n_pool = 0
         return blocks
 
     # -- the dispatch --------------------------------------------------------------------------

@@ -68,9 +68,10 @@ cdef bint _route(FastPath fp, object call, list instances, object choice, object
 
 
 cdef Py_ssize_t _least_busy(FastPath fp, int rank=_NORMAL) except -2:
-    """The least busy lane not leased, ties in turn from the cursor (as StreamPool.pick); -1
-    if every lane is leased. Of another class than the default one (*rank*): the least busy
-    of that class's lanes, the first of those tied (as ``Device.placed``)."""
+    """The least busy of the stream pool's lanes not leased, ties in turn from the cursor (as
+    StreamPool.pick); -1 if every lane is leased. Of another class than the default one
+    (*rank*): the least busy of that class's lanes, the first of those tied (as
+    ``Device.placed``)."""
     cdef Py_ssize_t k, i, lane_index = -1, count = fp._n_lanes, start = fp._cursor
     cdef Py_ssize_t out, best_out = 0
     if rank != _NORMAL:
@@ -82,6 +83,7 @@ cdef Py_ssize_t _least_busy(FastPath fp, int rank=_NORMAL) except -2:
                 lane_index = i
                 best_out = out
         return lane_index
+    count = fp._n_pool
     for k in range(count):
         i = (start + k) % count
         slot = fp._slots[i]
@@ -248,7 +250,7 @@ cdef int _admit(FastPath fp, FastJob job, bint placed, list uses, tuple writes) 
             fp.placements -= 1
         raise
     if placed:
-        fp._cursor = (fp._cursor + 1) % fp._n_lanes
+        fp._cursor = (fp._cursor + 1) % fp._n_pool  # over the pool's lanes alone
     fp.dispatches += 1
     return 0
 
