@@ -63,9 +63,10 @@ class SmallPath:
         self._sink: Sink = device.sink
         self.lent = 0  # bytes of pinned blocks lent to numpy arrays
         self._lend_limit = device.options.pinned_pool_bytes
-        # Seconds from launch to completion of each plan and graph run here, learned; weak:
-        # a plan the plan cache let go of, or a closed graph, leaves it.
-        self._took: WeakKeyDictionary[Any, float] = WeakKeyDictionary()
+        # Seconds from launch to completion of each plan and graph run here, learned (a cell
+        # each, updated in place); weak: a plan the plan cache let go of, or a closed graph,
+        # leaves it.
+        self._took: WeakKeyDictionary[Any, list[float]] = WeakKeyDictionary()
 
     # -- before the launch -----------------------------------------------------------------------
 
@@ -244,20 +245,22 @@ class SmallPath:
         device = self._device
         reactor = device.reactor_ or device.reactor
         key = job.replay if job.replay is not None else job.call.plan
-        expected = self._took.get(key, 0.0) if key is not None else 0.0
+        took = None  # the plan's or graph's time, learned: a cell, updated in place
+        if key is not None:
+            took = self._took.get(key)
+            if took is None:
+                took = self._took[key] = [0.0]
         launched = perf_counter()
-        watches: list[Any] = []
+        watch: Any = None  # the reactor's, once it watches (a failed device finishes at once)
 
         def done(error: CudaError | None) -> None:
-            if error is None and key is not None:  # its time, from when a waiter saw it end
-                seen = watches[0].seen if watches else 0.0
-                self._took[key] = learned(
-                    self._took.get(key, 0.0), (seen or perf_counter()) - launched
-                )
+            if error is None and took is not None:  # its time, from when a waiter saw it end
+                seen = watch.seen if watch is not None else 0.0
+                took[0] = learned(took[0], (seen or perf_counter()) - launched)
             self._done(job, error)
 
-        expect = launched + expected if expected else 0.0
-        watches.append(reactor.watch(lane.index, job.event, done, expect))
+        expect = launched + took[0] if took is not None and took[0] else 0.0
+        watch = reactor.watch(lane.index, job.event, done, expect)
         if job.replay is None:
             set_spin(job.pending, reactor.spin)
         else:  # until the replay's own expected end, as the fast path's replays
