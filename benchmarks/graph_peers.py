@@ -1,9 +1,14 @@
 """The peers of ``bench_graphs``: the same 50-kernel chain as a raw ``cuda.core`` graph, a CuPy
 graph and a PyTorch graph, each made once and timed as its replay (launch + synchronize); CuPy's
-50 launches and its 4 KiB round trip; and the least an awaited replay can do (``bare``): the raw
-graph's launch, an event recorded after it and queried until done, in a coroutine.
+50 launches and its 4 KiB round trip; and asyncgraph's own captured graph launched raw
+(:func:`same_graph`): its launch + synchronize, and the least an awaited replay can do (``bare``:
+the launch, an event recorded after it and queried until done, in a coroutine).
 
-The chain: ``inc`` over 1024 floats (:data:`INC_SRC`), :data:`CHAIN` times.
+The chain: ``inc`` over 1024 floats (:data:`INC_SRC`), :data:`CHAIN` times. The peers' graphs
+work on buffers of their own, and where a buffer lies in device memory moves a chain of small
+kernels by a few µs (on an NVIDIA H200 the same CuPy graph ran 4 µs faster over one of
+asyncgraph's buffers than over another, 2 MiB further on); asyncgraph's own graph launched raw
+runs the same kernels on the same buffer, so it alone measures what awaiting a replay costs.
 """
 
 from __future__ import annotations
@@ -34,22 +39,55 @@ Replays = dict[str, Callable[[], None]]
 RAW_REPLAY = "raw 50-kernel graph: cuGraphLaunch + stream synchronize"
 CUPY_REPLAY = "CuPy 50-kernel graph: launch + synchronize"
 TORCH_REPLAY = "PyTorch 50-op graph (x.add_): replay + synchronize"
-BARE_REPLAY = "(info) bare awaited replay of the raw graph: launch, event, query loop"
+SAME_REPLAY = "asyncgraph's graph launched raw: cuGraphLaunch + stream synchronize"
+BARE_REPLAY = "(info) bare awaited replay of asyncgraph's graph: launch, event, query loop"
 
 
-def peer_graphs(
-    stack: contextlib.ExitStack,
-) -> tuple[Replays, Callable[[], None], Callable[[], Awaitable[None]]]:
+def peer_graphs(stack: contextlib.ExitStack) -> tuple[Replays, Callable[[], None]]:
     """The 50-kernel graph of each peer installed (raw ``cuda.bindings`` always; CuPy and
-    PyTorch where importable), each as its replay: launch + synchronize; the raw 50
-    launches + synchronize; and the raw graph's bare awaited replay. *stack* frees them."""
-    raw_replay, raw_eager, bare = _raw_graph(stack)
+    PyTorch where importable), each as its replay: launch + synchronize; and the raw 50
+    launches + synchronize. *stack* frees them."""
+    raw_replay, raw_eager = _raw_graph(stack)
     replays = {RAW_REPLAY: raw_replay}
     for name, make in ((CUPY_REPLAY, _cupy_graph), (TORCH_REPLAY, _torch_graph)):
         replay = make()
         if replay is not None:
             replays[name] = replay
-    return replays, raw_eager, bare
+    return replays, raw_eager
+
+
+def same_graph(
+    graph: Any, stack: contextlib.ExitStack
+) -> tuple[Callable[[], None], Callable[[], Awaitable[None]]]:
+    """asyncgraph's captured *graph* (its executable: ``CapturedGraph.launch_address``)
+    launched raw on a stream of its own, in the current context: as a replay (launch +
+    synchronize), and as its bare awaited replay. *stack* frees the stream and the event."""
+    exe = drv.CUgraphExec(graph.launch_address())
+    handle = _checked(drv.cuStreamCreate(drv.CUstream_flags.CU_STREAM_NON_BLOCKING))
+    stack.callback(drv.cuStreamDestroy, handle)
+    event = _checked(drv.cuEventCreate(drv.CUevent_flags.CU_EVENT_DISABLE_TIMING))
+    stack.callback(drv.cuEventDestroy, event)
+    not_ready = drv.CUresult.CUDA_ERROR_NOT_READY
+
+    def replay() -> None:
+        drv.cuGraphLaunch(exe, handle)
+        drv.cuStreamSynchronize(handle)
+
+    async def bare() -> None:
+        # No pool, no admission, no result, no yield to the loop: an awaitable can do no less.
+        drv.cuGraphLaunch(exe, handle)
+        drv.cuEventRecord(event, handle)
+        while drv.cuEventQuery(event)[0] == not_ready:
+            pass
+
+    return replay, bare
+
+
+def _checked(result: tuple[Any, ...]) -> Any:
+    """The value of a ``cuda.bindings`` call that succeeded (else ``RuntimeError``)."""
+    if result[0] != drv.CUresult.CUDA_SUCCESS:
+        raise RuntimeError(f"CUDA driver call failed: {result[0]!r}")
+    return result[1]
 
 
 def _cupy_graph() -> Callable[[], None] | None:
@@ -104,9 +142,9 @@ def _torch_graph() -> Callable[[], None] | None:
 
 def _raw_graph(
     stack: contextlib.ExitStack,
-) -> tuple[Callable[[], None], Callable[[], None], Callable[[], Awaitable[None]]]:
-    """The raw 50-kernel graph (``cuda.core`` capture), as its replay; the 50 launches; and
-    its bare awaited replay."""
+) -> tuple[Callable[[], None], Callable[[], None]]:
+    """The raw 50-kernel graph (``cuda.core`` capture) on a buffer of its own, as its replay;
+    and the 50 launches."""
     from cuda.core import Device, LaunchConfig, Program, ProgramOptions, StreamOptions, launch
 
     dev = Device(0)
@@ -143,18 +181,7 @@ def _raw_graph(
             launch(stream, cfg, kernel, *args)
         drv.cuStreamSynchronize(handle)
 
-    event = drv.cuEventCreate(drv.CUevent_flags.CU_EVENT_DISABLE_TIMING)[1]
-    stack.callback(drv.cuEventDestroy, event)
-    not_ready = drv.CUresult.CUDA_ERROR_NOT_READY
-
-    async def bare() -> None:
-        # No pool, no admission, no result, no yield to the loop: an awaitable can do no less.
-        drv.cuGraphLaunch(exe, handle)
-        drv.cuEventRecord(event, handle)
-        while drv.cuEventQuery(event)[0] == not_ready:
-            pass
-
-    return replay, eager, bare
+    return replay, eager
 
 
 def peer_rows(reps: int, peers: Replays, raw_eager: Callable[[], None]) -> dict[str, float]:
