@@ -26,8 +26,6 @@ from asyncgraph._demo._demo import (
     relative_error,
     saxpy_reference,
 )
-from asyncgraph.pool import PinnedPool
-from asyncgraph.pool._pinned import allocate_staging, free_staging
 
 from .kernels import INC, SCALE, SPIN
 
@@ -370,33 +368,6 @@ async def test_a_long_kernel_does_not_hold_up_short_dispatches(gpu: Any) -> None
     assert not long.done()  # 20 short round trips finished while the long kernel still ran
     (flag,) = await long
     assert flag[0] == 1
-
-
-async def test_a_pinned_free_behind_a_long_kernel_does_not_hold_up_short_dispatches(
-    gpu: Any,
-) -> None:
-    # Freeing pinned memory waits for the device to go idle and holds up other threads' driver
-    # calls while it waits: the pool's thread must wait for the device before it frees.
-    await gpu.compile(SCALE)
-    await gpu.compile(SPIN)
-    device = gpu._cuda.device
-    with device.ctx:
-        block = allocate_staging(1 << 20)
-    clock_khz = device.device.properties.clock_rate
-    long = gpu.dispatch(SPIN, np.int64(clock_khz * 300), ag.Out(1, np.int32), grid=1, block=1)
-    await asyncio.sleep(0.01)  # the long kernel runs
-    free_staging(block)  # freed in the pool's thread while the long kernel runs
-    await asyncio.sleep(0.01)
-    x = np.arange(1000, dtype=np.float32)
-    for _ in range(20):
-        (out,) = await gpu.dispatch(
-            SCALE, x, ag.Out(1000, np.float32), np.float32(2), np.int32(1000), grid=4, block=256
-        )
-        np.testing.assert_array_equal(out, 2 * x)
-    assert not long.done()  # 20 short round trips finished while the long kernel still ran
-    (flag,) = await long
-    assert flag[0] == 1
-    await asyncio.wrap_future(PinnedPool.wait_freed())  # and the block was freed after it
 
 
 async def test_timing_measures_the_kernel(gpu: Any) -> None:

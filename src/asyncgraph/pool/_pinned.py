@@ -13,9 +13,8 @@ cap are freed, least recently used first.
 
 The pool is not thread-safe: its owner (a backend, on its event loop's thread) acquires and
 releases. Freeing pinned memory waits for the whole device to go idle, so freed blocks are
-handed to a background thread, which waits for the device before it frees (``_legacy``: the
-free itself would hold up the other threads' driver calls meanwhile). A backend releases a
-block only after the event of the last copy that used it completed.
+handed to a background thread. A backend releases a block only after the event of the last
+copy that used it completed.
 """
 
 from __future__ import annotations
@@ -33,7 +32,6 @@ from asyncgraph._runtime._exceptions import AllocationError, ArgumentTypeError, 
 from asyncgraph._runtime._poison import fault_from, process_fault
 
 from ._abandon import abandon
-from ._legacy import legacy_pinned_allocator
 from ._reaper import Reaper
 
 __all__ = (
@@ -190,10 +188,22 @@ class HostPool(Protocol):
         ...
 
 
+def _legacy_pinned_allocator() -> Callable[[int], tuple[Any, int]]:
+    from cuda.core import LegacyPinnedMemoryResource
+
+    resource = LegacyPinnedMemoryResource()
+
+    def allocate(nbytes: int) -> tuple[Any, int]:
+        buffer = resource.allocate(nbytes)
+        return buffer, int(buffer.handle)
+
+    return allocate
+
+
 def allocate_staging(nbytes: int) -> PinnedBlock:
     """A pinned block of exactly *nbytes* outside any pool: staging a lane keeps for its
     lifetime (the fast path's ring). Give it back with :func:`free_staging`."""
-    owner, ptr = legacy_pinned_allocator()(nbytes)
+    owner, ptr = _legacy_pinned_allocator()(nbytes)
     _reaper.start()  # here, not in a finalizer that frees it
     return PinnedBlock(owner, ptr, nbytes)
 
@@ -219,9 +229,8 @@ class PinnedPool:
     Args:
         cap_bytes: idle bytes kept cached at most.
         allocate: ``nbytes -> (owner, pointer)``; by default ``cuda.core``'s
-            ``LegacyPinnedMemoryResource`` (``cuMemAllocHost``), whose blocks are freed once
-            their device went idle (``_legacy``). The owner is closed (if it has ``close()``)
-            or dropped when the block is freed.
+            ``LegacyPinnedMemoryResource`` (``cuMemHostAlloc``). The owner is closed (if it has
+            ``close()``) or dropped when the block is freed.
     """
 
     def __init__(
@@ -232,7 +241,7 @@ class PinnedPool:
         if cap_bytes < 0:
             raise DispatchError(f"PinnedPool(cap_bytes={cap_bytes}); pass a number of bytes >= 0")
         self._cap = cap_bytes
-        self._allocate = allocate if allocate is not None else legacy_pinned_allocator()
+        self._allocate = allocate if allocate is not None else _legacy_pinned_allocator()
         # Idle blocks by size class; the OrderedDict keeps release order for trimming.
         self._idle: dict[int, list[PinnedBlock]] = {}
         self._lru: OrderedDict[int, PinnedBlock] = OrderedDict()
@@ -386,6 +395,5 @@ class PinnedPool:
             # Freeing pinned memory waits until the whole device is idle (measured on an
             # NVIDIA H100 80GB HBM3: 95 ms behind a 100 ms kernel), so it never runs on the
             # caller's thread, which is the event loop's; and this may run in a finalizer,
-            # anywhere (``_reaper``). The default owner waits for the device before it frees
-            # (``_legacy``).
+            # anywhere (``_reaper``).
             _reaper.submit(close)
