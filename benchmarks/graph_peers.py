@@ -22,6 +22,7 @@ from cuda.bindings import driver as drv
 
 from benchmarks import harness
 from benchmarks.bench_dispatch import N4K, SCALE_SRC
+from benchmarks.primitives import check
 
 CHAIN = 50
 N = 1024
@@ -63,9 +64,9 @@ def same_graph(
     launched raw on a stream of its own, in the current context: as a replay (launch +
     synchronize), and as its bare awaited replay. *stack* frees the stream and the event."""
     exe = drv.CUgraphExec(graph.launch_address())
-    handle = _checked(drv.cuStreamCreate(drv.CUstream_flags.CU_STREAM_NON_BLOCKING))
+    handle = check(drv.cuStreamCreate(drv.CUstream_flags.CU_STREAM_NON_BLOCKING))
     stack.callback(drv.cuStreamDestroy, handle)
-    event = _checked(drv.cuEventCreate(drv.CUevent_flags.CU_EVENT_DISABLE_TIMING))
+    event = check(drv.cuEventCreate(drv.CUevent_flags.CU_EVENT_DISABLE_TIMING))
     stack.callback(drv.cuEventDestroy, event)
     not_ready = drv.CUresult.CUDA_ERROR_NOT_READY
 
@@ -81,13 +82,6 @@ def same_graph(
             pass
 
     return replay, bare
-
-
-def _checked(result: tuple[Any, ...]) -> Any:
-    """The value of a ``cuda.bindings`` call that succeeded (else ``RuntimeError``)."""
-    if result[0] != drv.CUresult.CUDA_SUCCESS:
-        raise RuntimeError(f"CUDA driver call failed: {result[0]!r}")
-    return result[1]
 
 
 def _cupy_graph() -> Callable[[], None] | None:
