@@ -179,7 +179,8 @@ class Lane:
         def done(error: CudaError | None) -> None:
             outcome: BaseException | None = error
             value = None
-            self.seen = watches[0].seen if watches else 0.0
+            # The watch holds this function, and so the future and its result: let go of it.
+            self.seen = watches.pop().seen if watches else 0.0
             try:
                 value = on_done(error, future.cancelled())
             except BaseException as exc:
@@ -194,7 +195,9 @@ class Lane:
             except RuntimeError:  # the loop closed (Reactor.adopt settles this): none to wake
                 pass
 
-        watches.append(self.watch(event, done, expect))
+        watch = self.watch(event, done, expect)
+        if not watch.finished:  # else done already ran (a failed device)
+            watches.append(watch)
         return future
 
     def free_scratch(self, memory: StreamOrderedDeviceMemory) -> None:
