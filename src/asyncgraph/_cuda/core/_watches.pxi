@@ -168,7 +168,8 @@ cdef class Watches:
         self._finish(watch, error)
 
     def call(self, WatchItem watch, error):
-        """Call what waits for *watch*; a failing callback never stops the reactor."""
+        """Call what waits for *watch*; a failing callback never stops the reactor. The watch
+        lets go of its callback first; see ``_watches.Watches.call``."""
         self._call(watch, error)
 
     cdef int _finish(self, WatchItem watch, object error) except -1:
@@ -178,13 +179,15 @@ cdef class Watches:
         return self._call(watch, error)
 
     cdef int _call(self, WatchItem watch, object error) except -1:
+        cdef object callback
         try:
             if type(watch) is FastJob and self.fast is not None:
                 self.fast._complete(<FastJob>watch, error)
             elif watch.callback is None:
                 self.complete(watch, error)
             else:
-                watch.callback(error)
+                callback, watch.callback = watch.callback, None
+                callback(error)
         except Exception as exc:
             _logger.error("reactor.callback_failed", error=repr(exc), exc_info=exc)
         return 0

@@ -318,12 +318,15 @@ class Watches:
 
     def call(self, watch: Any, error: CudaError | None) -> None:
         """Call what waits for *watch* (its callback, or the fast path's completion of the job
-        it is); a failing callback never stops the reactor."""
+        it is); a failing callback never stops the reactor. The watch lets go of its callback
+        first: a callback that holds its watch would otherwise keep both, and what the callback
+        holds (a job, its result), until the cycle collector ran."""
         callback = watch.callback
         try:
             if callback is None:
                 self.complete(watch, error)  # type: ignore[misc]  # set with the fast path
             else:
+                watch.callback = None
                 callback(error)
         except Exception as exc:
             _callback_failed(exc)

@@ -179,8 +179,7 @@ class Lane:
         def done(error: CudaError | None) -> None:
             outcome: BaseException | None = error
             value = None
-            # The watch holds this function, and so the future and its result: let go of it.
-            self.seen = watches.pop().seen if watches else 0.0
+            self.seen = watches[0].seen if watches else 0.0
             try:
                 value = on_done(error, future.cancelled())
             except BaseException as exc:
@@ -195,9 +194,7 @@ class Lane:
             except RuntimeError:  # the loop closed (Reactor.adopt settles this): none to wake
                 pass
 
-        watch = self.watch(event, done, expect)
-        if not watch.finished:  # else done already ran (a failed device)
-            watches.append(watch)
+        watches.append(self.watch(event, done, expect))
         return future
 
     def free_scratch(self, memory: StreamOrderedDeviceMemory) -> None:

@@ -254,19 +254,13 @@ class SmallPath:
         watch: Any = None  # the reactor's, once it watches (a failed device finishes at once)
 
         def done(error: CudaError | None) -> None:
-            nonlocal watch
-            seen = watch.seen if watch is not None else 0.0
-            # The watch holds this function, and so the job and its result: let go of the watch,
-            # or the two keep each other (and the result's pinned block) until the collector runs.
-            watch = None
             if error is None and took is not None:  # its time, from when a waiter saw it end
+                seen = watch.seen if watch is not None else 0.0
                 took[0] = learned(took[0], (seen or perf_counter()) - launched)
             self._done(job, error)
 
         expect = launched + took[0] if took is not None and took[0] else 0.0
         watch = reactor.watch(lane.index, job.event, done, expect)
-        if watch.finished:  # done already ran (a failed device): nothing left to let go of
-            watch = None
         if job.replay is None:
             set_spin(job.pending, reactor.spin)
         else:  # until the replay's own expected end, as the fast path's replays
