@@ -32,19 +32,17 @@ fi
 python=${PYTHON:-python3}
 "$san" --version | tail -1
 
+memcheck_skip="not 100000000 and not device_fault and not beating and not steady_state \
+  and not out_of_memory and not big_results and not gpu_members_fault and not two_streams"
+racecheck_skip="$memcheck_skip and not torch_server and not lone_awaited"
+
 echo "== memcheck: the CUDA tests"
 "$san" --tool memcheck --report-api-errors no --error-exitcode 1 \
-  "$python" -m pytest -m cuda -q -p no:cacheprovider \
-  -k "not 100000000 and not device_fault and not beating and not steady_state \
-      and not out_of_memory and not big_results and not gpu_members_fault \
-      and not two_streams" tests/
+  "$python" -m pytest -m cuda -q -p no:cacheprovider -k "$memcheck_skip" tests/
 
 echo "== racecheck: the CUDA tests"
 "$san" --tool racecheck --report-api-errors no --error-exitcode 1 \
-  "$python" -m pytest -m cuda -q -p no:cacheprovider \
-  -k "not 100000000 and not device_fault and not beating and not steady_state \
-      and not out_of_memory and not big_results and not gpu_members_fault \
-      and not two_streams and not torch_server and not lone_awaited" tests/
+  "$python" -m pytest -m cuda -q -p no:cacheprovider -k "$racecheck_skip" tests/
 
 echo "== racecheck: the demo's kernels"
 "$san" --tool racecheck --report-api-errors no --error-exitcode 1 "$python" -m asyncgraph demo
